@@ -1,0 +1,129 @@
+"""Strict typed config models and readable validation errors.
+
+Every config section is a ``StrictModel``: unknown keys are errors, and errors name the full key
+path, what was wrong, and the closest valid key ("did you mean").
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polar.errors import ConfigError
+
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys fail, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+def did_you_mean(name: str, candidates: list[str] | set[str], n: int = 3) -> str:
+    """Return ' (did you mean: a, b?)' for the closest candidates, or '' when nothing is close."""
+    close = difflib.get_close_matches(str(name), sorted(candidates), n=n, cutoff=0.5)
+    return f" (did you mean: {', '.join(close)}?)" if close else ""
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """Walk a pydantic model class along an error location to find the model that owns the last key."""
+    current: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            # discriminated union tags (e.g. 'gymnasium') appear in loc; find the member by tag
+            return None
+        current = _unwrap(field.annotation, loc)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any, loc: tuple[Any, ...]) -> Any:
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _unwrap(arg, loc)
+        if found is not None:
+            return found
+    return None
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel], source: str = "config") -> str:
+    """Turn a pydantic ValidationError into one line per problem: path, what, and how to fix it."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"])
+        path = ".".join(str(p) for p in loc) or "<root>"
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            key = str(loc[-1])
+            owner = _owner_fields(model, loc)
+            hint = did_you_mean(key, owner) if owner else ""
+            valid = f" Valid keys here: {', '.join(sorted(owner))}." if owner else ""
+            lines.append(f"{source}: unknown key '{path}'{hint}.{valid}")
+        elif kind == "missing":
+            lines.append(f"{source}: missing required key '{path}'.")
+        elif kind in ("union_tag_invalid", "literal_error"):
+            lines.append(f"{source}: '{path}': {e['msg']} (got {e.get('input')!r}).")
+        else:
+            got = e.get("input")
+            got_s = repr(got)
+            if len(got_s) > 80:
+                got_s = got_s[:77] + "..."
+            lines.append(f"{source}: '{path}': {e['msg']} (got {got_s} of type {type(got).__name__}).")
+    return "\n".join(lines)
+
+
+def _owner_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
+    """Field names (and aliases) valid at the location of an unknown key, best effort."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is not None:
+                current = field.annotation
+                continue
+        # inside a union: pick the member whose discriminator literal equals part
+        current = _union_member(current, str(part))
+        if current is None:
+            return set()
+    current = _union_member(current, None) if not (isinstance(current, type) and issubclass(current, BaseModel)) else current
+    if current is None:
+        return set()
+    names = set(current.model_fields)
+    names |= {f.alias for f in current.model_fields.values() if f.alias}
+    return names
+
+
+def _union_member(annotation: Any, tag: str | None) -> Any:
+    from typing import Literal, get_args, get_origin
+
+    members = []
+
+    def collect(a: Any) -> None:
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            members.append(a)
+            return
+        for arg in get_args(a):
+            collect(arg)
+
+    collect(annotation)
+    if tag is None:
+        return members[0] if len(members) == 1 else None
+    for m in members:
+        for f in m.model_fields.values():
+            if get_origin(f.annotation) is Literal and tag in get_args(f.annotation):
+                return m
+    return members[0] if len(members) == 1 else None
+
+
+def validate(model: type[BaseModel], data: Any, source: str = "config") -> Any:
+    """Validate ``data`` against ``model``; raise ConfigError with readable lines on failure."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, model, source)) from None

@@ -1,0 +1,32 @@
+"""The top-level run config: one YAML file per run (``polar run --config FILE``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, PrivateAttr
+
+from polar.config.agent import AgentConfig, BuiltinAgentConfig
+from polar.config.base import StrictModel
+from polar.config.harness import HarnessConfig
+from polar.config.policy import PolicyConfig
+from polar.config.sections import DistributionConfig, EvalConfig, LoggingConfig
+
+
+class RunConfig(StrictModel):
+    name: str = "run"
+    harness: HarnessConfig
+    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
+    policy: PolicyConfig
+    distribution: DistributionConfig = Field(default_factory=DistributionConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    total_env_steps: int = Field(100_000, ge=1)
+    seed: int = 0
+
+    _config_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def config_dir(self) -> Path:
+        """Directory of the YAML file; user modules resolve here first, then the working directory."""
+        return self._config_dir or Path.cwd()
