@@ -57,7 +57,7 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
     lines = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"])
-        path = ".".join(str(p) for p in loc) or "<root>"
+        path = ".".join(str(p) for p in _display_loc(model, loc)) or "<root>"
         kind = e["type"]
         if kind == "extra_forbidden":
             key = str(loc[-1])
@@ -76,6 +76,25 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
                 got_s = got_s[:77] + "..."
             lines.append(f"{source}: '{path}': {e['msg']} (got {got_s} of type {type(got).__name__}).")
     return "\n".join(lines)
+
+
+def _display_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> list[Any]:
+    """Drop discriminated-union tags (``policy.ppo.kwargs`` -> ``policy.kwargs``) from an error location."""
+    out: list[Any] = []
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel) and str(part) in current.model_fields:
+            out.append(part)
+            current = current.model_fields[str(part)].annotation
+            continue
+        is_model = isinstance(current, type) and issubclass(current, BaseModel)
+        member = _union_member(current, str(part)) if current is not None and not is_model else None
+        if member is not None and not isinstance(part, int):
+            current = member  # a union tag, not a key the user wrote
+            continue
+        out.append(part)
+        current = None
+    return out
 
 
 def _owner_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:

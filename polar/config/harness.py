@@ -35,8 +35,12 @@ class CustomHarnessConfig(StrictModel):
 
 
 class AgentHarnessConfig(StrictModel):
+    """A black-box agent harness. Owned by polar.agentic; presets (claude_code, codex, ...) by polar.agentic.presets."""
+
     type: Literal["agent"] = "agent"
     command: list[str] | None = None
+    preset: str | None = None
+    preset_options: dict[str, Any] = Field(default_factory=dict)
 
 
 HarnessConfig = Annotated[

@@ -1,4 +1,8 @@
-"""``policy:`` section: ``{type: <algorithm>, kwargs: {...}}``, one typed kwargs model per algorithm."""
+"""``policy:`` section: ``{type: <algorithm>, kwargs: {...}}``, one typed kwargs model per algorithm.
+
+Each algorithm's kwargs live in their own module (``ppo.py``, ``grpo.py``, ...); this file only
+assembles the discriminated union.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from polar.config.base import StrictModel
-
-
-class PPOKwargs(StrictModel):
-    learning_rate: float = 3e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_range: float = 0.2
+from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.ppo import PPOKwargs
 
 
 class PPOPolicyConfig(StrictModel):
@@ -21,4 +20,14 @@ class PPOPolicyConfig(StrictModel):
     kwargs: PPOKwargs = Field(default_factory=PPOKwargs)
 
 
-PolicyConfig = Annotated[PPOPolicyConfig, Field(discriminator="type")]
+class GRPOPolicyConfig(StrictModel):
+    type: Literal["grpo"] = "grpo"
+    kwargs: GRPOKwargs = Field(default_factory=GRPOKwargs)
+
+
+class SFTPolicyConfig(StrictModel):
+    type: Literal["sft"] = "sft"
+    kwargs: SFTKwargs = Field(default_factory=SFTKwargs)
+
+
+PolicyConfig = Annotated[PPOPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]

@@ -7,7 +7,9 @@ from pathlib import Path
 from pydantic import Field, PrivateAttr
 
 from polar.config.agent import AgentConfig, BuiltinAgentConfig
+from polar.config.agentic import ModelConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel
+from polar.config.gateway import GatewayConfig
 from polar.config.harness import HarnessConfig
 from polar.config.policy import PolicyConfig
 from polar.config.sections import DistributionConfig, EvalConfig, LoggingConfig
@@ -23,6 +25,13 @@ class RunConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     total_env_steps: int = Field(100_000, ge=1)
     seed: int = 0
+
+    # agentic runs (harness.type == agent)
+    tasks: str | None = None
+    verifier: VerifierConfig | None = None
+    model: ModelConfig | None = None
+    trajectory: TrajectoryConfig = Field(default_factory=TrajectoryConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
     _config_dir: Path | None = PrivateAttr(default=None)
 
