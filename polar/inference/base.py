@@ -1,0 +1,187 @@
+"""The one interface every inference engine implements: token ids in, a stream of sampled tokens out.
+
+The gateway owns tokenization and chat templates; engines only ever see token ids. That is what keeps
+captured trajectories token-faithful: the ids an engine reports are exactly the ids it consumed and
+sampled, whether it runs in-process (``EmbeddedEngine``) or behind HTTP (``UpstreamEngine``).
+
+Contract of :meth:`Engine.generate` (an async generator):
+
+- yields one :class:`TokenEvent` per sampled token, as soon as it is sampled (real streaming);
+- the last event carries ``finish_reason``: ``"stop"`` (a stop token was sampled; that token *is*
+  included as the last event, so trajectories learn to stop), ``"length"`` (``max_tokens`` reached, or
+  the context window is full), or ``"abort"`` (the engine was closed or the request cancelled; the
+  final event may then carry no token: ``token_id is None``);
+- ``logprob`` is the log-probability of the sampled token under the **raw model distribution**
+  (log-softmax of the logits at temperature 1, before top-p), the same quantity a trainer recomputes
+  with a plain forward pass and vLLM/SGLang return by default. Sampling itself uses temperature/top-p;
+  importance ratios for off-policy correction should be computed against these raw logprobs.
+- a prompt that leaves no room in the context window raises :class:`ContextLengthExceeded` before the
+  first event; ``max_tokens`` is otherwise clamped to the room left (finishing with ``"length"``).
+- closing the generator early (``aclose()``, or cancelling the consuming task) cancels the request.
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from polar.errors import GatewayError
+
+if TYPE_CHECKING:  # transformers is heavy; only engines import it at run time
+    from transformers import PreTrainedTokenizerBase
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+class EngineError(GatewayError):
+    """An inference engine (embedded or upstream) failed to serve a request."""
+
+
+class ContextLengthExceeded(EngineError):
+    """The prompt alone fills the engine's context window; carries both numbers for provider errors."""
+
+    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens but the model's context window is {context_length} tokens; "
+            "shorten the conversation or use a model with a longer context"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
+class UpstreamUnavailable(EngineError):
+    """No upstream replica answered (all failed or timed out)."""
+
+
+@dataclass
+class GenerationRequest:
+    """One generation call, in token ids. ``session_id`` lets upstream engines route stickily."""
+
+    prompt_ids: list[int]
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    session_id: str | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ``EngineError`` naming the bad field; engines call this before queueing."""
+        if not self.prompt_ids:
+            raise EngineError("GenerationRequest.prompt_ids is empty; render at least one token")
+        if vocab_size is not None:
+            bad = [t for t in self.prompt_ids if not (0 <= int(t) < vocab_size)]
+            if bad:
+                raise EngineError(
+                    f"GenerationRequest.prompt_ids has ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
+                )
+        if self.max_tokens < 1:
+            raise EngineError(f"GenerationRequest.max_tokens must be >= 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise EngineError(f"GenerationRequest.temperature must be >= 0 (got {self.temperature})")
+        if not (0 < self.top_p <= 1):
+            raise EngineError(f"GenerationRequest.top_p must be in (0, 1] (got {self.top_p})")
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token. ``finish_reason`` is set only on the last event of a stream."""
+
+    token_id: int | None
+    logprob: float | None
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class GenerationResult:
+    """A whole stream collected (see :func:`collect`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+class Engine(abc.ABC):
+    """Base class of all engines. Subclasses set the attributes below in ``__init__``.
+
+    Attributes:
+        tokenizer: an HF fast tokenizer whose ``chat_template`` supports tools (Hermes ``<tool_call>``).
+        model_name: the name this engine serves (for ``/v1/models``).
+        context_length: max prompt + completion tokens.
+        policy_version: bumped by ``update_weights``; the gateway stamps it on every record.
+        default_stop_token_ids: end-of-turn ids (e.g. ``<|im_end|>``, eos) the gateway adds to every chat request.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    model_name: str
+    context_length: int
+    policy_version: int = 0
+    default_stop_token_ids: list[int]
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream sampled tokens for ``request`` (an async generator; see the module docstring)."""
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Swap in new weights and set ``policy_version = version``. Engines without local weights refuse."""
+        raise EngineError(f"{type(self).__name__} cannot update weights in place")
+
+    async def close(self) -> None:
+        """Release resources; in-flight streams end with ``finish_reason="abort"``."""
+
+    def check_prompt(self, request: GenerationRequest) -> int:
+        """Validate ``request`` and return the clamped max_tokens (room left in the context window)."""
+        request.validate(len(self.tokenizer))
+        room = self.context_length - len(request.prompt_ids)
+        if room < 1:
+            raise ContextLengthExceeded(len(request.prompt_ids), self.context_length)
+        return min(request.max_tokens, room)
+
+
+async def collect(events: AsyncIterator[TokenEvent]) -> GenerationResult:
+    """Drain a token stream into a :class:`GenerationResult`."""
+    ids: list[int] = []
+    lps: list[float] = []
+    finish: FinishReason = "abort"
+    async for ev in events:
+        if ev.token_id is not None:
+            ids.append(int(ev.token_id))
+            lps.append(float(ev.logprob if ev.logprob is not None else 0.0))
+        if ev.finish_reason is not None:
+            finish = ev.finish_reason
+    return GenerationResult(ids, lps, finish)
+
+
+def load_engine(spec: str | Mapping[str, Any] | Any, **kwargs: Any) -> Engine:
+    """Build an engine from a spec.
+
+    - ``"tiny"``: the built-in tiny random chat model (embedded, nothing downloaded);
+    - a path to a local HF model folder: embedded transformers engine (``local_files_only``);
+    - ``"vllm:http://h1:8000,http://h2:8000"`` or ``"sglang:URL[,URL]"``: upstream replicas
+      (tokenizer from ``tokenizer=`` kwarg, default ``"tiny"``);
+    - a mapping / ``UpstreamConfig`` with ``kind: vllm|sglang`` and ``urls``: upstream replicas;
+    - an ``Engine`` instance is returned as is.
+
+    Extra keyword arguments go to the engine's constructor (e.g. ``device="cuda"``, ``max_batch_size=16``).
+    """
+    if isinstance(spec, Engine):
+        return spec
+    from polar.inference import upstream  # light: httpx only
+
+    if isinstance(spec, str) and spec.split(":", 1)[0] in upstream.UPSTREAM_KINDS:
+        return upstream.UpstreamEngine.from_string(spec, **kwargs)
+    if isinstance(spec, Mapping) or isinstance(spec, upstream.UpstreamConfig):
+        return upstream.UpstreamEngine.from_config(spec, **kwargs)
+    if isinstance(spec, str):
+        from polar.inference.embedded import EmbeddedEngine
+
+        return EmbeddedEngine.from_spec(spec, **kwargs)
+    raise EngineError(
+        f"cannot build an engine from {type(spec).__name__} {spec!r}; pass 'tiny', a local model folder, "
+        "'vllm:URL[,URL]', 'sglang:URL[,URL]', or a mapping with kind/urls"
+    )
