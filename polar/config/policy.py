@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from polar.config.appo import APPOKwargs
 from polar.config.base import StrictModel
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.ppo import PPOKwargs
@@ -18,6 +19,11 @@ from polar.config.ppo import PPOKwargs
 class PPOPolicyConfig(StrictModel):
     type: Literal["ppo"] = "ppo"
     kwargs: PPOKwargs = Field(default_factory=PPOKwargs)
+
+
+class APPOPolicyConfig(StrictModel):
+    type: Literal["appo"] = "appo"
+    kwargs: APPOKwargs = Field(default_factory=APPOKwargs)
 
 
 class GRPOPolicyConfig(StrictModel):
@@ -30,4 +36,4 @@ class SFTPolicyConfig(StrictModel):
     kwargs: SFTKwargs = Field(default_factory=SFTKwargs)
 
 
-PolicyConfig = Annotated[PPOPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
+PolicyConfig = Annotated[PPOPolicyConfig | APPOPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]

@@ -1,0 +1,28 @@
+"""APPO hyperparameters (``policy: {type: appo, kwargs: {...}}``): asynchronous PPO with V-trace.
+
+Rollout workers act with whatever weights they last received; the learner consumes batches as
+they arrive and corrects for the lag between the behaviour and the current policy with V-trace
+(IMPALA, Espeholt et al. 2018). Names follow PPO's where the meaning is the same.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from polar.config.base import StrictModel
+
+
+class APPOKwargs(StrictModel):
+    learning_rate: float = Field(5e-4, gt=0)
+    gamma: float = Field(0.99, ge=0, le=1)
+    n_steps: int = Field(64, ge=1, description="env steps per env in one rollout fragment (time dimension T)")
+    clip_range: float = Field(0.2, gt=0, description="PPO-style clip on the target/behaviour ratio")
+    vtrace_clip_rho: float = Field(1.0, gt=0, description="rho-bar: truncation of importance weights in the TD term")
+    vtrace_clip_c: float = Field(1.0, gt=0, description="c-bar: truncation of the trace-cutting weights")
+    vf_coef: float = Field(0.5, ge=0)
+    ent_coef: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    n_epochs: int = Field(1, ge=1, description="passes over each arriving batch")
+    batch_size: int = Field(0, ge=0, description="minibatch size in env steps; 0 = the whole fragment")
+    max_policy_lag: int = Field(20, ge=0, description="drop fragments more than this many updates behind (0 = never)")
+    net_arch: list[int] = Field(default_factory=lambda: [64, 64])
