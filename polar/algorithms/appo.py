@@ -1,0 +1,118 @@
+"""APPO: asynchronous PPO with V-trace off-policy correction (IMPALA-style). Pure functions, no I/O.
+
+Rollout fragments arrive time-major, shape ``[T, B]``, produced by a *behaviour* policy that may be
+several updates behind the learner. V-trace (Espeholt et al. 2018, eq. 1) turns them into value
+targets ``vs`` and policy-gradient advantages that are valid for the *current* (target) policy:
+
+    delta_t = rho_t * (r_t + gamma_t * V(x_{t+1}) - V(x_t))
+    vs_t    = V(x_t) + delta_t + gamma_t * c_t * (vs_{t+1} - V(x_{t+1}))
+    adv_t   = rho_t * (r_t + gamma_t * vs_{t+1} - V(x_t))
+
+with ``rho_t = min(rho_bar, pi/mu)`` and ``c_t = min(c_bar, pi/mu)``. ``gamma_t`` is ``gamma`` times
+"not done", so traces never cross episode boundaries. Truncated episodes are bootstrapped by the
+caller: add ``gamma * V(final_obs)`` to the reward of the truncating step and cut the trace there
+(``bootstrap_truncated_rewards``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class VTraceReturns:
+    vs: torch.Tensor  # [T, B] value targets
+    pg_advantages: torch.Tensor  # [T, B] advantages for the policy gradient
+    rhos: torch.Tensor  # [T, B] unclipped importance ratios pi/mu (for metrics)
+
+
+@torch.no_grad()
+def vtrace(
+    behaviour_logp: torch.Tensor,
+    target_logp: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    discounts: torch.Tensor,
+    clip_rho: float = 1.0,
+    clip_c: float = 1.0,
+    clip_pg_rho: float | None = None,
+) -> VTraceReturns:
+    """V-trace targets for time-major ``[T, B]`` tensors; ``bootstrap_value`` is ``V(x_T)``, shape ``[B]``.
+
+    ``discounts[t]`` is ``gamma`` where step ``t`` did not end its episode and 0 where it did.
+    ``clip_pg_rho`` truncates the ratio in the advantage (defaults to ``clip_rho``).
+    """
+    if behaviour_logp.shape != target_logp.shape or rewards.shape != values.shape:
+        raise ValueError(
+            f"vtrace: shapes differ: behaviour_logp {tuple(behaviour_logp.shape)}, target_logp "
+            f"{tuple(target_logp.shape)}, rewards {tuple(rewards.shape)}, values {tuple(values.shape)}"
+        )
+    rhos = torch.exp(target_logp - behaviour_logp)
+    clipped_rhos = torch.clamp(rhos, max=clip_rho)
+    cs = torch.clamp(rhos, max=clip_c)
+    values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
+
+    acc = torch.zeros_like(bootstrap_value)
+    vs_minus_v = torch.empty_like(values)
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        vs_minus_v[t] = acc
+    vs = vs_minus_v + values
+
+    vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_rhos = torch.clamp(rhos, max=clip_pg_rho if clip_pg_rho is not None else clip_rho)
+    pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, rhos=rhos)
+
+
+def bootstrap_truncated_rewards(
+    rewards: torch.Tensor, truncated: torch.Tensor, final_values: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """Fold ``gamma * V(final_obs)`` into the reward of steps that ended by truncation (time limit)."""
+    return rewards + gamma * final_values * truncated.to(rewards.dtype)
+
+
+def episode_discounts(terminated: torch.Tensor, truncated: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``gamma`` where the episode goes on, 0 where it ended (terminated or truncated)."""
+    done = torch.logical_or(terminated.bool(), truncated.bool())
+    return gamma * (~done).to(torch.float32)
+
+
+@dataclass
+class APPOLossOut:
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def appo_loss(
+    new_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    new_values: torch.Tensor,
+    vs: torch.Tensor,
+    entropy: torch.Tensor,
+    clip_range: float,
+    vf_coef: float,
+    ent_coef: float,
+) -> APPOLossOut:
+    """PPO's clipped surrogate on V-trace advantages, plus a value loss towards ``vs`` and an entropy bonus.
+
+    The ratio is against the behaviour policy that produced the data, so the clip bounds how far one
+    update moves away from it however stale it was.
+    """
+    ratio = torch.exp(new_logp - behaviour_logp)
+    surr1 = ratio * advantages
+    surr2 = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
+    policy_loss = -torch.min(surr1, surr2).mean()
+    value_loss = 0.5 * (new_values - vs).pow(2).mean()
+    ent = entropy.mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * ent
+    clip_fraction = ((ratio - 1.0).abs() > clip_range).float().mean()
+    return APPOLossOut(loss, policy_loss.detach(), value_loss.detach(), ent.detach(), clip_fraction.detach())
