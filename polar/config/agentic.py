@@ -1,17 +1,32 @@
-"""Sections for agentic runs: ``tasks``, ``verifier``, ``model``, ``trajectory``."""
+"""Sections for agentic runs: ``tasks``, ``verifier``, ``model``, ``trajectory``, ``sessions``."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from polar.config.base import StrictModel
+from polar.config.base import StrictModel, did_you_mean
+
+VERIFIER_TYPES = ("exact_match", "numeric", "regex", "python_tests", "workspace", "none")
 
 
 class VerifierConfig(StrictModel):
+    """How a finished session becomes a reward: a built-in ``type`` or a user ``module:function``."""
+
     type: str = "exact_match"
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v in VERIFIER_TYPES or ":" in v:
+            return v
+        raise ValueError(
+            f"unknown verifier {v!r}{did_you_mean(v, list(VERIFIER_TYPES))}; use one of "
+            f"{', '.join(VERIFIER_TYPES)} or 'module:function'"
+        )
 
 
 class ModelConfig(StrictModel):
@@ -20,3 +35,14 @@ class ModelConfig(StrictModel):
 
 class TrajectoryConfig(StrictModel):
     builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
+
+
+class SessionsConfig(StrictModel):
+    """The session pipeline: one worker pool per stage, a budget per session."""
+
+    max_init_workers: int = Field(8, ge=1)
+    max_run_workers: int = Field(8, ge=1)
+    max_postrun_workers: int = Field(4, ge=1)
+    session_budget_s: float = Field(900.0, gt=0, description="INIT+RUN+POST_RUN wall time per session")
+    workspace_root: str | None = Field(None, description="where session workspaces go (default: run dir)")
+    keep_workspaces: bool = False

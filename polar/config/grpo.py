@@ -2,14 +2,52 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+
 from polar.config.base import StrictModel
 
 
+class LoraConfig(StrictModel):
+    """Low-rank adapters (peft). ``target_modules: null`` lets peft pick the model's attention projections."""
+
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | None = None
+
+
 class GRPOKwargs(StrictModel):
-    group_size: int = 4
-    learning_rate: float = 1e-5
-    kl_coef: float = 0.0
+    group_size: int = Field(4, ge=2, description="samples per task (one GRPO group)")
+    tasks_per_step: int = Field(4, ge=1, description="groups collected per optimizer step")
+    total_steps: int = Field(20, ge=1, description="optimizer steps (each: collect, learn, sync weights)")
+    learning_rate: float = Field(1e-5, gt=0)
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the reference model")
+    clip_range: float = Field(0.2, gt=0, description="PPO-style clip of the importance ratio (low side)")
+    clip_range_high: float | None = Field(None, gt=0, description="upper clip; defaults to clip_range")
+    advantage: Literal["mean_std", "leave_one_out"] = "mean_std"
+    epochs_per_step: int = Field(1, ge=1, description="passes over each collected batch")
+    micro_batch_size: int = Field(8, ge=1, description="sequences per forward pass (gradient accumulation)")
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_off_policy_steps: int = Field(1, ge=0, description="drop groups sampled more than this many versions ago")
+    temperature: float = Field(1.0, ge=0)
+    max_tokens: int = Field(64, ge=1, description="max sampled tokens per model call")
+    lora: LoraConfig | None = None
+    eval_every: int = Field(0, ge=0, description="evaluate held-out tasks every N steps (0 = start and end only)")
 
 
 class SFTKwargs(StrictModel):
-    learning_rate: float = 1e-4
+    learning_rate: float = Field(1e-4, gt=0)
+    epochs: int = Field(1, ge=1)
+    max_steps: int = Field(0, ge=0, description="stop after this many optimizer steps (0 = run all epochs)")
+    batch_size: int = Field(16, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    lora: LoraConfig | None = None
+
+
+class SFTWarmupConfig(StrictModel):
+    """Behaviour cloning before RL: ``demonstrations`` is a chat JSONL or a ``polar generate`` dataset."""
+
+    demonstrations: str
+    kwargs: SFTKwargs = Field(default_factory=SFTKwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
 
@@ -34,13 +34,49 @@ class CustomHarnessConfig(StrictModel):
     connector_spec: ConnectorSpec
 
 
+class HarnessLimits(StrictModel):
+    """Resource limits applied to a command harness (``setrlimit`` in the child; 0 = no limit)."""
+
+    cpu_time_s: int = Field(600, ge=0, description="RLIMIT_CPU: CPU seconds before SIGXCPU/SIGKILL")
+    memory_mb: int = Field(4096, ge=0, description="RLIMIT_AS: address space in MiB")
+    open_files: int = Field(1024, ge=0, description="RLIMIT_NOFILE")
+    file_size_mb: int = Field(1024, ge=0, description="RLIMIT_FSIZE: largest file the harness may write, MiB")
+    output_bytes: int = Field(1_000_000, ge=1024, description="stdout+stderr kept; more marks the session ERROR")
+
+
 class AgentHarnessConfig(StrictModel):
-    """A black-box agent harness. Owned by polar.agentic; presets (claude_code, codex, ...) by polar.agentic.presets."""
+    """A black-box agent harness. Owned by polar.agentic; presets (claude_code, codex, ...) by polar.agentic.presets.
+
+    Exactly one of ``command`` (a program, run in its own working directory and process group),
+    ``callable`` (``module:function``, sync or async, called with ``base_url`` and ``task``) or
+    ``preset`` is set. The task reaches a command on stdin (``task_input: stdin``), in a file
+    (``task_input: file``, path in ``$POLAR_TASK_FILE``), or through ``{placeholders}`` in the
+    command (``{prompt}``, ``{task_file}``, ``{workspace}``, ``{base_url}`` and any task field).
+    """
 
     type: Literal["agent"] = "agent"
     command: list[str] | None = None
+    callable: str | None = Field(None, description="'module:function' for a Python harness")
     preset: str | None = None
     preset_options: dict[str, Any] = Field(default_factory=dict)
+    cwd: str | None = Field(None, description="template directory copied into each session's workspace")
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(300.0, gt=0, description="agent timeout: the harness is killed after this long")
+    task_input: Literal["stdin", "file", "placeholders"] = "stdin"
+    task_file: str = Field("task.json", description="file name (in the workspace) for task_input: file")
+    limits: HarnessLimits = Field(default_factory=HarnessLimits)
+
+    @model_validator(mode="after")
+    def _one_entry_point(self) -> AgentHarnessConfig:
+        given = [k for k in ("command", "callable", "preset") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(
+                "an agent harness needs exactly one of 'command' (a program), 'callable' "
+                f"('module:function') or 'preset'; got {given or 'none'}"
+            )
+        if self.callable is not None and ":" not in self.callable:
+            raise ValueError(f"'callable' must look like 'module:function' (got {self.callable!r})")
+        return self
 
 
 HarnessConfig = Annotated[

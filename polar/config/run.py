@@ -7,9 +7,10 @@ from pathlib import Path
 from pydantic import Field, PrivateAttr
 
 from polar.config.agent import AgentConfig, BuiltinAgentConfig
-from polar.config.agentic import ModelConfig, TrajectoryConfig, VerifierConfig
+from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel
 from polar.config.gateway import GatewayConfig
+from polar.config.grpo import SFTWarmupConfig
 from polar.config.harness import HarnessConfig
 from polar.config.policy import PolicyConfig
 from polar.config.sections import DistributionConfig, EvalConfig, LoggingConfig
@@ -32,6 +33,9 @@ class RunConfig(StrictModel):
     model: ModelConfig | None = None
     trajectory: TrajectoryConfig = Field(default_factory=TrajectoryConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    eval_tasks: str | None = Field(None, description="held-out tasks JSONL scored at start/end of training")
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    sft_warmup: SFTWarmupConfig | None = None
 
     _config_dir: Path | None = PrivateAttr(default=None)
 
