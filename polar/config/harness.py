@@ -21,12 +21,60 @@ class GymnasiumHarnessConfig(StrictModel):
 
 
 class ConnectorSpec(StrictModel):
-    """Where the connector class lives and how polar talks to its process."""
+    """Where the connector class lives and how polar talks to its process (see docs/connector-protocol.md)."""
 
     module: str | None = Field(None, description="Python module; resolved next to the config file, then the cwd")
     class_name: str | None = None
     command: list[str] | None = Field(None, description="non-Python connector: command that serves the wire protocol")
     config: dict[str, Any] = Field(default_factory=dict)
+    copies_per_process: int | None = Field(
+        None, ge=1, description="env copies hosted by one process; None = all envs of a vector env in one process"
+    )
+    transport: Literal["unix", "tcp"] = "unix"
+    host: str = Field("127.0.0.1", description="tcp: address polar listens on; non-loopback needs a token")
+    port: int = Field(0, ge=0, le=65535, description="tcp: 0 = any free port")
+    token: str | None = Field(None, description="shared secret the connector sends in its hello; random when unset")
+    call_timeout_s: float = Field(30.0, gt=0, description="a reset/step reply later than this counts as a hang")
+    start_timeout_s: float = Field(60.0, gt=0)
+    heartbeat_interval_s: float = Field(5.0, ge=0, description="ping an idle connector this often; 0 = off")
+    max_restarts: int = Field(5, ge=0, description="consecutive failures tolerated before ConnectorCrashed")
+    restart_backoff_s: float = Field(0.5, ge=0, description="first restart delay; doubles per consecutive failure")
+    max_backoff_s: float = Field(10.0, ge=0)
+    max_frame_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    compression: Literal["zstd", "lz4", "png", "jpeg"] | None = Field(
+        None, description="compress large arrays (png/jpeg: uint8 images only)"
+    )
+    compress_min_bytes: int = Field(4096, ge=0)
+    python: str | None = Field(None, description="interpreter for Python connectors; default: the one running polar")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the process")
+
+    @model_validator(mode="after")
+    def _check(self) -> ConnectorSpec:
+        if self.command is None and not (self.module and self.class_name):
+            raise ValueError(
+                "connector_spec needs module + class_name (a Python connector) or command (any other language)"
+            )
+        if self.command is not None and (self.module or self.class_name):
+            raise ValueError("connector_spec: give either module + class_name or command, not both")
+        if self.command is not None and not self.command:
+            raise ValueError("connector_spec.command is empty; give the program and its arguments as a list")
+        if self.transport == "tcp" and not _is_loopback(self.host) and not self.token:
+            raise ValueError(
+                f"connector_spec.host {self.host!r} is not a loopback address: set connector_spec.token to a "
+                "shared secret (the connector sends it in its hello), or listen on 127.0.0.1"
+            )
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class CustomHarnessConfig(StrictModel):
