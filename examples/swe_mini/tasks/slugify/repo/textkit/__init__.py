@@ -1,0 +1,5 @@
+"""Text helpers."""
+
+from textkit.slug import slugify
+
+__all__ = ["slugify"]

@@ -1,0 +1,5 @@
+"""Tiny data structures."""
+
+from structs.stack import Stack
+
+__all__ = ["Stack"]

@@ -1,0 +1,184 @@
+"""A recording stand-in for a model API: logs every request a coding CLI sends, answers minimally.
+
+Used to capture the fixtures under ``tests/presets/fixtures/`` (``python -m tests.presets.capture_cli``).
+Each reply follows the provider's documented wire format (Anthropic Messages SSE, OpenAI Responses
+SSE, OpenAI Chat SSE, Gemini ``streamGenerateContent?alt=sse``) with a short fixed text, so the CLI
+finishes its turn and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import uvicorn
+import zstandard
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+REPLY = "I looked at the repository. Done."
+
+
+def _sse(events: list[tuple[str | None, dict[str, Any]]], done: bool = False) -> StreamingResponse:
+    def gen():
+        for name, data in events:
+            if name:
+                yield f"event: {name}\n"
+            yield f"data: {json.dumps(data)}\n\n"
+        if done:
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+def anthropic_reply(body: dict[str, Any]) -> Response:
+    model = body.get("model", "m")
+    msg = {
+        "id": "msg_capture",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1},
+    }
+    if not body.get("stream"):
+        return JSONResponse({**msg, "content": [{"type": "text", "text": REPLY}], "stop_reason": "end_turn"})
+    return _sse([
+        ("message_start", {"type": "message_start", "message": msg}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": REPLY}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 8}}),
+        ("message_stop", {"type": "message_stop"}),
+    ])
+
+
+def responses_reply(body: dict[str, Any]) -> Response:
+    model = body.get("model", "m")
+    now = int(time.time())
+    item = {
+        "id": "msg_capture",
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": REPLY, "annotations": []}],
+    }
+    base = {"id": "resp_capture", "object": "response", "created_at": now, "model": model, "status": "in_progress", "output": []}
+    done = {**base, "status": "completed", "output": [item],
+            "usage": {"input_tokens": 10, "output_tokens": 8, "total_tokens": 18,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+    if not body.get("stream"):
+        return JSONResponse(done)
+    partial = {**item, "status": "in_progress", "content": []}
+    return _sse([
+        ("response.created", {"type": "response.created", "sequence_number": 0, "response": base}),
+        ("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0, "item": partial}),
+        ("response.content_part.added", {"type": "response.content_part.added", "sequence_number": 2, "item_id": "msg_capture", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 3, "item_id": "msg_capture", "output_index": 0, "content_index": 0, "delta": REPLY}),
+        ("response.output_text.done", {"type": "response.output_text.done", "sequence_number": 4, "item_id": "msg_capture", "output_index": 0, "content_index": 0, "text": REPLY}),
+        ("response.content_part.done", {"type": "response.content_part.done", "sequence_number": 5, "item_id": "msg_capture", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": REPLY, "annotations": []}}),
+        ("response.output_item.done", {"type": "response.output_item.done", "sequence_number": 6, "output_index": 0, "item": item}),
+        ("response.completed", {"type": "response.completed", "sequence_number": 7, "response": done}),
+    ])
+
+
+def chat_reply(body: dict[str, Any]) -> Response:
+    model = body.get("model", "m")
+    now = int(time.time())
+    if not body.get("stream"):
+        return JSONResponse({
+            "id": "chatcmpl-capture", "object": "chat.completion", "created": now, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18},
+        })
+    head = {"id": "chatcmpl-capture", "object": "chat.completion.chunk", "created": now, "model": model}
+    events = [
+        (None, {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}),
+        (None, {**head, "choices": [{"index": 0, "delta": {"content": REPLY}, "finish_reason": None}]}),
+        (None, {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append((None, {**head, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}}))
+    return _sse(events, done=True)
+
+
+def gemini_reply(path: str) -> Response:
+    chunk = {
+        "candidates": [{"content": {"role": "model", "parts": [{"text": REPLY}]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 8, "totalTokenCount": 18},
+        "modelVersion": path.split("/models/")[-1].split(":")[0],
+    }
+    if path.endswith(":streamGenerateContent"):
+        return _sse([(None, chunk)])
+    if path.endswith(":countTokens"):
+        return JSONResponse({"totalTokens": 10})
+    return JSONResponse(chunk)
+
+
+class CaptureServer:
+    """Runs the recording app on 127.0.0.1 in a background thread; ``requests`` holds what arrived."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])])
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    async def handle(self, request: Request) -> Response:
+        raw = await request.body()
+        if request.headers.get("content-encoding", "").lower() == "zstd":
+            raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        path = "/" + request.path_params["path"]
+        self.requests.append({
+            "method": request.method,
+            "path": path,
+            "query": dict(request.query_params),
+            "headers": dict(request.headers),
+            "body": body,
+        })
+        b = body if isinstance(body, dict) else {}
+        if request.method != "POST":
+            if path.endswith("/models"):
+                return JSONResponse({"object": "list", "data": []})
+            return JSONResponse({"error": {"message": f"not found: {path}"}}, status_code=404)
+        if path.endswith("/messages/count_tokens"):
+            return JSONResponse({"input_tokens": 10})
+        if path.endswith("/messages"):
+            return anthropic_reply(b)
+        if path.endswith("/responses"):
+            return responses_reply(b)
+        if path.endswith("/chat/completions"):
+            return chat_reply(b)
+        if "/models/" in path:
+            return gemini_reply(path)
+        return JSONResponse({"error": {"message": f"not found: {path}"}}, status_code=404)
+
+    def start(self) -> str:
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("capture server did not start within 10 s")
+            time.sleep(0.02)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
