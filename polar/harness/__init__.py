@@ -5,6 +5,9 @@ SAME_STEP autoreset: when a sub-env's episode ends at ``step``, the observation 
 already the first observation of its next episode, and the true final observation is in
 ``infos["final_obs"][i]`` (with ``infos["_final_obs"][i] == True``); ``infos["final_info"]`` holds
 the final step's info. Learners bootstrap truncated episodes from ``final_obs``.
+
+``type: custom`` harnesses run in connector processes (``polar.harness.connector``): a restarted
+connector ends each interrupted episode as truncated with ``info["polar/connector_restart"] = True``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,16 @@ def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, co
     if harness_cfg.type == "gymnasium":
         from polar.harness.gymnasium_adapter import make_gymnasium_vector_env
 
-        return make_gymnasium_vector_env(harness_cfg, num_envs)
-    raise NotImplementedError(f"harness type {harness_cfg.type!r} has no vector env yet")
+        envs = make_gymnasium_vector_env(harness_cfg, num_envs)
+        if seed is not None:  # later reset() calls continue these seeded RNGs: runs are reproducible
+            envs.reset(seed=seed)
+            envs.action_space.seed(seed)
+        return envs
+    if harness_cfg.type == "custom":
+        from polar.harness.connector.vector_env import ConnectorVectorEnv
+
+        return ConnectorVectorEnv(harness_cfg.connector_spec, num_envs, seed=seed, config_dir=config_dir)
+    raise NotImplementedError(f"harness type {harness_cfg.type!r} has no vector env")
 
 
 def make_env(harness_cfg: Any, config_dir: Path | None = None) -> gym.Env:
@@ -30,4 +41,8 @@ def make_env(harness_cfg: Any, config_dir: Path | None = None) -> gym.Env:
         from polar.harness.gymnasium_adapter import make_gymnasium_env
 
         return make_gymnasium_env(harness_cfg)
-    raise NotImplementedError(f"harness type {harness_cfg.type!r} has no single env yet")
+    if harness_cfg.type == "custom":
+        from polar.harness.connector.vector_env import ConnectorEnv
+
+        return ConnectorEnv(harness_cfg.connector_spec, config_dir=config_dir)
+    raise NotImplementedError(f"harness type {harness_cfg.type!r} has no single env")

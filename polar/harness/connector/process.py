@@ -1,0 +1,301 @@
+"""One connector process seen from polar: start it, talk to it, watch it, restart it.
+
+polar listens (a Unix socket in a private temp dir, or TCP on 127.0.0.1) and the connector dials
+back, so readiness is simply "it connected and said hello" and no port is ever guessed. Its stdout
+and stderr are drained by a thread into a ring buffer: printing never blocks or corrupts the channel,
+and the last lines are quoted when the process keeps dying.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from polar.errors import (
+    ConnectorCrashed,
+    ConnectorRemoteError,
+    ConnectorStartError,
+    ConnectorTimeout,
+    EnvContractError,
+    ProtocolError,
+)
+from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
+
+log = logging.getLogger("polar.connector")
+_POLAR_ROOT = str(Path(__file__).resolve().parents[3])
+
+
+class ProcessFailed(Exception):
+    """Internal: the process died or hung; the caller restarts it."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ConnectorProcess:
+    """A connector process hosting ``num_envs`` copies, with restart-on-failure bookkeeping."""
+
+    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, label: str = "connector") -> None:
+        self.spec = spec
+        self.num_envs = num_envs
+        self.config_dir = Path(config_dir) if config_dir else Path.cwd()
+        self.label = label
+        self.name = spec.class_name or (Path(spec.command[0]).name if spec.command else "connector")
+        self.codec = Codec()
+        self.restarts = 0
+        self.consecutive_failures = 0
+        self.describe: dict = {}
+        self.dead_reason: str | None = None
+        self.last_io = time.monotonic()
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._proc: subprocess.Popen | None = None
+        self._conn: FrameSocket | None = None
+        self._tmpdir: str | None = None
+        self._listener = self._listen()
+
+    # ------------------------------------------------------------------------------- lifecycle
+    def _listen(self) -> socket.socket:
+        spec = self.spec
+        if spec.transport == "unix":
+            self._tmpdir = tempfile.mkdtemp(prefix="polar-conn-")
+            path = os.path.join(self._tmpdir, "c.sock")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            self.address = f"unix:{path}"
+        else:
+            family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((spec.host, spec.port))
+            host = spec.host if is_loopback(spec.host) or spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
+            self.address = f"tcp:{host}:{sock.getsockname()[1]}"
+        sock.listen(4)
+        # A token always guards the hello; a non-loopback bind requires the user's own (checked in config).
+        self.token = spec.token or secrets.token_hex(16)
+        return sock
+
+    def command(self) -> list[str]:
+        spec = self.spec
+        if spec.command:
+            return list(spec.command)
+        cmd = [spec.python or sys.executable, "-m", "polar.harness.connector.server"]
+        cmd += ["--module", spec.module, "--class-name", spec.class_name]
+        for p in dict.fromkeys([str(self.config_dir), os.getcwd()]):
+            cmd += ["--search-path", p]
+        return cmd
+
+    def spawn(self) -> None:
+        """Start the process (no waiting): pair with ``connect()``."""
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in self.spec.env.items()})
+        env.update(POLAR_CONNECTOR_ADDRESS=self.address, POLAR_CONNECTOR_TOKEN=self.token, PYTHONUNBUFFERED="1")
+        env.setdefault("SDL_VIDEODRIVER", "dummy")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_POLAR_ROOT, env.get("PYTHONPATH")) if p)
+        cmd = self.command()
+        cwd = str(self.config_dir) if self.spec.command else None
+        if self.spec.command and shutil.which(cmd[0], path=env.get("PATH")) is None and not Path(self.config_dir, cmd[0]).exists():
+            raise ConnectorStartError(f"connector_spec.command: executable {cmd[0]!r} not found on PATH; install it or fix the command")
+        self._tail.clear()
+        self._proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._drain, args=(self._proc,), daemon=True, name=f"polar-{self.label}-out").start()
+        self.dead_reason = None
+
+    def _drain(self, proc: subprocess.Popen) -> None:
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            self._tail.append(line)
+            log.debug("[%s pid %d] %s", self.label, proc.pid, line)
+        proc.stdout.close()
+
+    def connect(self) -> dict:
+        """Wait for the spawned process to dial back, check its hello, send init; return its description."""
+        deadline = time.monotonic() + self.spec.start_timeout_s
+        self._listener.settimeout(0.05)
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+                break
+            except (TimeoutError, socket.timeout):
+                if self._proc.poll() is not None:
+                    time.sleep(0.05)  # let the drain thread catch the last lines
+                    raise ProcessFailed(f"the process exited with code {self._proc.returncode} before connecting")
+                if time.monotonic() > deadline:
+                    raise ProcessFailed(f"the process did not connect within start_timeout_s={self.spec.start_timeout_s}")
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn = FrameSocket(sock, self.spec.max_frame_bytes)
+        hello = self._recv(self.spec.start_timeout_s)
+        if not isinstance(hello, dict) or hello.get("type") != "hello":
+            raise ConnectorStartError(f"{self.name}: the first frame must be a hello map, got {hello!r:.200}")
+        if not secrets.compare_digest(str(hello.get("token", "")), self.token):
+            sock.close()
+            raise ConnectorStartError(f"{self.name}: a connector connected with a wrong token; check connector_spec.token")
+        if hello.get("protocol") != PROTOCOL_VERSION:
+            raise ConnectorStartError(f"{self.name}: speaks protocol {hello.get('protocol')!r}; polar speaks {PROTOCOL_VERSION}")
+        options = {
+            "compression": self.spec.compression,
+            "compress_min_bytes": self.spec.compress_min_bytes,
+            "max_frame_bytes": self.spec.max_frame_bytes,
+        }
+        self.describe = self.call({"op": "init", "config": self.spec.config, "num_envs": self.num_envs, "options": options},
+                                  self.spec.start_timeout_s)
+        return self.describe
+
+    def start(self) -> dict:
+        self.spawn()
+        try:
+            return self.connect()
+        except ProcessFailed as e:
+            self.kill()
+            raise ConnectorStartError(f"{self.name} failed to start: {e}.{self.tail_text()}") from None
+
+    def kill(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self._proc.kill()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("%s pid %d did not exit after SIGKILL", self.label, self._proc.pid)
+
+    def close(self) -> None:
+        """Ask the process to close its envs, then make sure it is gone and the socket removed."""
+        if self._conn is not None and self.dead_reason is None and self._proc and self._proc.poll() is None:
+            try:
+                self.call({"op": "close"}, timeout_s=min(5.0, self.spec.call_timeout_s))
+            except Exception as e:  # closing is best effort: the process is killed below anyway
+                log.debug("%s close: %s", self.label, e)
+            if self._proc is not None:
+                try:
+                    self._proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.kill()
+        self._listener.close()
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def tail_text(self, n: int = 15) -> str:
+        lines = list(self._tail)[-n:]
+        if not lines:
+            return " It printed nothing."
+        return " Its last output lines:\n  " + "\n  ".join(lines)
+
+    # ------------------------------------------------------------------------------- calls
+    def send(self, msg: dict) -> None:
+        if self.dead_reason is not None or self._conn is None:
+            raise ProcessFailed(self.dead_reason or "not connected")
+        try:
+            self._conn.send(self.codec.pack(msg))
+        except TypeError as e:
+            raise EnvContractError(f"cannot send to {self.name}: {e}") from None
+        except OSError as e:
+            self.dead_reason = f"sending failed ({e})"
+            raise ProcessFailed(self.dead_reason) from None
+
+    def _recv(self, timeout_s: float) -> Any:
+        if self.dead_reason is not None or self._conn is None:
+            raise ProcessFailed(self.dead_reason or "not connected")
+        try:
+            data = self._conn.recv(timeout_s)
+        except ConnectorTimeout:
+            raise ProcessFailed(f"no reply within {timeout_s:g} s (call_timeout_s); the process looks hung") from None
+        except ConnectionClosed:
+            code = self._proc.poll() if self._proc else None
+            if code is None and self._proc is not None:
+                try:
+                    code = self._proc.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    code = None
+            raise ProcessFailed("the process died" + (f" (exit code {code})" if code is not None else "")) from None
+        except ProtocolError as e:  # over the size cap or garbage: the stream is unusable
+            self.kill()
+            raise ProtocolError(f"{self.name}: {e}") from None
+        except OSError as e:
+            raise ProcessFailed(f"receiving failed ({e})") from None
+        self.last_io = time.monotonic()
+        return self.codec.unpack(data)
+
+    def receive(self, timeout_s: float | None = None) -> dict:
+        reply = self._recv(self.spec.call_timeout_s if timeout_s is None else timeout_s)
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise ProtocolError(f"{self.name}: a reply must be a map with an 'ok' key, got {reply!r:.200}")
+        if not reply["ok"]:
+            err = reply.get("error") or {}
+            kind, message, tb = err.get("kind"), err.get("message", "unknown error"), err.get("traceback", "")
+            if kind == "start":
+                raise ConnectorStartError(message + (f"\n{tb}" if tb else ""))
+            if kind == "frame_size":
+                raise ProtocolError(message)
+            if kind == "contract":
+                raise EnvContractError(message)
+            text = f"{message} (in connector class {self.name}; traceback from the connector process below)\n{tb}" if tb else message
+            raise ConnectorRemoteError(text, remote_traceback=tb)
+        return reply
+
+    def call(self, msg: dict, timeout_s: float | None = None) -> dict:
+        self.send(msg)
+        return self.receive(timeout_s)
+
+    def heartbeat(self, timeout_s: float) -> None:
+        """Ping; on failure mark the process dead and kill it (the next call restarts it)."""
+        try:
+            self.call({"op": "ping"}, timeout_s)
+        except ProcessFailed as e:
+            self.dead_reason = f"heartbeat failed: {e}"
+            log.warning("%s: %s", self.label, self.dead_reason)
+            self.kill()
+
+    # ------------------------------------------------------------------------------- recovery
+    def recover(self, reason: str) -> None:
+        """Kill, back off, start again; give up with ConnectorCrashed after ``max_restarts`` in a row."""
+        while True:
+            self.consecutive_failures += 1
+            self.kill()
+            if self.consecutive_failures > self.spec.max_restarts:
+                raise ConnectorCrashed(
+                    f"{self.name} ({self.label}) failed {self.consecutive_failures} times in a row, last because "
+                    f"{reason}; gave up after max_restarts={self.spec.max_restarts}.{self.tail_text()}"
+                )
+            backoff = min(self.spec.restart_backoff_s * 2 ** (self.consecutive_failures - 1), self.spec.max_backoff_s)
+            log.warning("%s: %s; restart %d in %.2fs", self.label, reason, self.restarts + 1, backoff)
+            time.sleep(backoff)
+            self.restarts += 1
+            try:
+                self.spawn()
+                self.connect()
+                return
+            except ProcessFailed as e:
+                reason = str(e)

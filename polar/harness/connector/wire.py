@@ -1,0 +1,249 @@
+"""The connector wire format: length-prefixed msgpack frames, numpy arrays as msgpack ext types.
+
+Specified for other languages in ``docs/connector-protocol.md``. In short:
+
+- a frame is a 4-byte big-endian unsigned length followed by that many bytes of msgpack;
+- ``ext 1`` is an ndarray: ``u8 len, dtype str, u8 ndim, u32le dims..., raw C-order bytes``;
+- ``ext 2`` is a compressed ndarray: ``u8 codec`` then the ext-1 header, then the compressed bytes
+  (codec 1 zstd, 2 lz4 frame, 3 PNG, 4 JPEG).
+
+No pickle anywhere: only msgpack's own types and these two ext types are ever decoded.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import socket
+import struct
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from polar.errors import ConnectorTimeout, ProtocolError
+
+PROTOCOL_VERSION = 1
+EXT_NDARRAY = 1
+EXT_COMPRESSED = 2
+CODECS = {"zstd": 1, "lz4": 2, "png": 3, "jpeg": 4}
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+_ALLOWED_KINDS = set("biufc")  # bool, int, uint, float, complex: no object/void/str arrays
+
+
+class ConnectionClosed(ProtocolError):
+    """The peer closed the socket (usually: the connector process died)."""
+
+
+# ----------------------------------------------------------------------------------------- arrays
+def _array_header(arr: np.ndarray) -> bytes:
+    dtype = arr.dtype.str.encode("ascii")
+    return bytes([len(dtype)]) + dtype + bytes([arr.ndim]) + struct.pack(f"<{arr.ndim}I", *arr.shape)
+
+
+_DTYPES: dict[bytes, np.dtype] = {}
+
+
+def _parse_header(data: memoryview) -> tuple[np.dtype, tuple[int, ...], int]:
+    n = data[0]
+    key = bytes(data[1 : 1 + n])
+    dtype = _DTYPES.get(key)
+    if dtype is None:
+        try:
+            dtype = np.dtype(key.decode("ascii"))
+        except (TypeError, ValueError, UnicodeDecodeError):
+            raise ProtocolError(f"ndarray ext: unknown dtype {key!r}") from None
+        if dtype.kind not in _ALLOWED_KINDS or dtype.hasobject:
+            raise ProtocolError(f"ndarray dtype {dtype.str!r} is not allowed on the wire (numbers and bools only)")
+        _DTYPES[key] = dtype
+    ndim = data[1 + n]
+    start = 2 + n
+    shape = struct.unpack_from(f"<{ndim}I", data, start)
+    return dtype, shape, start + 4 * ndim
+
+
+def _image_view(arr: np.ndarray) -> np.ndarray | None:
+    """The 2-D/3-D image a uint8 array is sent as for PNG/JPEG, or None if it is not image-shaped."""
+    if arr.dtype != np.uint8 or arr.ndim < 2 or arr.size == 0:
+        return None
+    if arr.ndim == 2:
+        return arr
+    if arr.shape[-1] in (1, 3, 4):
+        rows = math.prod(arr.shape[:-2])
+        img = arr.reshape(rows, arr.shape[-2], arr.shape[-1])
+        return img[:, :, 0] if img.shape[-1] == 1 else img
+    return None
+
+
+def _compress(arr: np.ndarray, codec: str) -> bytes | None:
+    raw = np.ascontiguousarray(arr)
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3).compress(raw.tobytes())
+    if codec == "lz4":
+        import lz4.frame
+
+        return lz4.frame.compress(raw.tobytes())
+    img = _image_view(raw)
+    if img is None or (codec == "jpeg" and img.ndim == 3 and img.shape[-1] == 4):
+        return None  # not an image: send raw
+    from PIL import Image
+
+    buf = io.BytesIO()
+    if codec == "png":
+        Image.fromarray(img).save(buf, format="PNG", compress_level=1)
+    else:
+        Image.fromarray(img).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _decompress(codec: int, payload: memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if codec == 1:
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().decompress(bytes(payload))
+    elif codec == 2:
+        import lz4.frame
+
+        raw = lz4.frame.decompress(bytes(payload))
+    elif codec in (3, 4):
+        from PIL import Image
+
+        raw = np.asarray(Image.open(io.BytesIO(bytes(payload)))).tobytes()
+    else:
+        raise ProtocolError(f"unknown compression codec {codec} in ext 2 (known: {CODECS})")
+    expected = math.prod(shape) * dtype.itemsize
+    if len(raw) != expected:
+        raise ProtocolError(f"compressed ndarray decodes to {len(raw)} bytes; shape {shape} {dtype} needs {expected}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+class Codec:
+    """msgpack packer/unpacker with the ndarray ext types and optional compression of large arrays."""
+
+    def __init__(self, compression: str | None = None, compress_min_bytes: int = 4096) -> None:
+        if compression is not None and compression not in CODECS:
+            raise ValueError(f"compression must be one of {sorted(CODECS)} or None, got {compression!r}")
+        self.compression = compression
+        self.compress_min_bytes = compress_min_bytes
+        self._packer = msgpack.Packer(default=self._default, use_bin_type=True, autoreset=True)
+
+    def _default(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.kind not in _ALLOWED_KINDS:
+                raise TypeError(f"numpy array of dtype {obj.dtype} cannot be sent; use numeric or bool arrays")
+            if self.compression and obj.nbytes >= self.compress_min_bytes:
+                packed = _compress(obj, self.compression)
+                if packed is not None:
+                    code = CODECS[self.compression]
+                    return msgpack.ExtType(EXT_COMPRESSED, bytes([code]) + _array_header(obj) + packed)
+            return msgpack.ExtType(EXT_NDARRAY, _array_header(obj) + np.ascontiguousarray(obj).tobytes())
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, tuple):
+            return list(obj)
+        raise TypeError(
+            f"a value of type {type(obj).__name__} cannot be sent; use numbers, strings, bools, None, "
+            "lists, dicts with string keys, or numpy arrays"
+        )
+
+    def pack(self, obj: Any) -> bytes:
+        return self._packer.pack(obj)
+
+    @staticmethod
+    def _ext_hook(code: int, data: bytes) -> Any:
+        view = memoryview(data)
+        if code == EXT_NDARRAY:
+            dtype, shape, start = _parse_header(view)
+            expected = math.prod(shape) * dtype.itemsize
+            if len(view) - start != expected:
+                raise ProtocolError(f"ndarray ext: {len(view) - start} data bytes, shape {shape} {dtype} needs {expected}")
+            # frombuffer over immutable bytes is read-only; learners write into obs, so own a copy
+            return np.frombuffer(data, dtype=dtype, offset=start).reshape(shape).copy()
+        if code == EXT_COMPRESSED:
+            dtype, shape, start = _parse_header(view[1:])
+            return _decompress(view[0], view[1 + start :], dtype, shape)
+        raise ProtocolError(f"unknown msgpack ext type {code} (known: 1 ndarray, 2 compressed ndarray)")
+
+    def unpack(self, data: bytes | bytearray | memoryview) -> Any:
+        try:
+            return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True)
+        except ProtocolError:
+            raise
+        except Exception as e:  # msgpack raises several unrelated types for garbage input
+            raise ProtocolError(f"malformed msgpack frame: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------- frames
+class FrameSocket:
+    """A socket that sends and receives whole frames, with a size cap and deadlines."""
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.sock = sock
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    def send(self, body: bytes) -> None:
+        if len(body) > self.max_frame_bytes:
+            raise ProtocolError(
+                f"outgoing frame of {len(body)} bytes exceeds max_frame_bytes={self.max_frame_bytes}; "
+                "raise connector_spec.max_frame_bytes or enable connector_spec.compression"
+            )
+        self.sock.settimeout(None)
+        if len(body) < 65536:
+            self.sock.sendall(_HEADER.pack(len(body)) + body)
+        else:
+            self.sock.sendall(_HEADER.pack(len(body)))
+            self.sock.sendall(body)
+
+    def _fill(self, need: int, deadline: float | None) -> None:
+        while len(self._buf) < need:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ConnectorTimeout("timed out waiting for a frame")
+                self.sock.settimeout(remaining)
+            else:
+                self.sock.settimeout(None)
+            try:
+                chunk = self.sock.recv(max(65536, need - len(self._buf)))
+            except (TimeoutError, socket.timeout):
+                raise ConnectorTimeout("timed out waiting for a frame") from None
+            if not chunk:
+                raise ConnectionClosed("the peer closed the connection")
+            self._buf += chunk
+
+    def recv(self, timeout_s: float | None = None) -> bytes:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._fill(4, deadline)
+        (n,) = _HEADER.unpack_from(self._buf)
+        if n > self.max_frame_bytes:
+            raise ProtocolError(
+                f"incoming frame of {n} bytes exceeds max_frame_bytes={self.max_frame_bytes}; "
+                "raise connector_spec.max_frame_bytes or enable connector_spec.compression"
+            )
+        self._fill(4 + n, deadline)
+        body = bytes(self._buf[4 : 4 + n])
+        del self._buf[: 4 + n]
+        return body
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def parse_address(address: str) -> tuple[int, Any]:
+    """``unix:/path`` or ``tcp:host:port`` -> (socket family, sockaddr)."""
+    kind, _, rest = address.partition(":")
+    if kind == "unix" and rest:
+        return socket.AF_UNIX, rest
+    if kind == "tcp":
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit():
+            return socket.AF_INET, (host.strip("[]"), int(port))
+    raise ProtocolError(f"bad connector address {address!r}; expected unix:/path/to.sock or tcp:HOST:PORT")
