@@ -90,11 +90,16 @@ class GenerationRequest:
 
 @dataclass
 class TokenEvent:
-    """One sampled token. ``finish_reason`` is set only on the last event of a stream."""
+    """One sampled token. ``finish_reason`` and ``policy_version`` are set only on the last event.
+
+    ``policy_version`` on the last event is the version of the weights that produced every token of
+    the stream (engines abort in-flight streams when weights change), so it is exact to stamp on records.
+    """
 
     token_id: int | None
     logprob: float | None
     finish_reason: FinishReason | None = None
+    policy_version: int | None = None
 
 
 @dataclass
@@ -104,6 +109,7 @@ class GenerationResult:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    policy_version: int | None = None
 
 
 class Engine(abc.ABC):
@@ -148,13 +154,14 @@ async def collect(events: AsyncIterator[TokenEvent]) -> GenerationResult:
     ids: list[int] = []
     lps: list[float] = []
     finish: FinishReason = "abort"
+    version: int | None = None
     async for ev in events:
         if ev.token_id is not None:
             ids.append(int(ev.token_id))
             lps.append(float(ev.logprob if ev.logprob is not None else 0.0))
         if ev.finish_reason is not None:
-            finish = ev.finish_reason
-    return GenerationResult(ids, lps, finish)
+            finish, version = ev.finish_reason, ev.policy_version
+    return GenerationResult(ids, lps, finish, version)
 
 
 def load_engine(spec: str | Mapping[str, Any] | Any, **kwargs: Any) -> Engine:

@@ -1,0 +1,356 @@
+"""The embedded engine: Hugging Face transformers in-process, on CPU or GPU, with continuous batching.
+
+A background thread owns the model. It admits queued requests, prefills each newcomer on its own
+(no padded queries, so no fully masked attention rows), then merges its KV cache into the running
+cohort and advances every active sequence by one token per forward pass (left-padded KV plus a 2D
+attention mask and explicit position ids). Sequences join and leave between steps, so a long
+generation never holds up a short one.
+
+Logprobs are the raw model distribution's (log-softmax at temperature 1, before top-p), computed in
+float32 from the same logits the token was sampled from; see :mod:`polar.inference.base`.
+
+``update_weights`` takes the step lock, copies tensors in place, and aborts sequences that were in
+flight (their KV caches belong to the old weights); queued requests then run under the new weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
+
+log = logging.getLogger(__name__)
+
+
+def sequence_logprobs(model: Any, token_ids: list[int]) -> list[float]:
+    """Raw-model logprob of ``token_ids[i]`` given ``token_ids[:i]`` for i >= 1 (one plain forward pass)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return lp.cpu().tolist()
+
+
+def load_weights(model: Any, state_dict: Mapping[str, Any]) -> None:
+    """Copy ``state_dict`` into ``model`` in place. A subset of names is fine; unknown names or shape
+    mismatches raise ``EngineError`` before anything is written."""
+    current = model.state_dict()
+    unknown = [k for k in state_dict if k not in current]
+    if unknown:
+        raise EngineError(
+            f"update_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
+            f"expected names like {list(current)[:3]}"
+        )
+    for name, value in state_dict.items():
+        if tuple(value.shape) != tuple(current[name].shape):
+            raise EngineError(
+                f"update_weights: '{name}' has shape {tuple(value.shape)} but the model expects "
+                f"{tuple(current[name].shape)}"
+            )
+    with torch.no_grad():
+        for name, value in state_dict.items():
+            target = current[name]
+            target.copy_(torch.as_tensor(value).to(device=target.device, dtype=target.dtype))
+
+
+def sample_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[int, float]:
+    """Sample one id from a 1-D float32 logits row; return it and its raw-model logprob."""
+    raw = torch.log_softmax(logits, dim=-1)
+    if temperature == 0:
+        token = int(torch.argmax(logits))
+    else:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            keep = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < top_p  # always keeps the top id
+            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    return token, float(raw[token])
+
+
+@dataclass(eq=False)
+class _Seq:
+    request: GenerationRequest
+    max_tokens: int
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    generator: torch.Generator
+    stops: frozenset[int]
+    n_generated: int = 0
+    last_token: int = -1
+    cancelled: bool = False
+    done: bool = False
+
+
+class EmbeddedEngine(Engine):
+    """In-process HF transformers engine. Build with :meth:`from_spec` (``"tiny"`` or a model folder)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str,
+        context_length: int | None = None,
+        max_batch_size: int = 32,
+        default_stop_token_ids: list[int] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.device = next(model.parameters()).device
+        cfg_len = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
+        self.context_length = int(context_length or cfg_len)
+        self.max_batch_size = max_batch_size
+        self.policy_version = 0
+        if default_stop_token_ids is None:
+            default_stop_token_ids = _eos_ids(model, tokenizer)
+        self.default_stop_token_ids = list(default_stop_token_ids)
+        self._vocab_limit = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._pending: collections.deque[_Seq] = collections.deque()
+        self._active: list[_Seq] = []
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer, (B, H, L, D)
+        self._mask: torch.Tensor | None = None  # (B, L) 1 = real token
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    @classmethod
+    def from_spec(
+        cls, spec: str, *, device: str | None = None, dtype: str | None = None, seed: int = 0, **kwargs: Any
+    ) -> EmbeddedEngine:
+        """``"tiny"`` (seeded random preset) or a local HF model folder (never downloads)."""
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if spec == "tiny":
+            from polar.inference.tiny import TINY_MODEL_NAME, build_tiny
+
+            model, tokenizer = build_tiny(seed)
+            return cls(model.to(device), tokenizer, model_name=TINY_MODEL_NAME, **kwargs)
+        path = Path(spec).expanduser()
+        if not (path / "config.json").is_file():
+            raise EngineError(
+                f"model '{spec}' is neither 'tiny' nor a local Hugging Face model folder (no config.json at "
+                f"{path}); pass --model tiny, a folder saved with save_pretrained, or an upstream like "
+                "'vllm:http://host:8000'"
+            )
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else "auto")
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+        return cls(model.to(device), tokenizer, model_name=path.name, **kwargs)
+
+    # ------------------------------------------------------------------ public API
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if self._closing:
+            raise EngineError("engine is closed")
+        max_tokens = self.check_prompt(request)
+        if any(t >= self._vocab_limit for t in request.prompt_ids):
+            raise EngineError(f"prompt_ids contain ids >= the model vocabulary ({self._vocab_limit})")
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(request.seed if request.seed is not None else random.getrandbits(63))
+        seq = _Seq(
+            request=request,
+            max_tokens=max_tokens,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            generator=gen,
+            stops=frozenset(int(t) for t in request.stop_token_ids),
+        )
+        self._ensure_worker()
+        with self._cv:
+            self._pending.append(seq)
+            self._cv.notify()
+        try:
+            while True:
+                item = await seq.queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineError(f"embedded engine failed: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            seq.cancelled = True
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        await asyncio.to_thread(self._swap_weights, state_dict, int(version))
+
+    async def close(self) -> None:
+        self._closing = True
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30.0)
+        with self._step_lock:
+            self._abort_all()
+            with self._cv:
+                for seq in self._pending:
+                    self._emit(seq, TokenEvent(None, None, "abort", self.policy_version))
+                self._pending.clear()
+
+    # ------------------------------------------------------------------ worker thread
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="polar-embedded-engine", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closing:
+            with self._cv:
+                if not self._pending and not self._active:
+                    self._cv.wait(timeout=0.5)
+                    continue
+                room = self.max_batch_size - len(self._active)
+                newcomers = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            with self._step_lock:
+                try:
+                    self._step(newcomers)
+                except Exception as exc:  # keep the engine alive; fail only the affected requests
+                    log.exception("embedded engine step failed")
+                    for seq in [*self._active, *newcomers]:
+                        self._emit(seq, exc)
+                    self._active, self._kv, self._mask = [], None, None
+
+    @torch.no_grad()
+    def _step(self, newcomers: list[_Seq]) -> None:
+        self._drop([s for s in self._active if s.cancelled])
+        for seq in newcomers:
+            if not seq.cancelled:
+                self._prefill(seq)
+        if self._active:
+            self._decode()
+
+    def _prefill(self, seq: _Seq) -> None:
+        from transformers import DynamicCache
+
+        ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._advance(seq, out.logits[0, -1].float())
+        if not seq.done:
+            self._merge(seq, kv)
+
+    def _decode(self) -> None:
+        from transformers import DynamicCache
+
+        assert self._kv is not None and self._mask is not None
+        batch = len(self._active)
+        input_ids = torch.tensor([[s.last_token] for s in self._active], dtype=torch.long, device=self.device)
+        position_ids = self._mask.sum(dim=1, keepdim=True)
+        mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=self._mask.dtype, device=self.device)], dim=1)
+        cache = DynamicCache(ddp_cache_data=self._kv)
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True
+        )
+        self._kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._mask = mask
+        logits = out.logits[:, -1].float()
+        for row, seq in enumerate(self._active):
+            self._advance(seq, logits[row])
+        self._drop([s for s in self._active if s.done or s.cancelled])
+
+    def _advance(self, seq: _Seq, logits: torch.Tensor) -> None:
+        req = seq.request
+        token, logprob = sample_token(logits, req.temperature, req.top_p, seq.generator)
+        seq.n_generated += 1
+        seq.last_token = token
+        finish = None
+        if token in seq.stops:
+            finish = "stop"
+        elif seq.n_generated >= seq.max_tokens:
+            finish = "length"
+        seq.done = finish is not None
+        self._emit(seq, TokenEvent(token, logprob, finish, self.policy_version if finish else None))
+
+    def _merge(self, seq: _Seq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Add one prefilled sequence (KV of shape (1, H, P, D)) to the cohort, left-padding the shorter side."""
+        new_len = kv[0][0].shape[2]
+        new_mask = torch.ones(1, new_len, dtype=torch.long, device=self.device)
+        if self._kv is None:
+            self._kv, self._mask, self._active = kv, new_mask, [seq]
+            return
+        cur_len = self._kv[0][0].shape[2]
+        width = max(cur_len, new_len)
+        self._kv = [
+            (
+                torch.cat([_left_pad(k, width), _left_pad(k2, width)], dim=0),
+                torch.cat([_left_pad(v, width), _left_pad(v2, width)], dim=0),
+            )
+            for (k, v), (k2, v2) in zip(self._kv, kv)
+        ]
+        assert self._mask is not None
+        self._mask = torch.cat([_left_pad(self._mask, width), _left_pad(new_mask, width)], dim=0)
+        self._active.append(seq)
+
+    def _drop(self, leaving: list[_Seq]) -> None:
+        if not leaving:
+            return
+        gone = {id(s) for s in leaving}
+        keep = [i for i, s in enumerate(self._active) if id(s) not in gone]
+        self._active = [self._active[i] for i in keep]
+        if not keep:
+            self._kv, self._mask = None, None
+            return
+        assert self._kv is not None and self._mask is not None
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = self._mask.index_select(0, idx)
+        start = int((mask.sum(dim=0) > 0).nonzero()[0])  # trim columns that are padding in every row
+        self._mask = mask[:, start:]
+        self._kv = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:]) for k, v in self._kv]
+
+    def _abort_all(self) -> None:
+        for seq in self._active:
+            self._emit(seq, TokenEvent(None, None, "abort", self.policy_version))
+        self._active, self._kv, self._mask = [], None, None
+
+    def _swap_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        with self._step_lock:
+            load_weights(self.model, state_dict)
+            self._abort_all()
+            self.policy_version = version
+
+    @staticmethod
+    def _emit(seq: _Seq, item: Any) -> None:
+        try:
+            seq.loop.call_soon_threadsafe(seq.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is gone
+            seq.cancelled = True
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad dim 2 (KV) or dim 1 (mask) with zeros up to ``width``."""
+    dim = 2 if t.dim() == 4 else 1
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (eos if isinstance(eos, list) else [eos]) + [tokenizer.eos_token_id]:
+        if isinstance(value, int) and value >= 0 and value not in ids:
+            ids.append(value)
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id and tid not in ids:
+            ids.append(tid)
+    return ids
