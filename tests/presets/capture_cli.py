@@ -1,9 +1,11 @@
 """Record what each coding CLI really sends, as JSON fixtures for the gateway replay tests.
 
-    .venv/bin/python -m tests.presets.capture_cli [preset ...]
+    .venv/bin/python -m tests.presets.capture_cli [--tool-first] [preset ...]
 
 Runs each CLI once, with exactly the env/config its preset sets, on the ``median`` swe_mini task
-against :class:`CaptureServer`; writes ``tests/presets/fixtures/<preset>.json``.
+against :class:`CaptureServer`; writes ``tests/presets/fixtures/<preset>.json``
+(``<preset>_tool.json`` with ``--tool-first``: the first reply is a shell tool call that fixes the
+task, so the CLI's follow-up request carries a tool result).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ SESSION = "ses-capture-0001"
 MODEL = "tiny"
 
 
-def capture(name: str, timeout_s: float = 120.0) -> dict:
+def capture(name: str, tool_first: bool, timeout_s: float = 120.0) -> dict:
     preset = get_preset(name)
-    server = CaptureServer()
+    server = CaptureServer(tool_first=tool_first)
     url = server.start()
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-capture-{name}-"))
     try:
@@ -51,12 +53,15 @@ def capture(name: str, timeout_s: float = 120.0) -> dict:
             except ProcessLookupError:
                 pass
         result = preset.collect(ctx, out, err)
+        fixed = (workspace / "stats_lite" / "core.py").read_text() != (TASK / "repo" / "stats_lite" / "core.py").read_text()
         record = {
             "preset": name,
             "package": f"{preset.package}@{preset.version}",
             "session_id": SESSION,
             "model": MODEL,
             "base_url_placeholder": "http://127.0.0.1:PORT",
+            "tool_first": tool_first,
+            "workspace_changed": fixed,
             "returncode": proc.returncode,
             "final_text": result.final_text,
             "last_lines": result.last_lines,
@@ -71,11 +76,14 @@ def capture(name: str, timeout_s: float = 120.0) -> dict:
 
 def main(argv: list[str]) -> int:
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    for name in argv or list(PRESETS):
-        rec = capture(name)
-        (FIXTURES / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    tool_first = "--tool-first" in argv
+    names = [a for a in argv if not a.startswith("--")] or list(PRESETS)
+    for name in names:
+        rec = capture(name, tool_first)
+        stem = f"{name}_tool" if tool_first else name
+        (FIXTURES / f"{stem}.json").write_text(json.dumps(rec, indent=1) + "\n")
         reqs = [f"{r['method']} {r['path']}" for r in rec["requests"]]
-        sys.stderr.write(f"{name}: rc={rec['returncode']} final={rec['final_text'][:60]!r} requests={reqs}\n")
+        sys.stderr.write(f"{name}: rc={rec['returncode']} final={rec['final_text'][:60]!r} requests={reqs} changed={rec['workspace_changed']}\n")
         if rec["returncode"] != 0:
             sys.stderr.write("  " + "\n  ".join(rec["last_lines"][-8:]) + "\n")
     return 0

@@ -21,6 +21,38 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 REPLY = "I looked at the repository. Done."
+SHELL_TOOLS = ("Bash", "exec_command", "run_shell_command", "bash", "shell")
+#: The tool call the server sends back first (``tool_first=True``): a shell command that fixes the
+#: swe_mini ``median`` task, so a run through it ends with a passing verifier.
+FIX_MEDIAN = (
+    "python3 -c \"import pathlib; p = pathlib.Path('stats_lite/core.py'); "
+    "p.write_text(p.read_text().replace('return values[len(values) // 2]', "
+    "'n = len(values)\\n    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2'))\""
+)
+
+
+def shell_tool(tools: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(tool name, argument name) of the request's shell tool, in any provider's tool shape."""
+    flat = []
+    for t in tools or []:
+        flat += t.get("functionDeclarations") or [t.get("function") or t]
+    for t in flat:
+        if t.get("name") in SHELL_TOOLS:
+            schema = t.get("parameters") or t.get("input_schema") or t.get("parametersJsonSchema") or {}
+            props = schema.get("properties") or {}
+            return t["name"], "cmd" if "cmd" in props and "command" not in props else "command"
+    return None
+
+
+def has_tool_result(body: dict[str, Any]) -> bool:
+    for m in body.get("messages") or []:
+        if m.get("role") == "tool":
+            return True
+        if isinstance(m.get("content"), list) and any(c.get("type") == "tool_result" for c in m["content"] if isinstance(c, dict)):
+            return True
+    if isinstance(body.get("input"), list) and any(i.get("type") == "function_call_output" for i in body["input"]):
+        return True
+    return any("functionResponse" in p for c in body.get("contents") or [] for p in c.get("parts") or [])
 
 
 def _sse(events: list[tuple[str | None, dict[str, Any]]], done: bool = False) -> StreamingResponse:
@@ -35,7 +67,7 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]], done: bool = False) ->
     return StreamingResponse(gen(), media_type="text/event-stream")
 
 
-def anthropic_reply(body: dict[str, Any]) -> Response:
+def anthropic_reply(body: dict[str, Any], call: tuple[str, str] | None = None) -> Response:
     model = body.get("model", "m")
     msg = {
         "id": "msg_capture",
@@ -47,6 +79,19 @@ def anthropic_reply(body: dict[str, Any]) -> Response:
         "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 1},
     }
+    if call is not None:
+        block = {"type": "tool_use", "id": "toolu_capture1", "name": call[0], "input": {}}
+        args = json.dumps({call[1]: FIX_MEDIAN})
+        if not body.get("stream"):
+            return JSONResponse({**msg, "content": [{**block, "input": json.loads(args)}], "stop_reason": "tool_use"})
+        return _sse([
+            ("message_start", {"type": "message_start", "message": msg}),
+            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": args}}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": 20}}),
+            ("message_stop", {"type": "message_stop"}),
+        ])
     if not body.get("stream"):
         return JSONResponse({**msg, "content": [{"type": "text", "text": REPLY}], "stop_reason": "end_turn"})
     return _sse([
@@ -59,7 +104,7 @@ def anthropic_reply(body: dict[str, Any]) -> Response:
     ])
 
 
-def responses_reply(body: dict[str, Any]) -> Response:
+def responses_reply(body: dict[str, Any], call: tuple[str, str] | None = None) -> Response:
     model = body.get("model", "m")
     now = int(time.time())
     item = {
@@ -73,6 +118,20 @@ def responses_reply(body: dict[str, Any]) -> Response:
     done = {**base, "status": "completed", "output": [item],
             "usage": {"input_tokens": 10, "output_tokens": 8, "total_tokens": 18,
                       "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+    if call is not None:
+        fc = {"id": "fc_capture1", "type": "function_call", "status": "completed", "call_id": "call_capture1",
+              "name": call[0], "arguments": json.dumps({call[1]: FIX_MEDIAN})}
+        done = {**done, "output": [fc]}
+        if not body.get("stream"):
+            return JSONResponse(done)
+        return _sse([
+            ("response.created", {"type": "response.created", "sequence_number": 0, "response": base}),
+            ("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0, "item": {**fc, "status": "in_progress", "arguments": ""}}),
+            ("response.function_call_arguments.delta", {"type": "response.function_call_arguments.delta", "sequence_number": 2, "item_id": "fc_capture1", "output_index": 0, "delta": fc["arguments"]}),
+            ("response.function_call_arguments.done", {"type": "response.function_call_arguments.done", "sequence_number": 3, "item_id": "fc_capture1", "output_index": 0, "arguments": fc["arguments"]}),
+            ("response.output_item.done", {"type": "response.output_item.done", "sequence_number": 4, "output_index": 0, "item": fc}),
+            ("response.completed", {"type": "response.completed", "sequence_number": 5, "response": done}),
+        ])
     if not body.get("stream"):
         return JSONResponse(done)
     partial = {**item, "status": "in_progress", "content": []}
@@ -88,9 +147,25 @@ def responses_reply(body: dict[str, Any]) -> Response:
     ])
 
 
-def chat_reply(body: dict[str, Any]) -> Response:
+def chat_reply(body: dict[str, Any], call: tuple[str, str] | None = None) -> Response:
     model = body.get("model", "m")
     now = int(time.time())
+    if call is not None:
+        tc = {"id": "call_capture1", "type": "function", "function": {"name": call[0], "arguments": json.dumps({call[1]: FIX_MEDIAN})}}
+        head = {"id": "chatcmpl-capture", "object": "chat.completion.chunk", "created": now, "model": model}
+        if not body.get("stream"):
+            return JSONResponse({
+                "id": "chatcmpl-capture", "object": "chat.completion", "created": now, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [tc]}, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
+            })
+        events = [
+            (None, {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **tc}]}, "finish_reason": None}]}),
+            (None, {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        ]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append((None, {**head, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}}))
+        return _sse(events, done=True)
     if not body.get("stream"):
         return JSONResponse({
             "id": "chatcmpl-capture", "object": "chat.completion", "created": now, "model": model,
@@ -108,9 +183,12 @@ def chat_reply(body: dict[str, Any]) -> Response:
     return _sse(events, done=True)
 
 
-def gemini_reply(path: str) -> Response:
+def gemini_reply(path: str, call: tuple[str, str] | None = None) -> Response:
+    parts: list[dict[str, Any]] = [{"text": REPLY}]
+    if call is not None:
+        parts = [{"functionCall": {"name": call[0], "args": {call[1]: FIX_MEDIAN}}}]
     chunk = {
-        "candidates": [{"content": {"role": "model", "parts": [{"text": REPLY}]}, "finishReason": "STOP", "index": 0}],
+        "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 8, "totalTokenCount": 18},
         "modelVersion": path.split("/models/")[-1].split(":")[0],
     }
@@ -124,7 +202,8 @@ def gemini_reply(path: str) -> Response:
 class CaptureServer:
     """Runs the recording app on 127.0.0.1 in a background thread; ``requests`` holds what arrived."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool_first: bool = False) -> None:
+        self.tool_first = tool_first
         self.requests: list[dict[str, Any]] = []
         self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])])
         self._server: uvicorn.Server | None = None
@@ -148,6 +227,7 @@ class CaptureServer:
             "body": body,
         })
         b = body if isinstance(body, dict) else {}
+        call = shell_tool(b.get("tools") or []) if self.tool_first and not has_tool_result(b) else None
         if request.method != "POST":
             if path.endswith("/models"):
                 return JSONResponse({"object": "list", "data": []})
@@ -155,13 +235,13 @@ class CaptureServer:
         if path.endswith("/messages/count_tokens"):
             return JSONResponse({"input_tokens": 10})
         if path.endswith("/messages"):
-            return anthropic_reply(b)
+            return anthropic_reply(b, call)
         if path.endswith("/responses"):
-            return responses_reply(b)
+            return responses_reply(b, call)
         if path.endswith("/chat/completions"):
-            return chat_reply(b)
+            return chat_reply(b, call)
         if "/models/" in path:
-            return gemini_reply(path)
+            return gemini_reply(path, call)
         return JSONResponse({"error": {"message": f"not found: {path}"}}, status_code=404)
 
     def start(self) -> str:
