@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+from pydantic import Field
+
 from polar.config.base import StrictModel
 
 
 class GatewayConfig(StrictModel):
-    host: str = "127.0.0.1"
-    port: int = 0
-    model: str = "tiny"
+    """The model-API gateway: where it listens, which engine it fronts, and its limits."""
+
+    host: str = Field("127.0.0.1", description="listen address; loopback by default, set 0.0.0.0 deliberately")
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    model: str = Field("tiny", description="engine spec: 'tiny', a local HF folder, 'vllm:URL[,URL]', 'sglang:URL'")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra arguments for load_engine")
+    model_aliases: list[str] = Field(default_factory=list, description="more model names clients may ask for")
+    accept_any_model: bool = Field(False, description="serve every model name (harnesses with fixed names)")
+    records_dir: str | None = Field(None, description="where session JSONL records go; default <run dir>/gateway/sessions")
+    fsync: bool = Field(False, description="fsync each record (survives power loss; slower)")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    default_max_tokens: int = Field(1024, ge=1, description="when a request sets none (clamped to the context)")
+    pause_mode: Literal["wait", "reject"] = Field("wait", description="while paused: wait for resume, or 429 at once")
+    pause_wait_s: float = Field(30.0, ge=0, description="longest wait before a paused call gets 429")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
+    admin_token: str | None = Field(None, description="required on /admin/* (and to read others' sessions) when set")

@@ -1,0 +1,306 @@
+"""The gateway's ASGI app: routing, sessions, body limits, provider errors, admin and session reads.
+
+Request flow: ``SessionPrefix`` strips ``/s/{session_id}`` off the path; the provider route reads the
+body (bounded), parses it into a ``ChatRequest``, checks the model name, and hands it to
+``GatewayCore``. Every failure becomes that provider's error shape with the right status; nothing a
+client sends can crash the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from polar.gateway import _json
+from polar.gateway.core import GatewayCore, engine_error
+from polar.gateway.drain import DrainGate, retry_after_header
+from polar.gateway.errors import ApiError, bad
+from polar.gateway.providers import anthropic, gemini, openai_chat, openai_responses
+from polar.gateway.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-polar-session"
+ADMIN_HEADER = "x-polar-admin-token"
+DEFAULT_SESSION = "default"
+
+
+class SessionPrefix:
+    """ASGI wrapper: ``/s/{session_id}/rest`` -> ``/rest`` with the id kept in the scope."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path.startswith("/s/"):
+                sid, sep, rest = path[3:].partition("/")
+                if sid:
+                    scope = dict(scope)
+                    scope["path"] = "/" + rest if sep else "/"
+                    scope["raw_path"] = scope["path"].encode()
+                    scope["polar_session"] = sid
+        await self.app(scope, receive, send)
+
+
+def api_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or request.query_params.get("key")
+
+
+def session_of(request: Request) -> str:
+    """URL prefix, then the ``x-polar-session`` header, then the API key."""
+    return request.scope.get("polar_session") or request.headers.get(SESSION_HEADER) or api_key(request) or DEFAULT_SESSION
+
+
+class GatewayApp:
+    """Holds the engine, the session store and the drain gate; ``asgi`` is what uvicorn serves."""
+
+    def __init__(self, engine: Any, config: Any, records_dir: Any) -> None:
+        self.engine = engine
+        self.config = config
+        self.store = SessionStore(records_dir, fsync=config.fsync)
+        self.gate = DrainGate(config.pause_mode, config.pause_wait_s, config.retry_after_s)
+        self.core = GatewayCore(engine, self.store, self.gate, config.default_max_tokens)
+        self.model_names = [engine.model_name, *[a for a in config.model_aliases if a != engine.model_name]]
+        self._swap_lock: asyncio.Lock | None = None
+        routes = [
+            Route("/v1/chat/completions", self._provider(openai_chat), methods=["POST"]),
+            Route("/v1/responses", self._provider(openai_responses), methods=["POST"]),
+            Route("/v1/messages", self._provider(anthropic), methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            Route("/{version:str}/models/{target:str}", self._provider(gemini), methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/sessions", self.list_sessions, methods=["GET"]),
+            Route("/sessions/{session_id:str}", self.get_session, methods=["GET"]),
+            Route("/sessions/{session_id:str}/trajectory", self.get_trajectory, methods=["GET"]),
+            Route("/admin/status", self.admin_status, methods=["GET"]),
+            Route("/admin/pause", self.admin_pause, methods=["POST"]),
+            Route("/admin/resume", self.admin_resume, methods=["POST"]),
+            Route("/admin/weights", self.admin_weights, methods=["POST"]),
+        ]
+        self.starlette = Starlette(routes=routes)
+        self.asgi = SessionPrefix(self.starlette)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+        return Response(_json.dumps(obj), status, headers=headers, media_type="application/json")
+
+    def _error(self, provider: Any, err: ApiError) -> Response:
+        headers = {"retry-after": retry_after_header(err.retry_after_s)} if err.kind == "rate_limited" else None
+        return self._json(provider.error_body(err), err.status, headers)
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError("too_large", f"request body is {declared} bytes; the limit is {limit} (gateway.max_body_bytes)")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            raise bad("request body is empty; send a JSON object")
+        try:
+            body = _json.loads(raw)
+        except (_json.JSONDecodeError, ValueError) as e:
+            raise bad(f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise bad(f"request body must be a JSON object (got {type(body).__name__})")
+        return body
+
+    def check_model(self, name: str) -> None:
+        if self.config.accept_any_model or name in self.model_names:
+            return
+        raise ApiError(
+            "not_found",
+            f"model {name!r} is not served here; use one of {self.model_names} "
+            "(or add it to gateway.model_aliases, or set gateway.accept_any_model)",
+            param="model",
+        )
+
+    def _is_admin(self, request: Request) -> bool:
+        token = self.config.admin_token
+        if not token:
+            return True
+        given = request.headers.get(ADMIN_HEADER) or api_key(request) or ""
+        return hmac.compare_digest(given.encode(), token.encode())
+
+    # ---- model calls ---------------------------------------------------------------------------
+
+    def _provider(self, provider: Any) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                body = await self._body(request)
+                req = provider.parse_request(body, request)
+                self.check_model(req.model)
+                sid = session_of(request)
+                if req.stream:
+                    call = await self.core.start(req, sid)
+                    return StreamingResponse(
+                        provider.stream(req, call), media_type="text/event-stream",
+                        headers={"cache-control": "no-cache", "x-polar-session": sid},
+                    )
+                call = await self.core.start(req, sid)
+                out = await self.core.finish(call)
+                return self._json(provider.response(req, call, out))
+            except ApiError as e:
+                return self._error(provider, e)
+            except Exception as e:  # a bug must not take the server down; the client sees a 500
+                log.exception("gateway request failed")
+                return self._error(provider, engine_error(e))
+
+        return endpoint
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            req = anthropic.parse_request(await self._body(request), request, count_only=True)
+            tools = [] if req.tool_choice == "none" else req.tools
+            ids = self.core.prompts.encode(self.core.prompts.render(req.messages, tools, generation=True))
+            return self._json({"input_tokens": len(ids)})
+        except ApiError as e:
+            return self._error(anthropic, e)
+
+    async def list_models(self, request: Request) -> Response:
+        return self._json({"object": "list", "data": [self._model(n) for n in self.model_names]})
+
+    async def get_model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        try:
+            self.check_model(name)
+        except ApiError as e:
+            return self._error(openai_chat, e)
+        return self._json(self._model(name))
+
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "polar",
+                "context_length": self.engine.context_length}
+
+    async def health(self, request: Request) -> Response:
+        return self._json({"status": "ok", "model": self.engine.model_name,
+                           "policy_version": int(self.engine.policy_version), **self.gate.status()})
+
+    # ---- session reads -------------------------------------------------------------------------
+
+    def _may_read(self, request: Request, session_id: str) -> None:
+        """With an admin token configured, only the admin or the session itself may read a session."""
+        if self._is_admin(request):
+            return
+        if session_of(request) == session_id:
+            return
+        raise ApiError("permission", f"this caller may not read session {session_id!r}; send the admin token")
+
+    async def list_sessions(self, request: Request) -> Response:
+        if not self._is_admin(request):
+            return self._error(openai_chat, ApiError("authentication", "listing sessions needs the admin token"))
+        return self._json({"sessions": self.store.session_ids()})
+
+    async def get_session(self, request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        try:
+            self._may_read(request, sid)
+            recs = self.store.records(sid)
+            if not recs:
+                raise ApiError("not_found", f"session {sid!r} has no records")
+        except ApiError as e:
+            return self._error(openai_chat, e)
+        return self._json({"session_id": sid, "records": [r.to_dict() for r in recs]})
+
+    async def get_trajectory(self, request: Request) -> Response:
+        from polar.gateway.trajectory_view import trajectory_response
+
+        sid = request.path_params["session_id"]
+        try:
+            self._may_read(request, sid)
+            recs = self.store.records(sid)
+            if not recs:
+                raise ApiError("not_found", f"session {sid!r} has no records")
+            return self._json(trajectory_response(sid, recs, request.query_params.get("builder", "per_request")))
+        except ApiError as e:
+            return self._error(openai_chat, e)
+
+    # ---- admin ---------------------------------------------------------------------------------
+
+    def _admin_denied(self, request: Request) -> Response | None:
+        if self._is_admin(request):
+            return None
+        return self._error(openai_chat, ApiError("authentication", f"admin endpoints need the admin token in '{ADMIN_HEADER}'"))
+
+    async def admin_status(self, request: Request) -> Response:
+        return self._admin_denied(request) or self._json(
+            {**self.gate.status(), "policy_version": int(self.engine.policy_version)})
+
+    async def admin_pause(self, request: Request) -> Response:
+        denied = self._admin_denied(request)
+        if denied:
+            return denied
+        timeout_s = _float_param(request, "timeout_s", 300.0)
+        return self._json(await self.gate.pause(timeout_s))
+
+    async def admin_resume(self, request: Request) -> Response:
+        return self._admin_denied(request) or self._json(self.gate.resume())
+
+    async def admin_weights(self, request: Request) -> Response:
+        """Body ``{"path": "<file>.safetensors", "policy_version": N, "timeout_s": 300}``: drain, swap, resume."""
+        denied = self._admin_denied(request)
+        if denied:
+            return denied
+        try:
+            body = await self._body(request)
+            path = body.get("path")
+            version = body.get("policy_version")
+            if not isinstance(path, str) or not path.endswith(".safetensors"):
+                raise bad("'path' must name a .safetensors file on the gateway's machine", "path")
+            if not isinstance(version, int):
+                raise bad("'policy_version' must be an integer", "policy_version")
+            from safetensors.torch import load_file
+
+            try:
+                state = await asyncio.to_thread(load_file, path)
+            except (OSError, ValueError) as e:
+                raise bad(f"cannot read weights from {path!r}: {e}", "path") from None
+            status = await self.update_weights(state, version, float(body.get("timeout_s", 300.0)))
+            return self._json(status)
+        except ApiError as e:
+            return self._error(openai_chat, e)
+
+    async def update_weights(self, state_dict: Any, version: int, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Pause, wait for in-flight calls, swap, resume. Always resumes, even when the swap fails."""
+        if self._swap_lock is None:
+            self._swap_lock = asyncio.Lock()
+        async with self._swap_lock:
+            status = await self.gate.pause(timeout_s)
+            try:
+                if status["inflight"]:
+                    raise ApiError("unavailable", f"{status['inflight']} calls still in flight after {timeout_s}s; weights not swapped")
+                try:
+                    await self.engine.update_weights(state_dict, version)
+                except Exception as e:
+                    raise engine_error(e) from None
+            finally:
+                self.gate.resume()
+        return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
+
+
+def _float_param(request: Request, name: str, default: float) -> float:
+    try:
+        return float(request.query_params.get(name, default))
+    except ValueError:
+        return default

@@ -1,0 +1,273 @@
+"""One model call, provider-neutral: prompt ids -> engine -> text deltas -> ``CallOutput`` -> record.
+
+``GatewayCore.start`` does everything that can fail with a clean HTTP error (session call index,
+prompt rendering and token reuse, context check, the engine's first event) before a provider commits
+to a 200 streaming response. ``Call.events`` then yields text deltas as tokens arrive and finally one
+``CallOutput``; its ``finally`` writes the ``CallRecord`` whatever happened (normal end, stop string,
+engine error, client disconnect), so no call goes unrecorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from polar.gateway.drain import DrainGate
+from polar.gateway.errors import ApiError
+from polar.gateway.normalized import CallOutput, ChatRequest
+from polar.gateway.prompt import Prompt, PromptBuilder, reuse_key
+from polar.gateway.sessions import SessionStore
+from polar.gateway.textstream import IncrementalDetokenizer, TextStream
+from polar.gateway.toolcalls import ParsedOutput, parse_hermes
+from polar.inference.base import (
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    TokenEvent,
+    UpstreamUnavailable,
+)
+from polar.types import CallRecord
+
+log = logging.getLogger(__name__)
+
+
+def engine_error(e: BaseException) -> ApiError:
+    """Map an engine exception to a client-visible error."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, ContextLengthExceeded):
+        return ApiError("context_length", str(e), prompt_tokens=e.prompt_tokens, context_length=e.context_length)
+    if isinstance(e, UpstreamUnavailable):
+        return ApiError("unavailable", f"inference upstream unavailable: {e}")
+    if isinstance(e, EngineError):
+        return ApiError("server_error", f"inference engine failed: {e}")
+    log.exception("unexpected engine failure", exc_info=e)
+    return ApiError("server_error", f"inference engine failed: {type(e).__name__}: {e}")
+
+
+class GatewayCore:
+    def __init__(self, engine: Engine, store: SessionStore, gate: DrainGate, default_max_tokens: int = 1024) -> None:
+        self.engine = engine
+        self.store = store
+        self.gate = gate
+        self.default_max_tokens = default_max_tokens
+        self.stop_ids = list(getattr(engine, "default_stop_token_ids", []) or [])
+        self.prompts = PromptBuilder(engine.tokenizer, self.stop_ids)
+
+    async def start(self, req: ChatRequest, session_id: str) -> Call:
+        await self.gate.enter()
+        call = Call(self, req, session_id)
+        try:
+            await call.prepare()
+        except BaseException as e:
+            call.finish_record(error=e)
+            self.gate.exit()
+            if isinstance(e, Exception):
+                raise engine_error(e) from None
+            raise
+        return call
+
+    async def run(self, req: ChatRequest, session_id: str) -> CallOutput:
+        """Non-streaming: the whole call."""
+        return await self.finish(await self.start(req, session_id))
+
+    async def finish(self, call: Call) -> CallOutput:
+        """Drain a started call; an engine failure mid-generation becomes an ``ApiError``."""
+        out = None
+        try:
+            async for ev in call.events():
+                if isinstance(ev, CallOutput):
+                    out = ev
+        except Exception as e:
+            raise engine_error(e) from None
+        assert out is not None
+        if out.finish == "abort":
+            raise ApiError("unavailable", "the inference engine aborted the request (shutting down or weights swapping); retry")
+        return out
+
+
+class Call:
+    def __init__(self, core: GatewayCore, req: ChatRequest, session_id: str) -> None:
+        self.core = core
+        self.req = req
+        self.session_id = session_id
+        self.tools = [] if req.tool_choice == "none" else req.tools
+        self.started_at = time.time()
+        self._t0 = time.perf_counter()
+        self.first_token_s: float | None = None
+        self.call_index = core.store.next_call_index(session_id)
+        self.policy_version = int(getattr(core.engine, "policy_version", 0))
+        self.prompt: Prompt | None = None
+        self.sampled: list[int] = []
+        self.logprobs: list[float] = []
+        self.output: CallOutput | None = None
+        self.parsed: ParsedOutput | None = None
+        self._gen: Any = None
+        self._first: TokenEvent | None = None
+        self._recorded = False
+
+    async def prepare(self) -> None:
+        core, req = self.core, self.req
+        store, sid = core.store, self.session_id
+        self.prompt = core.prompts.build(req.messages, self.tools, lambda k: store.lookup(sid, k))
+        greq = GenerationRequest(
+            prompt_ids=self.prompt.ids,
+            max_tokens=req.max_tokens or core.default_max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop_token_ids=core.stop_ids,
+            seed=req.seed,
+            session_id=sid,
+        )
+        greq.max_tokens = core.engine.check_prompt(greq)
+        self._gen = core.engine.generate(greq)
+        try:
+            self._first = await self._gen.__anext__()
+        except StopAsyncIteration:
+            self._first = TokenEvent(None, None, "abort")
+
+    async def events(self) -> AsyncIterator[str | CallOutput]:
+        """Text deltas as they become showable, then one ``CallOutput``. Records in ``finally``."""
+        detok = IncrementalDetokenizer(self.core.engine.tokenizer, self.core.stop_ids)
+        ts = TextStream(self.req.stop, parse_tools=bool(self.tools))
+        finish = "abort"
+        error: BaseException | None = None
+        try:
+            ev = self._first
+            while ev is not None:
+                if ev.token_id is not None:
+                    if self.first_token_s is None:
+                        self.first_token_s = time.perf_counter() - self._t0
+                    self.sampled.append(int(ev.token_id))
+                    self.logprobs.append(float(ev.logprob if ev.logprob is not None else 0.0))
+                    delta = ts.feed(detok.push(int(ev.token_id)))
+                    if delta:
+                        yield delta
+                if ts.stop_hit is not None:
+                    finish = "stop_sequence"
+                    break
+                if ev.finish_reason is not None:
+                    finish = ev.finish_reason
+                    break
+                try:
+                    ev = await self._gen.__anext__()
+                except StopAsyncIteration:
+                    ev = None
+            if finish != "stop_sequence":
+                delta = ts.feed(detok.flush())
+                if ts.stop_hit is not None:
+                    finish = "stop_sequence"
+                if delta:
+                    yield delta
+            delta = ts.finish()
+            if delta:
+                yield delta
+            self.output = self._output(ts, finish)
+            yield self.output
+        except BaseException as e:  # engine error mid-stream, or the client went away (cancellation)
+            error = e
+            raise
+        finally:
+            await self._close_gen()
+            self.finish_record(error=error)
+            self.core.gate.exit()
+
+    def _output(self, ts: TextStream, finish: str) -> CallOutput:
+        text = ts.text
+        parsed = parse_hermes(text) if self.tools else ParsedOutput(text, [])
+        self.parsed = parsed
+        if finish == "stop" and parsed.tool_calls:
+            finish = "tool_calls"
+        return CallOutput(
+            text=text,
+            content=parsed.content,
+            tool_calls=parsed.tool_calls,
+            finish=finish,
+            stop_sequence=ts.stop_hit,
+            prompt_tokens=len(self.prompt.ids) if self.prompt else 0,
+            sampled_ids=self.sampled,
+            logprobs=self.logprobs,
+            call_index=self.call_index,
+            tool_parse_error=parsed.parse_error,
+        )
+
+    async def _close_gen(self) -> None:
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            try:
+                await gen.aclose()
+            except Exception:  # the engine already failed; the record carries the error
+                log.debug("engine generator close failed", exc_info=True)
+
+    def output_message(self) -> dict[str, Any]:
+        out = self.output
+        msg: dict[str, Any] = {"role": "assistant", "content": out.content if out else ""}
+        if out and out.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in out.tool_calls
+            ]
+        return msg
+
+    def finish_record(self, error: BaseException | None = None) -> None:
+        """Write this call's record once: complete only when it ended normally with token data."""
+        if self._recorded:
+            return
+        self._recorded = True
+        out = self.output
+        err_text = None
+        if error is not None:
+            err_text = "client disconnected before the end of the stream" if not isinstance(error, Exception) else (
+                getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+            )
+        elif out is not None and out.finish == "abort":
+            err_text = "engine aborted the request"
+        finish = out.finish if out is not None else ("abort" if error is not None else "error")
+        msg = self.output_message()
+        meta: dict[str, Any] = {
+            "output": msg,
+            "prompt_reuse": self.prompt.reuse if self.prompt else {},
+            "timings": {
+                "ttft_s": self.first_token_s,
+                "total_s": time.perf_counter() - self._t0,
+            },
+            "sampling": {
+                "temperature": self.req.temperature,
+                "top_p": self.req.top_p,
+                "max_tokens": self.req.max_tokens,
+                "stop": self.req.stop,
+                "seed": self.req.seed,
+            },
+        }
+        if out is not None and out.stop_sequence:
+            meta["stop_sequence"] = out.stop_sequence
+        if out is not None and out.tool_parse_error:
+            meta["tool_parse_error"] = out.tool_parse_error
+        complete = error is None and out is not None and out.finish != "abort"
+        if complete and self.prompt is not None:
+            meta["reuse_key"] = reuse_key(self.prompt.prefix_hashes[-1], msg).hex()
+        rec = CallRecord(
+            session_id=self.session_id,
+            call_index=self.call_index,
+            provider=self.req.provider,
+            model=self.req.model,
+            messages=self.req.messages,
+            prompt_ids=list(self.prompt.ids) if self.prompt else [],
+            sampled_ids=list(self.sampled),
+            logprobs=list(self.logprobs),
+            finish_reason=finish,
+            policy_version=self.policy_version,
+            started_at=self.started_at,
+            ended_at=time.time(),
+            error=err_text,
+            complete=complete,
+            tools=self.tools,
+            metadata=meta,
+        )
+        try:
+            self.core.store.append(rec)
+        except OSError:
+            log.exception("could not persist the record of %s call %d", self.session_id, self.call_index)

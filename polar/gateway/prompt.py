@@ -1,0 +1,106 @@
+"""Chat template rendering and tokenization, with exact reuse of earlier sampled ids.
+
+The gateway owns tokenization. For a new request it renders the chat template and tokenizes it, but
+where the conversation continues an earlier call of the *same session* (same tools, same messages up
+to an assistant turn, and that assistant turn is what the call produced) it does not re-tokenize the
+assistant text: the prompt becomes ``earlier prompt ids + earlier sampled ids + tokens of the rest``.
+Re-tokenizing would drift (``[fish, ing]`` vs ``[fishing]``; tool-call JSON re-serialized), and then
+the trajectory would no longer be what the policy sampled.
+
+The rest is found by rendering the conversation up to and including that assistant turn: if the full
+rendering starts with it, the tail after the turn's end-of-turn marker is tokenized and appended. If
+the template rewrites history (e.g. drops old reasoning), the prefix test fails and the prompt is
+re-tokenized whole; the record says so (``metadata.prompt_reuse``) and trajectory builders then start
+a new chain there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from polar.gateway import _json
+from polar.gateway.normalized import Message
+
+
+def message_key(m: Message) -> bytes:
+    """What identifies a message for reuse matching: role, stripped text, tool calls (ids ignored)."""
+    d: dict[str, Any] = {"r": m.get("role"), "c": (m.get("content") or "").strip()}
+    calls = m.get("tool_calls")
+    if calls:
+        d["t"] = [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
+    return _json.canonical(d)
+
+
+def prefix_hashes(tools: Sequence[dict[str, Any]], messages: Sequence[Message]) -> list[bytes]:
+    """``out[i]`` identifies (tools, messages[:i]); computed in one pass."""
+    h = hashlib.blake2b(_json.canonical(list(tools)), digest_size=16)
+    out = [h.digest()]
+    for m in messages:
+        h.update(message_key(m))
+        h.update(b"\x1e")
+        out.append(h.digest())
+    return out
+
+
+def reuse_key(prefix_hash: bytes, assistant: Message) -> bytes:
+    return hashlib.blake2b(prefix_hash + message_key(assistant), digest_size=16).digest()
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    reuse: dict[str, Any]  # goes to CallRecord.metadata["prompt_reuse"]
+    prefix_hashes: list[bytes]
+
+
+class PromptBuilder:
+    """Render + tokenize with one tokenizer; ``lookup(key)`` finds an earlier call of the session."""
+
+    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_token_ids = [int(i) for i in stop_token_ids]
+        self._eot_id = self.stop_token_ids[0] if self.stop_token_ids else None
+        self._eot_strs = [s for s in tokenizer.convert_ids_to_tokens(self.stop_token_ids) if s]
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            self.encode = lambda text: backend.encode(text, add_special_tokens=False).ids
+        else:
+            self.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) or None, tokenize=False, add_generation_prompt=generation
+        )
+
+    def build(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], lookup: Any) -> Prompt:
+        """Token ids for ``messages``; ``lookup(reuse_key) -> CallRecord | None`` searches this session only."""
+        hashes = prefix_hashes(tools, messages)
+        full = self.render(messages, tools, generation=True)
+        for k in range(len(messages) - 1, -1, -1):
+            if messages[k].get("role") != "assistant":
+                continue
+            rec = lookup(reuse_key(hashes[k], messages[k]))
+            if rec is None:
+                continue
+            spliced = self._splice(messages[: k + 1], tools, full, rec)
+            if spliced is not None:
+                return Prompt(spliced, {"call_index": rec.call_index, "reused_ids": len(rec.prompt_ids) + len(rec.sampled_ids)}, hashes)
+            return Prompt(self.encode(full), {"call_index": rec.call_index, "broken": "template rewrote history"}, hashes)
+        return Prompt(self.encode(full), {}, hashes)
+
+    def _splice(self, upto: Sequence[Message], tools: Sequence[dict[str, Any]], full: str, rec: Any) -> list[int] | None:
+        head = self.render(upto, tools, generation=False)
+        if not full.startswith(head):
+            return None
+        cut = max(((head.rfind(s), s) for s in self._eot_strs), default=(-1, ""))
+        if cut[0] < 0:
+            return None
+        tail = full[cut[0] + len(cut[1]) :]
+        ids = list(rec.prompt_ids) + list(rec.sampled_ids)
+        if self._eot_id is not None and (not rec.sampled_ids or rec.sampled_ids[-1] not in self.stop_token_ids):
+            ids.append(self._eot_id)  # the turn was cut (length/stop string): close it as the template would
+        ids.extend(self.encode(tail))
+        return ids

@@ -1,0 +1,209 @@
+"""Anthropic Messages: ``POST /v1/messages`` (request, response, SSE events, errors)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from polar.gateway import _json
+from polar.gateway.core import Call
+from polar.gateway.errors import ApiError, bad
+from polar.gateway.normalized import CallOutput, ChatRequest, Message, text_parts
+from polar.gateway.providers.common import check_type, new_id, opt_int, opt_number, require, sse, stop_list
+
+NAME = "anthropic"
+STOP = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
+ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "context_length": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "too_large": "request_too_large",
+    "rate_limited": "rate_limit_error",
+    "server_error": "api_error",
+    "unavailable": "overloaded_error",
+}
+_IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def error_body(err: ApiError) -> dict[str, Any]:
+    message = err.message
+    if err.kind == "context_length" and err.context_length:
+        message = f"prompt is too long: {err.prompt_tokens} tokens > {err.context_length} maximum"
+    return {"type": "error", "error": {"type": ERROR_TYPES[err.kind], "message": message}}
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    check_type(content, list, where)
+    out = []
+    for i, b in enumerate(content):
+        check_type(b, dict, f"{where}[{i}]")
+        require(b, "type", str, f"{where}[{i}].")
+        out.append(b)
+    return out
+
+
+def _tool_result_text(block: dict[str, Any], where: str) -> str:
+    text = text_parts(block.get("content"), f"{where}.content", ("text",))
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def parse_messages(raw: Any, system: Any) -> list[Message]:
+    out: list[Message] = []
+    if system:
+        out.append({"role": "system", "content": text_parts(system, "system", ("text",))})
+    check_type(raw, list, "messages")
+    if not raw:
+        raise bad("'messages' must contain at least one message", "messages")
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        check_type(m, dict, where)
+        role = require(m, "role", str, f"{where}.")
+        if role not in ("user", "assistant"):
+            raise bad(f"{where}.role {role!r} is not supported; Anthropic messages are 'user' or 'assistant' "
+                      "(put system text in the top-level 'system')", f"{where}.role")
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        results: list[Message] = []
+        for j, b in enumerate(_blocks(require(m, "content", (str, list), f"{where}."), f"{where}.content")):
+            bw = f"{where}.content[{j}]"
+            kind = b["type"]
+            if kind == "text":
+                texts.append(require(b, "text", str, f"{bw}."))
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": require(b, "id", str, f"{bw}."), "type": "function", "function": {
+                    "name": require(b, "name", str, f"{bw}."), "arguments": check_type(b.get("input") or {}, dict, f"{bw}.input")}})
+            elif kind == "tool_result" and role == "user":
+                results.append({"role": "tool", "tool_call_id": require(b, "tool_use_id", str, f"{bw}."),
+                                "content": _tool_result_text(b, bw)})
+            elif kind in _IGNORED_BLOCKS:
+                continue  # reasoning the client echoes back; this gateway's models do not emit it
+            else:
+                raise bad(f"{bw}.type {kind!r} is not supported in a {role} message; use text"
+                          + (", tool_use" if role == "assistant" else ", tool_result"), f"{bw}.type")
+        if role == "assistant":
+            msg: Message = {"role": "assistant", "content": "".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+        else:
+            out.extend(results)  # tool results first: they answer the previous assistant turn
+            if texts or not results:
+                out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def parse_tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    check_type(tools, list, "tools")
+    out = []
+    for i, t in enumerate(tools):
+        check_type(t, dict, f"tools[{i}]")
+        if t.get("type") not in (None, "custom"):
+            raise bad(f"tools[{i}].type {t.get('type')!r} (a server tool) is not supported; define a custom tool "
+                      "with name, description, input_schema", f"tools[{i}].type")
+        out.append({"type": "function", "function": {
+            "name": require(t, "name", str, f"tools[{i}]."),
+            "description": t.get("description") or "",
+            "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+        }})
+    return out
+
+
+def _tool_choice(v: Any) -> str:
+    if v is None:
+        return "auto"
+    check_type(v, dict, "tool_choice")
+    kind = v.get("type")
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(v.get("name"), str):
+        return v["name"]
+    raise bad("'tool_choice.type' must be auto, any, tool (with name) or none", "tool_choice")
+
+
+def parse_request(body: dict[str, Any], request: Any, count_only: bool = False) -> ChatRequest:
+    model = require(body, "model", str)
+    max_tokens = opt_int(body, ("max_tokens",))
+    if max_tokens is None and not count_only:
+        raise bad("missing required field 'max_tokens'", "max_tokens")
+    return ChatRequest(
+        provider=NAME,
+        model=model,
+        messages=parse_messages(require(body, "messages", list), body.get("system")),
+        tools=parse_tools(body.get("tools")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        max_tokens=max_tokens,
+        temperature=opt_number(body, "temperature", 0.0, 1.0, 1.0),
+        top_p=opt_number(body, "top_p", 1e-9, 1.0, 1.0),
+        stop=stop_list(body.get("stop_sequences"), "stop_sequences"),
+        stream=bool(body.get("stream", False)),
+    )
+
+
+def _content(out: CallOutput) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if out.content or not out.tool_calls:
+        blocks.append({"type": "text", "text": out.content})
+    for c in out.tool_calls:
+        blocks.append({"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name,
+                       "input": c.arguments if isinstance(c.arguments, dict) else {"_raw": c.arguments}})
+    return blocks
+
+
+def _usage(out: CallOutput) -> dict[str, int]:
+    return {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def response(req: ChatRequest, call: Call, out: CallOutput) -> dict[str, Any]:
+    return {
+        "id": new_id("msg_"), "type": "message", "role": "assistant", "model": req.model,
+        "content": _content(out), "stop_reason": STOP[out.finish], "stop_sequence": out.stop_sequence,
+        "usage": _usage(out),
+    }
+
+
+async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
+    def ev(kind: str, data: dict[str, Any]) -> bytes:
+        return sse(_json.dumps({"type": kind, **data}), kind)
+
+    prompt_tokens = len(call.prompt.ids) if call.prompt else 0
+    yield ev("message_start", {"message": {
+        "id": new_id("msg_"), "type": "message", "role": "assistant", "model": req.model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}})
+    text_open = False
+    index = 0
+    async for item in call.events():
+        if isinstance(item, str):
+            if not text_open:
+                yield ev("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                text_open = True
+            yield ev("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": item}})
+            continue
+        out = item
+        if out.finish == "abort":
+            yield ev("error", {"error": {"type": "overloaded_error", "message": "the inference engine aborted the request; retry"}})
+            return
+        if not text_open and not out.tool_calls:
+            yield ev("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+            text_open = True
+        if text_open:
+            yield ev("content_block_stop", {"index": index})
+            index += 1
+        for block in _content(out)[1 if (out.content or not out.tool_calls) else 0 :]:
+            yield ev("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+            yield ev("content_block_delta", {"index": index, "delta": {
+                "type": "input_json_delta", "partial_json": _json.dumps(block["input"]).decode()}})
+            yield ev("content_block_stop", {"index": index})
+            index += 1
+        yield ev("message_delta", {"delta": {"stop_reason": STOP[out.finish], "stop_sequence": out.stop_sequence},
+                                   "usage": {"output_tokens": out.completion_tokens}})
+        yield ev("message_stop", {})

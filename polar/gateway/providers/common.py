@@ -1,0 +1,72 @@
+"""Helpers shared by the provider modules: field checks with messages that name the field."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from polar.gateway.errors import bad
+
+
+def require(body: dict[str, Any], key: str, types: type | tuple[type, ...], where: str = "") -> Any:
+    if key not in body or body[key] is None:
+        raise bad(f"missing required field '{where}{key}'", f"{where}{key}")
+    return check_type(body[key], types, f"{where}{key}")
+
+
+def check_type(value: Any, types: type | tuple[type, ...], name: str) -> Any:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        want = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise bad(f"'{name}' must be {want} (got {type(value).__name__})", name)
+    return value
+
+
+def opt_number(body: dict[str, Any], key: str, lo: float, hi: float, default: float, where: str = "") -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    check_type(v, (int, float), f"{where}{key}")
+    if not lo <= v <= hi:
+        raise bad(f"'{where}{key}' must be between {lo} and {hi} (got {v})", f"{where}{key}")
+    return float(v)
+
+
+def opt_int(body: dict[str, Any], keys: tuple[str, ...], where: str = "", minimum: int = 1) -> int | None:
+    for key in keys:
+        v = body.get(key)
+        if v is None:
+            continue
+        check_type(v, int, f"{where}{key}")
+        if v < minimum:
+            raise bad(f"'{where}{key}' must be >= {minimum} (got {v})", f"{where}{key}")
+        return int(v)
+    return None
+
+
+def stop_list(v: Any, name: str) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return list(v)
+    raise bad(f"'{name}' must be a string or a list of strings", name)
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse(data: bytes, event: str | None = None) -> bytes:
+    if event is None:
+        return b"data: " + data + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"

@@ -1,0 +1,210 @@
+"""OpenAI Chat Completions: ``POST /v1/chat/completions`` (request, response, SSE chunks, errors)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from polar.gateway import _json
+from polar.gateway.core import Call
+from polar.gateway.errors import ApiError, bad
+from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
+from polar.gateway.providers.common import (
+    check_type,
+    new_id,
+    now,
+    opt_int,
+    opt_number,
+    require,
+    sse,
+    stop_list,
+)
+
+NAME = "openai_chat"
+ROLES = ("system", "developer", "user", "assistant", "tool")
+FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
+ERROR_TYPES = {
+    "invalid_request": ("invalid_request_error", None),
+    "context_length": ("invalid_request_error", "context_length_exceeded"),
+    "authentication": ("invalid_request_error", "invalid_api_key"),
+    "permission": ("invalid_request_error", "permission_denied"),
+    "not_found": ("invalid_request_error", "model_not_found"),
+    "too_large": ("invalid_request_error", "request_too_large"),
+    "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
+    "server_error": ("server_error", None),
+    "unavailable": ("server_error", "service_unavailable"),
+}
+
+
+def error_body(err: ApiError) -> dict[str, Any]:
+    etype, code = ERROR_TYPES[err.kind]
+    message = err.message
+    if err.kind == "context_length" and err.context_length:
+        message = (
+            f"This model's maximum context length is {err.context_length} tokens. However, your messages "
+            f"resulted in {err.prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+    return {"error": {"message": message, "type": etype, "param": err.param, "code": code}}
+
+
+def parse_tools(tools: Any, name: str = "tools") -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    check_type(tools, list, name)
+    out = []
+    for i, t in enumerate(tools):
+        check_type(t, dict, f"{name}[{i}]")
+        if t.get("type", "function") != "function":
+            raise bad(f"{name}[{i}].type {t.get('type')!r} is not supported; only 'function' tools are", f"{name}[{i}].type")
+        fn = require(t, "function", dict, f"{name}[{i}].")
+        fname = require(fn, "name", str, f"{name}[{i}].function.")
+        out.append({"type": "function", "function": {
+            "name": fname,
+            "description": fn.get("description") or "",
+            "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
+        }})
+    return out
+
+
+def tool_choice(v: Any, name: str = "tool_choice") -> str:
+    if v is None:
+        return "auto"
+    if isinstance(v, str) and v in ("auto", "none", "required"):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("function"), dict) and isinstance(v["function"].get("name"), str):
+        return v["function"]["name"]
+    raise bad(f"'{name}' must be 'auto', 'none', 'required' or {{'type': 'function', 'function': {{'name': ...}}}}", name)
+
+
+def parse_messages(raw: Any) -> list[Message]:
+    check_type(raw, list, "messages")
+    if not raw:
+        raise bad("'messages' must contain at least one message", "messages")
+    out: list[Message] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        check_type(m, dict, where)
+        role = require(m, "role", str, f"{where}.")
+        if role not in ROLES:
+            raise bad(f"{where}.role {role!r} is not supported; use one of {', '.join(ROLES)}", f"{where}.role")
+        content = text_parts(m.get("content"), f"{where}.content", ("text", "input_text", "output_text", "refusal"))
+        if role == "developer":
+            role = "system"
+        msg: Message = {"role": role, "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            calls = check_type(m["tool_calls"], list, f"{where}.tool_calls")
+            msg["tool_calls"] = []
+            for j, c in enumerate(calls):
+                check_type(c, dict, f"{where}.tool_calls[{j}]")
+                fn = require(c, "function", dict, f"{where}.tool_calls[{j}].")
+                msg["tool_calls"].append({
+                    "id": c.get("id") or f"call_{i}_{j}",
+                    "type": "function",
+                    "function": {
+                        "name": require(fn, "name", str, f"{where}.tool_calls[{j}].function."),
+                        "arguments": parse_arguments(fn.get("arguments")),
+                    },
+                })
+        if role == "tool":
+            msg["tool_call_id"] = require(m, "tool_call_id", str, f"{where}.")
+            if m.get("name"):
+                msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def parse(body: dict[str, Any]) -> ChatRequest:
+    model = require(body, "model", str)
+    n = body.get("n")
+    if n not in (None, 1):
+        raise bad("'n' must be 1: the gateway records one sample per call; send separate requests", "n")
+    stream_options = body.get("stream_options") or {}
+    return ChatRequest(
+        provider=NAME,
+        model=model,
+        messages=parse_messages(require(body, "messages", list)),
+        tools=parse_tools(body.get("tools")),
+        tool_choice=tool_choice(body.get("tool_choice")),
+        max_tokens=opt_int(body, ("max_completion_tokens", "max_tokens")),
+        temperature=opt_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=opt_number(body, "top_p", 1e-9, 1.0, 1.0),
+        stop=stop_list(body.get("stop"), "stop"),
+        seed=opt_int(body, ("seed",), minimum=-(2**63)),
+        stream=bool(body.get("stream", False)),
+        logprobs=bool(body.get("logprobs", False)),
+        include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")),
+    )
+
+
+def _tool_calls(out: CallOutput) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+        for c in out.tool_calls
+    ]
+
+
+def _usage(out: CallOutput) -> dict[str, int]:
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": out.prompt_tokens + out.completion_tokens,
+    }
+
+
+def _logprobs(call: Call, out: CallOutput) -> dict[str, Any]:
+    toks = call.core.engine.tokenizer.convert_ids_to_tokens(out.sampled_ids)
+    return {"content": [
+        {"token": t or "", "logprob": lp, "bytes": None, "top_logprobs": []}
+        for t, lp in zip(toks, out.logprobs, strict=False)
+    ]}
+
+
+def response(req: ChatRequest, call: Call, out: CallOutput) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": out.content if (out.content or not out.tool_calls) else None}
+    if out.tool_calls:
+        msg["tool_calls"] = _tool_calls(out)
+    return {
+        "id": new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": now(),
+        "model": req.model,
+        "choices": [{
+            "index": 0,
+            "message": msg,
+            "logprobs": _logprobs(call, out) if req.logprobs else None,
+            "finish_reason": FINISH[out.finish],
+        }],
+        "usage": _usage(out),
+    }
+
+
+async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
+    cid, created = new_id("chatcmpl-"), now()
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse(_json.dumps({
+            "id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }))
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for ev in call.events():
+        if isinstance(ev, str):
+            yield chunk({"content": ev})
+            continue
+        if ev.finish == "abort":
+            yield sse(_json.dumps(error_body(ApiError("unavailable", "the inference engine aborted the request; retry"))))
+            return
+        if ev.tool_calls:
+            yield chunk({"tool_calls": [{"index": i, **tc} for i, tc in enumerate(_tool_calls(ev))]})
+        yield chunk({}, FINISH[ev.finish])
+        if req.include_usage:
+            yield sse(_json.dumps({
+                "id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+                "choices": [], "usage": _usage(ev),
+            }))
+    yield b"data: [DONE]\n\n"
+
+
+def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
+    return parse(body)

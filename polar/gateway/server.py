@@ -1,0 +1,158 @@
+"""Run the gateway in-process (a uvicorn server on its own thread and event loop) or in the foreground.
+
+    with GatewayServer(GatewayConfig(model="tiny"), records_dir="runs/x/gateway/sessions") as gw:
+        client = OpenAI(base_url=gw.url + "/s/my-session/v1", api_key="x")
+        ...
+        gw.update_weights(state_dict, version=1)   # drain, swap, resume
+        gw.records("my-session")
+
+The engine's coroutines all run on the server's loop; the thread-safe helpers here hop onto it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from polar.config.gateway import GatewayConfig
+from polar.errors import GatewayError
+from polar.gateway.app import GatewayApp
+from polar.types import CallRecord
+
+log = logging.getLogger(__name__)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path | None = None) -> GatewayApp:
+    """The ASGI app around ``engine`` (built from ``config.model`` when not given)."""
+    if engine is None:
+        from polar.inference import load_engine
+
+        engine = load_engine(config.model, **config.engine_kwargs)
+    return GatewayApp(engine, config, records_dir if records_dir is not None else config.records_dir)
+
+
+def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=config.host, port=config.port, lifespan="off", access_log=False, log_level="warning",
+        timeout_keep_alive=60, backlog=2048, **kwargs,
+    )
+
+
+class GatewayServer:
+    """A gateway on a background thread. ``start()`` returns once it accepts connections."""
+
+    def __init__(self, config: GatewayConfig | None = None, engine: Any = None,
+                 records_dir: str | Path | None = None) -> None:
+        self.config = config or GatewayConfig()
+        self.app = build_app(self.config, engine, records_dir)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self.port: int = 0
+
+    @property
+    def engine(self) -> Any:
+        return self.app.engine
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> GatewayServer:
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.config.host, self.config.port))
+        except OSError as e:
+            sock.close()
+            raise GatewayError(f"cannot listen on {self.config.host}:{self.config.port}: {e}; pick another port") from None
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn_config(self.app.asgi, self.config))
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=f"polar-gateway:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = threading.Event()
+        for _ in range(int(timeout_s / 0.01)):
+            if self._server.started or not self._thread.is_alive():
+                break
+            deadline.wait(0.01)
+        if not self._server.started:
+            self.stop()
+            raise GatewayError(f"the gateway did not start within {timeout_s}s (see the log above)")
+        return self
+
+    def _run(self) -> None:
+        assert self.loop is not None and self._server is not None
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        except Exception:
+            log.exception("gateway server stopped with an error")
+        finally:
+            try:
+                self.loop.run_until_complete(self.app.engine.close())
+            except Exception:
+                log.debug("engine close failed", exc_info=True)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                self._server.force_exit = True
+                self._thread.join(timeout_s)
+        if self.loop is not None and not (self._thread and self._thread.is_alive()):
+            self.loop.close()
+        self._thread = None
+
+    def __enter__(self) -> GatewayServer:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- thread-safe helpers ---------------------------------------------------------------------
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 600.0) -> Any:
+        """Run ``coro`` on the server loop and wait for its result."""
+        if self.loop is None or self._thread is None:
+            coro.close()
+            raise GatewayError("the gateway is not running; call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def pause(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        return self.call(self.app.gate.pause(timeout_s))
+
+    def resume(self) -> dict[str, Any]:
+        async def _resume() -> dict[str, Any]:
+            return self.app.gate.resume()
+
+        return self.call(_resume())
+
+    def update_weights(self, state_dict: Any, version: int, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Drain in-flight calls, swap weights, stamp ``version`` on later records, resume."""
+        return self.call(self.app.update_weights(state_dict, version, timeout_s), timeout_s + 600)
+
+    def records(self, session_id: str) -> list[CallRecord]:
+        return self.app.store.records(session_id)

@@ -1,0 +1,128 @@
+"""Per-session call records: append-only JSONL files in the run directory, plus an in-memory index.
+
+Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line, appended (and flushed) when a
+call ends, so a crash loses at most the calls still in flight. The file id is the session id when it
+is filename-safe, otherwise a hash of it (API keys used as session ids are never written as names).
+A gateway restarted on the same directory reloads a session lazily, so call indices and token reuse
+continue where they stopped.
+
+Isolation: every lookup is keyed by the session id; the reuse index of one session never sees another
+session's records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polar.gateway import _json
+from polar.types import CallRecord
+
+log = logging.getLogger(__name__)
+
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def file_id(session_id: str) -> str:
+    if _SAFE.match(session_id) and not session_id.startswith("sk-"):
+        return session_id
+    return "h-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
+
+
+@dataclass
+class _Session:
+    records: list[CallRecord] = field(default_factory=list)
+    by_reuse_key: dict[bytes, CallRecord] = field(default_factory=dict)
+    next_index: int = 0
+
+
+class SessionStore:
+    """Thread-safe: the server loop writes, admin/in-process readers may read from other threads."""
+
+    def __init__(self, records_dir: str | Path | None, fsync: bool = False) -> None:
+        self.dir = Path(records_dir) if records_dir is not None else None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            s = _Session()
+            for rec in self._load(session_id):
+                self._index(s, rec)
+            self._sessions[session_id] = s
+        return s
+
+    def _load(self, session_id: str) -> list[CallRecord]:
+        if self.dir is None:
+            return []
+        path = self.dir / f"{file_id(session_id)}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        with path.open("rb") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = _json.loads(line)
+                except _json.JSONDecodeError:
+                    log.warning("%s:%d is not valid JSON (a torn last write?); skipped", path, n)
+                    continue
+                rec = CallRecord.from_dict(d)
+                if rec.session_id == session_id:  # a hash collision can never mix sessions
+                    out.append(rec)
+        return out
+
+    @staticmethod
+    def _index(s: _Session, rec: CallRecord) -> None:
+        s.records.append(rec)
+        key = rec.metadata.get("reuse_key")
+        if key and rec.complete:
+            s.by_reuse_key[bytes.fromhex(key)] = rec
+        s.next_index = max(s.next_index, rec.call_index + 1)
+
+    def next_call_index(self, session_id: str) -> int:
+        with self._lock:
+            s = self._get(session_id)
+            i = s.next_index
+            s.next_index += 1
+            return i
+
+    def lookup(self, session_id: str, key: bytes) -> CallRecord | None:
+        with self._lock:
+            return self._get(session_id).by_reuse_key.get(key)
+
+    def append(self, rec: CallRecord) -> None:
+        line = _json.dumps(rec.to_dict()) + b"\n"
+        with self._lock:
+            s = self._get(rec.session_id)
+            self._index(s, rec)
+            if self.dir is not None:
+                path = self.dir / f"{file_id(rec.session_id)}.jsonl"
+                with path.open("ab") as f:
+                    f.write(line)
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
+
+    def records(self, session_id: str) -> list[CallRecord]:
+        with self._lock:
+            if session_id not in self._sessions and not self._exists(session_id):
+                return []
+            return sorted(self._get(session_id).records, key=lambda r: r.call_index)
+
+    def _exists(self, session_id: str) -> bool:
+        return self.dir is not None and (self.dir / f"{file_id(session_id)}.jsonl").exists()
+
+    def session_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(k for k, s in self._sessions.items() if s.records)
