@@ -116,3 +116,80 @@ def appo_loss(
     loss = policy_loss + vf_coef * value_loss - ent_coef * ent
     clip_fraction = ((ratio - 1.0).abs() > clip_range).float().mean()
     return APPOLossOut(loss, policy_loss.detach(), value_loss.detach(), ent.detach(), clip_fraction.detach())
+
+
+def _flat(x, n: int):
+    if isinstance(x, dict):
+        return {k: v.reshape(n, *v.shape[2:]) for k, v in x.items()}
+    return x.reshape(n, *x.shape[2:])
+
+
+def _index(x, idx):
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+
+
+def _as_tensor(x):
+    if isinstance(x, dict):
+        return {k: torch.as_tensor(v) for k, v in x.items()}
+    return torch.as_tensor(x)
+
+
+def appo_update(policy, optimizer, fragment, kw, learner_version: int = 0) -> dict[str, float]:
+    """One learner step on one rollout fragment (feed-forward agents): V-trace targets, then clipped updates.
+
+    ``policy`` is a ``polar.models.Policy``; ``fragment`` a ``polar.rollout.Fragment`` whose
+    ``log_probs`` came from the (possibly older) behaviour policy. Returns scalar metrics.
+    """
+    agent = policy.agent
+    T, N = fragment.num_steps, fragment.num_envs
+    n = T * N
+    obs = _flat(_as_tensor(fragment.obs), n)
+    actions = torch.as_tensor(fragment.actions)
+    actions = actions.reshape(n, *actions.shape[2:])
+    behaviour_logp = torch.as_tensor(fragment.log_probs, dtype=torch.float32)
+    rewards = bootstrap_truncated_rewards(
+        torch.as_tensor(fragment.rewards), torch.as_tensor(fragment.truncated), torch.as_tensor(fragment.trunc_values), kw.gamma
+    )
+    discounts = episode_discounts(torch.as_tensor(fragment.terminated), torch.as_tensor(fragment.truncated), kw.gamma)
+    bootstrap = torch.as_tensor(fragment.last_values, dtype=torch.float32)
+    batch_size = kw.batch_size or n
+    stats = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
+    updates, rho_sum = 0, 0.0
+    for _ in range(kw.n_epochs):
+        with torch.no_grad():
+            target_logp, _, values = agent.evaluate_actions(obs, actions)
+        vt = vtrace(
+            behaviour_logp, target_logp.reshape(T, N), rewards, values.reshape(T, N), bootstrap, discounts,
+            clip_rho=kw.vtrace_clip_rho, clip_c=kw.vtrace_clip_c,
+        )
+        adv = vt.pg_advantages.reshape(n)
+        if kw.normalize_advantage and n > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        vs = vt.vs.reshape(n)
+        flat_blogp = behaviour_logp.reshape(n)
+        perm = torch.randperm(n)
+        for start in range(0, n, batch_size):
+            idx = perm[start:start + batch_size]
+            new_logp, entropy, new_values = agent.evaluate_actions(_index(obs, idx), actions[idx])
+            out = appo_loss(
+                new_logp, flat_blogp[idx], adv[idx], new_values, vs[idx], entropy,
+                clip_range=kw.clip_range, vf_coef=kw.vf_coef, ent_coef=kw.ent_coef,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), kw.max_grad_norm)
+            optimizer.step()
+            updates += 1
+            stats["policy_loss"] += float(out.policy_loss)
+            stats["value_loss"] += float(out.value_loss)
+            stats["entropy"] += float(out.entropy)
+            stats["clip_fraction"] += float(out.clip_fraction)
+        rho_sum += float(vt.rhos.mean())
+    out_stats = {k: v / max(updates, 1) for k, v in stats.items()}
+    out_stats["vtrace_rho_mean"] = rho_sum / kw.n_epochs
+    out_stats["policy_lag"] = float(learner_version - fragment.policy_version)
+    return out_stats
+
+
+def make_optimizer(policy, kw) -> torch.optim.Optimizer:
+    return torch.optim.Adam(policy.parameters(), lr=kw.learning_rate, eps=kw.adam_eps)

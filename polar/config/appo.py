@@ -24,5 +24,6 @@ class APPOKwargs(StrictModel):
     max_grad_norm: float = Field(0.5, gt=0)
     n_epochs: int = Field(1, ge=1, description="passes over each arriving batch")
     batch_size: int = Field(0, ge=0, description="minibatch size in env steps; 0 = the whole fragment")
+    normalize_advantage: bool = True
+    adam_eps: float = Field(1e-5, gt=0)
     max_policy_lag: int = Field(20, ge=0, description="drop fragments more than this many updates behind (0 = never)")
-    net_arch: list[int] = Field(default_factory=lambda: [64, 64])
