@@ -9,8 +9,10 @@ Contract of :meth:`Engine.generate` (an async generator):
 - yields one :class:`TokenEvent` per sampled token, as soon as it is sampled (real streaming);
 - the last event carries ``finish_reason``: ``"stop"`` (a stop token was sampled; that token *is*
   included as the last event, so trajectories learn to stop), ``"length"`` (``max_tokens`` reached, or
-  the context window is full), or ``"abort"`` (the engine was closed or the request cancelled; the
-  final event may then carry no token: ``token_id is None``);
+  the context window is full), or ``"abort"`` (the engine was closed, weights were swapped mid-stream,
+  or an upstream failed mid-stream);
+- the final event may carry no token (``token_id is None``): always for ``"abort"``, and when an
+  upstream sends its finish reason in a chunk of its own; consumers must skip such ids;
 - ``logprob`` is the log-probability of the sampled token under the **raw model distribution**
   (log-softmax of the logits at temperature 1, before top-p), the same quantity a trainer recomputes
   with a plain forward pass and vLLM/SGLang return by default. Sampling itself uses temperature/top-p;

@@ -1,0 +1,397 @@
+"""Stand-in vLLM and SGLang servers, for tests and benchmarks on machines without a GPU.
+
+vLLM and SGLang cannot run here, so these small Starlette apps serve the parts of their documented HTTP
+APIs that polar uses, with the same request fields, response fields, SSE framing and error shapes:
+
+- vLLM OpenAI-compatible server: ``POST /v1/completions`` (token-id ``prompt``, ``max_tokens``,
+  ``temperature``, ``top_p``, ``seed``, ``stop_token_ids``, ``logprobs``, ``return_token_ids``,
+  ``return_tokens_as_token_ids``, ``stream``), ``GET /v1/models`` (with ``max_model_len``), ``GET /health``.
+  Choices carry ``token_ids`` and (first chunk only when streaming) ``prompt_token_ids``; errors are
+  ``{"error": {"message", "type", "param", "code"}}``.
+- SGLang native server: ``POST /generate`` (``input_ids``, ``sampling_params`` with ``max_new_tokens``,
+  ``temperature``, ``top_p``, ``stop_token_ids``, ``sampling_seed``; ``return_logprob``, ``stream``),
+  ``GET /get_model_info``, ``GET /health``. Streams are cumulative like SGLang's default, or
+  incremental like ``--incremental-streaming-output``; ``meta_info.output_token_logprobs`` holds
+  ``[logprob, token_id, null]`` triples and ``finish_reason`` is ``{"type": ..., ...}``.
+
+Tokens come from any polar :class:`Engine`: the embedded tiny model (real ids and logprobs, for
+faithfulness tests) or :class:`FixedEngine` (instant fixed tokens, for overhead benchmarks).
+Run one in its own process with ``python -m polar.inference.standin --api vllm --port 8001``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from polar.inference.base import (
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    TokenEvent,
+)
+
+log = logging.getLogger(__name__)
+
+
+class FixedEngine(Engine):
+    """Returns ``n_tokens`` fixed ids at once (logprob ``-0.5`` each): a zero-cost upstream for benchmarks."""
+
+    def __init__(self, n_tokens: int = 16, token_ids: list[int] | None = None, context_length: int = 32768) -> None:
+        self.tokenizer = None  # type: ignore[assignment]
+        self.model_name = "fixed"
+        self.context_length = context_length
+        self.policy_version = 0
+        self.default_stop_token_ids = []
+        self.n_tokens = n_tokens
+        self.token_ids = token_ids or [100 + (i % 50) for i in range(n_tokens)]
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        request.validate()
+        if len(request.prompt_ids) >= self.context_length:
+            raise ContextLengthExceeded(len(request.prompt_ids), self.context_length)
+        n = min(self.n_tokens, request.max_tokens, self.context_length - len(request.prompt_ids))
+        ids = self.token_ids[:n]
+        stops = set(request.stop_token_ids)
+        for i, tid in enumerate(ids):
+            finish = "stop" if tid in stops else ("length" if i == len(ids) - 1 else None)
+            yield TokenEvent(tid, -0.5, finish, self.policy_version if finish else None)
+            if finish:
+                return
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+class _Standin:
+    """State shared by both APIs: the engine, the served name, and a log of requests for assertions."""
+
+    def __init__(self, engine: Engine, served_model: str, max_model_len: int | None, name: str) -> None:
+        self.engine = engine
+        self.served_model = served_model
+        self.max_model_len = max_model_len or engine.context_length
+        self.name = name
+        self.requests: list[dict[str, Any]] = []
+
+    def text(self, ids: list[int]) -> str:
+        tok = self.engine.tokenizer
+        return tok.decode(ids, skip_special_tokens=False) if tok is not None and ids else ""
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    # ------------------------------------------------------------------ vLLM
+    async def vllm_models(self, request: Request) -> Response:
+        card = {
+            "id": self.served_model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.served_model,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @staticmethod
+    def vllm_error(message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> Response:
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+    async def vllm_completions(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return self.vllm_error("request body is not valid JSON")
+        self.requests.append({"api": "vllm", "replica": self.name, "body": body})
+        if body.get("model") != self.served_model:
+            return self.vllm_error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError", "model")
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            return self.vllm_error("this stand-in accepts only token-id prompts (a list of ints)", param="prompt")
+        max_tokens = int(body.get("max_tokens") or 16)
+        if len(prompt) + max_tokens > self.max_model_len:
+            return self.vllm_error(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                param="prompt",
+            )
+        gen = GenerationRequest(
+            prompt_ids=prompt,
+            max_tokens=max_tokens,
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            stop_token_ids=list(body.get("stop_token_ids") or []),
+            seed=body.get("seed"),
+        )
+        try:
+            gen.validate()
+        except EngineError as exc:
+            return self.vllm_error(str(exc))
+        want_ids = bool(body.get("return_token_ids"))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        want_lp = body.get("logprobs") is not None
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+
+        def choice(ids: list[int], lps: list[float], finish: str | None, first: bool) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0, "text": self.text(ids)}
+            if want_lp:
+                tokens = [f"token_id:{t}" if as_ids else self.text([t]) for t in ids]
+                c["logprobs"] = {
+                    "text_offset": list(range(len(ids))),
+                    "token_logprobs": lps,
+                    "tokens": tokens,
+                    "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, lps)],
+                }
+            else:
+                c["logprobs"] = None
+            c["finish_reason"] = finish
+            c["stop_reason"] = ids[-1] if finish == "stop" and ids and ids[-1] in gen.stop_token_ids else None
+            if want_ids:
+                c["token_ids"] = ids
+                if first:
+                    c["prompt_token_ids"] = prompt
+            c["prompt_logprobs"] = None
+            return c
+
+        def envelope(c: dict[str, Any], usage: dict[str, int] | None) -> dict[str, Any]:
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": self.served_model,
+                "choices": [c],
+                "usage": usage,
+            }
+
+        if body.get("stream"):
+
+            async def chunks() -> AsyncIterator[bytes]:
+                first = True
+                async for ev in self.engine.generate(gen):
+                    ids = [ev.token_id] if ev.token_id is not None else []
+                    lps = [ev.logprob] if ev.token_id is not None else []
+                    yield _sse(envelope(choice(ids, lps, ev.finish_reason, first), None))
+                    first = False
+                yield _DONE
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        ids, lps, finish = await _drain(self.engine, gen)
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+        return JSONResponse(envelope(choice(ids, lps, finish, True), usage))
+
+    # ------------------------------------------------------------------ SGLang
+    async def sglang_model_info(self, request: Request) -> Response:
+        return JSONResponse({"model_path": self.served_model, "tokenizer_path": self.served_model, "is_generation": True})
+
+    async def sglang_generate(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": {"message": "request body is not valid JSON"}}, 400)
+        self.requests.append({"api": "sglang", "replica": self.name, "body": body})
+        input_ids = body.get("input_ids")
+        if not (isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids)):
+            return JSONResponse({"error": {"message": "this stand-in accepts only a single input_ids list"}}, 400)
+        sp = body.get("sampling_params") or {}
+        max_new = int(sp.get("max_new_tokens", 128))
+        if len(input_ids) >= self.max_model_len:
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"The input ({len(input_ids)} tokens) is longer than the model's context "
+                        f"length ({self.max_model_len} tokens)."
+                    }
+                },
+                400,
+            )
+        gen = GenerationRequest(
+            prompt_ids=input_ids,
+            max_tokens=max(1, min(max_new, self.max_model_len - len(input_ids))),
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            stop_token_ids=list(sp.get("stop_token_ids") or []),
+            seed=sp.get("sampling_seed"),
+        )
+        want_lp = bool(body.get("return_logprob"))
+        rid = uuid.uuid4().hex
+
+        def out(ids: list[int], lps: list[float], finish: str | None, total: int) -> dict[str, Any]:
+            reason: dict[str, Any] | None = None
+            if finish == "stop":
+                reason = {"type": "stop", "matched": ids[-1] if ids else None}
+            elif finish == "length":
+                reason = {"type": "length", "length": total}
+            elif finish == "abort":
+                reason = {"type": "abort", "message": "aborted"}
+            meta: dict[str, Any] = {
+                "id": rid,
+                "finish_reason": reason,
+                "prompt_tokens": len(input_ids),
+                "completion_tokens": total,
+                "cached_tokens": 0,
+            }
+            if want_lp:
+                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps)]
+            return {"text": self.text(ids), "output_ids": ids, "meta_info": meta}
+
+        if body.get("stream"):
+            incremental = self.incremental
+
+            async def chunks() -> AsyncIterator[bytes]:
+                ids: list[int] = []
+                lps: list[float] = []
+                async for ev in self.engine.generate(gen):
+                    new = [ev.token_id] if ev.token_id is not None else []
+                    new_lp = [float(ev.logprob or 0.0)] if new else []
+                    ids += new
+                    lps += new_lp
+                    if incremental:
+                        yield _sse(out(new, new_lp, ev.finish_reason, len(ids)))
+                    else:
+                        yield _sse(out(ids, lps, ev.finish_reason, len(ids)))
+                yield _DONE
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        ids, lps, finish = await _drain(self.engine, gen)
+        return JSONResponse(out(ids, lps, finish, len(ids)))
+
+    incremental = False
+
+
+async def _drain(engine: Engine, gen: GenerationRequest) -> tuple[list[int], list[float], str]:
+    ids: list[int] = []
+    lps: list[float] = []
+    finish = "abort"
+    async for ev in engine.generate(gen):
+        if ev.token_id is not None:
+            ids.append(ev.token_id)
+            lps.append(float(ev.logprob or 0.0))
+        if ev.finish_reason:
+            finish = ev.finish_reason
+    return ids, lps, finish
+
+
+def make_app(
+    engine: Engine,
+    api: str = "vllm",
+    *,
+    served_model: str = "tiny",
+    max_model_len: int | None = None,
+    name: str = "standin",
+    incremental: bool = False,
+) -> Starlette:
+    """A Starlette app speaking the vLLM (``api="vllm"``) or SGLang (``api="sglang"``) HTTP API."""
+    state = _Standin(engine, served_model, max_model_len, name)
+    state.incremental = incremental
+    if api == "vllm":
+        routes = [
+            Route("/v1/completions", state.vllm_completions, methods=["POST"]),
+            Route("/v1/models", state.vllm_models, methods=["GET"]),
+            Route("/health", state.health, methods=["GET"]),
+        ]
+    elif api == "sglang":
+        routes = [
+            Route("/generate", state.sglang_generate, methods=["POST"]),
+            Route("/get_model_info", state.sglang_model_info, methods=["GET"]),
+            Route("/health", state.health, methods=["GET"]),
+        ]
+    else:
+        raise EngineError(f"unknown stand-in api '{api}'; use 'vllm' or 'sglang'")
+    app = Starlette(routes=routes)
+    app.state.standin = state
+    return app
+
+
+class StandinServer:
+    """Run an ASGI app with uvicorn on 127.0.0.1 in a background thread (``with StandinServer(app) as s:``)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 20.0) -> None:
+        import uvicorn
+
+        self.app = app
+        self.host = host
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+        self._start_timeout_s = start_timeout_s
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        return self.app.state.standin.requests
+
+    def start(self) -> StandinServer:
+        self._thread = threading.Thread(target=self._server.run, name="polar-standin", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self._start_timeout_s
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise EngineError(f"stand-in server did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> StandinServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m polar.inference.standin --api vllm --port 8001 [--engine fixed|tiny] [--tokens 16]``."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--api", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument("--engine", choices=["fixed", "tiny"], default="fixed")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per completion (fixed engine)")
+    parser.add_argument("--served-model", default="tiny")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--incremental", action="store_true", help="SGLang incremental streaming")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    if args.engine == "fixed":
+        engine: Engine = FixedEngine(args.tokens)
+    else:
+        from polar.inference.embedded import EmbeddedEngine
+
+        engine = EmbeddedEngine.from_spec("tiny")
+    app = make_app(engine, args.api, served_model=args.served_model, incremental=args.incremental)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

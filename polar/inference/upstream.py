@@ -1,0 +1,395 @@
+"""Upstream engines: vLLM and SGLang servers, several replicas, session-sticky routing, failover.
+
+The gateway tokenizes, so these engines send **token-id prompts** and read back token ids and logprobs
+(never text), straight from each replica rather than through a router that may strip them:
+
+- vLLM: ``POST /v1/completions`` with ``prompt`` as a list of ids, ``logprobs``, ``return_token_ids``
+  and ``return_tokens_as_token_ids``; ids come from ``choices[0].token_ids`` (fallback: the
+  ``token_id:N`` strings in ``logprobs.tokens``), logprobs from ``logprobs.token_logprobs``. vLLM
+  returns raw-model logprobs by default (its ``--logprobs-mode raw_logprobs``).
+- SGLang: ``POST /generate`` with ``input_ids``, ``sampling_params`` and ``return_logprob``; ids and
+  logprobs come from ``output_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``).
+  Streams may be cumulative (the default) or incremental (``--incremental-streaming-output``); both are
+  handled. SGLang versions differ on whether logprobs are taken before or after temperature scaling
+  (see its ``SGLANG_RETURN_ORIGINAL_LOGPROB`` setting); check yours when sampling at temperature != 1.
+
+Routing: a request with a ``session_id`` goes to the healthy replica with the highest rendezvous hash
+of (session_id, url), so a session stays on one replica (prefix-cache hits) and only sessions of a
+failed replica move. Requests without one go to the replica with the fewest in-flight requests. A
+replica that fails before streaming any token is marked down for ``cooldown_s`` and the request moves
+to the next replica; a failure after tokens were streamed ends the stream with ``"abort"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field
+
+from polar.config.base import StrictModel, validate
+from polar.inference.base import (
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    TokenEvent,
+    UpstreamUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_KINDS = ("vllm", "sglang")
+
+
+class UpstreamConfig(StrictModel):
+    """An upstream inference service: one or more replicas of the same model."""
+
+    kind: Literal["vllm", "sglang"]
+    urls: list[str] = Field(min_length=1)
+    tokenizer: str = "tiny"  # "tiny" or a local HF folder with the served model's tokenizer
+    served_model: str | None = None  # vLLM "model" field; default: the first id from GET /v1/models
+    model_name: str | None = None  # name reported to clients; default: served_model or the tokenizer name
+    context_length: int | None = None  # default: the tokenizer's model_max_length
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    cooldown_s: float = 10.0
+    api_key: str | None = None
+
+
+class _Replica:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.in_flight = 0
+        self.down_until = 0.0
+
+    def healthy(self, now: float) -> bool:
+        return now >= self.down_until
+
+
+class _ReplicaFailed(Exception):
+    """Internal: this replica failed before any token was streamed; try another."""
+
+
+class UpstreamEngine(Engine):
+    """Streams generations from vLLM or SGLang replicas. Build with :func:`polar.inference.load_engine`."""
+
+    def __init__(self, config: UpstreamConfig, tokenizer: Any | None = None) -> None:
+        self.config = config
+        self.kind = config.kind
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(config.tokenizer)
+        self.tokenizer = tokenizer
+        self.served_model = config.served_model
+        self.model_name = config.model_name or config.served_model or _name_of(config.tokenizer)
+        max_len = getattr(tokenizer, "model_max_length", None)
+        default_len = max_len if isinstance(max_len, int) and 0 < max_len < 10**7 else 32768
+        self.context_length = int(config.context_length or default_len)
+        self.policy_version = 0
+        self.default_stop_token_ids = _stop_ids(tokenizer)
+        self.replicas = [_Replica(u) for u in config.urls]
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_config(cls, spec: Mapping[str, Any] | UpstreamConfig, **kwargs: Any) -> UpstreamEngine:
+        config = spec if isinstance(spec, UpstreamConfig) else validate(UpstreamConfig, dict(spec), "upstream")
+        return cls(config, **kwargs)
+
+    @classmethod
+    def from_string(cls, spec: str, *, tokenizer: str = "tiny", **kwargs: Any) -> UpstreamEngine:
+        """``"vllm:http://h1:8000,http://h2:8000"`` or ``"sglang:http://h:30000"``."""
+        kind, _, rest = spec.partition(":")
+        urls = [u.strip() for u in rest.split(",") if u.strip()]
+        if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+            raise EngineError(
+                f"upstream spec '{spec}' needs one or more http(s) URLs after '{kind}:', "
+                f"e.g. '{kind}:http://127.0.0.1:8000,http://127.0.0.1:8001'"
+            )
+        return cls(UpstreamConfig(kind=kind, urls=urls, tokenizer=tokenizer), **kwargs)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ routing
+    def route(self, session_id: str | None) -> list[_Replica]:
+        """Replicas in the order to try: sticky (rendezvous hash) for sessions, least-loaded otherwise."""
+        now = time.monotonic()
+        if session_id is not None:
+            ranked = sorted(self.replicas, key=lambda r: _hrw(session_id, r.url), reverse=True)
+        else:
+            ranked = sorted(self.replicas, key=lambda r: r.in_flight)
+        healthy = [r for r in ranked if r.healthy(now)]
+        return healthy + [r for r in ranked if not r.healthy(now)]  # down ones last, as a last resort
+
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
+            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+            self._client = httpx.AsyncClient(timeout=timeout, headers=headers)
+            self._client_loop = loop
+        return self._client
+
+    # ------------------------------------------------------------------ Engine API
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        max_tokens = self.check_prompt(request)
+        errors: list[str] = []
+        for replica in self.route(request.session_id):
+            streamed = 0
+            replica.in_flight += 1
+            try:
+                async for event in self._stream(replica, request, max_tokens):
+                    streamed += 1
+                    yield event
+                return
+            except _ReplicaFailed as exc:
+                if streamed:
+                    log.warning("upstream %s failed mid-stream: %s", replica.url, exc)
+                    yield TokenEvent(None, None, "abort", self.policy_version)
+                    return
+                replica.down_until = time.monotonic() + self.config.cooldown_s
+                errors.append(f"{replica.url}: {exc}")
+                log.warning("upstream %s failed, trying the next replica: %s", replica.url, exc)
+            finally:
+                replica.in_flight -= 1
+        raise UpstreamUnavailable(f"no {self.kind} replica could serve the request: {'; '.join(errors)}")
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Upstream weights are synced through the server's own API (e.g. NCCL or its update endpoint);
+        call this with an empty ``state_dict`` afterwards to stamp ``version`` on later records."""
+        if state_dict:
+            raise EngineError(
+                f"{self.kind} upstream weights cannot be sent through update_weights; sync them with the "
+                "server's own weight-update API, then call update_weights({}, version)"
+            )
+        self.policy_version = int(version)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            try:
+                await self._client.aclose()
+            except RuntimeError:  # created on an event loop that is gone
+                pass
+            self._client = None
+
+    async def resolve_served_model(self) -> str:
+        """vLLM needs the served model id; ask the first healthy replica's ``GET /v1/models`` once."""
+        if self.served_model:
+            return self.served_model
+        for replica in self.route(None):
+            try:
+                resp = await self._http().get(f"{replica.url}/v1/models")
+                resp.raise_for_status()
+                self.served_model = str(resp.json()["data"][0]["id"])
+                return self.served_model
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                log.warning("could not list models at %s: %s", replica.url, exc)
+        raise UpstreamUnavailable("no vLLM replica answered GET /v1/models; set served_model in the config")
+
+    # ------------------------------------------------------------------ wire formats
+    async def _stream(self, replica: _Replica, request: GenerationRequest, max_tokens: int) -> AsyncIterator[TokenEvent]:
+        if self.kind == "vllm":
+            url, body = f"{replica.url}/v1/completions", await self._vllm_body(request, max_tokens)
+            parse = _VllmParser(request.prompt_ids)
+        else:
+            url, body = f"{replica.url}/generate", _sglang_body(request, max_tokens)
+            parse = _SglangParser()
+        try:
+            async with self._http().stream("POST", url, json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                    self._raise_for_status(replica, resp.status_code, text, request)
+                finished = False
+                async for payload in _sse_payloads(resp):
+                    for token_id, logprob, finish in parse(payload):
+                        finished = finished or finish is not None
+                        yield TokenEvent(token_id, logprob, finish, self.policy_version if finish else None)
+                    if finished:
+                        return
+                raise _ReplicaFailed("stream ended without a finish reason")
+        except httpx.HTTPError as exc:
+            raise _ReplicaFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    def _raise_for_status(self, replica: _Replica, status: int, text: str, request: GenerationRequest) -> None:
+        if status >= 500 or status in (408, 429):
+            raise _ReplicaFailed(f"HTTP {status}: {text[:300]}")
+        if "context length" in text.lower() or "context_length" in text.lower():
+            raise ContextLengthExceeded(len(request.prompt_ids), self.context_length)
+        raise EngineError(f"{self.kind} replica {replica.url} rejected the request (HTTP {status}): {text[:500]}")
+
+    async def _vllm_body(self, request: GenerationRequest, max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": await self.resolve_served_model(),
+            "prompt": list(request.prompt_ids),
+            "max_tokens": max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "stop_token_ids": list(request.stop_token_ids),
+            "logprobs": 1,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "stream": True,
+        }
+        if request.seed is not None:
+            body["seed"] = request.seed
+        return body
+
+
+def _sglang_body(request: GenerationRequest, max_tokens: int) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_new_tokens": max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop_token_ids": list(request.stop_token_ids),
+        "skip_special_tokens": False,
+    }
+    if request.seed is not None:
+        params["sampling_seed"] = request.seed
+    return {
+        "input_ids": list(request.prompt_ids),
+        "sampling_params": params,
+        "return_logprob": True,
+        "stream": True,
+    }
+
+
+async def _sse_payloads(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Yield the JSON objects of an SSE stream (``data: {...}`` lines) up to ``data: [DONE]``."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise _ReplicaFailed(f"malformed SSE data: {data[:200]!r}") from exc
+        if isinstance(payload, dict) and "error" in payload:
+            raise _ReplicaFailed(f"upstream error in stream: {str(payload['error'])[:300]}")
+        yield payload
+
+
+Emitted = list[tuple[int, float, Any]]
+
+
+class _VllmParser:
+    """Turn vLLM /v1/completions stream chunks into (id, logprob, finish) triples."""
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.prompt_ids = list(prompt_ids)
+
+    def __call__(self, chunk: dict[str, Any]) -> Emitted:
+        choices = chunk.get("choices") or []
+        if not choices:
+            return []  # e.g. a usage-only chunk
+        choice = choices[0]
+        echoed = choice.get("prompt_token_ids")
+        if echoed is not None and list(echoed) != self.prompt_ids:
+            raise EngineError("vLLM reports different prompt_token_ids than were sent; capture would be unfaithful")
+        lp = choice.get("logprobs") or {}
+        logprobs = lp.get("token_logprobs") or []
+        ids = choice.get("token_ids")
+        if ids is None:  # older vLLM: recover ids from "token_id:N" strings
+            ids = [_id_from_token_string(t) for t in lp.get("tokens") or []]
+        if len(logprobs) != len(ids):
+            raise EngineError(
+                f"vLLM chunk has {len(ids)} token ids but {len(logprobs)} logprobs; enable logprobs on the server"
+            )
+        finish = _finish(choice.get("finish_reason"))
+        out: Emitted = [(int(t), float(p if p is not None else 0.0), None) for t, p in zip(ids, logprobs)]
+        if finish is not None:
+            if not out:
+                return [(None, None, finish)]  # type: ignore[list-item]
+            out[-1] = (out[-1][0], out[-1][1], finish)
+        return out
+
+
+class _SglangParser:
+    """Turn SGLang /generate stream chunks (cumulative or incremental) into (id, logprob, finish) triples."""
+
+    def __init__(self) -> None:
+        self.emitted = 0
+
+    def __call__(self, chunk: dict[str, Any]) -> Emitted:
+        meta = chunk.get("meta_info") or {}
+        ids = list(chunk.get("output_ids") or [])
+        lps = list(meta.get("output_token_logprobs") or [])
+        total = int(meta.get("completion_tokens", len(ids)))
+        if len(ids) == total:  # cumulative chunk (SGLang's default): keep only the new tail
+            ids = ids[self.emitted :]
+            if len(lps) == total:
+                lps = lps[self.emitted :]
+        if len(lps) != len(ids):
+            raise EngineError(
+                f"SGLang chunk has {len(ids)} new ids but {len(lps)} logprobs; send return_logprob=true"
+            )
+        out: Emitted = []
+        for token_id, entry in zip(ids, lps):
+            logprob, lp_id = entry[0], entry[1]
+            if int(lp_id) != int(token_id):
+                raise EngineError(f"SGLang logprob entry is for token {lp_id} but output id is {token_id}")
+            out.append((int(token_id), float(logprob if logprob is not None else 0.0), None))
+        self.emitted += len(out)
+        reason = meta.get("finish_reason")
+        finish = _finish(reason.get("type") if isinstance(reason, dict) else reason)
+        if finish is not None:
+            if not out:
+                return [(None, None, finish)]  # type: ignore[list-item]
+            out[-1] = (out[-1][0], out[-1][1], finish)
+        return out
+
+
+def _finish(reason: Any) -> str | None:
+    if reason is None:
+        return None
+    return reason if reason in ("stop", "length") else "abort"
+
+
+def _id_from_token_string(token: str) -> int:
+    if not isinstance(token, str) or not token.startswith("token_id:"):
+        raise EngineError("vLLM returned neither token_ids nor 'token_id:N' tokens; upgrade vLLM (>= 0.10.2)")
+    return int(token.removeprefix("token_id:"))
+
+
+def _hrw(session_id: str, url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{session_id}\x00{url}".encode(), digest_size=8).digest(), "big")
+
+
+def _load_tokenizer(spec: str) -> Any:
+    if spec == "tiny":
+        from polar.inference.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from pathlib import Path
+
+    if not Path(spec).expanduser().is_dir():
+        raise EngineError(
+            f"upstream tokenizer '{spec}' is not 'tiny' or a local folder; point it at a folder holding the "
+            "served model's tokenizer (the gateway tokenizes, so it must match the server's)"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(spec).expanduser(), local_files_only=True)
+
+
+def _name_of(spec: str) -> str:
+    from pathlib import Path
+
+    return spec if spec == "tiny" else Path(spec).name
+
+
+def _stop_ids(tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.append(tid)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids
