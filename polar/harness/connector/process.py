@@ -36,6 +36,7 @@ from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClos
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
+HEALTHY_STEPS = 100  # a process that served this many steps since its (re)start has recovered
 
 
 class ProcessFailed(Exception):
@@ -63,6 +64,7 @@ class ConnectorProcess:
         self.codec = Codec()
         self.restarts = 0
         self.consecutive_failures = 0
+        self.steps_since_start = 0
         self.describe: dict = {}
         self.dead_reason: str | None = None
         self.last_io = time.monotonic()
@@ -121,6 +123,13 @@ class ConnectorProcess:
         )
         threading.Thread(target=self._drain, args=(self._proc,), daemon=True, name=f"polar-{self.label}-out").start()
         self.dead_reason = None
+        self.steps_since_start = 0
+
+    def mark_healthy_step(self) -> None:
+        """Count a good step; after HEALTHY_STEPS in one incarnation, past failures stop counting."""
+        self.steps_since_start += 1
+        if self.steps_since_start >= HEALTHY_STEPS:
+            self.consecutive_failures = 0
 
     def _drain(self, proc: subprocess.Popen) -> None:
         for raw in iter(proc.stdout.readline, b""):
@@ -280,7 +289,10 @@ class ConnectorProcess:
 
     # ------------------------------------------------------------------------------- recovery
     def recover(self, reason: str) -> None:
-        """Kill, back off, start again; give up with ConnectorCrashed after ``max_restarts`` in a row."""
+        """Kill, back off, start again; give up with ConnectorCrashed after ``max_restarts`` in a row.
+
+        Failures are "in a row" unless the process served HEALTHY_STEPS steps in between.
+        """
         while True:
             self.consecutive_failures += 1
             self.kill()

@@ -199,7 +199,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
             for j, p in enumerate(self.procs):
                 try:
                     replies.append(p.receive())
-                    p.consecutive_failures = 0
+                    p.mark_healthy_step()
                 except ProcessFailed as e:
                     replies.append(None)
                     failed.append((j, str(e)))

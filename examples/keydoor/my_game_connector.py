@@ -1,0 +1,77 @@
+"""The key-door game as a polar connector: the one class you write to train on your own game.
+
+polar runs this class in its own process (see ``polar_train_config.yaml``)::
+
+    harness:
+      type: custom
+      connector_spec:
+        module: my_game_connector
+        class_name: MyGameConnector
+        config: {level: 1, seed: 42}
+
+What the connector does is translate: the game's ``step(code) -> (game_over, reward)`` and
+``get_observation()`` become Gymnasium's ``(obs, reward, terminated, truncated, info)`` with a
+``Dict`` observation. Level 1 gives ``visual`` (98 floats) + ``inventory`` (2 floats) = 100 inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+from keydoor_game import DOOR, KEY, WALL, KeyDoorGame
+
+# How each static cell looks in the "objects" plane of the visual observation.
+OBJECT_VALUES = {WALL: -1.0, KEY: 0.5, DOOR: 1.0}
+
+
+class MyGameConnector:
+    """Dict observation {"visual", "inventory"}, 4 actions (up, down, left, right)."""
+
+    action_space = spaces.Discrete(4)
+
+    def __init__(self, config: dict) -> None:
+        self.game = KeyDoorGame(level=int(config.get("level", 1)), seed=config.get("seed"))
+        self.max_steps = int(config.get("max_steps", self.game.level.max_steps))
+        self.pixels = bool(config.get("pixels", False))  # also send an RGB image (multimodal obs)
+        h, w = self.game.shape
+        obs_spaces = {
+            # two h*w planes: static objects (wall -1, key 0.5, door 1) and where the agent is
+            "visual": spaces.Box(-1.0, 1.0, shape=(2 * h * w,), dtype=np.float32),
+            # keys held (0/1) and the fraction of the step budget left (lets values see the time limit)
+            "inventory": spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32),
+        }
+        if self.pixels:
+            obs_spaces["pixels"] = spaces.Box(0, 255, shape=(h * 16, w * 16, 3), dtype=np.uint8)
+        self.observation_space = spaces.Dict(obs_spaces)
+        self.t = 0
+
+    def reset(self, seed: int | None = None) -> dict:
+        self.game.new_game(seed)
+        self.t = 0
+        return self._observe()
+
+    def step(self, action: int):
+        game_over, reward = self.game.step(int(action))
+        self.t += 1
+        truncated = not game_over and self.t >= self.max_steps  # out of time: not a terminal state
+        info = {"success": self.game.won} if (game_over or truncated) else {}
+        return self._observe(), reward, game_over, truncated, info
+
+    def close(self) -> None:
+        self.game.close()
+
+    def _observe(self) -> dict:
+        raw = self.game.get_observation()
+        grid = raw["grid"]
+        objects = np.zeros(grid.shape, dtype=np.float32)
+        for code, value in OBJECT_VALUES.items():
+            objects[grid == code] = value
+        agent = np.zeros(grid.shape, dtype=np.float32)
+        agent[self.game.agent] = 1.0
+        obs = {
+            "visual": np.concatenate([objects.ravel(), agent.ravel()]),
+            "inventory": np.array([min(raw["inventory"][0], 1), 1.0 - self.t / self.max_steps], dtype=np.float32),
+        }
+        if self.pixels:
+            obs["pixels"] = self.game.render_rgb(cell_px=16)
+        return obs

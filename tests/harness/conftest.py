@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polar.config.harness import ConnectorSpec
+
+CONNECTORS_DIR = Path(__file__).parent / "connectors"
+KEYDOOR_DIR = Path(__file__).resolve().parents[2] / "examples" / "keydoor"
+
+
+def make_spec(class_name: str, module: str = "test_envs", **kw) -> ConnectorSpec:
+    """A spec for a test connector with short timeouts and backoff (tests must stop by themselves)."""
+    base = dict(module=module, class_name=class_name, call_timeout_s=5.0, start_timeout_s=30.0,
+                restart_backoff_s=0.05, heartbeat_interval_s=0)
+    base.update(kw)
+    return ConnectorSpec(**base)
+
+
+@pytest.fixture
+def connectors_dir() -> Path:
+    return CONNECTORS_DIR
