@@ -1,0 +1,1 @@
+"""One module per provider API: ``parse_request``, ``response``, ``stream`` and ``error_body``."""

@@ -1,0 +1,63 @@
+"""``polar gateway``: serve the model-API gateway in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from polar.config.base import validate
+from polar.config.gateway import GatewayConfig
+from polar.config.loader import read_yaml_file
+
+HELP = "serve the model-API gateway (OpenAI, Anthropic, Gemini) in front of an engine, recording token ids"
+
+console = Console(stderr=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML: a gateway section, or a run config with 'gateway:'")
+    parser.add_argument("--model", metavar="NAME_OR_PATH", help="'tiny', a local HF folder, or 'vllm:URL[,URL]'")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default: a free one)")
+    parser.add_argument("--records-dir", metavar="DIR", help="where session records go (default runs/gateway-<time>/sessions)")
+    parser.add_argument("--admin-token", metavar="TOKEN", help="require this token on /admin/* endpoints")
+
+
+def load_config(args: argparse.Namespace) -> GatewayConfig:
+    data: dict = {}
+    if args.config:
+        raw = read_yaml_file(args.config)
+        data = dict(raw.get("gateway") or {}) if "gateway" in raw else raw
+    for key in ("model", "host", "port", "admin_token"):
+        value = getattr(args, key, None)
+        if value is not None:
+            data[key] = value
+    if getattr(args, "records_dir", None):
+        data["records_dir"] = args.records_dir
+    config = validate(GatewayConfig, data, source=args.config or "gateway")
+    if config.records_dir is None:
+        config.records_dir = str(Path("runs") / time.strftime("gateway-%Y%m%d-%H%M%S") / "sessions")
+    return config
+
+
+def main(args: argparse.Namespace) -> int:
+    from polar.gateway.server import GatewayServer
+
+    config = load_config(args)
+    console.print(f"loading engine [bold]{config.model}[/] ...")
+    server = GatewayServer(config).start()
+    console.print(f"[green]gateway listening on[/] {server.url}  (records: {config.records_dir})")
+    console.print(f"  OpenAI:    OPENAI_BASE_URL={server.url}/s/<session>/v1")
+    console.print(f"  Anthropic: ANTHROPIC_BASE_URL={server.url}/s/<session>")
+    console.print(f"  Gemini:    GOOGLE_GEMINI_BASE_URL={server.url}/s/<session>")
+    try:
+        while server._thread is not None and server._thread.is_alive():
+            server._thread.join(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    finally:
+        server.stop()
+    return 0
