@@ -233,4 +233,7 @@ def wait_ready(refs: list[Any], timeout_s: float, what: str) -> None:
             f"{ray.available_resources()} free; they may be waiting for resources no node has free, "
             "or their node died. Check `ray status`."
         )
-    ray.get(ready)  # re-raise an actor constructor's error here, with its message
+    try:
+        ray.get(ready)
+    except ray.exceptions.RayActorError as e:  # the constructor raised (bad config, missing module, ...)
+        raise DistributedError(f"{what} failed to start: {e}") from None
