@@ -17,6 +17,12 @@ from typing import Any, ClassVar
 
 from polar.errors import HarnessError
 
+#: System prompt used with ``preset_options.compact`` (overridable with ``system_prompt``).
+COMPACT_SYSTEM_PROMPT = (
+    "You are a coding agent working in the current directory. Use the shell tool to inspect the code, "
+    "fix the problem described by the user, and stop when the tests pass."
+)
+
 #: Folder (relative to the repo root, or $POLAR_HARNESSES_DIR) where ``make harnesses`` installs the CLIs.
 HARNESSES_DIR = Path(__file__).resolve().parents[3] / ".harnesses"
 
@@ -147,7 +153,7 @@ class HarnessPreset:
         )
 
     def check_options(self, options: dict[str, Any]) -> None:
-        known = {"bin", "extra_args", "extra_env", *self.option_names}
+        known = {"bin", "extra_args", "extra_env", "compact", "system_prompt", "max_output_tokens", *self.option_names}
         unknown = sorted(set(options) - known)
         if unknown:
             from polar.config.base import did_you_mean
@@ -206,6 +212,21 @@ class HarnessPreset:
 
     def write_config(self, ctx: PresetContext, written: list[Path]) -> None:
         """Write the CLI's per-session config files under ``ctx.home`` (default: none)."""
+
+    @staticmethod
+    def compact(ctx: PresetContext) -> bool:
+        """``preset_options.compact``: shrink the CLI's own system prompt and tool list with its own
+        flags, so its prompts fit a small context window (the ``tiny`` test model has 4k tokens)."""
+        return bool(ctx.options.get("compact"))
+
+    @staticmethod
+    def system_prompt(ctx: PresetContext) -> str:
+        return str(ctx.options.get("system_prompt") or COMPACT_SYSTEM_PROMPT)
+
+    @staticmethod
+    def max_output_tokens(ctx: PresetContext) -> int | None:
+        v = ctx.options.get("max_output_tokens")
+        return int(v) if v is not None else None
 
     # -- after the run ------------------------------------------------------------------------
     def collect(self, ctx: PresetContext, stdout: bytes, stderr: bytes) -> PresetOutput:

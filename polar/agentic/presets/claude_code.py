@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.agentic.presets.base import HarnessPreset, PresetContext, PresetOutput, last_lines, parse_jsonl, write_file
+from polar.agentic.presets.base import (
+    HarnessPreset,
+    PresetContext,
+    PresetOutput,
+    last_lines,
+    parse_jsonl,
+    write_file,
+)
 
 
 class ClaudeCodePreset(HarnessPreset):
@@ -39,6 +46,10 @@ class ClaudeCodePreset(HarnessPreset):
             argv += ["--allowed-tools", ",".join(o["allowed_tools"])]
         if o.get("disallowed_tools"):
             argv += ["--disallowed-tools", ",".join(o["disallowed_tools"])]
+        if self.compact(ctx):
+            argv += ["--bare", "--system-prompt", self.system_prompt(ctx), "--tools", "Bash", "--disable-slash-commands"]
+        elif o.get("system_prompt"):
+            argv += ["--system-prompt", str(o["system_prompt"])]
         return [*argv, "--"]
 
     def env(self, ctx: PresetContext) -> dict[str, str]:
@@ -65,6 +76,8 @@ class ClaudeCodePreset(HarnessPreset):
             "ANTHROPIC_SMALL_FAST_MODEL": m,
             "CLAUDE_CODE_SUBAGENT_MODEL": m,
         }
+        if self.max_output_tokens(ctx) is not None:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.max_output_tokens(ctx))
         if ctx.options.get("max_thinking_tokens") is not None:
             env["MAX_THINKING_TOKENS"] = str(int(ctx.options["max_thinking_tokens"]))
         return env

@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from polar.agentic.presets.base import HarnessPreset, PresetContext, PresetOutput, last_lines, parse_jsonl, write_file
+from polar.agentic.presets.base import (
+    HarnessPreset,
+    PresetContext,
+    PresetOutput,
+    last_lines,
+    parse_jsonl,
+    write_file,
+)
 
 KEY_VAR = "POLAR_GATEWAY_API_KEY"
 
@@ -66,6 +73,19 @@ class CodexPreset(HarnessPreset):
         ]
         if ctx.options.get("context_window"):
             lines.append(f"model_context_window = {int(ctx.options['context_window'])}")
+        if self.max_output_tokens(ctx) is not None:
+            lines.append(f"model_max_output_tokens = {self.max_output_tokens(ctx)}")
+        compact = self.compact(ctx)
+        if compact or ctx.options.get("system_prompt"):
+            instructions = write_file(self.codex_home(ctx) / "instructions.md", self.system_prompt(ctx), written)
+            lines.append(f"model_instructions_file = {_toml_str(str(instructions))}")
+        if compact:
+            lines += [
+                "include_permissions_instructions = false",
+                "include_environment_context = false",
+                "include_skills_usage_instructions = false",
+                'web_search = "disabled"',
+            ]
         lines += [
             "",
             "[model_providers.polar]",
@@ -84,6 +104,14 @@ class CodexPreset(HarnessPreset):
             "",
             "[features]",
             "shell_snapshot = false",
+            *(
+                [f"{f} = false" for f in ("view_image", "multi_agent", "goals", "image_generation", "apps", "plugins", "skill_search")]
+                if compact
+                else []
+            ),
+            "",
+            "[skills.bundled]",
+            f"enabled = {'false' if compact else 'true'}",
             "",
             "[history]",
             'persistence = "save-all"',

@@ -37,8 +37,17 @@ class GeminiCliPreset(HarnessPreset):
     def prompt_args(self, ctx: PresetContext) -> list[str]:
         return ["-p", ctx.instruction]
 
+    # ``max_output_tokens`` has no Gemini CLI knob: it sends no maxOutputTokens, so the gateway's
+    # ``default_max_tokens`` applies.
+
+    def system_md(self, ctx: PresetContext) -> Path:
+        return ctx.home / ".gemini" / "system.md"
+
     def env(self, ctx: PresetContext) -> dict[str, str]:
-        return {
+        env = {}
+        if self.compact(ctx) or ctx.options.get("system_prompt"):
+            env["GEMINI_SYSTEM_MD"] = str(self.system_md(ctx))  # replaces the built-in system prompt
+        return env | {
             "GOOGLE_GEMINI_BASE_URL": ctx.base_url,
             "GEMINI_API_KEY": ctx.api_key,
             "GEMINI_MODEL": ctx.model,
@@ -48,9 +57,14 @@ class GeminiCliPreset(HarnessPreset):
         }
 
     def write_config(self, ctx: PresetContext, written: list[Path]) -> None:
+        settings: dict = {}
+        if self.compact(ctx):
+            settings["tools"] = {"core": ["run_shell_command"]}
+        if self.compact(ctx) or ctx.options.get("system_prompt"):
+            write_file(self.system_md(ctx), self.system_prompt(ctx), written)
         write_file(
             ctx.home / ".gemini" / "settings.json",
-            {
+            settings | {
                 "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
                 "selectedAuthType": "gemini-api-key",
                 "model": {"name": ctx.model},

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.agentic.presets.base import HarnessPreset, PresetContext, PresetOutput, last_lines, parse_jsonl, write_file
+from polar.agentic.presets.base import (
+    HarnessPreset,
+    PresetContext,
+    PresetOutput,
+    last_lines,
+    parse_jsonl,
+    write_file,
+)
 
 PROVIDER = "polar"
 
@@ -20,7 +27,7 @@ class PiPreset(HarnessPreset):
     version = "0.73.1"
     binary = "pi"
     api = "openai_chat"
-    option_names = ("context_window", "max_tokens", "thinking")
+    option_names = ("context_window", "thinking")
 
     def args(self, ctx: PresetContext) -> list[str]:
         return [
@@ -32,6 +39,11 @@ class PiPreset(HarnessPreset):
             "--thinking", str(ctx.options.get("thinking", "off")),
             "--session-dir", str(ctx.home / ".pi" / "sessions"),
             "--no-extensions",
+            *(
+                ["--system-prompt", self.system_prompt(ctx), "--tools", "bash", "--no-skills", "--no-context-files", "--no-prompt-templates"]
+                if self.compact(ctx)
+                else (["--system-prompt", str(ctx.options["system_prompt"])] if ctx.options.get("system_prompt") else [])
+            ),
         ]
 
     def env(self, ctx: PresetContext) -> dict[str, str]:
@@ -44,7 +56,7 @@ class PiPreset(HarnessPreset):
             "reasoning": False,
             "input": ["text"],
             "contextWindow": int(ctx.options.get("context_window", 32768)),
-            "maxTokens": int(ctx.options.get("max_tokens", 4096)),
+            "maxTokens": self.max_output_tokens(ctx) or 4096,
             "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
         }
         write_file(

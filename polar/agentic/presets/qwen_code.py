@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.agentic.presets.base import HarnessPreset, PresetContext, PresetOutput, last_lines, parse_jsonl, write_file
+from polar.agentic.presets.base import (
+    HarnessPreset,
+    PresetContext,
+    PresetOutput,
+    last_lines,
+    parse_jsonl,
+    write_file,
+)
 
 
 class QwenCodePreset(HarnessPreset):
@@ -23,13 +30,20 @@ class QwenCodePreset(HarnessPreset):
         argv = ["--yolo", "--output-format", "stream-json", "--auth-type", "openai"]
         if ctx.options.get("max_session_turns"):
             argv += ["--max-session-turns", str(int(ctx.options["max_session_turns"]))]
+        if self.compact(ctx):
+            argv += ["--bare", "--system-prompt", self.system_prompt(ctx), "--core-tools", "run_shell_command"]
+        elif ctx.options.get("system_prompt"):
+            argv += ["--system-prompt", str(ctx.options["system_prompt"])]
         return argv
 
     def prompt_args(self, ctx: PresetContext) -> list[str]:
         return ["--prompt", ctx.instruction]
 
     def env(self, ctx: PresetContext) -> dict[str, str]:
-        return {
+        env = {}
+        if self.max_output_tokens(ctx) is not None:
+            env["QWEN_CODE_MAX_OUTPUT_TOKENS"] = str(self.max_output_tokens(ctx))
+        return env | {
             "OPENAI_BASE_URL": ctx.base_url + "/v1",
             "OPENAI_API_KEY": ctx.api_key,
             "OPENAI_MODEL": ctx.model,
