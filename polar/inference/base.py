@@ -139,7 +139,7 @@ class Engine(abc.ABC):
         """Swap in new weights and set ``policy_version = version``. Engines without local weights refuse."""
         raise EngineError(f"{type(self).__name__} cannot update weights in place")
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; in-flight streams end with ``finish_reason="abort"``."""
 
     def check_prompt(self, request: GenerationRequest) -> int:

@@ -252,7 +252,9 @@ class EmbeddedEngine(Engine):
         batch = len(self._active)
         input_ids = torch.tensor([[s.last_token] for s in self._active], dtype=torch.long, device=self.device)
         position_ids = self._mask.sum(dim=1, keepdim=True)
-        mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=self._mask.dtype, device=self.device)], dim=1)
+        mask = torch.cat(
+            [self._mask, torch.ones(batch, 1, dtype=self._mask.dtype, device=self.device)], dim=1
+        )
         cache = DynamicCache(ddp_cache_data=self._kv)
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True
@@ -291,7 +293,7 @@ class EmbeddedEngine(Engine):
                 torch.cat([_left_pad(k, width), _left_pad(k2, width)], dim=0),
                 torch.cat([_left_pad(v, width), _left_pad(v2, width)], dim=0),
             )
-            for (k, v), (k2, v2) in zip(self._kv, kv)
+            for (k, v), (k2, v2) in zip(self._kv, kv, strict=False)
         ]
         assert self._mask is not None
         self._mask = torch.cat([_left_pad(self._mask, width), _left_pad(new_mask, width)], dim=0)
@@ -311,7 +313,9 @@ class EmbeddedEngine(Engine):
         mask = self._mask.index_select(0, idx)
         start = int((mask.sum(dim=0) > 0).nonzero()[0])  # trim columns that are padding in every row
         self._mask = mask[:, start:]
-        self._kv = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:]) for k, v in self._kv]
+        self._kv = [
+            (k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:]) for k, v in self._kv
+        ]
 
     def _abort_all(self) -> None:
         for seq in self._active:

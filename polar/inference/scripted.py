@@ -99,7 +99,7 @@ class ScriptedEngine(Engine):
         if not ids:
             raise EngineError("ScriptedEngine: scripted response is empty; script at least one token")
         logprobs = await asyncio.to_thread(self._logprobs, list(request.prompt_ids), ids)
-        for i, (tid, lp) in enumerate(zip(ids, logprobs)):
+        for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=False)):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             if self._closed:

@@ -22,7 +22,6 @@ Run one in its own process with ``python -m polar.inference.standin --api vllm -
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import threading
@@ -50,7 +49,9 @@ log = logging.getLogger(__name__)
 class FixedEngine(Engine):
     """Returns ``n_tokens`` fixed ids at once (logprob ``-0.5`` each): a zero-cost upstream for benchmarks."""
 
-    def __init__(self, n_tokens: int = 16, token_ids: list[int] | None = None, context_length: int = 32768) -> None:
+    def __init__(
+        self, n_tokens: int = 16, token_ids: list[int] | None = None, context_length: int = 32768
+    ) -> None:
         self.tokenizer = None  # type: ignore[assignment]
         self.model_name = "fixed"
         self.context_length = context_length
@@ -111,8 +112,12 @@ class _Standin:
         return JSONResponse({"object": "list", "data": [card]})
 
     @staticmethod
-    def vllm_error(message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> Response:
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+    def vllm_error(
+        message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None
+    ) -> Response:
+        return JSONResponse(
+            {"error": {"message": message, "type": kind, "param": param, "code": status}}, status
+        )
 
     async def vllm_completions(self, request: Request) -> Response:
         try:
@@ -121,10 +126,14 @@ class _Standin:
             return self.vllm_error("request body is not valid JSON")
         self.requests.append({"api": "vllm", "replica": self.name, "body": body})
         if body.get("model") != self.served_model:
-            return self.vllm_error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError", "model")
+            return self.vllm_error(
+                f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError", "model"
+            )
         prompt = body.get("prompt")
         if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
-            return self.vllm_error("this stand-in accepts only token-id prompts (a list of ints)", param="prompt")
+            return self.vllm_error(
+                "this stand-in accepts only token-id prompts (a list of ints)", param="prompt"
+            )
         max_tokens = int(body.get("max_tokens") or 16)
         if len(prompt) + max_tokens > self.max_model_len:
             return self.vllm_error(
@@ -159,7 +168,7 @@ class _Standin:
                     "text_offset": list(range(len(ids))),
                     "token_logprobs": lps,
                     "tokens": tokens,
-                    "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, lps)],
+                    "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, lps, strict=False)],
                 }
             else:
                 c["logprobs"] = None
@@ -196,12 +205,18 @@ class _Standin:
             return StreamingResponse(chunks(), media_type="text/event-stream")
 
         ids, lps, finish = await _drain(self.engine, gen)
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt) + len(ids),
+        }
         return JSONResponse(envelope(choice(ids, lps, finish, True), usage))
 
     # ------------------------------------------------------------------ SGLang
     async def sglang_model_info(self, request: Request) -> Response:
-        return JSONResponse({"model_path": self.served_model, "tokenizer_path": self.served_model, "is_generation": True})
+        return JSONResponse(
+            {"model_path": self.served_model, "tokenizer_path": self.served_model, "is_generation": True}
+        )
 
     async def sglang_generate(self, request: Request) -> Response:
         try:
@@ -211,7 +226,9 @@ class _Standin:
         self.requests.append({"api": "sglang", "replica": self.name, "body": body})
         input_ids = body.get("input_ids")
         if not (isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids)):
-            return JSONResponse({"error": {"message": "this stand-in accepts only a single input_ids list"}}, 400)
+            return JSONResponse(
+                {"error": {"message": "this stand-in accepts only a single input_ids list"}}, 400
+            )
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         if len(input_ids) >= self.max_model_len:
@@ -251,7 +268,7 @@ class _Standin:
                 "cached_tokens": 0,
             }
             if want_lp:
-                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps)]
+                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=False)]
             return {"text": self.text(ids), "output_ids": ids, "meta_info": meta}
 
         if body.get("stream"):
@@ -326,12 +343,16 @@ def make_app(
 class StandinServer:
     """Run an ASGI app with uvicorn on 127.0.0.1 in a background thread (``with StandinServer(app) as s:``)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 20.0
+    ) -> None:
         import uvicorn
 
         self.app = app
         self.host = host
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
+        )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._start_timeout_s = start_timeout_s

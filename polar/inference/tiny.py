@@ -30,7 +30,8 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 # Qwen2.5-style template. Differences from upstream Qwen2.5: arguments given as a JSON *string*
 # (OpenAI wire format) are emitted verbatim rather than double-encoded, and list-of-parts content is
 # joined from its text parts.
-CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
+CHAT_TEMPLATE = (
+    r"""{%- macro render_content(content) -%}
 {%- if content is none -%}
 {%- elif content is string -%}{{- content -}}
 {%- else -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
@@ -41,7 +42,9 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
     {%- if messages[0].role == 'system' %}
         {{- render_content(messages[0].content) }}
     {%- else %}
-        {{- '""" + DEFAULT_SYSTEM_PROMPT + r"""' }}
+        {{- '"""
+    + DEFAULT_SYSTEM_PROMPT
+    + r"""' }}
     {%- endif %}
     {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
     {%- for tool in tools %}
@@ -53,7 +56,9 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
     {%- if messages[0].role == 'system' %}
         {{- '<|im_start|>system\n' + render_content(messages[0].content) + '<|im_end|>\n' }}
     {%- else %}
-        {{- '<|im_start|>system\n""" + DEFAULT_SYSTEM_PROMPT + r"""<|im_end|>\n' }}
+        {{- '<|im_start|>system\n"""
+    + DEFAULT_SYSTEM_PROMPT
+    + r"""<|im_end|>\n' }}
     {%- endif %}
 {%- endif %}
 {%- for message in messages %}
@@ -95,6 +100,7 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """
+)
 
 
 def _corpus() -> list[str]:

@@ -99,7 +99,9 @@ class UpstreamEngine(Engine):
 
     @classmethod
     def from_config(cls, spec: Mapping[str, Any] | UpstreamConfig, **kwargs: Any) -> UpstreamEngine:
-        config = spec if isinstance(spec, UpstreamConfig) else validate(UpstreamConfig, dict(spec), "upstream")
+        config = (
+            spec if isinstance(spec, UpstreamConfig) else validate(UpstreamConfig, dict(spec), "upstream")
+        )
         return cls(config, **kwargs)
 
     @classmethod
@@ -191,7 +193,9 @@ class UpstreamEngine(Engine):
         raise UpstreamUnavailable("no vLLM replica answered GET /v1/models; set served_model in the config")
 
     # ------------------------------------------------------------------ wire formats
-    async def _stream(self, replica: _Replica, request: GenerationRequest, max_tokens: int) -> AsyncIterator[TokenEvent]:
+    async def _stream(
+        self, replica: _Replica, request: GenerationRequest, max_tokens: int
+    ) -> AsyncIterator[TokenEvent]:
         if self.kind == "vllm":
             url, body = f"{replica.url}/v1/completions", await self._vllm_body(request, max_tokens)
             parse = _VllmParser(request.prompt_ids)
@@ -214,12 +218,16 @@ class UpstreamEngine(Engine):
         except httpx.HTTPError as exc:
             raise _ReplicaFailed(f"{type(exc).__name__}: {exc}") from exc
 
-    def _raise_for_status(self, replica: _Replica, status: int, text: str, request: GenerationRequest) -> None:
+    def _raise_for_status(
+        self, replica: _Replica, status: int, text: str, request: GenerationRequest
+    ) -> None:
         if status >= 500 or status in (408, 429):
             raise _ReplicaFailed(f"HTTP {status}: {text[:300]}")
         if "context length" in text.lower() or "context_length" in text.lower():
             raise ContextLengthExceeded(len(request.prompt_ids), self.context_length)
-        raise EngineError(f"{self.kind} replica {replica.url} rejected the request (HTTP {status}): {text[:500]}")
+        raise EngineError(
+            f"{self.kind} replica {replica.url} rejected the request (HTTP {status}): {text[:500]}"
+        )
 
     async def _vllm_body(self, request: GenerationRequest, max_tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -291,7 +299,9 @@ class _VllmParser:
         choice = choices[0]
         echoed = choice.get("prompt_token_ids")
         if echoed is not None and list(echoed) != self.prompt_ids:
-            raise EngineError("vLLM reports different prompt_token_ids than were sent; capture would be unfaithful")
+            raise EngineError(
+                "vLLM reports different prompt_token_ids than were sent; capture would be unfaithful"
+            )
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs") or []
         ids = choice.get("token_ids")
@@ -302,7 +312,9 @@ class _VllmParser:
                 f"vLLM chunk has {len(ids)} token ids but {len(logprobs)} logprobs; enable logprobs on the server"
             )
         finish = _finish(choice.get("finish_reason"))
-        out: Emitted = [(int(t), float(p if p is not None else 0.0), None) for t, p in zip(ids, logprobs)]
+        out: Emitted = [
+            (int(t), float(p if p is not None else 0.0), None) for t, p in zip(ids, logprobs, strict=False)
+        ]
         if finish is not None:
             if not out:
                 return [(None, None, finish)]  # type: ignore[list-item]
@@ -330,7 +342,7 @@ class _SglangParser:
                 f"SGLang chunk has {len(ids)} new ids but {len(lps)} logprobs; send return_logprob=true"
             )
         out: Emitted = []
-        for token_id, entry in zip(ids, lps):
+        for token_id, entry in zip(ids, lps, strict=False):
             logprob, lp_id = entry[0], entry[1]
             if int(lp_id) != int(token_id):
                 raise EngineError(f"SGLang logprob entry is for token {lp_id} but output id is {token_id}")

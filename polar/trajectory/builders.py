@@ -150,7 +150,9 @@ def prefix_merging(records: Iterable[CallRecord]) -> tuple[list[TrajectorySample
         for rec in usable_calls(recs, stats):
             best: _Chain | None = None
             for chain in chains:
-                if _is_prefix(chain.tokens, rec.prompt_ids) and (best is None or len(chain.tokens) > len(best.tokens)):
+                if _is_prefix(chain.tokens, rec.prompt_ids) and (
+                    best is None or len(chain.tokens) > len(best.tokens)
+                ):
                     best = chain
             if best is not None:
                 best.add(rec, len(best.tokens))
@@ -195,12 +197,14 @@ def _finish_stats(stats: ReconstructionStats, samples: list[TrajectorySample]) -
     stats.tokens_trainable = sum(sum(s.loss_mask) for s in samples)
 
 
-def build(records: Iterable[CallRecord], builder: str = "prefix_merging") -> tuple[list[TrajectorySample], dict[str, Any]]:
+def build(
+    records: Iterable[CallRecord], builder: str = "prefix_merging"
+) -> tuple[list[TrajectorySample], dict[str, Any]]:
     """Run the named builder; returns the samples and its stats as a JSON-ready dict."""
     fns = {"per_request": per_request, "prefix_merging": prefix_merging}
     if builder not in fns:
-        from polar.errors import ConfigError
         from polar.config.base import did_you_mean
+        from polar.errors import ConfigError
 
         raise ConfigError(
             f"unknown trajectory builder '{builder}'{did_you_mean(builder, set(fns))}; use one of {', '.join(BUILDERS)}"

@@ -20,21 +20,28 @@ def run(coro):
 def max_err(model, prompt, result):
     ref = sequence_logprobs(model, prompt + result.token_ids)[len(prompt) - 1 :]
     assert len(ref) == len(result.logprobs)
-    return max(abs(a - b) for a, b in zip(ref, result.logprobs))
+    return max(abs(a - b) for a, b in zip(ref, result.logprobs, strict=False))
 
 
 def test_streams_one_event_per_token_with_raw_model_logprobs(engine):
     prompt = chat_prompt(engine.tokenizer, "hello there")
 
     async def go():
-        events = [ev async for ev in engine.generate(GenerationRequest(prompt, max_tokens=9, temperature=0.7, top_p=0.9, seed=1))]
+        events = [
+            ev
+            async for ev in engine.generate(
+                GenerationRequest(prompt, max_tokens=9, temperature=0.7, top_p=0.9, seed=1)
+            )
+        ]
         return events
 
     events = run(go())
     assert len(events) == 9
     assert all(ev.finish_reason is None and ev.policy_version is None for ev in events[:-1])
     assert events[-1].finish_reason == "length" and events[-1].policy_version == 0
-    result = run(collect(engine.generate(GenerationRequest(prompt, max_tokens=9, temperature=0.7, top_p=0.9, seed=1))))
+    result = run(
+        collect(engine.generate(GenerationRequest(prompt, max_tokens=9, temperature=0.7, top_p=0.9, seed=1)))
+    )
     assert result.token_ids == [ev.token_id for ev in events]  # same seed, same tokens
     # logprobs are of the raw (temperature 1) model distribution, not the tempered one
     assert max_err(engine.model, prompt, result) < 1e-4
@@ -47,12 +54,18 @@ def test_greedy_top_p_and_stop_tokens(engine):
         expected = int(engine.model(torch.tensor([prompt])).logits[0, -1].argmax())
     assert greedy.token_ids[0] == expected
     # a tiny nucleus keeps only the top token: sampling at any temperature equals greedy
-    nucleus = run(collect(engine.generate(GenerationRequest(prompt, max_tokens=5, temperature=1.5, top_p=1e-6, seed=3))))
+    nucleus = run(
+        collect(engine.generate(GenerationRequest(prompt, max_tokens=5, temperature=1.5, top_p=1e-6, seed=3)))
+    )
     assert nucleus.token_ids == greedy.token_ids
     # stopping on the third greedy token: the stop token is included and ends the stream
     stop_id = greedy.token_ids[2]
     first = greedy.token_ids.index(stop_id)
-    stopped = run(collect(engine.generate(GenerationRequest(prompt, max_tokens=5, temperature=0, stop_token_ids=[stop_id]))))
+    stopped = run(
+        collect(
+            engine.generate(GenerationRequest(prompt, max_tokens=5, temperature=0, stop_token_ids=[stop_id]))
+        )
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == greedy.token_ids[: first + 1]
 
@@ -63,7 +76,13 @@ def test_concurrent_requests_batch_to_the_same_result_as_sequential(engine):
 
     def reqs():
         return [
-            GenerationRequest(p, max_tokens=6 + 4 * i, temperature=1.0, seed=100 + i, stop_token_ids=engine.default_stop_token_ids)
+            GenerationRequest(
+                p,
+                max_tokens=6 + 4 * i,
+                temperature=1.0,
+                seed=100 + i,
+                stop_token_ids=engine.default_stop_token_ids,
+            )
             for i, p in enumerate(prompts)
         ]
 
@@ -74,10 +93,10 @@ def test_concurrent_requests_batch_to_the_same_result_as_sequential(engine):
         return await asyncio.gather(*(collect(engine.generate(r)) for r in reqs()))
 
     seq, con = run(sequential()), run(concurrent())
-    for p, a, b in zip(prompts, seq, con):
+    for p, a, b in zip(prompts, seq, con, strict=False):
         assert a.token_ids == b.token_ids
         assert a.finish_reason == b.finish_reason
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=False)) < 1e-4
         assert max_err(engine.model, p, b) < 1e-4
 
 

@@ -17,7 +17,11 @@ TOOLS = [
         "function": {
             "name": "get_weather",
             "description": "Weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     }
 ]
@@ -39,12 +43,19 @@ def test_chat_template_renders_tools_tool_calls_and_results(tiny_pair):
     tok = tiny_pair[1]
     messages = [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Weather in "}, {"type": "text", "text": "Paris?"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Weather in "}, {"type": "text", "text": "Paris?"}],
+        },
         {
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
@@ -54,7 +65,10 @@ def test_chat_template_renders_tools_tool_calls_and_results(tiny_pair):
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     assert json.dumps(TOOLS[0]) in text
     assert "<|im_start|>user\nWeather in Paris?<|im_end|>\n" in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        in text
+    )
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\nSunny.<|im_end|>\n<|im_start|>assistant\n")
     # dict arguments render the same as the JSON string form
@@ -62,13 +76,16 @@ def test_chat_template_renders_tools_tool_calls_and_results(tiny_pair):
     assert tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True) == text
     # without tools, a default system prompt is used when none is given
     plain = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
-    assert plain == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    assert (
+        plain
+        == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    )
 
 
 def test_weights_are_seeded_and_a_saved_folder_loads_as_a_local_model(tiny_pair, tmp_path):
     model, tok = tiny_pair
     other, _ = build_tiny(0)
-    for (name, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items(), strict=False):
         assert torch.equal(a, b), name
     different, _ = build_tiny(1)
     assert not torch.equal(model.lm_head.weight, different.lm_head.weight)
@@ -79,12 +96,14 @@ def test_weights_are_seeded_and_a_saved_folder_loads_as_a_local_model(tiny_pair,
         assert engine.model_name == "tiny-model"
         assert engine.tokenizer.get_vocab() == tok.get_vocab()
         assert engine.tokenizer.chat_template == tok.chat_template
-        prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        prompt = tok.encode(
+            "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+        )
         req = GenerationRequest(prompt, max_tokens=6, temperature=1.0, seed=5)
         result = asyncio.run(collect(engine.generate(req)))
         assert len(result.token_ids) == 6 and result.finish_reason == "length"
         ref = sequence_logprobs(model, prompt + result.token_ids)[len(prompt) - 1 :]
-        assert max(abs(a - b) for a, b in zip(ref, result.logprobs)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(ref, result.logprobs, strict=False)) < 1e-4
     finally:
         asyncio.run(engine.close())
 

@@ -7,6 +7,7 @@ HTTP on 127.0.0.1, SSE streaming, and the official openai SDK checking the vLLM 
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 
 from polar.inference import (
@@ -28,7 +29,9 @@ def run(coro):
 
 
 @pytest.mark.parametrize(
-    ("api", "incremental"), [("vllm", False), ("sglang", False), ("sglang", True)], ids=["vllm", "sglang", "sglang-incremental"]
+    ("api", "incremental"),
+    [("vllm", False), ("sglang", False), ("sglang", True)],
+    ids=["vllm", "sglang", "sglang-incremental"],
 )
 def test_upstream_returns_the_servers_exact_ids_and_logprobs(engine, api, incremental):
     with StandinServer(make_app(engine, api, incremental=incremental)) as server:
@@ -36,8 +39,13 @@ def test_upstream_returns_the_servers_exact_ids_and_logprobs(engine, api, increm
         prompt = chat_prompt(up.tokenizer, "hi upstream")
 
         async def go():
-            events = [e async for e in up.generate(GenerationRequest(prompt, max_tokens=7, seed=11, temperature=0.9))]
-            direct = await collect(engine.generate(GenerationRequest(prompt, max_tokens=7, seed=11, temperature=0.9)))
+            events = [
+                e
+                async for e in up.generate(GenerationRequest(prompt, max_tokens=7, seed=11, temperature=0.9))
+            ]
+            direct = await collect(
+                engine.generate(GenerationRequest(prompt, max_tokens=7, seed=11, temperature=0.9))
+            )
             await up.close()
             return events, direct
 
@@ -48,13 +56,15 @@ def test_upstream_returns_the_servers_exact_ids_and_logprobs(engine, api, increm
     assert events[-1].finish_reason == "length" and events[-1].policy_version == 0
     lps = [e.logprob for e in events if e.token_id is not None]
     ref = sequence_logprobs(engine.model, prompt + ids)[len(prompt) - 1 :]
-    assert max(abs(a - b) for a, b in zip(ref, lps)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(ref, lps, strict=False)) < 1e-4
     if api == "vllm":  # token-id prompt, ids and logprobs requested, streamed
         assert body["prompt"] == prompt and body["return_token_ids"] is True and body["logprobs"] == 1
         assert body["stream"] is True and body["model"] == "tiny" and body["seed"] == 11
     else:
         assert body["input_ids"] == prompt and body["return_logprob"] is True
-        assert body["sampling_params"]["max_new_tokens"] == 7 and body["sampling_params"]["sampling_seed"] == 11
+        assert (
+            body["sampling_params"]["max_new_tokens"] == 7 and body["sampling_params"]["sampling_seed"] == 11
+        )
 
 
 def test_vllm_standin_matches_the_openai_sdk_completions_shape(engine):
@@ -64,7 +74,11 @@ def test_vllm_standin_matches_the_openai_sdk_completions_shape(engine):
         client = OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
         prompt = chat_prompt(engine.tokenizer, "sdk check")
         done = client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=5, temperature=0, logprobs=1,
+            model="tiny",
+            prompt=prompt,
+            max_tokens=5,
+            temperature=0,
+            logprobs=1,
             extra_body={"return_token_ids": True, "stop_token_ids": []},
         )
         choice = done.choices[0]
@@ -73,7 +87,12 @@ def test_vllm_standin_matches_the_openai_sdk_completions_shape(engine):
         assert done.usage.completion_tokens == 5
         streamed = []
         for chunk in client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=5, temperature=0, stream=True, extra_body={"return_token_ids": True}
+            model="tiny",
+            prompt=prompt,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            extra_body={"return_token_ids": True},
         ):
             streamed += chunk.choices[0].token_ids
         assert streamed == choice.token_ids
@@ -94,7 +113,9 @@ def test_sessions_stick_to_one_replica_and_fail_over_when_it_dies():
 
         async def round_(sids):
             for sid in sids:
-                result = await collect(up.generate(GenerationRequest(prompt_of(sid), max_tokens=3, session_id=sid)))
+                result = await collect(
+                    up.generate(GenerationRequest(prompt_of(sid), max_tokens=3, session_id=sid))
+                )
                 assert result.token_ids == fixed.token_ids[:3]
 
         run(round_(sessions * 3))

@@ -5,16 +5,34 @@ from __future__ import annotations
 import pytest
 
 from polar.errors import ConfigError, PolarError
-from polar.trajectory import build, from_arrow, per_request, prefix_merging, read_parquet, to_arrow, write_parquet
+from polar.trajectory import (
+    build,
+    from_arrow,
+    per_request,
+    prefix_merging,
+    read_parquet,
+    to_arrow,
+    write_parquet,
+)
 from polar.types import CallRecord
 
 
 def rec(i, prompt, sampled, session="s1", version=0, **kw):
     logprobs = kw.pop("logprobs", [-0.25 - 0.01 * k for k in range(len(sampled))])
     return CallRecord(
-        session_id=session, call_index=i, provider="openai_chat", model="m", messages=[],
-        prompt_ids=prompt, sampled_ids=sampled, logprobs=logprobs, finish_reason="stop",
-        policy_version=version, started_at=0.0, ended_at=1.0, **kw,
+        session_id=session,
+        call_index=i,
+        provider="openai_chat",
+        model="m",
+        messages=[],
+        prompt_ids=prompt,
+        sampled_ids=sampled,
+        logprobs=logprobs,
+        finish_reason="stop",
+        policy_version=version,
+        started_at=0.0,
+        ended_at=1.0,
+        **kw,
     )
 
 
@@ -72,15 +90,19 @@ def test_longest_matching_tip_wins_and_sessions_never_mix():
 
 
 def test_build_returns_json_stats_and_rejects_unknown_builders():
-    samples, stats = build([rec(0, [1], [2])], "per_request")
+    _samples, stats = build([rec(0, [1], [2])], "per_request")
     assert stats["builder"] == "per_request" and stats["samples"] == 1 and "compression" in stats
     with pytest.raises(ConfigError, match="did you mean: prefix_merging"):
         build([], "prefix_merge")
 
 
 def test_parquet_round_trip_is_exact(tmp_path):
-    samples, _ = prefix_merging([rec(0, [1, 2, 3], [4, 5], metadata={"group_id": "g1", "reward": 1.0}),
-                                 rec(1, [1, 2, 3, 4, 5, 6], [7])])
+    samples, _ = prefix_merging(
+        [
+            rec(0, [1, 2, 3], [4, 5], metadata={"group_id": "g1", "reward": 1.0}),
+            rec(1, [1, 2, 3, 4, 5, 6], [7]),
+        ]
+    )
     samples[0].logprobs[-1] = -1.2345678901234567
     path = write_parquet(samples, tmp_path / "out" / "traj.parquet")
     back = read_parquet(path)
