@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import random
 import threading
@@ -93,6 +94,7 @@ class _Seq:
     last_token: int = -1
     cancelled: bool = False
     done: bool = False
+    cache: Any = None  # only for sequences decoded on their own (caches that cannot be merged)
 
 
 class EmbeddedEngine(Engine):
@@ -107,6 +109,7 @@ class EmbeddedEngine(Engine):
         context_length: int | None = None,
         max_batch_size: int = 32,
         default_stop_token_ids: list[int] | None = None,
+        batch_decode: bool = True,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -115,6 +118,7 @@ class EmbeddedEngine(Engine):
         cfg_len = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
         self.context_length = int(context_length or cfg_len)
         self.max_batch_size = max_batch_size
+        self.batch_decode = batch_decode  # False: every sequence decodes on its own (interleaved, unbatched)
         self.policy_version = 0
         if default_stop_token_ids is None:
             default_stop_token_ids = _eos_ids(model, tokenizer)
@@ -123,7 +127,11 @@ class EmbeddedEngine(Engine):
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
         self._pending: collections.deque[_Seq] = collections.deque()
-        self._active: list[_Seq] = []
+        self._active: list[_Seq] = []  # the batched cohort, rows of self._kv
+        self._solo: list[_Seq] = []  # sequences whose cache cannot be merged (e.g. linear-attention layers)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers 5 vs 4
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer, (B, H, L, D)
         self._mask: torch.Tensor | None = None  # (B, L) 1 = real token
         self._thread: threading.Thread | None = None
@@ -211,19 +219,19 @@ class EmbeddedEngine(Engine):
     def _run(self) -> None:
         while not self._closing:
             with self._cv:
-                if not self._pending and not self._active:
+                if not self._pending and not self._active and not self._solo:
                     self._cv.wait(timeout=0.5)
                     continue
-                room = self.max_batch_size - len(self._active)
+                room = self.max_batch_size - len(self._active) - len(self._solo)
                 newcomers = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
             with self._step_lock:
                 try:
                     self._step(newcomers)
                 except Exception as exc:  # keep the engine alive; fail only the affected requests
                     log.exception("embedded engine step failed")
-                    for seq in [*self._active, *newcomers]:
+                    for seq in [*self._active, *self._solo, *newcomers]:
                         self._emit(seq, exc)
-                    self._active, self._kv, self._mask = [], None, None
+                    self._active, self._solo, self._kv, self._mask = [], [], None, None
 
     @torch.no_grad()
     def _step(self, newcomers: list[_Seq]) -> None:
@@ -233,21 +241,47 @@ class EmbeddedEngine(Engine):
                 self._prefill(seq)
         if self._active:
             self._decode()
+        for seq in self._solo:
+            if not seq.cancelled:
+                self._decode_solo(seq)
+        self._solo = [s for s in self._solo if not (s.done or s.cancelled)]
+
+    def _forward(self, input_ids: torch.Tensor, cache: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        """One forward with a KV cache; returns (last-position logits as float32, the updated cache)."""
+        if cache is not None:
+            kwargs[self._cache_kw] = cache
+        out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        if new_cache is None:
+            raise EngineError(
+                f"{type(self.model).__name__} returned no KV cache; it cannot be served embedded"
+            )
+        return out.logits[:, -1].float(), new_cache
 
     def _prefill(self, seq: _Seq) -> None:
-        from transformers import DynamicCache
-
         ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self._advance(seq, out.logits[0, -1].float())
-        if not seq.done:
+        keep = {self._keep_kw: 1} if self._keep_kw else {}
+        logits, cache = self._forward(ids, None, **keep)  # the model builds the right cache for its layers
+        self._advance(seq, logits[0])
+        if seq.done:
+            return
+        kv = _plain_kv(cache) if self.batch_decode else None
+        if kv is None:
+            seq.cache = cache
+            self._solo.append(seq)
+        else:
             self._merge(seq, kv)
 
-    def _decode(self) -> None:
-        from transformers import DynamicCache
+    def _decode_solo(self, seq: _Seq) -> None:
+        ids = torch.tensor([[seq.last_token]], dtype=torch.long, device=self.device)
+        logits, seq.cache = self._forward(ids, seq.cache)
+        self._advance(seq, logits[0])
+        if seq.done:
+            seq.cache = None
 
+    def _decode(self) -> None:
         assert self._kv is not None and self._mask is not None
         batch = len(self._active)
         input_ids = torch.tensor([[s.last_token] for s in self._active], dtype=torch.long, device=self.device)
@@ -255,13 +289,12 @@ class EmbeddedEngine(Engine):
         mask = torch.cat(
             [self._mask, torch.ones(batch, 1, dtype=self._mask.dtype, device=self.device)], dim=1
         )
-        cache = DynamicCache(ddp_cache_data=self._kv)
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True
+        logits, cache = self._forward(
+            input_ids, _cache_from_kv(self._kv), attention_mask=mask, position_ids=position_ids
         )
-        self._kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self._mask = mask
-        logits = out.logits[:, -1].float()
+        kv = _plain_kv(cache)
+        assert kv is not None
+        self._kv, self._mask = kv, mask
         for row, seq in enumerate(self._active):
             self._advance(seq, logits[row])
         self._drop([s for s in self._active if s.done or s.cancelled])
@@ -318,9 +351,9 @@ class EmbeddedEngine(Engine):
         ]
 
     def _abort_all(self) -> None:
-        for seq in self._active:
+        for seq in [*self._active, *self._solo]:
             self._emit(seq, TokenEvent(None, None, "abort", self.policy_version))
-        self._active, self._kv, self._mask = [], None, None
+        self._active, self._solo, self._kv, self._mask = [], [], None, None
 
     def _swap_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         with self._step_lock:
@@ -334,6 +367,29 @@ class EmbeddedEngine(Engine):
             seq.loop.call_soon_threadsafe(seq.queue.put_nowait, item)
         except RuntimeError:  # the consumer's event loop is gone
             seq.cancelled = True
+
+
+def _plain_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per-layer (keys, values) when every layer is a plain growing KV cache, else None (not mergeable)."""
+    from transformers import cache_utils
+
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        if all(type(layer) is cache_utils.DynamicLayer for layer in layers):
+            return [(layer.keys, layer.values) for layer in layers]
+        return None
+    if type(cache) is cache_utils.DynamicCache and hasattr(cache, "key_cache"):  # transformers 4.x
+        return list(zip(cache.key_cache, cache.value_cache, strict=True))
+    return None
+
+
+def _cache_from_kv(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(ddp_cache_data=kv)
+    except TypeError:  # transformers 4.x
+        return DynamicCache.from_legacy_cache(tuple(kv))
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:

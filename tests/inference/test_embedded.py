@@ -160,3 +160,23 @@ def test_update_weights_swaps_in_place_bumps_version_and_aborts_in_flight(tiny_p
     assert torch.equal(model.lm_head.weight, new_weights.lm_head.weight)  # the failed updates wrote nothing
     assert after.token_ids != before.token_ids
     assert max_err(new_weights, prompt, after) < 1e-4
+
+
+def test_unbatched_decoding_gives_the_same_tokens(tiny_pair, engine):
+    """The per-sequence path (used for caches that cannot be merged, e.g. linear attention) agrees."""
+    solo = EmbeddedEngine(tiny_pair[0], tiny_pair[1], model_name="tiny", batch_decode=False)
+    prompts = [chat_prompt(engine.tokenizer, "x " * (i + 1)) for i in range(3)]
+
+    async def both(eng):
+        return await asyncio.gather(
+            *(
+                collect(eng.generate(GenerationRequest(p, max_tokens=6, seed=i)))
+                for i, p in enumerate(prompts)
+            )
+        )
+
+    batched, unbatched = run(both(engine)), run(both(solo))
+    run(solo.close())
+    for p, a, b in zip(prompts, batched, unbatched, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max_err(engine.model, p, b) < 1e-4
