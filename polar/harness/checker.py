@@ -180,14 +180,14 @@ class _Checker:
             return trace
 
         a, b = rollout(self.seed + 1), rollout(self.seed + 1)
-        for k, (x, y) in enumerate(zip(a, b)):
+        for k, (x, y) in enumerate(zip(a, b, strict=False)):
             if not _same(x, y):
                 self.fail("seeding", f"the same trajectory from reset(seed={self.seed + 1}) twice with the same actions",
                           f"a difference after {k // 4} step(s)",
                           "draw all randomness from the seed given to reset (e.g. np.random.default_rng(seed)); "
                           "connectors: accept `seed` in reset(self, seed=None)")
                 return
-        if all(_same(x, y) for x, y in zip(a, rollout(self.seed + 2))):
+        if all(_same(x, y) for x, y in zip(a, rollout(self.seed + 2), strict=False)):
             self.report.warnings.append("different seeds gave identical trajectories (fine for deterministic envs)")
         self.report.passed.append("reset(seed=s) is deterministic")
 

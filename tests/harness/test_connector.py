@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from polar.config.harness import ConnectorSpec, CustomHarnessConfig
-from polar.errors import ConfigError, ConnectorRemoteError, ConnectorStartError, EnvContractError, ProtocolError
+from polar.errors import (
+    ConfigError,
+    ConnectorRemoteError,
+    ConnectorStartError,
+    EnvContractError,
+    ProtocolError,
+)
 from polar.harness import make_env, make_vector_env
 from polar.harness.connector.vector_env import ConnectorVectorEnv
 
@@ -32,7 +38,7 @@ def test_cartpole_through_connectors_matches_sync_vector_env():
         for _ in range(120):
             actions = rng.integers(0, 2, size=4)
             got, want = envs.step(actions), ref.step(actions)
-            for g, w in zip(got[:4], want[:4]):
+            for g, w in zip(got[:4], want[:4], strict=False):
                 np.testing.assert_array_equal(g, w)
             assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype
             assert set(got[4]) == set(want[4])
@@ -54,7 +60,7 @@ def test_pendulum_box_actions_through_connector():
         assert isinstance(envs.single_action_space, gym.spaces.Box)
         obs, _ = envs.reset()
         for _ in range(5):
-            obs, reward, term, trunc, _ = envs.step(np.array([[0.5], [-2.0]], dtype=np.float32))
+            obs, reward, _term, _trunc, _ = envs.step(np.array([[0.5], [-2.0]], dtype=np.float32))
             assert obs.shape == (2, 3) and reward.dtype == np.float64 and np.all(reward <= 0)
         with pytest.raises(EnvContractError, match=r"expected shape \(2, 1\)"):
             envs.step(np.zeros((2, 3), dtype=np.float32))
@@ -78,7 +84,7 @@ def test_keydoor_seed_config_gives_dict_obs_of_100_inputs():
         rng = np.random.default_rng(0)
         ended = np.zeros(3, dtype=bool)
         for _ in range(60):  # > max_steps (50): every copy ends an episode at least once
-            obs, _, term, trunc, info = envs.step(rng.integers(0, 4, 3))
+            obs, _, term, _trunc, info = envs.step(rng.integers(0, 4, 3))
             for i in range(3):
                 assert space.contains({k: v[i] for k, v in obs.items()})
             if "final_info" in info:
@@ -95,10 +101,10 @@ def test_single_env_wrapper_and_inferred_dict_space():
     env = make_env(CustomHarnessConfig(connector_spec=make_spec("InferredConnector")), config_dir=CONNECTORS_DIR)
     try:
         assert env.observation_space["image"].dtype == np.uint8 and env.observation_space["image"].shape == (4, 4, 3)
-        obs, info = env.reset(seed=0)
+        obs, _ = env.reset(seed=0)
         assert obs["vec"].shape == (3,)
         for t in range(1, 4):
-            obs, reward, term, trunc, info = env.step(np.array([0.25, 0.25], dtype=np.float32))
+            obs, reward, term, trunc, _info = env.step(np.array([0.25, 0.25], dtype=np.float32))
             assert obs["image"][0, 0, 0] == t  # the final obs of the episode, not the reset one
             assert reward == pytest.approx(0.5)
         assert term and not trunc
@@ -148,7 +154,7 @@ def test_wrong_action_type_is_rejected_before_sending():
             envs.step(np.array([[0, 1]]))
         with pytest.raises(EnvContractError, match="expected"):
             envs.step(np.array(["a", "b"]))
-        obs, reward, *_ = envs.step(np.array([0, 1]))
+        _obs, reward, *_ = envs.step(np.array([0, 1]))
         assert reward.tolist() == [1.0, 1.0]
     finally:
         envs.close()
@@ -159,7 +165,7 @@ def test_stdout_prints_do_not_break_the_channel():
     try:
         envs.reset()
         for _ in range(12):
-            obs, reward, *_ = envs.step(np.array([0, 1]))
+            _obs, reward, *_ = envs.step(np.array([0, 1]))
         assert reward.tolist() == [1.0, 1.0]
         assert "stdout chatter step 12" in envs.procs[0].tail_text()
     finally:
@@ -200,5 +206,5 @@ def test_tcp_transport_and_token_rule():
         envs.close()
     from polar.config.base import validate
 
-    with pytest.raises(ConfigError, match="not a loopback address: set connector_spec.token"):
+    with pytest.raises(ConfigError, match=r"not a loopback address: set connector_spec\.token"):
         validate(ConnectorSpec, {"module": "m", "class_name": "C", "transport": "tcp", "host": "0.0.0.0"})

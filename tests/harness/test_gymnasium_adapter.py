@@ -48,7 +48,7 @@ def test_cartpole_vector_env_same_step_autoreset(tmp_path):
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
     envs.reset(seed=0)
     for _ in range(200):
-        obs, reward, term, trunc, info = envs.step(np.ones(4, dtype=np.int64))  # always right: falls fast
+        obs, _reward, term, _trunc, info = envs.step(np.ones(4, dtype=np.int64))  # always right: falls fast
         if term.any():
             break
     i = int(np.flatnonzero(term)[0])
@@ -60,7 +60,7 @@ def test_cartpole_vector_env_same_step_autoreset(tmp_path):
 def test_pendulum_continuous_actions_and_truncation(tmp_path):
     envs = make_vector_env(cfg(tmp_path, "{type: gymnasium, id: Pendulum-v1, kwargs: {max_episode_steps: 10}}"), 2, seed=1)
     envs.reset()
-    for k in range(10):
+    for _k in range(10):
         obs, reward, term, trunc, info = envs.step(np.full((2, 1), 0.3, np.float32))
     assert trunc.all() and not term.any() and info["_final_obs"].all()  # a time limit is a truncation
     assert obs.shape == (2, 3) and reward.dtype == np.float64
@@ -73,7 +73,7 @@ def test_dict_observation_env(tmp_path):
     obs, _ = envs.reset()
     assert obs["image"].shape == (3, 8, 8, 3) and obs["image"].dtype == np.uint8
     for _ in range(4):
-        obs, reward, term, trunc, info = envs.step(np.array([[2, 1]] * 3))
+        obs, reward, term, _trunc, info = envs.step(np.array([[2, 1]] * 3))
     assert term.all() and reward.tolist() == [3.0] * 3
     assert info["final_obs"][0]["vector"].tolist() == [1.0] * 3 and obs["vector"][0].tolist() == [0.0] * 3
     envs.close()

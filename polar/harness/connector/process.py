@@ -146,12 +146,12 @@ class ConnectorProcess:
             try:
                 sock, _ = self._listener.accept()
                 break
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 if self._proc.poll() is not None:
                     time.sleep(0.05)  # let the drain thread catch the last lines
-                    raise ProcessFailed(f"the process exited with code {self._proc.returncode} before connecting")
+                    raise ProcessFailed(f"the process exited with code {self._proc.returncode} before connecting") from None
                 if time.monotonic() > deadline:
-                    raise ProcessFailed(f"the process did not connect within start_timeout_s={self.spec.start_timeout_s}")
+                    raise ProcessFailed(f"the process did not connect within start_timeout_s={self.spec.start_timeout_s}") from None
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._conn = FrameSocket(sock, self.spec.max_frame_bytes)

@@ -137,7 +137,7 @@ class Host:
     def reset(self, seeds: list | None, env_ids: list | None) -> dict:
         ids = range(len(self.envs)) if env_ids is None else env_ids
         seeds = seeds if seeds is not None else [None] * len(ids)
-        pairs = [self._reset_one(i, s) for i, s in zip(ids, seeds)]
+        pairs = [self._reset_one(i, s) for i, s in zip(ids, seeds, strict=False)]
         if self.obs_space is None:
             self.obs_space = infer_space(pairs[0][0], f"{self.name}.reset() observation")
         return {"obs": stack([p[0] for p in pairs]), "infos": [_sanitize_info(p[1], f"{self.name}.reset") for p in pairs]}
@@ -152,7 +152,7 @@ class Host:
         any_info = False
         i = 0
         try:  # one try around the hot loop: per-env wrappers cost more than the env on small games
-            for i, (env, action) in enumerate(zip(self.envs, per_env)):
+            for i, (env, action) in enumerate(zip(self.envs, per_env, strict=False)):
                 out = env.step(action)
                 if type(out) is not tuple or len(out) not in (4, 5):
                     self._bad_step_result(out)

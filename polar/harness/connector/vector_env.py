@@ -53,7 +53,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         per = spec.copies_per_process or num_envs
         sizes = [min(per, num_envs - lo) for lo in range(0, num_envs, per)]
         self.num_envs = num_envs
-        self._bounds = [(lo, lo + n) for lo, n in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes)]
+        self._bounds = [(lo, lo + n) for lo, n in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes, strict=False)]
         self.procs: list[ConnectorProcess] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()

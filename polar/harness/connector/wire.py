@@ -210,7 +210,7 @@ class FrameSocket:
                 self.sock.settimeout(None)
             try:
                 chunk = self.sock.recv(max(65536, need - len(self._buf)))
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise ConnectorTimeout("timed out waiting for a frame") from None
             if not chunk:
                 raise ConnectionClosed("the peer closed the connection")
