@@ -26,4 +26,8 @@ class APPOKwargs(StrictModel):
     batch_size: int = Field(0, ge=0, description="minibatch size in env steps; 0 = the whole fragment")
     normalize_advantage: bool = True
     adam_eps: float = Field(1e-5, gt=0)
+    normalize_obs: bool = Field(False, description="running mean/std of Box observations, saved with checkpoints")
+    normalize_reward: bool = Field(False, description="scale rewards by the std of the discounted return")
+    clip_obs: float = Field(10.0, gt=0)
+    clip_reward: float = Field(10.0, gt=0)
     max_policy_lag: int = Field(20, ge=0, description="drop fragments more than this many updates behind (0 = never)")

@@ -57,6 +57,7 @@ class RayRolloutPool:
         seed: int = 0,
         start_timeout_s: float = 120.0,
         auto_relaunch: bool = True,
+        inflight_per_worker: int = 2,
     ) -> None:
         import ray
 
@@ -70,6 +71,7 @@ class RayRolloutPool:
         self.seed = seed
         self.start_timeout_s = start_timeout_s
         self.auto_relaunch = auto_relaunch
+        self.inflight_per_worker = max(1, inflight_per_worker)  # 2: the next fragment starts while this one ships
         self._cls = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
         self._ids = itertools.count()
         self.slots: dict[int, _Slot] = {}
@@ -107,9 +109,12 @@ class RayRolloutPool:
             self._spawn()
         for wid in live[n:][::-1] if n < len(live) else []:
             self.slots[wid].retiring = True
-            if wid not in self.inflight.values():
+            if self._busy(wid) == 0:
                 self._remove(wid)
         logger.info("rollout workers: %d (target %d)", self.num_workers, n)
+
+    def _busy(self, wid: int) -> int:
+        return sum(1 for w in self.inflight.values() if w == wid)
 
     def _remove(self, wid: int) -> None:
         slot = self.slots.pop(wid, None)
@@ -118,6 +123,10 @@ class RayRolloutPool:
 
     def _replace(self, wid: int, err: BaseException) -> None:
         slot = self.slots.pop(wid, None)
+        for ref in [r for r, w in self.inflight.items() if w == wid]:
+            self.inflight.pop(ref)  # queued behind the lost one: never started, nothing to count
+        if slot is None:
+            return
         self.stats.restarts += 1
         self.stats.dropped_fragments += 1
         self.stats.dropped_episodes += self.envs_per_worker
@@ -125,13 +134,12 @@ class RayRolloutPool:
             "rollout worker %d died (%s); dropped its in-flight fragment (%d episodes in progress); starting a replacement",
             wid, type(err).__name__, self.envs_per_worker,
         )
-        if slot is not None:
-            try:
-                self._ray.kill(slot.actor, no_restart=True)
-            except Exception:  # already gone with its node
-                pass
-            if not slot.retiring:
-                self._spawn()
+        try:
+            self._ray.kill(slot.actor, no_restart=True)
+        except Exception:  # already gone with its node
+            pass
+        if not slot.retiring:
+            self._spawn()
 
     # --- weights --------------------------------------------------------------------------------
     def publish(self, state_dict, version: int) -> None:
@@ -166,13 +174,14 @@ class RayRolloutPool:
                                time.monotonic() - s.started_at)
                 s.started_at = time.monotonic()
 
-    def fill(self) -> None:
-        """Put one ``sample`` in flight on every started worker that has none."""
+    def fill(self, per_worker: int | None = None) -> None:
+        """Keep ``inflight_per_worker`` ``sample`` calls queued on every started, non-retiring worker."""
         self._promote_started()
-        busy = set(self.inflight.values())
+        want = per_worker or self.inflight_per_worker
         for wid, s in list(self.slots.items()):
-            if s.ready_ref is None and not s.retiring and wid not in busy:
-                self._launch(wid)
+            if s.ready_ref is None and not s.retiring:
+                for _ in range(want - self._busy(wid)):
+                    self._launch(wid)
 
     def queue_depth(self) -> int:
         """Fragments finished by workers and not yet taken by the learner."""
@@ -187,7 +196,7 @@ class RayRolloutPool:
         deadline = time.monotonic() + timeout_s
         while True:
             if relaunch or not self.inflight:
-                self.fill()
+                self.fill(per_worker=None if relaunch else 1)
             if not self.inflight:
                 if time.monotonic() > deadline:
                     raise DistributedError(
@@ -212,7 +221,8 @@ class RayRolloutPool:
                 raise _unwrap(e) from None
             slot = self.slots.get(wid)
             if slot is not None and slot.retiring:
-                self._remove(wid)
+                if self._busy(wid) == 0:
+                    self._remove(wid)
             elif relaunch and slot is not None:
                 self._launch(wid)
             self.stats.fragments += 1
@@ -225,7 +235,7 @@ class RayRolloutPool:
         for ref in list(self.inflight):  # nothing stale may leak into a synchronous batch
             self.inflight.pop(ref)
         want = self.num_workers
-        self.fill()
+        self.fill(per_worker=1)
         out = []
         while len(out) < want:
             frag = self.next_fragment(timeout_s, relaunch=False)
@@ -233,7 +243,7 @@ class RayRolloutPool:
                 continue
             out.append(frag)
             if len(out) < want and not self.inflight:
-                self.fill()  # a replacement joined; ask it too
+                self.fill(per_worker=1)  # a replacement joined; ask it too
         return out
 
     def metrics(self) -> dict[str, float]:

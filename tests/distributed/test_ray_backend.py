@@ -1,0 +1,67 @@
+"""The Ray backend through the RolloutBackend contract, on the two-node test cluster."""
+
+import pytest
+
+from polar.config import RunConfig, validate
+from polar.distributed.control import read_applied, request_scale
+from polar.errors import ConfigError, DistributedError
+from polar.rollout.backends.base import RolloutBackend, make_backend
+
+pytestmark = pytest.mark.ray
+
+
+def ray_cfg(address, **dist):
+    return validate(RunConfig, {
+        "harness": {"type": "gymnasium", "id": "CartPole-v1"},
+        "policy": {"type": "ppo"},
+        "distribution": {"backend": "ray", "coordinator_address": address, "rollout_workers": 2, "envs_per_worker": 2,
+                         "rollout_resources": {"num_cpus": 0.5}, **dist},
+    })
+
+
+def policy_for(cfg):
+    from polar.harness import make_vector_env
+    from polar.models.policy import build_policy
+
+    env = make_vector_env(cfg.harness, 1)
+    return build_policy(cfg, env.single_observation_space, env.single_action_space)
+
+
+def test_contract_versions_lag_and_scale_from_the_run_dir(ray_cluster, tmp_path):
+    cfg = ray_cfg(ray_cluster.address)
+    policy = policy_for(cfg)
+    backend = make_backend(cfg, fragment_steps=8, seed=0)
+    assert isinstance(backend, RolloutBackend) and backend.num_envs == 4
+    backend.attach_run_dir(tmp_path)
+    backend.start(policy.state_dict(), version=0)
+    try:
+        first = backend.next_fragment(timeout_s=60)
+        assert first.policy_version == 0 and first.rewards.shape == (8, 2)
+        backend.publish_weights(policy.state_dict(), version=1)
+        versions = [backend.next_fragment(timeout_s=60).policy_version for _ in range(6)]
+        assert versions[-1] == 1 and all(v in (0, 1) for v in versions)
+        m = backend.metrics()
+        assert m["rollout/workers"] == 2 and m["rollout/restarts"] == 0 and 0 <= m["rollout/policy_lag_mean"] <= 1
+        request_scale(tmp_path, 3)
+        backend._watcher.poll_interval_s = 0.0
+        backend.next_fragment(timeout_s=60)
+        assert backend.num_workers == 3 and backend.num_envs == 6
+        assert read_applied(tmp_path)["rollout_workers"] == 3
+    finally:
+        backend.close()
+        backend.close()  # safe twice
+    import ray
+
+    assert ray.is_initialized()  # we joined the cluster; closing does not tear it down
+
+
+def test_zero_workers_is_a_config_error(ray_cluster):
+    with pytest.raises(ConfigError, match="rollout_workers"):
+        make_backend(ray_cfg(ray_cluster.address, rollout_workers=0), fragment_steps=8, seed=0)
+
+
+def test_impossible_rollout_resources_fail_at_start(ray_cluster):
+    cfg = ray_cfg(ray_cluster.address, rollout_resources={"num_cpus": 16})
+    backend = make_backend(cfg, fragment_steps=8, seed=0)
+    with pytest.raises(DistributedError, match="distribution.rollout_resources"):
+        backend.start(policy_for(cfg).state_dict())
