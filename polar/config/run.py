@@ -26,6 +26,7 @@ class RunConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     total_env_steps: int = Field(100_000, ge=1)
     seed: int = 0
+    stop_reward: float | None = Field(None, description="stop early once the 100-episode training mean return reaches this")
 
     # agentic runs (harness.type == agent)
     tasks: str | None = None

@@ -1,0 +1,157 @@
+"""PPO (Schulman et al. 2017) as pure functions plus a small learner that applies them.
+
+Pure, reusable pieces (no I/O, no env knowledge):
+
+- ``compute_gae``: generalized advantage estimation over time-major ``[T, N]`` tensors.
+- ``ppo_policy_loss`` / ``ppo_value_loss`` / ``ppo_loss``: clipped surrogate, optionally clipped value
+  loss, entropy bonus.
+- ``schedule_value``: constant / linear schedules (SB3's ``lin_<x>``: decays to 0 at the end).
+
+``PPOLearner`` runs epochs x minibatches over a ``RolloutBuffer`` with grad-norm clipping and an
+optional early stop on approximate KL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from polar.algorithms.optim import Adam, clip_grad_norm_
+from polar.buffers.rollout_buffer import RolloutBuffer
+
+
+def schedule_value(initial: float, kind: str, progress: float) -> float:
+    """Value of a schedule at ``progress`` in [0, 1] (fraction of total_env_steps done)."""
+    if kind == "linear":
+        return initial * max(0.0, 1.0 - progress)
+    return initial
+
+
+@torch.no_grad()
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, last_values: torch.Tensor,
+                gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns, ``[T, N]``. ``dones[t]`` ends the episode at step t (the step's value
+    target is then just its reward; truncated episodes must already carry ``gamma * V(final_obs)`` in
+    their reward). ``last_values`` is V of the observation after the last step."""
+    T = rewards.shape[0]
+    adv = torch.empty_like(rewards)
+    last = torch.zeros_like(last_values)
+    not_done = 1.0 - dones
+    next_values = last_values
+    for t in range(T - 1, -1, -1):
+        delta = rewards[t] + gamma * next_values * not_done[t] - values[t]
+        last = delta + gamma * gae_lambda * not_done[t] * last
+        adv[t] = last
+        next_values = values[t]
+    return adv, adv + values
+
+
+def ppo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float):
+    """Clipped surrogate (to minimize) and the clip fraction."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    surr1 = advantages * ratio
+    surr2 = advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = -torch.min(surr1, surr2).mean()
+    with torch.no_grad():
+        clip_frac = ((ratio - 1.0).abs() > clip_range).float().mean()
+    return loss, clip_frac, ratio
+
+
+def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_range_vf: float | None):
+    """MSE to the returns; with ``clip_range_vf`` the new value is clipped around the old one (SB3 style)."""
+    if clip_range_vf is not None:
+        values = old_values + torch.clamp(values - old_values, -clip_range_vf, clip_range_vf)
+    return (returns - values).pow(2).mean()
+
+
+def ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, returns, clip_range: float,
+             clip_range_vf: float | None, ent_coef: float, vf_coef: float, normalize_advantage: bool = True):
+    """Total PPO loss and its parts."""
+    if normalize_advantage and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss, clip_frac, ratio = ppo_policy_loss(log_prob, old_log_prob, advantages, clip_range)
+    v_loss = ppo_value_loss(values, old_values, returns, clip_range_vf)
+    ent = entropy.mean()
+    loss = pg_loss + vf_coef * v_loss - ent_coef * ent
+    with torch.no_grad():
+        log_ratio = log_prob - old_log_prob
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+    return loss, {"pg_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": ent.detach(),
+                  "approx_kl": approx_kl, "clip_fraction": clip_frac}
+
+
+@dataclass
+class UpdateResult:
+    stats: dict[str, float]
+    epochs_done: int
+
+
+class PPOLearner:
+    """Owns the optimizer; ``update(buffer, progress)`` runs the PPO epochs on one batch."""
+
+    def __init__(self, agent: nn.Module, kwargs, total_env_steps: int) -> None:
+        self.agent = agent
+        self.kw = kwargs
+        self.total_env_steps = total_env_steps
+        self.params = [p for p in agent.parameters() if p.requires_grad]
+        self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
+
+    def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
+        """Samples per minibatch (flat); for recurrent agents, env columns per minibatch."""
+        kw = self.kw
+        if recurrent:
+            if kw.batch_size is not None:
+                steps = batch_samples // num_columns
+                return max(1, min(num_columns, kw.batch_size // max(1, steps)))
+            return max(1, num_columns // (kw.num_minibatches or min(4, num_columns)))
+        if kw.batch_size is not None:
+            return min(batch_samples, kw.batch_size)
+        return max(1, batch_samples // (kw.num_minibatches or 4))
+
+    def update(self, buf: RolloutBuffer, progress: float) -> dict[str, float]:
+        kw = self.kw
+        lr = schedule_value(kw.learning_rate, kw.lr_schedule, progress)
+        clip = schedule_value(kw.clip_range, kw.clip_range_schedule, progress)
+        self.optimizer.lr = lr
+        recurrent = buf.initial_state is not None
+        mb = self.minibatch_size(buf.num_samples, buf.num_envs, recurrent)
+        sums: dict[str, torch.Tensor] = {}
+        n_updates = 0
+        stop = False
+        epochs = 0
+        for _epoch in range(kw.n_epochs):
+            epochs += 1
+            for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
+                logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state, batch.episode_starts)
+                loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
+                                    clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, kw.normalize_advantage)
+                if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
+                    stop = True
+                    break
+                self.optimizer.zero_grad()
+                loss.backward()
+                if kw.max_grad_norm is not None:
+                    clip_grad_norm_(self.params, kw.max_grad_norm)
+                self.optimizer.step()
+                n_updates += 1
+                for k, v in st.items():
+                    sums[k] = sums[k] + v if k in sums else v.clone()
+            if stop:
+                break
+        stats = {k: float(v) / max(1, n_updates) for k, v in sums.items()}
+        with torch.no_grad():
+            var_y = buf.returns.var()
+            stats["explained_variance"] = float("nan") if var_y == 0 else float(1 - (buf.returns - buf.values).var() / var_y)
+        stats.update(learning_rate=lr, clip_range=clip, n_updates=n_updates, epochs=epochs)
+        return stats
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+__all__ = ["PPOLearner", "compute_gae", "ppo_loss", "ppo_policy_loss", "ppo_value_loss", "schedule_value"]

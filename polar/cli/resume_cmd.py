@@ -1,0 +1,20 @@
+"""``polar resume RUN_DIR``: continue a run from its last checkpoint, with its resolved config."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "continue a run from its last checkpoint"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a directory `polar run` created")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    from polar.cli.run_cmd import train
+    from polar.trainers.loading import load_run
+
+    run_dir, cfg = load_run(args.run_dir)
+    return train(cfg, run_dir, resume=True, progress=not args.no_progress)

@@ -1,0 +1,56 @@
+"""``polar run --config FILE [-o key.path=value ...] [--run-dir DIR]``: train from one YAML file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+HELP = "train from a YAML run config"
+
+log = logging.getLogger("polar.run")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True, help="run config YAML")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config value, e.g. -o policy.kwargs.learning_rate=1e-3 (repeatable)")
+    p.add_argument("--run-dir", default=None, help="write the run here instead of runs/<name>-<timestamp>/")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from polar.config import load_config
+    from polar.trainers.run_dir import RunDir
+
+    cfg = load_config(args.config, args.override)  # validates everything before anything starts
+    if cfg.policy.type != "ppo":
+        from polar.errors import ConfigError
+
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: `polar run` trains 'ppo' for env harnesses in this build")
+    run_dir = RunDir.create(cfg.name, args.run_dir, config_dir=cfg.config_dir)
+    return train(cfg, run_dir, resume=False, progress=not args.no_progress)
+
+
+def train(cfg, run_dir, resume: bool, progress: bool = True) -> int:
+    from rich.console import Console
+
+    from polar.cli._progress import TrainingProgress, print_eval
+    from polar.trainers.on_policy import OnPolicyTrainer
+
+    Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")
+    start = 0
+    if resume:
+        from polar.trainers.checkpoint import CheckpointManager
+
+        latest = CheckpointManager(run_dir.checkpoints_dir).latest()
+        start = int(latest.stem.split("_")[1]) if latest else 0
+    enabled = progress and cfg.logging.progress_bar
+    with TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics) as bar:
+        trainer = OnPolicyTrainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
+        result = trainer.train()
+    del start
+    log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
+             result.get("episode_reward_mean"))
+    if "eval" in result:
+        print_eval(result["eval"], title=f"evaluation ({run_dir.path.name})")
+    return 0

@@ -1,0 +1,101 @@
+"""Metrics sinks shared by every trainer: ``metrics.jsonl`` (one object per line) and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any):
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class MetricsLogger:
+    """Append-only JSONL plus optional TensorBoard scalars (imported lazily: it is slow to import)."""
+
+    def __init__(self, jsonl_path: str | Path, tensorboard_dir: str | Path | None = None) -> None:
+        self.path = Path(jsonl_path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", buffering=1)
+        self._tb_dir = tensorboard_dir
+        self._tb = None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        row = {k: _clean(v) for k, v in metrics.items()}
+        self._f.write(json.dumps(row) + "\n")
+        if self._tb_dir is not None:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self._tb_dir))
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+
+    def flush(self) -> None:
+        self._f.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl; a torn last line (crash mid-write) is skipped."""
+    rows = []
+    p = Path(path)
+    if not p.is_file():
+        return rows
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class EpisodeWindow:
+    """The last ``size`` finished episodes: returns, lengths, success flags."""
+
+    def __init__(self, size: int = 100) -> None:
+        self.returns: deque[float] = deque(maxlen=size)
+        self.lengths: deque[int] = deque(maxlen=size)
+        self.successes: deque[float] = deque(maxlen=size)
+        self.total_episodes = 0
+
+    def add(self, returns, lengths, successes=()) -> None:
+        self.returns.extend(returns)
+        self.lengths.extend(lengths)
+        self.successes.extend(successes)
+        self.total_episodes += len(returns)
+
+    @property
+    def full(self) -> bool:
+        return len(self.returns) == self.returns.maxlen
+
+    def summary(self) -> dict[str, float | None]:
+        mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
+        return {"episode_reward_mean": mean(self.returns), "episode_len_mean": mean(self.lengths),
+                "success_rate": mean(self.successes), "episodes": self.total_episodes}
+
+    def state_dict(self) -> dict:
+        return {"returns": list(self.returns), "lengths": list(self.lengths), "successes": list(self.successes),
+                "total": self.total_episodes}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.returns.extend(s["returns"])
+        self.lengths.extend(s["lengths"])
+        self.successes.extend(s["successes"])
+        self.total_episodes = s["total"]

@@ -1,0 +1,166 @@
+"""``distribution.backend: local``: rollouts on this machine.
+
+- ``rollout_workers: 0``: the envs are stepped in the learner process with the learner's own policy
+  object (no copies, no IPC). For cheap envs on few cores this is the fastest layout.
+- ``rollout_workers: K``: K worker processes (forkserver), each stepping ``envs_per_worker`` copies
+  with one batched forward. Weights live in shared-memory tensors guarded by a lock and a version
+  counter; each worker hands fragments back through two shared-memory slots, so the learner takes
+  the first-ready fragment and a slow worker never holds the others up.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import time
+from pathlib import Path
+
+import torch
+
+from polar import errors
+from polar.errors import HarnessError, PolarError
+from polar.rollout.fragment import Fragment
+
+log = logging.getLogger(__name__)
+
+
+class LocalBackend:
+    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir: Path | None = None) -> None:
+        from polar.harness import make_vector_env
+
+        self.cfg = cfg
+        self.fragment_steps = fragment_steps
+        self.seed = seed
+        self.config_dir = config_dir if config_dir is not None else cfg.config_dir
+        dist = cfg.distribution
+        if dist.coordinator_address is not None:
+            log.debug("distribution.coordinator_address=%r is ignored by the local backend", dist.coordinator_address)
+        self.num_workers = dist.rollout_workers
+        self.envs_per_worker = dist.envs_per_runner
+        self.num_envs = dist.num_envs
+        self.runner = None
+        self._procs: list = []
+        self._closed = False
+        if self.num_workers == 0:
+            self.env = make_vector_env(cfg.harness, self.envs_per_worker, seed=seed, config_dir=self.config_dir)
+        else:
+            cpus = mp.cpu_count()
+            if self.num_workers > cpus:
+                log.warning("distribution.rollout_workers=%d exceeds the %d CPU cores here; workers will time-share.",
+                            self.num_workers, cpus)
+            self.env = make_vector_env(cfg.harness, 1, seed=seed, config_dir=self.config_dir)  # probe for spaces
+        self.observation_space = self.env.single_observation_space
+        self.action_space = self.env.single_action_space
+        if self.num_workers > 0:
+            self.env.close()
+            self.env = None
+
+    # ------------------------------------------------------------------ protocol
+    def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy=None) -> None:
+        kw = self.cfg.policy.kwargs
+        if self.num_workers == 0:
+            from polar.rollout.runner import EnvRunner
+
+            if policy is None:
+                raise ValueError("LocalBackend with rollout_workers=0 needs the learner's policy object")
+            self.runner = EnvRunner(self.env, policy, seed=self.seed, gamma=kw.gamma,
+                                    normalize_obs=kw.normalize_obs, normalize_reward=kw.normalize_reward)
+            self.version = version
+            return
+        from polar.rollout.worker import worker_main
+
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "polar.rollout.worker", "polar.rollout.runner"])
+        self._weights = {k: v.detach().clone().share_memory_() for k, v in policy_state.items()}
+        self._version = ctx.Value("q", version)
+        self._lock = ctx.Lock()
+        self._stop = ctx.Event()
+        self._out_q = ctx.Queue()
+        self._free_qs = []
+        self._slots: dict[int, list] = {}
+        cfg_data = self.cfg.model_dump(mode="json")
+        cdir = str(self.config_dir) if self.config_dir is not None else None
+        for w in range(self.num_workers):
+            free_q = ctx.Queue()
+            free_q.put(0)
+            free_q.put(1)
+            self._free_qs.append(free_q)
+            seed = self.seed + 7919 * (w + 1)
+            p = ctx.Process(target=worker_main, name=f"polar-rollout-{w}", daemon=True,
+                            args=(w, cfg_data, cdir, seed, self.fragment_steps, self._weights, self._version,
+                                  self._lock, self._out_q, free_q, self._stop))
+            p.start()
+            self._procs.append(p)
+        log.info("started %d rollout workers x %d envs", self.num_workers, self.envs_per_worker)
+
+    def publish_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        if self.num_workers == 0:
+            self.version = version  # the runner acts with the learner's own tensors
+            return
+        with self._lock:
+            for k, t in self._weights.items():
+                t.copy_(state_dict[k])
+            self._version.value = version
+
+    def next_fragment(self, timeout_s: float | None = None) -> Fragment:
+        if self.num_workers == 0:
+            return self.runner.collect(self.fragment_steps, self.version, 0)
+        timeout_s = timeout_s if timeout_s is not None else self.cfg.distribution.worker_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                msg = self._out_q.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise HarnessError(
+                        f"no rollout fragment from any of {self.num_workers} workers in {timeout_s:.0f}s; a worker or its "
+                        "env is stuck (raise distribution.worker_timeout_s if steps are really this slow)."
+                    ) from None
+                continue
+            kind = msg[0]
+            if kind == "slots":
+                self._slots[msg[1]] = msg[2]
+            elif kind == "fragment":
+                _, wid, slot, meta = msg
+                from polar.rollout.worker import fragment_from_arrays
+
+                arrays = {k: t.numpy().copy() for k, t in self._slots[wid][slot].items()}
+                self._free_qs[wid].put(slot)
+                return fragment_from_arrays(arrays, meta)
+            elif kind == "error":
+                _, wid, etype, message, tb = msg
+                cls = getattr(errors, etype, None)
+                text = f"rollout worker {wid} failed: {message}"
+                if isinstance(cls, type) and issubclass(cls, PolarError):
+                    raise cls(text)
+                raise HarnessError(f"rollout worker {wid} failed with {etype}: {message}\n{tb}")
+
+    def _check_alive(self) -> None:
+        for i, p in enumerate(self._procs):
+            if not p.is_alive() and not self._stop.is_set():
+                raise HarnessError(f"rollout worker {i} (pid {p.pid}) died with exit code {p.exitcode}; see its log above.")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.num_workers == 0:
+            if self.env is not None:
+                self.env.close()
+            return
+        self._stop.set()
+        deadline = time.monotonic() + 10.0
+        for p in self._procs:
+            while p.is_alive() and time.monotonic() < deadline:
+                try:  # drain so workers blocked on a full pipe can exit
+                    self._out_q.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+                p.join(timeout=0.05)
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2.0)
+        self._out_q.cancel_join_thread()

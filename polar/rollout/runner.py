@@ -1,0 +1,191 @@
+"""``EnvRunner``: steps a SAME_STEP-autoreset vector env with a policy, one batched forward per step.
+
+Used in the learner process (``rollout_workers: 0``) and inside every worker process. The hot loop
+avoids per-step allocations where it can: one ``torch.from_numpy`` view per step and preallocated
+fragment arrays.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from polar.agents import check_act_output, map_state, reset_state
+from polar.errors import AgentError
+from polar.rollout.fragment import Fragment
+
+
+def obs_to_tensor(obs):
+    if isinstance(obs, dict):
+        return {k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()}
+    return torch.from_numpy(np.asarray(obs))
+
+
+def _stack_obs(items: list, space: gym.Space):
+    if isinstance(space, gym.spaces.Dict):
+        return {k: np.stack([np.asarray(o[k]) for o in items]) for k in space.spaces}
+    return np.stack([np.asarray(o) for o in items])
+
+
+def _take(obs, idx):
+    if isinstance(obs, dict):
+        return {k: v[idx] for k, v in obs.items()}
+    return obs[idx]
+
+
+class EnvRunner:
+    """Collects fragments of ``T`` steps from ``vec_env`` with ``policy`` (a ``polar.models.Policy``)."""
+
+    def __init__(self, vec_env: gym.vector.VectorEnv, policy, seed: int | None = None, gamma: float = 0.99,
+                 normalize_obs: bool = False, normalize_reward: bool = False) -> None:
+        self.env = vec_env
+        self.policy = policy
+        self.num_envs = vec_env.num_envs
+        self.obs_space = vec_env.single_observation_space
+        self.action_space = vec_env.single_action_space
+        self.dist = policy.agent.action_dist
+        self.clip_actions = isinstance(self.action_space, gym.spaces.Box)
+        self.gamma = gamma
+        self.normalize_obs = normalize_obs
+        self.normalize_reward = normalize_reward
+        self.agent_name = type(policy.agent).__name__
+        obs, _ = vec_env.reset(seed=seed)
+        self.obs = obs
+        self.starts = np.ones(self.num_envs, dtype=np.float32)
+        self.state = policy.agent.get_initial_state(self.num_envs)
+        self.initial = policy.agent.get_initial_state(self.num_envs)
+        self.ep_ret = np.zeros(self.num_envs, dtype=np.float64)
+        self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
+        self.disc_ret = np.zeros(self.num_envs, dtype=np.float64)
+        self.env_steps = 0
+
+    def _act(self, obs_np, state, deterministic=False):
+        tobs = obs_to_tensor(obs_np)
+        nobs = self.policy.normalize(tobs)
+        action, new_state, info = self.policy.agent.act(nobs, state, deterministic)
+        if not isinstance(info, dict):
+            raise AgentError(f"{self.agent_name}.act() must return (action, new_internal_state, extra_info: dict)")
+        return nobs, action, new_state, info
+
+    def _values(self, info, n: int) -> np.ndarray:
+        v = info.get("values", info.get("value"))
+        if v is None:
+            raise AgentError(f"{self.agent_name}.act() returned extra_info without 'values'; PPO needs a value head.")
+        v = torch.as_tensor(v).reshape(-1)
+        if v.shape[0] != n:
+            raise AgentError(f"{self.agent_name}.act() returned values of shape {tuple(v.shape)}, expected ({n},)")
+        return v.numpy()
+
+    @torch.inference_mode()
+    def collect(self, num_steps: int, policy_version: int = 0, worker_id: int = 0) -> Fragment:
+        T, N = num_steps, self.num_envs
+        first = True
+        obs_buf = None
+        actions = log_probs = None
+        values = np.empty((T, N), np.float32)
+        rewards = np.empty((T, N), np.float32)
+        terminated = np.empty((T, N), np.float32)
+        truncated = np.empty((T, N), np.float32)
+        starts = np.empty((T, N), np.float32)
+        trunc_values = np.zeros((T, N), np.float32)
+        initial_state = map_state(lambda s: s.numpy().copy(), self.state)
+        ep_returns, ep_lengths, ep_successes = [], [], []
+        restarts = 0
+        raw_obs_batches = [] if self.normalize_obs else None
+        disc_rets = np.empty((T, N), np.float64) if self.normalize_reward else None
+        for t in range(T):
+            obs = self.obs
+            if raw_obs_batches is not None:
+                raw_obs_batches.append(obs)
+            nobs, action, new_state, info = self._act(obs, self.state)
+            act_np = check_act_output(self.policy.agent, action, N, self.action_space)
+            lp = info.get("log_prob")
+            if lp is None:
+                self.dist.check(info, self.agent_name)
+                lp = self.dist.log_prob(info, torch.as_tensor(act_np))
+            if first:
+                first = False
+                obs_buf = ({k: np.empty((T, *v.shape), v.numpy().dtype) for k, v in nobs.items()}
+                           if isinstance(nobs, dict) else np.empty((T, *nobs.shape), nobs.numpy().dtype))
+                actions = np.empty((T, *act_np.shape), act_np.dtype)
+                log_probs = np.empty((T, N), np.float32)
+            if isinstance(nobs, dict):
+                for k, v in nobs.items():
+                    obs_buf[k][t] = v.numpy()
+            else:
+                obs_buf[t] = nobs.numpy()
+            actions[t] = act_np
+            log_probs[t] = lp.numpy() if isinstance(lp, torch.Tensor) else lp
+            values[t] = self._values(info, N)
+            starts[t] = self.starts
+            env_act = np.clip(act_np, self.action_space.low, self.action_space.high) if self.clip_actions else act_np
+            next_obs, rew, term, trunc, infos = self.env.step(env_act)
+            rewards[t] = rew
+            terminated[t] = term
+            truncated[t] = trunc
+            self.ep_ret += rew
+            self.ep_len += 1
+            if disc_rets is not None:
+                self.disc_ret = self.disc_ret * self.gamma + rew
+                disc_rets[t] = self.disc_ret
+            done = np.logical_or(term, trunc)
+            state = new_state
+            if done.any():
+                idx = np.flatnonzero(done)
+                final_info = infos.get("final_info", {})
+                succ = final_info.get("success") if isinstance(final_info, dict) else None
+                succ_mask = final_info.get("_success") if isinstance(final_info, dict) else None
+                rst = final_info.get("polar/connector_restart") if isinstance(final_info, dict) else None
+                for i in idx:
+                    ep_returns.append(float(self.ep_ret[i]))
+                    ep_lengths.append(int(self.ep_len[i]))
+                    if succ is not None and (succ_mask is None or succ_mask[i]):
+                        ep_successes.append(float(bool(succ[i])))
+                    if rst is not None and bool(rst[i]):
+                        restarts += 1
+                self.ep_ret[idx] = 0.0
+                self.ep_len[idx] = 0
+                self.disc_ret[idx] = 0.0
+                tr_idx = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
+                if tr_idx.size:
+                    finals = _stack_obs([infos["final_obs"][i] for i in tr_idx], self.obs_space)
+                    sub_state = map_state(lambda s: s[torch.as_tensor(tr_idx)], state)
+                    _, _, _, finfo = self._act(finals, sub_state, deterministic=True)
+                    trunc_values[t, tr_idx] = self._values(finfo, tr_idx.size)
+                if state is not None:
+                    state = reset_state(state, self.initial, torch.from_numpy(done))
+            self.state = state
+            self.starts = done.astype(np.float32)
+            self.obs = next_obs
+        _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
+        last_values = self._values(last_info, N).copy()
+        self.env_steps += T * N
+        frag = Fragment(
+            obs=obs_buf, actions=actions, log_probs=log_probs, values=values, rewards=rewards,
+            terminated=terminated, truncated=truncated, episode_starts=starts, trunc_values=trunc_values,
+            last_values=last_values, initial_state=initial_state, policy_version=policy_version, worker_id=worker_id,
+            episode_returns=ep_returns, episode_lengths=ep_lengths, episode_successes=ep_successes,
+            connector_restarts=restarts,
+        )
+        if raw_obs_batches is not None:
+            frag.obs_moments = _obs_moments(raw_obs_batches)
+        if disc_rets is not None:
+            frag.return_moments = (float(disc_rets.mean()), float(disc_rets.var()), int(disc_rets.size))
+        return frag
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _obs_moments(batches: list):
+    if isinstance(batches[0], dict):
+        out = {}
+        for k in batches[0]:
+            x = np.stack([b[k] for b in batches]).astype(np.float64)
+            x = x.reshape(-1, *x.shape[2:])
+            out[k] = (x.mean(0), x.var(0), x.shape[0])
+        return out
+    x = np.stack(batches).astype(np.float64)
+    x = x.reshape(-1, *x.shape[2:])
+    return (x.mean(0), x.var(0), x.shape[0])

@@ -1,0 +1,107 @@
+"""Rollout worker process for the local backend: envs + a policy replica + an ``EnvRunner``.
+
+Weights arrive through shared-memory tensors (copied in when the shared version changes);
+fragments leave through per-worker shared-memory slots (double-buffered), so the queue only
+carries slot ids and a few numbers per fragment.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from polar.rollout.fragment import Fragment
+
+ARRAY_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
+                "trunc_values", "last_values")
+META_FIELDS = ("policy_version", "worker_id", "episode_returns", "episode_lengths", "episode_successes",
+               "connector_restarts", "obs_moments", "return_moments")
+
+
+def fragment_arrays(frag: Fragment) -> dict[str, np.ndarray]:
+    """Flatten a fragment's arrays to ``name -> ndarray`` (``obs/<key>``, ``state/<i>``)."""
+    out = {k: getattr(frag, k) for k in ARRAY_FIELDS}
+    if isinstance(frag.obs, dict):
+        out.update({f"obs/{k}": v for k, v in frag.obs.items()})
+    else:
+        out["obs"] = frag.obs
+    st = frag.initial_state
+    if st is not None:
+        parts = st if isinstance(st, (tuple, list)) else (st,)
+        out.update({f"state/{i}": np.asarray(p) for i, p in enumerate(parts)})
+        out["state_is_tuple"] = np.array(isinstance(st, (tuple, list)))
+    return out
+
+
+def fragment_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Fragment:
+    obs_keys = [k for k in arrays if k.startswith("obs/")]
+    obs = {k[4:]: arrays[k] for k in obs_keys} if obs_keys else arrays["obs"]
+    state = None
+    state_keys = sorted((k for k in arrays if k.startswith("state/")), key=lambda k: int(k[6:]))
+    if state_keys:
+        parts = [arrays[k] for k in state_keys]
+        state = tuple(parts) if bool(arrays["state_is_tuple"]) else parts[0]
+    return Fragment(obs=obs, initial_state=state, **{k: arrays[k] for k in ARRAY_FIELDS}, **meta)
+
+
+def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: int, fragment_steps: int,
+                weights: dict[str, torch.Tensor], version, lock, out_q, free_q, stop) -> None:
+    """Entry point of one worker process. Reports any failure on ``out_q`` and exits."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    runner = None
+    try:
+        from polar.config.base import validate
+        from polar.config.run import RunConfig
+        from polar.harness import make_vector_env
+        from polar.models.policy import build_policy
+        from polar.rollout.runner import EnvRunner
+
+        cfg = validate(RunConfig, cfg_data, source="run config (worker)")
+        cdir = Path(config_dir) if config_dir else None
+        cfg._config_dir = cdir
+        n = cfg.distribution.envs_per_runner
+        env = make_vector_env(cfg.harness, n, seed=seed, config_dir=cdir)
+        policy = build_policy(cfg, env.single_observation_space, env.single_action_space, cdir)
+        kw = cfg.policy.kwargs
+        runner = EnvRunner(env, policy, seed=seed, gamma=kw.gamma, normalize_obs=kw.normalize_obs,
+                           normalize_reward=kw.normalize_reward)
+        local_version = -1
+        slots: list[dict[str, torch.Tensor]] | None = None
+        while not stop.is_set():
+            if version.value != local_version:
+                with lock:
+                    policy.load_state_dict(weights)
+                    local_version = int(version.value)
+            frag = runner.collect(fragment_steps, local_version, worker_id)
+            arrays = fragment_arrays(frag)
+            if slots is None:
+                slots = [{k: torch.from_numpy(np.ascontiguousarray(v)).clone().share_memory_() for k, v in arrays.items()}
+                         for _ in range(2)]
+                out_q.put(("slots", worker_id, slots))
+            slot = None
+            while slot is None and not stop.is_set():
+                try:
+                    slot = free_q.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+            if slot is None:
+                break
+            for k, v in arrays.items():
+                slots[slot][k].numpy()[...] = v
+            meta = {k: getattr(frag, k) for k in META_FIELDS}
+            out_q.put(("fragment", worker_id, slot, meta))
+    except BaseException as e:  # report everything; the learner turns it into a PolarError
+        out_q.put(("error", worker_id, type(e).__name__, str(e), traceback.format_exc()))
+    finally:
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception:
+                pass

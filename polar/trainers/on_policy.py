@@ -1,0 +1,177 @@
+"""The on-policy loop: collect fragments -> advantages -> PPO update -> publish weights -> log ->
+checkpoint -> (eval). Resumable from its last checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from polar.algorithms.ppo import PPOLearner
+from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config.loader import dump_config
+from polar.errors import ConfigError
+from polar.metrics.logger import EpisodeWindow, MetricsLogger
+from polar.models.normalization import RunningNorm
+from polar.models.policy import build_policy
+from polar.rollout.backends.base import make_backend
+from polar.trainers.checkpoint import CheckpointManager, rng_state, set_rng_state
+from polar.trainers.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = 1
+
+
+class OnPolicyTrainer:
+    """PPO on any env harness. ``on_iteration(metrics)`` is called after every update (progress bars)."""
+
+    def __init__(self, cfg, run_dir: RunDir, resume: bool = False,
+                 on_iteration: Callable[[dict[str, Any]], None] | None = None) -> None:
+        if cfg.policy.type != "ppo":
+            raise ConfigError(f"policy.type: the on-policy trainer runs 'ppo', got {cfg.policy.type!r}")
+        self.cfg = cfg
+        self.kw = cfg.policy.kwargs
+        self.run_dir = run_dir
+        self.resume = resume
+        self.on_iteration = on_iteration
+        self.env_steps = 0
+        self.iteration = 0
+        self.version = 0
+        self.time_offset_s = 0.0
+        self.window = EpisodeWindow(100)
+        self.connector_restarts = 0
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if cfg.distribution.num_gpus > 0 and not torch.cuda.is_available():
+            log.warning("distribution.num_gpus=%s but no GPU is available here; the learner runs on CPU.", cfg.distribution.num_gpus)
+        torch.set_num_threads(1)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.checkpoints = CheckpointManager(self.run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints)
+        state = self.checkpoints.load_latest() if self.resume else None
+        seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)  # fresh env seeds on resume
+        self.backend = make_backend(cfg, self.kw.n_steps, seed, config_dir=cfg.config_dir)
+        try:
+            self.policy = build_policy(cfg, self.backend.observation_space, self.backend.action_space, cfg.config_dir)
+            self.learner = PPOLearner(self.policy.agent, self.kw, cfg.total_env_steps)
+            self.reward_norm = RunningNorm((), self.kw.clip_reward) if self.kw.normalize_reward else None
+            if state is not None:
+                self._load_state(state)
+            self.backend.start(self.policy.state_dict(), self.version, policy=self.policy)
+        except BaseException:
+            self.backend.close()
+            raise
+        self.logger = MetricsLogger(self.run_dir.metrics_path, self.run_dir.tensorboard_dir if cfg.logging.tensorboard else None)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "policy": self.policy.state_dict(),
+            "learner": self.learner.state_dict(),
+            "reward_norm": self.reward_norm.state_dict() if self.reward_norm is not None else None,
+            "env_steps": self.env_steps,
+            "iteration": self.iteration,
+            "policy_version": self.version,
+            "time_s": self._elapsed(),
+            "episodes": self.window.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.learner.load_state_dict(state["learner"])
+        if self.reward_norm is not None and state.get("reward_norm") is not None:
+            self.reward_norm.load_state_dict(state["reward_norm"])
+        self.env_steps = int(state["env_steps"])
+        self.iteration = int(state["iteration"])
+        self.version = int(state["policy_version"])
+        self.time_offset_s = float(state["time_s"])
+        self.window.load_state_dict(state["episodes"])
+        set_rng_state(state["rng"])
+        log.info("resumed from iteration %d (%d env steps)", self.iteration, self.env_steps)
+
+    def _elapsed(self) -> float:
+        return self.time_offset_s + (time.perf_counter() - self._t0)
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self._t0 = time.perf_counter()
+        if not self.resume:
+            self.run_dir.write_config(dump_config(cfg))
+        self._setup()
+        self.run_dir.update_meta(status="running")
+        n_frags = max(1, self.backend.num_workers)
+        last_t, last_steps = self._elapsed(), self.env_steps
+        stopped_early = False
+        try:
+            while self.env_steps < cfg.total_env_steps:
+                frags = [self.backend.next_fragment() for _ in range(n_frags)]
+                for f in frags:
+                    self.env_steps += f.env_steps
+                    self.window.add(f.episode_returns, f.episode_lengths, f.episode_successes)
+                    self.connector_restarts += f.connector_restarts
+                    if self.policy.obs_norm is not None and f.obs_moments is not None:
+                        self.policy.obs_norm.update_from_moments(f.obs_moments)
+                    if self.reward_norm is not None and f.return_moments is not None:
+                        self.reward_norm.update(*f.return_moments)
+                buf = RolloutBuffer(frags)
+                scale, clip = 1.0, None
+                if self.reward_norm is not None:
+                    scale = 1.0 / math.sqrt(float(self.reward_norm.var) + 1e-8)
+                    clip = self.kw.clip_reward
+                buf.compute_advantages(self.kw.gamma, self.kw.gae_lambda, scale, clip)
+                stats = self.learner.update(buf, progress=min(1.0, self.env_steps / cfg.total_env_steps))
+                self.version += 1
+                self.iteration += 1
+                self.backend.publish_weights(self.policy.state_dict(), self.version)
+                now = self._elapsed()
+                metrics = {"iteration": self.iteration, "env_steps": self.env_steps, "time_s": now,
+                           "fps": (self.env_steps - last_steps) / max(1e-9, now - last_t),
+                           **self.window.summary(), **stats,
+                           "policy_lag": float(np.mean([self.version - 1 - f.policy_version for f in frags])),
+                           "connector_restarts": self.connector_restarts}
+                last_t, last_steps = now, self.env_steps
+                if self.iteration % cfg.logging.log_interval == 0:
+                    self.logger.log(metrics, self.env_steps)
+                if self.on_iteration is not None:
+                    self.on_iteration(metrics)
+                if cfg.logging.checkpoint_freq and self.iteration % cfg.logging.checkpoint_freq == 0:
+                    self.checkpoints.save(self.iteration, self._state())
+                if cfg.eval.every_n_iterations and self.iteration % cfg.eval.every_n_iterations == 0:
+                    self.evaluate(tag=f"iter_{self.iteration:08d}")
+                mean = metrics["episode_reward_mean"]
+                if cfg.stop_reward is not None and self.window.full and mean is not None and mean >= cfg.stop_reward:
+                    stopped_early = True
+                    log.info("stop_reward %.1f reached at %d env steps", cfg.stop_reward, self.env_steps)
+                    break
+            self.checkpoints.save(self.iteration, self._state())
+        finally:
+            self.backend.close()
+            self.logger.close()
+        result: dict[str, Any] = {"env_steps": self.env_steps, "iterations": self.iteration, "time_s": self._elapsed(),
+                                  "stopped_early": stopped_early, **self.window.summary()}
+        if cfg.eval.at_end:
+            result["eval"] = self.evaluate(tag="final")
+        self.run_dir.update_meta(status="finished", result={k: v for k, v in result.items() if k != "eval"})
+        return result
+
+    def evaluate(self, tag: str = "final", episodes: int | None = None) -> dict[str, Any]:
+        from polar.trainers.evaluation import evaluate_policy
+
+        ev = self.cfg.eval
+        res = evaluate_policy(self.policy, self.cfg.harness, episodes or ev.episodes, ev.seed, ev.deterministic,
+                              ev.num_envs, self.cfg.config_dir)
+        res.update(env_steps=self.env_steps, iteration=self.iteration)
+        self.run_dir.write_json(f"eval/{tag}.json", res)
+        return res
