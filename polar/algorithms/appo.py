@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from polar.errors import ConfigError
+
 
 @dataclass
 class VTraceReturns:
@@ -134,21 +136,29 @@ def _as_tensor(x):
     return torch.as_tensor(x)
 
 
-def appo_update(policy, optimizer, fragment, kw, learner_version: int = 0) -> dict[str, float]:
+def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
+                reward_scale: float = 1.0, reward_clip: float | None = None) -> dict[str, float]:
     """One learner step on one rollout fragment (feed-forward agents): V-trace targets, then clipped updates.
 
-    ``policy`` is a ``polar.models.Policy``; ``fragment`` a ``polar.rollout.Fragment`` whose
-    ``log_probs`` came from the (possibly older) behaviour policy. Returns scalar metrics.
+    ``agent`` is the learner's agent (an ``AgentBase``); ``fragment`` a ``polar.rollout.Fragment``
+    whose ``log_probs`` came from the (possibly older) behaviour policy. Returns scalar metrics.
     """
-    agent = policy.agent
+    if fragment.initial_state is not None:
+        raise ConfigError(
+            "policy.type: appo supports feed-forward agents only for now; this agent keeps an internal "
+            "state. Use policy.type: ppo for recurrent agents."
+        )
     T, N = fragment.num_steps, fragment.num_envs
     n = T * N
     obs = _flat(_as_tensor(fragment.obs), n)
     actions = torch.as_tensor(fragment.actions)
     actions = actions.reshape(n, *actions.shape[2:])
     behaviour_logp = torch.as_tensor(fragment.log_probs, dtype=torch.float32)
+    raw = torch.as_tensor(fragment.rewards, dtype=torch.float32) * reward_scale
+    if reward_clip is not None:
+        raw = raw.clamp(-reward_clip, reward_clip)
     rewards = bootstrap_truncated_rewards(
-        torch.as_tensor(fragment.rewards), torch.as_tensor(fragment.truncated), torch.as_tensor(fragment.trunc_values), kw.gamma
+        raw, torch.as_tensor(fragment.truncated), torch.as_tensor(fragment.trunc_values), kw.gamma
     )
     discounts = episode_discounts(torch.as_tensor(fragment.terminated), torch.as_tensor(fragment.truncated), kw.gamma)
     bootstrap = torch.as_tensor(fragment.last_values, dtype=torch.float32)
@@ -177,7 +187,7 @@ def appo_update(policy, optimizer, fragment, kw, learner_version: int = 0) -> di
             )
             optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), kw.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), kw.max_grad_norm)
             optimizer.step()
             updates += 1
             stats["policy_loss"] += float(out.policy_loss)
@@ -191,5 +201,32 @@ def appo_update(policy, optimizer, fragment, kw, learner_version: int = 0) -> di
     return out_stats
 
 
-def make_optimizer(policy, kw) -> torch.optim.Optimizer:
-    return torch.optim.Adam(policy.parameters(), lr=kw.learning_rate, eps=kw.adam_eps)
+class APPOLearner:
+    """The learner side of APPO: one update per arriving fragment; fragments too stale are dropped and counted.
+
+    Same shape as ``PPOLearner`` (``state_dict``/``load_state_dict``) so the trainer checkpoints it alike.
+    """
+
+    def __init__(self, agent, kwargs) -> None:
+        self.agent = agent
+        self.kw = kwargs
+        self.optimizer = torch.optim.Adam(agent.parameters(), lr=kwargs.learning_rate, eps=kwargs.adam_eps)
+        self.stale_dropped = 0
+
+    def update_fragment(self, fragment, learner_version: int, reward_scale: float = 1.0,
+                        reward_clip: float | None = None) -> dict[str, float] | None:
+        """Update on ``fragment``, or return None when it is more than ``max_policy_lag`` versions old."""
+        lag = learner_version - fragment.policy_version
+        if self.kw.max_policy_lag and lag > self.kw.max_policy_lag:
+            self.stale_dropped += 1
+            return None
+        stats = appo_update(self.agent, self.optimizer, fragment, self.kw, learner_version, reward_scale, reward_clip)
+        stats["stale_dropped"] = float(self.stale_dropped)
+        return stats
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "stale_dropped": self.stale_dropped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.stale_dropped = int(state.get("stale_dropped", 0))

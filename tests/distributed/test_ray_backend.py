@@ -63,5 +63,5 @@ def test_zero_workers_is_a_config_error(ray_cluster):
 def test_impossible_rollout_resources_fail_at_start(ray_cluster):
     cfg = ray_cfg(ray_cluster.address, rollout_resources={"num_cpus": 16})
     backend = make_backend(cfg, fragment_steps=8, seed=0)
-    with pytest.raises(DistributedError, match="distribution.rollout_resources"):
+    with pytest.raises(DistributedError, match=r"distribution\.rollout_resources"):
         backend.start(policy_for(cfg).state_dict())
