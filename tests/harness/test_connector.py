@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -167,6 +169,9 @@ def test_stdout_prints_do_not_break_the_channel():
         for _ in range(12):
             _obs, reward, *_ = envs.step(np.array([0, 1]))
         assert reward.tolist() == [1.0, 1.0]
+        deadline = time.monotonic() + 10  # the drain thread reads the pipe on its own schedule
+        while "stdout chatter step 12" not in envs.procs[0].tail_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert "stdout chatter step 12" in envs.procs[0].tail_text()
     finally:
         envs.close()

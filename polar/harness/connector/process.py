@@ -8,6 +8,7 @@ and the last lines are quoted when the process keeps dying.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ipaddress
 import logging
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,16 @@ from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClos
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
 HEALTHY_STEPS = 100  # a process that served this many steps since its (re)start has recovered
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A hung connector never sees its socket close: make sure none outlives polar."""
+    for proc in list(_LIVE):
+        proc.kill()
 
 
 class ProcessFailed(Exception):
@@ -73,6 +85,7 @@ class ConnectorProcess:
         self._conn: FrameSocket | None = None
         self._tmpdir: str | None = None
         self._listener = self._listen()
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:

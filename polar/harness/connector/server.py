@@ -257,6 +257,22 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
     return 0
 
 
+def _exit_with_parent(interval_s: float = 1.0) -> None:
+    """Exit when polar dies, even if the env is stuck inside step (a closed socket would go unseen)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="polar-parent-watch").start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="polar connector host (started by polar; not for direct use)")
     parser.add_argument("--module", required=True)
@@ -272,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if not address:
         sys.stderr.write("POLAR_CONNECTOR_ADDRESS is not set; this process is started by polar\n")
         return 2
+    _exit_with_parent()
     search_path = [str(Path(p)) for p in args.search_path]
     return serve(address, os.environ.get("POLAR_CONNECTOR_TOKEN", ""), args.module, args.class_name, search_path)
 

@@ -58,6 +58,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pending_seed = seed
+        self._first_reset = True
         self._last_obs: Any = None
         self.closed = False
         try:
@@ -104,9 +105,14 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------------------- reset
     def _seeds(self, seed: int | list | None) -> list:
+        first = self._first_reset
+        self._first_reset = False
         if seed is None and self._pending_seed is not None:
             seed = self._pending_seed
         self._pending_seed = None
+        if seed is None and first and self.num_envs > 1 and self.procs[0].describe.get("reset_accepts_seed"):
+            # like Gymnasium's vector envs: unseeded copies still start from distinct random streams
+            seed = int(np.random.SeedSequence().generate_state(1)[0])
         if seed is None:
             return [None] * self.num_envs
         if isinstance(seed, (int, np.integer)):
