@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from polar.errors import ConfigError
 
@@ -60,20 +61,21 @@ def main(args: argparse.Namespace) -> int:
     from polar.harness.checker import check_harness
 
     cfg, config_dir = resolve_target(args.target, args.override)
-    console = Console()
-    with console.status(f"checking {args.target} ..."):
+    console = Console(emoji=False)
+    target = escape(args.target)
+    with console.status(f"checking {target} ..."):
         report = check_harness(cfg, config_dir=config_dir, steps=args.steps, seed=args.seed)
     for line in report.passed:
-        console.print(f"[green]✓[/] {line}", highlight=False)
+        console.print(f"[green]✓[/] {escape(line)}", highlight=False)
     for line in report.warnings:
-        console.print(f"[yellow]![/] {line}", highlight=False)
+        console.print(f"[yellow]![/] {escape(line)}", highlight=False)
     for v in report.violations:
         console.print(f"[red]✗ {v.check}[/]", highlight=False)
         console.print(f"    expected: {v.expected}", markup=False, highlight=False)
         console.print(f"    received: {v.received}", markup=False, highlight=False)
         console.print(f"    fix:      {v.fix}", markup=False, highlight=False)
     if report.ok:
-        console.print(f"[bold green]{report.target} conforms[/] ({len(report.passed)} checks passed)", highlight=False)
+        console.print(f"[bold green]{escape(report.target)} conforms[/] ({len(report.passed)} checks passed)", highlight=False)
         return 0
-    console.print(f"[bold red]{report.target}: {len(report.violations)} violation(s)[/]", highlight=False)
+    console.print(f"[bold red]{escape(report.target)}: {len(report.violations)} violation(s)[/]", highlight=False)
     return 1

@@ -277,8 +277,11 @@ class ConnectorProcess:
         if not reply["ok"]:
             err = reply.get("error") or {}
             kind, message, tb = err.get("kind"), err.get("message", "unknown error"), err.get("traceback", "")
-            if kind == "start":
-                raise ConnectorStartError(message + (f"\n{tb}" if tb else ""))
+            if kind == "start":  # one line; the connector's traceback only with --debug
+                log.debug("%s start traceback:\n%s", self.name, tb)
+                err = ConnectorStartError(message + (f"\n{tb}" if tb and log.isEnabledFor(logging.DEBUG) else ""))
+                err.remote_traceback = tb
+                raise err
             if kind == "frame_size":
                 raise ProtocolError(message)
             if kind == "contract":

@@ -228,6 +228,9 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
                 reply = host.describe()
             elif op == "ping":
                 reply = {}
+            elif op == "close" and host is None:
+                conn.send(codec.pack({"ok": True}))
+                break
             elif host is None:
                 raise UserError("protocol", f"op {op!r} before init")
             elif op == "reset":
