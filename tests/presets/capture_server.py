@@ -220,6 +220,7 @@ class CaptureServer:
             body = raw.decode("utf-8", "replace")
         path = "/" + request.path_params["path"]
         self.requests.append({
+            "t": round(time.monotonic(), 3),
             "method": request.method,
             "path": path,
             "query": dict(request.query_params),

@@ -153,7 +153,8 @@ class HarnessPreset:
         )
 
     def check_options(self, options: dict[str, Any]) -> None:
-        known = {"bin", "extra_args", "extra_env", "compact", "system_prompt", "max_output_tokens", *self.option_names}
+        known = {"bin", "extra_args", "extra_env", "compact", "system_prompt", "max_output_tokens", "tasks_root",
+                 *self.option_names}
         unknown = sorted(set(options) - known)
         if unknown:
             from polar.config.base import did_you_mean
