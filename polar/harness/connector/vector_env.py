@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +80,9 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
             self._close_procs()
             raise
         self.name = self.procs[0].name
-        if spec.heartbeat_interval_s > 0:
-            threading.Thread(target=self._heartbeat_loop, args=(spec.heartbeat_interval_s, spec.call_timeout_s),
+        if spec.heartbeat_interval_s > 0:  # a weak reference: an env dropped without close() can still be collected
+            threading.Thread(target=_heartbeat_loop, args=(weakref.ref(self), self._stop, spec.heartbeat_interval_s,
+                                                           spec.call_timeout_s),
                              daemon=True, name="polar-connector-heartbeat").start()
 
     # ------------------------------------------------------------------------------- spaces
@@ -270,18 +273,15 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         return obs, rewards, terminated, truncated, infos
 
     # ------------------------------------------------------------------------------- liveness
-    def _heartbeat_loop(self, interval_s: float, timeout_s: float) -> None:
-        import time
-
-        while not self._stop.wait(interval_s):
-            if not self._lock.acquire(blocking=False):
-                continue  # a call is in flight: that call's timeout is the liveness check
-            try:
-                for p in self.procs:
-                    if p.dead_reason is None and time.monotonic() - p.last_io >= interval_s:
-                        p.heartbeat(timeout_s)
-            finally:
-                self._lock.release()
+    def _heartbeat(self, interval_s: float, timeout_s: float) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # a call is in flight: that call's timeout is the liveness check
+        try:
+            for p in self.procs:
+                if p.dead_reason is None and time.monotonic() - p.last_io >= interval_s:
+                    p.heartbeat(timeout_s)
+        finally:
+            self._lock.release()
 
     def _close_procs(self) -> None:
         self._stop.set()
@@ -291,6 +291,19 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         with self._lock:
             self._close_procs()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True) and getattr(self, "procs", None):
+            self.close()
+
+
+def _heartbeat_loop(ref: weakref.ref, stop: threading.Event, interval_s: float, timeout_s: float) -> None:
+    while not stop.wait(interval_s):
+        envs = ref()
+        if envs is None:
+            return
+        envs._heartbeat(interval_s, timeout_s)
+        del envs
 
 
 class ConnectorEnv(gym.Env):
