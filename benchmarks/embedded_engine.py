@@ -87,7 +87,10 @@ def hf_static_batch(model, prompts, new_tokens: int) -> float:
 
 def polar_concurrent(engine, prompts, new_tokens: int) -> float:
     async def go():
-        reqs = [GenerationRequest(p, max_tokens=new_tokens, temperature=1.0, seed=i) for i, p in enumerate(prompts)]
+        reqs = [
+            GenerationRequest(p, max_tokens=new_tokens, temperature=1.0, seed=i)
+            for i, p in enumerate(prompts)
+        ]
         t0 = time.perf_counter()
         results = await asyncio.gather(*(collect(engine.generate(r)) for r in reqs))
         assert all(len(r.token_ids) == new_tokens for r in results)
@@ -114,9 +117,13 @@ def main() -> None:
         t_static = hf_static_batch(model, prompts, args.new_tokens)
         rows.append((n, total / t_polar, total / t_seq, total / t_static))
     asyncio.run(engine.close())
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}; model: Qwen2 h256 L4 (random), {args.new_tokens} new tokens/request")
-    print(f"{'N':>4} {'polar tok/s':>12} {'hf seq tok/s':>13} {'hf static tok/s':>16} {'polar/seq':>10} {'polar/static':>13}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}; model: Qwen2 h256 L4 (random), {args.new_tokens} new tokens/request"
+    )
+    print(
+        f"{'N':>4} {'polar tok/s':>12} {'hf seq tok/s':>13} {'hf static tok/s':>16} {'polar/seq':>10} {'polar/static':>13}"
+    )
     for n, p, s, st in rows:
         print(f"{n:>4} {p:>12.0f} {s:>13.0f} {st:>16.0f} {p / s:>10.2f} {p / st:>13.2f}")
 

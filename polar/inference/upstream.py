@@ -207,13 +207,22 @@ class UpstreamEngine(Engine):
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode("utf-8", "replace")
                     self._raise_for_status(replica, resp.status_code, text, request)
-                finished = False
-                async for payload in _sse_payloads(resp):
-                    for token_id, logprob, finish in parse(payload):
-                        finished = finished or finish is not None
-                        yield TokenEvent(token_id, logprob, finish, self.policy_version if finish else None)
-                    if finished:
+                payloads = _sse_payloads(resp)
+                async for payload in payloads:
+                    events = [
+                        TokenEvent(t, lp, finish, self.policy_version if finish else None)
+                        for t, lp, finish in parse(payload)
+                    ]
+                    if events and events[-1].finish_reason is not None:
+                        # read to the end ("[DONE]", sent right after) so the connection goes back to the
+                        # pool instead of being closed half-read; then hand out the last events
+                        async for _ in payloads:
+                            pass
+                        for ev in events:
+                            yield ev
                         return
+                    for ev in events:
+                        yield ev
                 raise _ReplicaFailed("stream ended without a finish reason")
         except httpx.HTTPError as exc:
             raise _ReplicaFailed(f"{type(exc).__name__}: {exc}") from exc
@@ -268,12 +277,14 @@ def _sglang_body(request: GenerationRequest, max_tokens: int) -> dict[str, Any]:
 
 async def _sse_payloads(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """Yield the JSON objects of an SSE stream (``data: {...}`` lines) up to ``data: [DONE]``."""
-    async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
+    done = False
+    async for line in resp.aiter_lines():  # read to EOF, so the connection is reused, not closed
+        if done or not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
-            return
+            done = True
+            continue
         try:
             payload = json.loads(data)
         except ValueError as exc:
