@@ -23,10 +23,10 @@ def main(args: argparse.Namespace) -> int:
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
-    if cfg.policy.type != "ppo":
+    if cfg.policy.type not in ("ppo", "appo"):
         from polar.errors import ConfigError
 
-        raise ConfigError(f"policy.type {cfg.policy.type!r}: `polar run` trains 'ppo' for env harnesses in this build")
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: `polar run` trains 'ppo' or 'appo' for env harnesses in this build")
     run_dir = RunDir.create(cfg.name, args.run_dir, config_dir=cfg.config_dir)
     return train(cfg, run_dir, resume=False, progress=not args.no_progress)
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from polar.algorithms.appo import APPOLearner
 from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.loader import dump_config
@@ -34,8 +35,8 @@ class OnPolicyTrainer:
 
     def __init__(self, cfg, run_dir: RunDir, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None) -> None:
-        if cfg.policy.type != "ppo":
-            raise ConfigError(f"policy.type: the on-policy trainer runs 'ppo', got {cfg.policy.type!r}")
+        if cfg.policy.type not in ("ppo", "appo"):
+            raise ConfigError(f"policy.type: the on-policy trainer runs 'ppo' or 'appo', got {cfg.policy.type!r}")
         self.cfg = cfg
         self.kw = cfg.policy.kwargs
         self.run_dir = run_dir
@@ -63,10 +64,15 @@ class OnPolicyTrainer:
         self.backend = make_backend(cfg, self.kw.n_steps, seed, config_dir=cfg.config_dir)
         try:
             self.policy = build_policy(cfg, self.backend.observation_space, self.backend.action_space, cfg.config_dir)
-            self.learner = PPOLearner(self.policy.agent, self.kw, cfg.total_env_steps)
+            if cfg.policy.type == "appo":
+                self.learner = APPOLearner(self.policy.agent, self.kw)
+            else:
+                self.learner = PPOLearner(self.policy.agent, self.kw, cfg.total_env_steps)
             self.reward_norm = RunningNorm((), self.kw.clip_reward) if self.kw.normalize_reward else None
             if state is not None:
                 self._load_state(state)
+            if hasattr(self.backend, "attach_run_dir"):  # ray: `polar scale RUN_DIR` resizes while running
+                self.backend.attach_run_dir(self.run_dir.path)
             self.backend.start(self.policy.state_dict(), self.version, policy=self.policy)
         except BaseException:
             self.backend.close()
@@ -111,7 +117,8 @@ class OnPolicyTrainer:
             self.run_dir.write_config(dump_config(cfg))
         self._setup()
         self.run_dir.update_meta(status="running")
-        n_frags = max(1, self.backend.num_workers)
+        # APPO learns from each fragment as it arrives (V-trace corrects the lag); PPO waits for a batch
+        n_frags = 1 if cfg.policy.type == "appo" else max(1, self.backend.num_workers)
         last_t, last_steps = self._elapsed(), self.env_steps
         stopped_early = False
         try:
@@ -125,13 +132,16 @@ class OnPolicyTrainer:
                         self.policy.obs_norm.update_from_moments(f.obs_moments)
                     if self.reward_norm is not None and f.return_moments is not None:
                         self.reward_norm.update(*f.return_moments)
-                buf = RolloutBuffer(frags)
                 scale, clip = 1.0, None
                 if self.reward_norm is not None:
                     scale = 1.0 / math.sqrt(float(self.reward_norm.var) + 1e-8)
                     clip = self.kw.clip_reward
-                buf.compute_advantages(self.kw.gamma, self.kw.gae_lambda, scale, clip)
-                stats = self.learner.update(buf, progress=min(1.0, self.env_steps / cfg.total_env_steps))
+                if cfg.policy.type == "appo":
+                    stats = self.learner.update_fragment(frags[0], self.version, scale, clip) or {}
+                else:
+                    buf = RolloutBuffer(frags)
+                    buf.compute_advantages(self.kw.gamma, self.kw.gae_lambda, scale, clip)
+                    stats = self.learner.update(buf, progress=min(1.0, self.env_steps / cfg.total_env_steps))
                 self.version += 1
                 self.iteration += 1
                 self.backend.publish_weights(self.policy.state_dict(), self.version)
@@ -141,6 +151,8 @@ class OnPolicyTrainer:
                            **self.window.summary(), **stats,
                            "policy_lag": float(np.mean([self.version - 1 - f.policy_version for f in frags])),
                            "connector_restarts": self.connector_restarts}
+                if hasattr(self.backend, "metrics"):  # ray: per-role throughput, queue depth, lag, restarts
+                    metrics.update(self.backend.metrics())
                 last_t, last_steps = now, self.env_steps
                 if self.iteration % cfg.logging.log_interval == 0:
                     self.logger.log(metrics, self.env_steps)
@@ -153,7 +165,7 @@ class OnPolicyTrainer:
                 mean = metrics["episode_reward_mean"]
                 if cfg.stop_reward is not None and self.window.full and mean is not None and mean >= cfg.stop_reward:
                     stopped_early = True
-                    log.info("stop_reward %.1f reached at %d env steps", cfg.stop_reward, self.env_steps)
+                    log.info("stop_reward %.4g reached at %d env steps", cfg.stop_reward, self.env_steps)
                     break
             self.checkpoints.save(self.iteration, self._state())
         finally:
