@@ -28,6 +28,14 @@ test: setup
 test-all: setup
 	$(VENV)/bin/pytest -q
 
+# The coding-agent CLIs the harness presets drive, at the versions they were verified with
+# (docs/harnesses.md). Installed locally into .harnesses/ (gitignored); needs Node 20+ and npm.
+HARNESS_PKGS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 @qwen-code/qwen-code@0.15.10 \
+	@google/gemini-cli@0.61.0 @mariozechner/pi-coding-agent@0.73.1
+
+harnesses:
+	npm install --no-audit --no-fund --save-exact --prefix .harnesses $(HARNESS_PKGS)
+
 bench: setup
 	$(PIP) install -q -e '.[bench]'
 
