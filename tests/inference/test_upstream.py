@@ -166,3 +166,29 @@ def test_upstream_errors_are_clear(engine):
 
     with pytest.raises(ConfigError, match="urls"):
         load_engine({"kind": "vllm", "url": ["http://x"]})
+
+
+class _DiesMidStream(FixedEngine):
+    """Streams two tokens, then the server process 'crashes' (the connection drops)."""
+
+    async def generate(self, request):
+        n = 0
+        async for ev in super().generate(request):
+            if n == 2:
+                raise RuntimeError("replica crashed")
+            n += 1
+            yield ev
+
+
+def test_a_replica_dying_mid_stream_ends_the_stream_with_abort_not_a_hang():
+    with StandinServer(make_app(_DiesMidStream(n_tokens=8), "sglang")) as server:
+        up = load_engine(f"sglang:{server.url}")
+
+        async def go():
+            events = [e async for e in up.generate(GenerationRequest([1, 2, 3], max_tokens=8))]
+            await up.close()
+            return events
+
+        events = run(go())
+    assert [e.token_id for e in events[:2]] == FixedEngine(8).token_ids[:2]
+    assert events[-1].finish_reason == "abort" and events[-1].token_id is None
