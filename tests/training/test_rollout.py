@@ -1,0 +1,81 @@
+"""EnvRunner semantics (SAME_STEP autoreset, truncation bootstrap) and the local backend's worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from polar.config.base import validate
+from polar.config.run import RunConfig
+from polar.errors import HarnessError
+from polar.models.policy import build_policy
+from polar.rollout.backends.base import make_backend
+from polar.rollout.runner import EnvRunner
+from tests.learning.envs import TimeoutValueEnv
+
+
+def cfg_for(**dist):
+    return validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"},
+                                "distribution": dist})
+
+
+def test_runner_marks_truncation_and_bootstraps_from_final_obs():
+    env = gym.vector.SyncVectorEnv([lambda: TimeoutValueEnv(limit=5)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
+    policy = build_policy(cfg, env.single_observation_space, env.single_action_space)
+    frag = EnvRunner(env, policy, seed=0).collect(12)
+    trunc = frag.truncated.astype(bool)
+    assert trunc[4].all() and trunc[9].all() and trunc.sum() == 4
+    assert not frag.terminated.any()
+    # every observation is identical, so V(final_obs) equals the value the policy predicted at that step
+    np.testing.assert_allclose(frag.trunc_values[trunc], frag.values[trunc], rtol=1e-5)
+    assert (frag.trunc_values[~trunc] == 0).all()
+    assert frag.episode_returns == [5.0] * 4 and frag.episode_lengths == [5] * 4
+    assert frag.episode_starts[0].all() and frag.episode_starts[5].all() and not frag.episode_starts[1].any()
+
+
+def test_local_workers_stream_version_tagged_fragments_and_pick_up_new_weights():
+    cfg = cfg_for(rollout_workers=2, envs_per_worker=3)
+    backend = make_backend(cfg, fragment_steps=16, seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    backend.start(policy.state_dict(), version=0)
+    try:
+        frags = [backend.next_fragment(timeout_s=120) for _ in range(4)]
+        assert {f.worker_id for f in frags} == {0, 1}
+        assert all(f.policy_version == 0 and f.actions.shape == (16, 3) for f in frags)
+        with torch.no_grad():  # a policy that always pushes right
+            policy.agent.pi_head.weight.zero_()
+            policy.agent.pi_head.bias.copy_(torch.tensor([-50.0, 50.0]))
+        backend.publish_weights(policy.state_dict(), version=1)
+        seen_new = []
+        for _ in range(12):
+            f = backend.next_fragment(timeout_s=120)
+            if f.policy_version == 1:
+                seen_new.append(f)
+            if {g.worker_id for g in seen_new} == {0, 1}:
+                break
+        assert {g.worker_id for g in seen_new} == {0, 1}
+        assert all((g.actions == 1).all() for g in seen_new)
+    finally:
+        backend.close()
+
+
+def test_a_dead_worker_is_reported_not_waited_for():
+    cfg = cfg_for(rollout_workers=1, envs_per_worker=2)
+    backend = make_backend(cfg, fragment_steps=8, seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    backend.start(policy.state_dict(), version=0)
+    try:
+        backend.next_fragment(timeout_s=120)
+        os.kill(backend._procs[0].pid, signal.SIGKILL)
+        backend._procs[0].join(timeout=30)
+        with pytest.raises(HarnessError, match="rollout worker 0 .*died"):
+            for _ in range(10):  # at most two fragments were already in flight
+                backend.next_fragment(timeout_s=60)
+    finally:
+        backend.close()
