@@ -65,21 +65,33 @@ def load_weights(model: Any, state_dict: Mapping[str, Any]) -> None:
             target.copy_(torch.as_tensor(value).to(device=target.device, dtype=target.dtype))
 
 
-def sample_token(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
-) -> tuple[int, float]:
-    """Sample one id from a 1-D float32 logits row; return it and its raw-model logprob."""
+def sample_rows(
+    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator]
+) -> tuple[list[int], list[float]]:
+    """Sample one id per row of float32 ``logits`` (B, V); return the ids and their raw-model logprobs.
+
+    Gumbel-max over the tempered, top-p-filtered logits: exact sampling, batched, with each row's noise
+    drawn from its own generator (so a seeded request gives the same tokens whatever it is batched
+    with). Temperature 0 is greedy. One device-to-host copy per call.
+    """
     raw = torch.log_softmax(logits, dim=-1)
-    if temperature == 0:
-        token = int(torch.argmax(logits))
-    else:
-        probs = torch.softmax(logits / temperature, dim=-1)
-        if top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < top_p  # always keeps the top id
-            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
-        token = int(torch.multinomial(probs, 1, generator=generator))
-    return token, float(raw[token])
+    device = logits.device
+    temps = torch.tensor(temperatures, dtype=logits.dtype, device=device)
+    greedy = temps == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    if any(p < 1.0 for p in top_ps):
+        top_p = torch.tensor(top_ps, dtype=logits.dtype, device=device)[:, None]
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p  # never drops the top id
+        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    noise = torch.stack([torch.rand(logits.shape[-1], generator=g, device=device) for g in generators])
+    gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20, max=1.0 - 1e-7)))
+    choice = torch.where(greedy, logits.argmax(dim=-1), (scaled + gumbel).argmax(dim=-1))
+    picked = raw.gather(1, choice[:, None])[:, 0]
+    both = torch.stack([choice.to(torch.float64), picked.to(torch.float64)]).cpu()
+    return [int(t) for t in both[0].tolist()], both[1].tolist()
 
 
 @dataclass(eq=False)
@@ -264,7 +276,7 @@ class EmbeddedEngine(Engine):
         ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
         keep = {self._keep_kw: 1} if self._keep_kw else {}
         logits, cache = self._forward(ids, None, **keep)  # the model builds the right cache for its layers
-        self._advance(seq, logits[0])
+        self._advance([seq], logits)
         if seq.done:
             return
         kv = _plain_kv(cache) if self.batch_decode else None
@@ -277,7 +289,7 @@ class EmbeddedEngine(Engine):
     def _decode_solo(self, seq: _Seq) -> None:
         ids = torch.tensor([[seq.last_token]], dtype=torch.long, device=self.device)
         logits, seq.cache = self._forward(ids, seq.cache)
-        self._advance(seq, logits[0])
+        self._advance([seq], logits)
         if seq.done:
             seq.cache = None
 
@@ -295,22 +307,25 @@ class EmbeddedEngine(Engine):
         kv = _plain_kv(cache)
         assert kv is not None
         self._kv, self._mask = kv, mask
-        for row, seq in enumerate(self._active):
-            self._advance(seq, logits[row])
+        self._advance(self._active, logits)
         self._drop([s for s in self._active if s.done or s.cancelled])
 
-    def _advance(self, seq: _Seq, logits: torch.Tensor) -> None:
-        req = seq.request
-        token, logprob = sample_token(logits, req.temperature, req.top_p, seq.generator)
-        seq.n_generated += 1
-        seq.last_token = token
-        finish = None
-        if token in seq.stops:
-            finish = "stop"
-        elif seq.n_generated >= seq.max_tokens:
-            finish = "length"
-        seq.done = finish is not None
-        self._emit(seq, TokenEvent(token, logprob, finish, self.policy_version if finish else None))
+    def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Sample the next token of each sequence (row i of ``logits``) and emit it."""
+        reqs = [s.request for s in seqs]
+        tokens, logprobs = sample_rows(
+            logits, [r.temperature for r in reqs], [r.top_p for r in reqs], [s.generator for s in seqs]
+        )
+        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+            seq.n_generated += 1
+            seq.last_token = token
+            finish = None
+            if token in seq.stops:
+                finish = "stop"
+            elif seq.n_generated >= seq.max_tokens:
+                finish = "length"
+            seq.done = finish is not None
+            self._emit(seq, TokenEvent(token, logprob, finish, self.policy_version if finish else None))
 
     def _merge(self, seq: _Seq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Add one prefilled sequence (KV of shape (1, H, P, D)) to the cohort, left-padding the shorter side."""

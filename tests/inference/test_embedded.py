@@ -180,3 +180,25 @@ def test_unbatched_decoding_gives_the_same_tokens(tiny_pair, engine):
     for p, a, b in zip(prompts, batched, unbatched, strict=True):
         assert a.token_ids == b.token_ids
         assert max_err(engine.model, p, b) < 1e-4
+
+
+def test_sampler_follows_the_tempered_nucleus_distribution():
+    from polar.inference.embedded import sample_rows
+
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+
+    def freqs(temperature, top_p):
+        rows = logits.expand(n, 4).contiguous()
+        ids, lps = sample_rows(rows, [temperature] * n, [top_p] * n, [g] * n)
+        raw = torch.log_softmax(logits, -1)
+        assert all(abs(lp - float(raw[i])) < 1e-6 for i, lp in zip(ids, lps, strict=True))
+        return torch.bincount(torch.tensor(ids), minlength=4).float() / n
+
+    expected = torch.softmax(logits / 0.7, -1)
+    assert torch.allclose(freqs(0.7, 1.0), expected, atol=0.03)
+    nucleus = freqs(1.0, 0.8)  # the top two tokens hold 0.83 of the mass: only they survive
+    p = torch.softmax(logits, -1)[:2]
+    assert nucleus[2:].sum() == 0 and torch.allclose(nucleus[:2], p / p.sum(), atol=0.03)
+    assert freqs(0.0, 1.0)[0] == 1.0  # greedy
