@@ -169,7 +169,10 @@ class Sandbox:
         self.root = root  # private folder next to the workspace: home/, gw.sock
         self.home = root / "home"
         self.options = options
-        self.socket_path = root / "gw.sock"
+        # AF_UNIX paths are capped at ~107 bytes: the socket lives in its own short folder
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="pgw-", dir="/tmp" if Path("/tmp").is_dir() else None))
+        os.chmod(self.socket_dir, 0o711)
+        self.socket_path = self.socket_dir / "gw.sock"
         self.use_bwrap = self._pick_runtime()
         self.isolated = self.use_bwrap and options.network == "gateway"
         self.uid = self._pick_uid()
@@ -286,7 +289,7 @@ class Sandbox:
                 b += ["--ro-bind", str(p), str(p)]
         b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
         ro = [p for p in dict.fromkeys([*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]) if Path(p).exists()]
-        rw = [str(self.workspace), str(self.root)]
+        rw = [str(self.workspace), str(self.root), str(self.socket_dir)]
         # bwrap makes missing mount points 0700 when run as root; the sandbox user must traverse them
         made: set[str] = {"/", "/tmp", "/usr", "/etc", "/proc", "/dev"}
         for path in [*ro, *rw]:
@@ -314,6 +317,7 @@ class Sandbox:
 
     def cleanup(self) -> None:
         self.stop()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
         if not self.options.keep:
             shutil.rmtree(self.root, ignore_errors=True)
 

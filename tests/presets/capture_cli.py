@@ -25,6 +25,7 @@ from tests.presets.capture_server import CaptureServer
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TASK = ROOT / "examples" / "swe_mini" / "tasks" / "median"
+INSTRUCTION = json.loads((ROOT / "examples" / "swe_mini" / "tasks.jsonl").read_text().splitlines()[0])["instruction"]
 SESSION = "ses-capture-0001"
 MODEL = "tiny"
 
@@ -37,8 +38,7 @@ def capture(name: str, tool_first: bool, timeout_s: float = 120.0) -> dict:
     try:
         workspace = tmp / "workspace"
         shutil.copytree(TASK / "repo", workspace)
-        task = json.loads((TASK / "task.json").read_text())
-        ctx = PresetContext(SESSION, url, MODEL, task["instruction"], workspace, tmp / "home")
+        ctx = PresetContext(SESSION, url, MODEL, INSTRUCTION, workspace, tmp / "home")
         spec = preset.launch(ctx)
         proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

@@ -78,10 +78,12 @@ class PresetOutput:
     last_lines: list[str]
 
 
-def last_lines(data: bytes | str, n: int = 20) -> list[str]:
-    """The CLI's last ``n`` non-empty output lines: what an ERROR/TIMEOUT reason shows the user."""
+def last_lines(data: bytes | str, n: int = 20, width: int = 400) -> list[str]:
+    """The CLI's last ``n`` non-empty output lines (each cut to ``width`` chars): what an
+    ERROR/TIMEOUT reason shows the user."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    return [ln.rstrip() for ln in text.splitlines() if ln.strip()][-n:]
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-n:]
+    return [ln if len(ln) <= width else ln[: width - 3] + "..." for ln in lines]
 
 
 def parse_jsonl(data: bytes | str) -> list[dict[str, Any]]:

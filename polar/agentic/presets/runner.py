@@ -87,7 +87,10 @@ class PresetRunner(HarnessRunner):
             return HarnessOutcome(error=str(e), details={"preset": name})
         binary_root = _install_root(spec.argv[0])
         argv = sandbox.wrap(spec.argv, ro_paths=[binary_root])
-        await asyncio.to_thread(sandbox.start, ctx.gateway_url)
+        try:
+            await asyncio.to_thread(sandbox.start, ctx.gateway_url)
+        except (OSError, HarnessError) as e:
+            return HarnessOutcome(error=f"preset {name}: could not open the sandbox's route to the gateway: {e}")
         try:
             res = await run_process(argv, cwd=str(spec.cwd), env=spec.env, stdin=None, timeout_s=timeout_s,
                                     limits=self.limits, cancel=cancel)
