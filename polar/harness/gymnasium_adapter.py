@@ -1,6 +1,12 @@
-"""Any registered Gymnasium id from YAML, with a "did you mean" list for unknown ids."""
+"""Any registered Gymnasium id from YAML, with a "did you mean" list for unknown ids.
+
+``id: module:EnvId`` imports ``module`` first (Gymnasium's own convention), so third-party envs
+that register on import (``ale_py:ALE/Pong-v5``) also work with no code.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import gymnasium as gym
 
@@ -9,10 +15,16 @@ from polar.errors import ConfigError
 
 
 def _check_id(env_id: str) -> None:
+    if ":" in env_id:
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"harness.id: cannot import {module!r} to register {env_id!r} ({e}); install it or fix the id") from None
     if env_id not in gym.registry:
         raise ConfigError(
             f"harness.id: unknown Gymnasium id {env_id!r}{did_you_mean(env_id, list(gym.registry))}. "
-            "Register it first (import its package) or fix the id."
+            "Register it first (import its package, or write id: package:EnvId) or fix the id."
         )
 
 
@@ -22,6 +34,7 @@ def make_gymnasium_env(cfg) -> gym.Env:
 
 
 def make_gymnasium_vector_env(cfg, num_envs: int) -> gym.vector.VectorEnv:
+    """``num_envs`` copies in process, SAME_STEP autoreset (see ``polar.harness``)."""
     _check_id(cfg.id)
     return gym.vector.SyncVectorEnv(
         [lambda: gym.make(cfg.id, **cfg.kwargs) for _ in range(num_envs)],

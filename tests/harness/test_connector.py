@@ -213,3 +213,21 @@ def test_tcp_transport_and_token_rule():
 
     with pytest.raises(ConfigError, match=r"not a loopback address: set connector_spec\.token"):
         validate(ConnectorSpec, {"module": "m", "class_name": "C", "transport": "tcp", "host": "0.0.0.0"})
+
+
+IMPOSTOR = """
+import os, socket, struct, msgpack
+path = os.environ["POLAR_CONNECTOR_ADDRESS"].split(":", 1)[1]
+s = socket.socket(socket.AF_UNIX); s.connect(path)
+body = msgpack.packb({"type": "hello", "protocol": 1, "token": "guessed", "pid": os.getpid()})
+s.sendall(struct.pack(">I", len(body)) + body)
+s.recv(1)
+"""
+
+
+def test_a_connector_with_the_wrong_token_is_refused():
+    import sys
+
+    spec = ConnectorSpec(command=[sys.executable, "-c", IMPOSTOR], start_timeout_s=20, heartbeat_interval_s=0)
+    with pytest.raises(ConnectorStartError, match="wrong token"):
+        ConnectorVectorEnv(spec, 1)

@@ -91,3 +91,11 @@ def test_seeded_vector_envs_are_reproducible(tmp_path):
 def test_unknown_id_did_you_mean(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown Gymnasium id 'CartPol-v1' \(did you mean: CartPole-v1"):
         make_vector_env(cfg(tmp_path, "{type: gymnasium, id: CartPol-v1}"), 2)
+
+
+def test_module_prefixed_id_imports_the_registering_module(tmp_path):
+    env = make_env(cfg(tmp_path, f"{{type: gymnasium, id: '{__name__}:PolarTestDictObs-v0'}}"))
+    assert isinstance(env.observation_space, gym.spaces.Dict)
+    env.close()
+    with pytest.raises(ConfigError, match="cannot import 'no_such_pkg'"):
+        make_env(cfg(tmp_path, "{type: gymnasium, id: 'no_such_pkg:Thing-v0'}"))
