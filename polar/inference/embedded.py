@@ -22,13 +22,14 @@ import logging
 import random
 import threading
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
+from polar.inference.prefix_cache import PrefixCache, PrefixEntry
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class _Seq:
     cancelled: bool = False
     done: bool = False
     cache: Any = None  # only for sequences decoded on their own (caches that cannot be merged)
+    sampled: list[int] = field(default_factory=list)
 
 
 class EmbeddedEngine(Engine):
@@ -122,6 +124,7 @@ class EmbeddedEngine(Engine):
         max_batch_size: int = 32,
         default_stop_token_ids: list[int] | None = None,
         batch_decode: bool = True,
+        prefix_cache_tokens: int = 65536,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -131,6 +134,7 @@ class EmbeddedEngine(Engine):
         self.context_length = int(context_length or cfg_len)
         self.max_batch_size = max_batch_size
         self.batch_decode = batch_decode  # False: every sequence decodes on its own (interleaved, unbatched)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)  # 0 disables; reuses a session's last KV
         self.policy_version = 0
         if default_stop_token_ids is None:
             default_stop_token_ids = _eos_ids(model, tokenizer)
@@ -273,9 +277,17 @@ class EmbeddedEngine(Engine):
         return out.logits[:, -1].float(), new_cache
 
     def _prefill(self, seq: _Seq) -> None:
-        ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
+        prompt = seq.request.prompt_ids
         keep = {self._keep_kw: 1} if self._keep_kw else {}
-        logits, cache = self._forward(ids, None, **keep)  # the model builds the right cache for its layers
+        hit = self.prefix_cache.take(seq.request.session_id, prompt) if self.batch_decode else None
+        if hit is not None:  # prefill only the tail past this session's cached prefix
+            ids = torch.tensor([prompt[len(hit.tokens) :]], dtype=torch.long, device=self.device)
+            logits, cache = self._forward(ids, _cache_from_kv(hit.kv), **keep)
+        else:
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            logits, cache = self._forward(
+                ids, None, **keep
+            )  # the model builds the right cache for its layers
         self._advance([seq], logits)
         if seq.done:
             return
@@ -319,6 +331,7 @@ class EmbeddedEngine(Engine):
         for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
             seq.n_generated += 1
             seq.last_token = token
+            seq.sampled.append(token)
             finish = None
             if token in seq.stops:
                 finish = "stop"
@@ -351,6 +364,14 @@ class EmbeddedEngine(Engine):
         if not leaving:
             return
         gone = {id(s) for s in leaving}
+        assert self._kv is not None and self._mask is not None
+        for row, s in enumerate(self._active):
+            if id(s) in gone and s.done and s.request.session_id is not None:
+                real = self._mask[row].bool()  # keys/values cover the prompt and all but the last sampled id
+                kv = [(k[row : row + 1][:, :, real], v[row : row + 1][:, :, real]) for k, v in self._kv]
+                self.prefix_cache.put(
+                    s.request.session_id, PrefixEntry(s.request.prompt_ids + s.sampled[:-1], kv)
+                )
         keep = [i for i, s in enumerate(self._active) if id(s) not in gone]
         self._active = [self._active[i] for i in keep]
         if not keep:
@@ -374,6 +395,7 @@ class EmbeddedEngine(Engine):
         with self._step_lock:
             load_weights(self.model, state_dict)
             self._abort_all()
+            self.prefix_cache.clear()  # cached keys/values belong to the old weights
             self.policy_version = version
 
     @staticmethod

@@ -202,3 +202,39 @@ def test_sampler_follows_the_tempered_nucleus_distribution():
     p = torch.softmax(logits, -1)[:2]
     assert nucleus[2:].sum() == 0 and torch.allclose(nucleus[:2], p / p.sum(), atol=0.03)
     assert freqs(0.0, 1.0)[0] == 1.0  # greedy
+
+
+def test_session_prefix_cache_reuses_kv_and_changes_nothing(tiny_pair):
+    """Turn 2 extends turn 1's prompt + sampled ids: its prefill reuses turn 1's keys/values."""
+    model, tok = tiny_pair
+    cached = EmbeddedEngine(model, tok, model_name="tiny")
+    plain = EmbeddedEngine(model, tok, model_name="tiny", prefix_cache_tokens=0)
+    glue = tok.encode(
+        "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+
+    async def session(eng, sid):
+        prompt = chat_prompt(tok, "first turn")
+        out = []
+        for turn in range(3):
+            r = await collect(
+                eng.generate(GenerationRequest(prompt, max_tokens=5, seed=turn, session_id=sid))
+            )
+            out.append((prompt, r))
+            prompt = prompt + r.token_ids + glue
+        return out
+
+    with_cache = run(session(cached, "s1"))
+    without = run(session(plain, "s1"))
+    assert cached.prefix_cache.hits == 2 and plain.prefix_cache.hits == 0
+    assert cached.prefix_cache.tokens_reused > 0
+    for (prompt, a), (_, b) in zip(with_cache, without, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max_err(model, prompt, a) < 1e-4
+    # another session with the same text shares nothing; weights changing clears the cache
+    run(session(cached, "s2"))
+    assert cached.prefix_cache.hits == 4
+    run(cached.update_weights({}, version=1))
+    assert len(cached.prefix_cache) == 0
+    run(cached.close())
+    run(plain.close())
