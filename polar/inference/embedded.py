@@ -4,7 +4,9 @@ A background thread owns the model. It admits queued requests, prefills each new
 (no padded queries, so no fully masked attention rows), then merges its KV cache into the running
 cohort and advances every active sequence by one token per forward pass (left-padded KV plus a 2D
 attention mask and explicit position ids). Sequences join and leave between steps, so a long
-generation never holds up a short one.
+generation never holds up a short one. Caches that cannot be merged (linear-attention layers) decode
+per sequence instead. A finished sequence's KV is kept per session (:mod:`polar.inference.prefix_cache`),
+so the session's next turn, whose prompt extends it, prefills only the new tail.
 
 Logprobs are the raw model distribution's (log-softmax at temperature 1, before top-p), computed in
 float32 from the same logits the token was sampled from; see :mod:`polar.inference.base`.
