@@ -149,11 +149,11 @@ class UpstreamEngine(Engine):
                     yield event
                 return
             except _ReplicaFailed as exc:
-                if streamed:
+                replica.down_until = time.monotonic() + self.config.cooldown_s
+                if streamed:  # tokens already went out: the call cannot move; end it as aborted
                     log.warning("upstream %s failed mid-stream: %s", replica.url, exc)
                     yield TokenEvent(None, None, "abort", self.policy_version)
                     return
-                replica.down_until = time.monotonic() + self.config.cooldown_s
                 errors.append(f"{replica.url}: {exc}")
                 log.warning("upstream %s failed, trying the next replica: %s", replica.url, exc)
             finally:
