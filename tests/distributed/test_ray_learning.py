@@ -1,0 +1,135 @@
+"""Does it learn through the Ray backend, and does it survive losing actors, a node, and the driver?
+
+Runs on local multi-node clusters (``ray.cluster_utils.Cluster``). These are long learning runs on a
+2-core machine, so they are ``slow``; the contract tests in test_ray_backend.py stay in the default suite.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from polar.config import RunConfig, validate
+from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.run_dir import RunDir
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+PPO_ZOO = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+           "learning_rate": 1e-3, "lr_schedule": "linear", "clip_range_schedule": "linear"}
+APPO = {"n_steps": 64, "learning_rate": 1e-3, "n_epochs": 2, "batch_size": 256}
+
+
+def run_cfg(address, policy, workers=2, envs=4, total=300_000, **extra):
+    return validate(RunConfig, {
+        "name": "ray-test",
+        "harness": {"type": "gymnasium", "id": "CartPole-v1"},
+        "policy": policy,
+        "distribution": {"backend": "ray", "coordinator_address": address, "rollout_workers": workers,
+                         "envs_per_worker": envs, "rollout_resources": {"num_cpus": 1}},
+        "total_env_steps": total,
+        "stop_reward": 475,
+        "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
+        "eval": {"episodes": 5, "num_envs": 5},
+        **extra,
+    })
+
+
+def test_appo_learns_cartpole_on_ray(ray_cluster, tmp_path):
+    cfg = run_cfg(ray_cluster.address, {"type": "appo", "kwargs": APPO}, total=400_000)
+    result = OnPolicyTrainer(cfg, RunDir.create("appo", tmp_path / "run")).train()
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475
+    assert result["eval"]["return_mean"] >= 400
+
+
+@pytest.fixture
+def fragile_cluster():
+    """Its own cluster: the head and one worker node this test may kill."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    args = {"num_cpus": 2, "object_store_memory": 150 * 1024**2}
+    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    worker = cluster.add_node(**args)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        yield cluster, worker
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_ppo_learns_through_a_killed_actor_and_a_killed_node(fragile_cluster, tmp_path):
+    import ray
+
+    cluster, worker_node = fragile_cluster
+    # 3 actors x 1 CPU on two 2-CPU nodes: at least one lives on the node we kill
+    cfg = run_cfg(cluster.address, {"type": "ppo", "kwargs": PPO_ZOO}, workers=3, envs=3)
+    events = {}
+    trainer = None
+
+    def chaos(metrics):
+        pool = trainer.backend.pool
+        if metrics["iteration"] == 5:
+            wid, actor = next(iter(pool.actors().items()))
+            ray.kill(actor, no_restart=True)
+            events["killed_actor"] = wid
+        if metrics["iteration"] == 25:
+            on_node = [w for w, a in pool.actors().items()
+                       if ray.get(a.ready.remote(), timeout=30)["node_id"] == worker_node.node_id]
+            assert on_node, "expected a rollout actor on the worker node"
+            events["actors_on_node"] = len(on_node)
+            cluster.remove_node(worker_node, allow_graceful=False)
+        events["last"] = metrics
+
+    trainer = OnPolicyTrainer(cfg, RunDir.create("ppo", tmp_path / "run"), on_iteration=chaos)
+    result = trainer.train()
+    last = events["last"]
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475
+    # one restart for the killed actor, one per actor lost with its node; each lost fragment counted
+    assert last["rollout/restarts"] >= 1 + events["actors_on_node"]
+    assert last["rollout/dropped_fragments"] == last["rollout/restarts"]
+    assert last["rollout/dropped_episodes"] == 3 * last["rollout/restarts"]
+
+
+def test_driver_crash_then_resume_from_the_last_checkpoint(ray_cluster, tmp_path):
+    """SIGKILL the driver (`polar run`) after its first checkpoint; `polar resume` goes on from there."""
+    cfg_path = tmp_path / "ppo.yaml"
+    cfg_path.write_text(
+        "name: crash\nharness: {type: gymnasium, id: CartPole-v1}\n"
+        f"policy: {{type: ppo, kwargs: {PPO_ZOO}}}\n".replace("'", "")
+        + f"distribution: {{backend: ray, coordinator_address: '{ray_cluster.address}', rollout_workers: 2, "
+        "envs_per_worker: 4, rollout_resources: {num_cpus: 1}}\n"
+        "total_env_steps: 300000\nstop_reward: 475\n"
+        "logging: {checkpoint_freq: 5, tensorboard: false, progress_bar: false}\neval: {episodes: 5, num_envs: 5}\n"
+    )
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "polar.cli.main", "run", "-c", str(cfg_path), "--run-dir", str(run_dir),
+                             "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpts = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+    try:
+        while not (ckpts.is_dir() and any(ckpts.glob("*_00000010*"))):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    from polar.trainers.checkpoint import CheckpointManager
+    from polar.trainers.loading import load_run
+
+    saved = CheckpointManager(ckpts).load_latest()
+    run, cfg = load_run(run_dir)
+    trainer = OnPolicyTrainer(cfg, run, resume=True)
+    result = trainer.train()
+    assert int(saved["iteration"]) >= 10
+    assert result["iterations"] > int(saved["iteration"]) and result["env_steps"] > int(saved["env_steps"])
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475
