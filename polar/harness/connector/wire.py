@@ -38,15 +38,39 @@ class ConnectionClosed(ProtocolError):
 
 
 # ----------------------------------------------------------------------------------------- arrays
+_HEADERS: dict[tuple, bytes] = {}
+
+
 def _array_header(arr: np.ndarray) -> bytes:
-    dtype = arr.dtype.str.encode("ascii")
-    return bytes([len(dtype)]) + dtype + bytes([arr.ndim]) + struct.pack(f"<{arr.ndim}I", *arr.shape)
+    key = (arr.dtype.str, arr.shape)
+    header = _HEADERS.get(key)
+    if header is None:  # a handful of (dtype, shape) pairs per run: cache their headers
+        dtype = arr.dtype.str.encode("ascii")
+        header = bytes([len(dtype)]) + dtype + bytes([arr.ndim]) + struct.pack(f"<{arr.ndim}I", *arr.shape)
+        if len(_HEADERS) < 4096:
+            _HEADERS[key] = header
+    return header
 
 
 _DTYPES: dict[bytes, np.dtype] = {}
 
 
+_PARSED: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
+
+
 def _parse_header(data: memoryview) -> tuple[np.dtype, tuple[int, ...], int]:
+    n = data[0]
+    end = 2 + n + 4 * data[1 + n] if len(data) > 1 + n else 0
+    cached = _PARSED.get(bytes(data[:end])) if end else None
+    if cached is not None:
+        return cached
+    parsed = _parse_header_slow(data)
+    if len(_PARSED) < 4096:
+        _PARSED[bytes(data[:end])] = parsed
+    return parsed
+
+
+def _parse_header_slow(data: memoryview) -> tuple[np.dtype, tuple[int, ...], int]:
     n = data[0]
     key = bytes(data[1 : 1 + n])
     dtype = _DTYPES.get(key)
