@@ -35,6 +35,7 @@ class GRPOKwargs(StrictModel):
     max_tokens: int = Field(64, ge=1, description="max sampled tokens per model call")
     lora: LoraConfig | None = None
     eval_every: int = Field(0, ge=0, description="evaluate held-out tasks every N steps (0 = start and end only)")
+    eval_samples: int = Field(1, ge=1, description="sessions per held-out task in each evaluation")
 
 
 class SFTKwargs(StrictModel):

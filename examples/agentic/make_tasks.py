@@ -1,0 +1,52 @@
+"""Write the calculator task set (train / held-out JSONL) and SFT demonstrations for the train split.
+
+Tasks are ``a OP b`` with single-digit operands, split by operand pair so held-out questions are
+unseen combinations. Demonstrations are the ideal conversation (tool call, tool result, answer) in
+OpenAI chat format, which the SFT trainer renders with the model's chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from calculator_agent import TOOLS
+
+HERE = Path(__file__).parent
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def tasks() -> list[dict]:
+    out = []
+    for a in range(10):
+        for b in range(10):
+            for op, fn in OPS.items():
+                out.append({"id": f"{a}{op}{b}", "prompt": f"What is {a} {op} {b}?", "expression": f"{a} {op} {b}",
+                            "answer": str(fn(a, b))})
+    return out
+
+
+def demonstration(task: dict) -> dict:
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": task["expression"]})}}
+    return {"tools": TOOLS, "messages": [
+        {"role": "user", "content": task["prompt"]},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": task["answer"]},
+        {"role": "assistant", "content": task["answer"]},
+    ]}
+
+
+def main() -> None:
+    rng = random.Random(0)
+    all_tasks = tasks()
+    rng.shuffle(all_tasks)
+    held_out, train = all_tasks[:60], all_tasks[60:]
+    for name, rows in (("train.jsonl", train), ("heldout.jsonl", held_out)):
+        (HERE / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (HERE / "demos.jsonl").write_text("".join(json.dumps(demonstration(t)) + "\n" for t in train))
+
+
+if __name__ == "__main__":
+    main()

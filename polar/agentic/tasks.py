@@ -1,0 +1,37 @@
+"""Task files: JSONL, one JSON object per line with at least a ``prompt`` (or ``instruction``/``question``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from polar.errors import ConfigError
+
+
+def resolve(path: str, config_dir: Path | None) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute() and config_dir is not None and (config_dir / p).exists():
+        return config_dir / p
+    return p
+
+
+def load_tasks(path: str, config_dir: Path | None = None) -> list[dict[str, Any]]:
+    p = resolve(path, config_dir)
+    if not p.is_file():
+        raise ConfigError(f"tasks file {path!r} not found (looked in {config_dir or Path.cwd()}); give a JSONL path")
+    tasks = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict) or not any(isinstance(row.get(k), str) for k in ("prompt", "instruction", "question")):
+            raise ConfigError(f"{p}:{n}: each task needs a 'prompt' string (or 'instruction'/'question')")
+        row.setdefault("id", f"{p.stem}-{n}")
+        tasks.append(row)
+    if not tasks:
+        raise ConfigError(f"{p} holds no tasks")
+    return tasks

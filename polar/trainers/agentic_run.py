@@ -1,0 +1,131 @@
+"""``polar run`` for ``harness.type == agent``: optional SFT warm-up, then GRPO (or SFT alone).
+
+Everything runs in this process: the embedded engine behind an in-process gateway, the rollout service
+with its session pipeline, and the learner. The run directory holds the usual ``config.resolved.yaml``,
+``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``eval/``, plus ``gateway/sessions/`` (every call).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from polar.agentic.local import LocalStack
+from polar.agentic.pipeline import PipelineSettings
+from polar.agentic.runners import build_runner
+from polar.agentic.tasks import load_tasks, resolve
+from polar.agentic.verifiers import build_verifier
+from polar.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineSettings:
+    s, h = cfg.sessions, cfg.harness
+    template = str(resolve(h.cwd, cfg.config_dir)) if h.cwd else None
+    if template and not Path(template).is_dir():
+        raise ConfigError(f"harness.cwd {h.cwd!r} is not a directory (resolved next to the config: {template})")
+    return PipelineSettings(
+        max_init_workers=s.max_init_workers, max_run_workers=s.max_run_workers, max_postrun_workers=s.max_postrun_workers,
+        session_budget_s=s.session_budget_s, agent_timeout_s=h.timeout_s,
+        verifier_timeout_s=cfg.verifier.timeout_s if cfg.verifier else 60.0, builder=cfg.trajectory.builder,
+        workspace_root=s.workspace_root or (str(workspace_root) if workspace_root else None), template_dir=template,
+        keep_workspaces=s.keep_workspaces,
+    )
+
+
+def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None) -> LocalStack:
+    """Engine + gateway + rollout service for ``cfg`` (not started)."""
+    from polar.inference import load_engine
+
+    if cfg.harness.type != "agent":
+        raise ConfigError(f"harness.type {cfg.harness.type!r}: agentic training needs harness.type: agent")
+    if engine is None:
+        spec = cfg.model.name_or_path if cfg.model else cfg.gateway.model
+        engine = load_engine(spec, **({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs)
+    runner = build_runner(cfg.harness, cfg.config_dir)
+    verifier = build_verifier(cfg.verifier, cfg.config_dir)
+    settings = pipeline_settings(cfg, run_dir_path / "workspaces")
+    return LocalStack(engine, runner, verifier, settings, records_dir=run_dir_path / "gateway" / "sessions",
+                      gateway_config=cfg.gateway)
+
+
+def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """The whole run; returns a summary (also written to ``eval/summary.json``)."""
+    from polar.config import dump_config
+    from polar.metrics.logger import MetricsLogger
+    from polar.trainers.checkpoint import CheckpointManager
+    from polar.trainers.llm_policy import LLMPolicy, load_demonstrations
+    from polar.trainers.llm_trainer import GRPOTrainer, sft_train
+
+    policy_cfg = cfg.policy
+    if policy_cfg.type not in ("grpo", "sft"):
+        raise ConfigError(f"policy.type {policy_cfg.type!r}: agent harnesses train with 'grpo' or 'sft'")
+    if policy_cfg.type == "grpo" and not cfg.tasks:
+        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
+    if not resume:
+        run_dir.write_config(dump_config(cfg))
+    run_dir.update_meta(status="running", kind=f"agentic-{policy_cfg.type}")
+    logger = MetricsLogger(run_dir.metrics_path, run_dir.tensorboard_dir if cfg.logging.tensorboard else None)
+    checkpoints = CheckpointManager(run_dir.checkpoints_dir, cfg.logging.keep_checkpoints)
+    eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
+    summary: dict[str, Any] = {}
+    t0 = time.monotonic()
+    stack = build_stack(cfg, run_dir.path, engine)
+    with stack:
+        kw = policy_cfg.kwargs
+        policy = LLMPolicy.from_engine(stack.engine, kw.lora)
+        latest = checkpoints.latest() if resume else None
+
+        def evaluate(tag: str, samples: int = 1) -> dict[str, Any]:
+            if not eval_tasks:
+                return {}
+            from polar.trainers.llm_trainer import success_rate
+
+            res = success_rate(stack.run_groups([(t, samples, {"eval": tag}) for t in eval_tasks]))
+            run_dir.write_json(f"eval/{tag}.json", res)
+            log.info("held-out success (%s): %.3f over %d sessions", tag, res["success"], res["sessions"])
+            return res
+
+        sft = cfg.sft_warmup
+        demos_path = sft.demonstrations if sft else (cfg.tasks if policy_cfg.type == "sft" else None)
+        sft_kwargs = sft.kwargs if sft else (kw if policy_cfg.type == "sft" else None)
+        version = int(stack.engine.policy_version)
+        if demos_path and latest is None:
+            if policy_cfg.type == "grpo" and sft_kwargs.lora is not None and kw.lora is None:
+                raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+            demos = load_demonstrations(resolve(demos_path, cfg.config_dir), policy.tokenizer)
+            ts = time.monotonic()
+            losses = sft_train(policy, demos, sft_kwargs, cfg.seed,
+                               on_step=lambda s, loss: logger.log({"sft_step": s, "sft_loss": loss}, s) if s % 10 == 0 else None)
+            version += 1
+            stack.update_weights(policy.serving_state_dict(), version)
+            summary["sft"] = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1],
+                              "demonstrations": len(demos), "time_s": round(time.monotonic() - ts, 1)}
+            log.info("SFT: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+        if policy_cfg.type == "sft":
+            checkpoints.save(0, {"model": policy.state_dict(), "step": 0, "policy_version": version})
+            summary["eval_final"] = evaluate("final", getattr(kw, "eval_samples", 1))
+        else:
+            summary["eval_before"] = evaluate("before_grpo", kw.eval_samples)
+            trainer = GRPOTrainer(stack, policy, kw, load_tasks(cfg.tasks, cfg.config_dir), eval_tasks, logger,
+                                  checkpoints, cfg.logging.checkpoint_freq, cfg.seed, version=version)
+            if latest is not None:
+                from polar.trainers.checkpoint import load_checkpoint
+
+                trainer.load_state(load_checkpoint(latest))
+            tg = time.monotonic()
+            result = trainer.train()
+            summary["grpo"] = {"steps": result["steps"], "time_s": round(time.monotonic() - tg, 1)}
+            summary["eval_after"] = evaluate("after_grpo", kw.eval_samples)
+            history = result["history"]
+            if history:
+                summary["grpo"]["reward_first"] = history[0]["reward_mean"]
+                summary["grpo"]["reward_last"] = history[-1]["reward_mean"]
+    summary["time_s"] = round(time.monotonic() - t0, 1)
+    logger.close()
+    run_dir.write_json("eval/summary.json", summary)
+    run_dir.update_meta(status="finished", result={k: v for k, v in summary.items() if k != "history"})
+    return summary
