@@ -231,3 +231,59 @@ def test_a_connector_with_the_wrong_token_is_refused():
     spec = ConnectorSpec(command=[sys.executable, "-c", IMPOSTOR], start_timeout_s=20, heartbeat_interval_s=0)
     with pytest.raises(ConnectorStartError, match="wrong token"):
         ConnectorVectorEnv(spec, 1)
+
+
+CONNECTOR_SRC = """
+import numpy as np
+from gymnasium import spaces
+
+class Where:
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, config):
+        pass
+
+    def reset(self):
+        return np.array([{value}], dtype=np.float32)
+
+    def step(self, action):
+        return self.reset(), 0.0, False, {info}
+"""
+
+
+def test_module_resolves_next_to_the_config_before_the_cwd(tmp_path, monkeypatch):
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cfg" / "where_mod.py").write_text(CONNECTOR_SRC.format(value=1.0, info="{}"))
+    (tmp_path / "cwd" / "where_mod.py").write_text(CONNECTOR_SRC.format(value=2.0, info="{'bad': object()}"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    spec = make_spec("Where", module="where_mod")
+    envs = ConnectorVectorEnv(spec, 1, config_dir=tmp_path / "cfg")
+    try:
+        assert envs.reset()[0].tolist() == [[1.0]]
+    finally:
+        envs.close()
+    envs = ConnectorVectorEnv(spec, 1, config_dir=tmp_path / "elsewhere")  # falls back to the cwd
+    try:
+        assert envs.reset()[0].tolist() == [[2.0]]
+        with pytest.raises(EnvContractError, match="a value of type object cannot be sent"):
+            envs.step(np.array([0]))  # an info value msgpack cannot carry: a clear error, not a crash
+        assert envs.reset()[0].tolist() == [[2.0]]
+    finally:
+        envs.close()
+
+
+def test_connector_code_can_be_upgraded_without_stopping(tmp_path):
+    (tmp_path / "where_mod.py").write_text(CONNECTOR_SRC.format(value=1.0, info="{}"))
+    envs = ConnectorVectorEnv(make_spec("Where", module="where_mod"), 2, config_dir=tmp_path)
+    try:
+        envs.reset()
+        assert envs.step(np.array([0, 0]))[0].tolist() == [[1.0], [1.0]]
+        # a different length, so Python never reuses the old bytecode even within the same mtime second
+        (tmp_path / "where_mod.py").write_text(CONNECTOR_SRC.format(value=3.25, info="{}"))
+        envs.restart_connectors()
+        obs, _, term, trunc, info = envs.step(np.array([0, 0]))
+        assert trunc.all() and not term.any() and info["polar/connector_restart"].all()
+        assert obs.tolist() == [[3.25], [3.25]] and envs.restarts == 1
+    finally:
+        envs.close()

@@ -272,6 +272,17 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 infos = self._add_info(infos, per_env[i], i)
         return obs, rewards, terminated, truncated, infos
 
+    def restart_connectors(self) -> None:
+        """Restart every connector process, e.g. to load upgraded connector code without stopping training.
+
+        The processes go down now; the next ``step`` starts fresh ones and reports the episodes they
+        were running as truncated with ``info["polar/connector_restart"] = True``.
+        """
+        with self._lock:
+            for p in self.procs:
+                p.dead_reason = "a restart was requested"
+                p.kill()
+
     # ------------------------------------------------------------------------------- liveness
     def _heartbeat(self, interval_s: float, timeout_s: float) -> None:
         if not self._lock.acquire(blocking=False):
