@@ -74,6 +74,8 @@ class OnPolicyTrainer:
             if hasattr(self.backend, "attach_run_dir"):  # ray: `polar scale RUN_DIR` resizes while running
                 self.backend.attach_run_dir(self.run_dir.path)
             self.backend.start(self.policy.state_dict(), self.version, policy=self.policy)
+            if hasattr(self.backend, "attach_run_dir"):  # optional hook (ray: `polar scale` requests)
+                self.backend.attach_run_dir(self.run_dir.path)
         except BaseException:
             self.backend.close()
             raise
@@ -151,6 +153,8 @@ class OnPolicyTrainer:
                            **self.window.summary(), **stats,
                            "policy_lag": float(np.mean([self.version - 1 - f.policy_version for f in frags])),
                            "connector_restarts": self.connector_restarts}
+                if hasattr(self.backend, "metrics"):  # optional hook: backend-specific counters
+                    metrics.update(self.backend.metrics())
                 if hasattr(self.backend, "metrics"):  # ray: per-role throughput, queue depth, lag, restarts
                     metrics.update(self.backend.metrics())
                 last_t, last_steps = now, self.env_steps
