@@ -275,8 +275,10 @@ class SessionPipeline:
             why = (f"session budget of {self.settings.session_budget_s}s ran out" if live.budget_expired
                    else f"agent timed out after {self.settings.agent_timeout_s}s")
             complete = bool(records) and not incomplete
-            return finish(SessionStatus.TIMEOUT, reward=0.0, error=why + ("" if complete else "; token data incomplete, fully masked"),
-                          trainable=complete)
+            why += "" if complete else "; token data incomplete, fully masked"
+            if out is not None and out.stderr_tail:  # the harness's last output lines say where it was stuck
+                why += f". Last output:\n{out.stderr_tail[-2000:]}"
+            return finish(SessionStatus.TIMEOUT, reward=0.0, error=why, trainable=complete)
         if out is None:
             return finish(SessionStatus.ERROR, error="the harness never ran")
         if out.error:
