@@ -17,6 +17,10 @@ try:
         """Key-sorted compact bytes, for hashing and equality of normalized messages."""
         return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
+    def dumps_record(record: Any) -> bytes:
+        """A dataclass record (orjson serializes dataclasses natively, without ``asdict``'s deep copies)."""
+        return orjson.dumps(record)
+
     JSONDecodeError: type[Exception] = orjson.JSONDecodeError
 
 except ImportError:  # pragma: no cover - exercised only without orjson
@@ -30,5 +34,10 @@ except ImportError:  # pragma: no cover - exercised only without orjson
 
     def canonical(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
+    def dumps_record(record: Any) -> bytes:
+        from dataclasses import asdict
+
+        return dumps(asdict(record))
 
     JSONDecodeError = json.JSONDecodeError

@@ -133,6 +133,8 @@ class Call:
         """Text deltas as they become showable, then one ``CallOutput``. Records in ``finally``."""
         detok = IncrementalDetokenizer(self.core.engine.tokenizer, self.core.stop_ids)
         ts = TextStream(self.req.stop, parse_tools=bool(self.tools))
+        # non-streaming calls without stop strings decode once at the end instead of per token
+        incremental = self.req.stream or bool(self.req.stop)
         finish = "abort"
         error: BaseException | None = None
         try:
@@ -143,9 +145,10 @@ class Call:
                         self.first_token_s = time.perf_counter() - self._t0
                     self.sampled.append(int(ev.token_id))
                     self.logprobs.append(float(ev.logprob if ev.logprob is not None else 0.0))
-                    delta = ts.feed(detok.push(int(ev.token_id)))
-                    if delta:
-                        yield delta
+                    if incremental:
+                        delta = ts.feed(detok.push(int(ev.token_id)))
+                        if delta:
+                            yield delta
                 if ts.stop_hit is not None:
                     finish = "stop_sequence"
                     break
@@ -156,6 +159,8 @@ class Call:
                     ev = await self._gen.__anext__()
                 except StopAsyncIteration:
                     ev = None
+            if not incremental:
+                detok.ids.extend(t for t in self.sampled if t not in detok.skip)
             if finish != "stop_sequence":
                 delta = ts.feed(detok.flush())
                 if ts.stop_hit is not None:

@@ -70,10 +70,48 @@ class PromptBuilder:
         else:
             self.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
 
+        self._compiled = self._fast_template()
+
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], generation: bool) -> str:
+        if self._compiled is not None:
+            template, extra = self._compiled
+            return template.render(messages=messages, tools=list(tools) or None, documents=None,
+                                   add_generation_prompt=generation, **extra)
+        return self._render_hf(messages, tools, generation)
+
+    def _render_hf(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], generation: bool) -> str:
         return self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) or None, tokenize=False, add_generation_prompt=generation
         )
+
+    def _fast_template(self) -> tuple[Any, dict[str, Any]] | None:
+        """The compiled Jinja template, rendered directly (skips per-call copies of the conversation).
+
+        Used only when it renders a probe conversation exactly as ``apply_chat_template`` does."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not isinstance(template, str):
+            return None
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            compiled = _compile_jinja_template(template)
+            extra = dict(getattr(self.tokenizer, "special_tokens_map", {}) or {})
+            tools = [{"type": "function", "function": {"name": "f", "description": "d",
+                                                       "parameters": {"type": "object", "properties": {}}}}]
+            probe = [
+                {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "a", "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "r"},
+            ]
+            for t in ([], tools):
+                for gen in (True, False):
+                    fast = compiled.render(messages=probe, tools=t or None, documents=None, add_generation_prompt=gen, **extra)
+                    if fast != self._render_hf(probe, t, gen):
+                        return None
+            return compiled, extra
+        except Exception:  # any doubt: the slower, canonical path
+            return None
 
     def build(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], lookup: Any) -> Prompt:
         """Token ids for ``messages``; ``lookup(reuse_key) -> CallRecord | None`` searches this session only."""

@@ -102,7 +102,7 @@ class SessionStore:
             return self._get(session_id).by_reuse_key.get(key)
 
     def append(self, rec: CallRecord) -> None:
-        line = _json.dumps(rec.to_dict()) + b"\n"
+        line = _json.dumps_record(rec) + b"\n"
         with self._lock:
             s = self._get(rec.session_id)
             self._index(s, rec)

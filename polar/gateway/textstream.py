@@ -29,14 +29,14 @@ class IncrementalDetokenizer:
             self._decode = lambda ids: backend.decode(ids, skip_special_tokens=False)
         else:  # slow tokenizer fallback
             self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
-        self._skip = set(int(i) for i in skip_ids)
+        self.skip = frozenset(int(i) for i in skip_ids)
         self.ids: list[int] = []
         self._prefix = 0
         self._read = 0
 
     def push(self, token_id: int) -> str:
         """Add one sampled id; return the newly complete text (maybe empty)."""
-        if token_id in self._skip:  # end-of-turn ids are not text
+        if token_id in self.skip:  # end-of-turn ids are not text
             return ""
         self.ids.append(token_id)
         prefix_text = self._decode(self.ids[self._prefix : self._read])
