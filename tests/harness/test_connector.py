@@ -117,16 +117,17 @@ def test_single_env_wrapper_and_inferred_dict_space():
 
 
 def test_exception_in_step_names_class_and_carries_traceback():
-    envs = ConnectorVectorEnv(make_spec("CountingConnector", config={"raise_at": 2}), 1, config_dir=CONNECTORS_DIR)
+    spec = make_spec("CountingConnector", config={"raise_at": 2, "length": 10}, copies_per_process=1)
+    envs = ConnectorVectorEnv(spec, 2, config_dir=CONNECTORS_DIR)
     try:
         envs.reset()
-        envs.step(np.array([0]))
+        envs.step(np.array([0, 0]))
         with pytest.raises(ConnectorRemoteError) as e:
-            envs.step(np.array([0]))
+            envs.step(np.array([0, 0]))  # both processes raise; both replies are drained
         assert "CountingConnector.step raised ValueError: bad move at step 2" in str(e.value)
         assert 'raise ValueError(f"bad move' in e.value.remote_traceback
-        obs, *_ = envs.step(np.array([0]))  # the process survived: nothing running was lost
-        assert envs.restarts == 0 and obs.shape == (1, 2)
+        obs, *_ = envs.step(np.array([0, 0]))  # the processes survived: nothing running was lost
+        assert envs.restarts == 0 and obs[:, 0].tolist() == [3.0, 3.0]
     finally:
         envs.close()
 

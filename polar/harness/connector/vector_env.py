@@ -22,7 +22,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from polar.errors import EnvContractError
+from polar.errors import EnvContractError, PolarError
 from polar.harness.connector.process import ConnectorProcess, ProcessFailed
 from polar.harness.connector.spaces import conform, index, infer_space, space_from_wire
 
@@ -136,13 +136,17 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                         self.procs[j].send({"op": "reset", "seeds": seeds[lo:hi], "env_ids": None})
                     except ProcessFailed:
                         pass  # the receive below reports it
-                failed = []
+                failed, error = [], None
                 for j in pending:
                     try:
                         replies[j] = self.procs[j].receive()
                     except ProcessFailed as e:
                         self.procs[j].recover(str(e))
                         failed.append(j)
+                    except PolarError as e:  # drain every other reply first, so the streams stay in step
+                        error = error or e
+                if error is not None:
+                    raise error
                 pending = failed
         obs = conform(_concat([r["obs"] for r in replies]), self.single_observation_space)
         infos = [info for r in replies for info in r["infos"]]
@@ -205,6 +209,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                     pass  # the receive below reports it
             replies: list = []
             failed: list[tuple[int, str]] = []
+            error: Exception | None = None
             for j, p in enumerate(self.procs):
                 try:
                     replies.append(p.receive())
@@ -212,8 +217,13 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 except ProcessFailed as e:
                     replies.append(None)
                     failed.append((j, str(e)))
+                except PolarError as e:  # drain every other reply first, so the streams stay in step
+                    replies.append(None)
+                    error = error or e
             for j, reason in failed:
                 replies[j] = self._restart(j, reason)
+            if error is not None:
+                raise error
         if single:
             r = replies[0]
             obs = conform(r["obs"], self.single_observation_space)
@@ -243,9 +253,13 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         lo, hi = self._bounds[j]
         n = hi - lo
         p.recover(reason)
+        seeds = None
+        if p.describe.get("reset_accepts_seed"):  # fresh, distinct streams: not all copies replaying the config seed
+            base = int(np.random.SeedSequence().generate_state(1)[0])
+            seeds = [base + i for i in range(n)]
         while True:
             try:
-                reply = p.call({"op": "reset", "seeds": None, "env_ids": None})
+                reply = p.call({"op": "reset", "seeds": seeds, "env_ids": None})
                 break
             except ProcessFailed as e:
                 p.recover(str(e))
