@@ -202,10 +202,10 @@ def test_frame_cap_and_compression():
 
 
 def test_tcp_transport_and_token_rule():
-    spec = make_spec("CountingConnector", transport="tcp")
+    spec = make_spec("CountingConnector", transport="tcp", copies_per_process=1)
     envs = ConnectorVectorEnv(spec, 2, config_dir=CONNECTORS_DIR)
     try:
-        assert envs.procs[0].address.startswith("tcp:127.0.0.1:")
+        assert all(p.address.startswith("tcp:127.0.0.1:") for p in envs.procs) and len(envs.procs) == 2
         envs.reset()
         assert envs.step(np.array([0, 0]))[1].tolist() == [1.0, 1.0]
     finally:

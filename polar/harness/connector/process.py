@@ -67,8 +67,10 @@ def is_loopback(host: str) -> bool:
 class ConnectorProcess:
     """A connector process hosting ``num_envs`` copies, with restart-on-failure bookkeeping."""
 
-    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, label: str = "connector") -> None:
+    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, index: int = 0) -> None:
         self.spec = spec
+        self.index = index
+        label = f"connector-{index}"
         self.num_envs = num_envs
         self.config_dir = Path(config_dir) if config_dir else Path.cwd()
         self.label = label
@@ -100,8 +102,8 @@ class ConnectorProcess:
             family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((spec.host, spec.port))
-            host = spec.host if is_loopback(spec.host) or spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
+            sock.bind((spec.host, spec.port + self.index if spec.port else 0))  # a fixed port: one per process
+            host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host  # our own child dials loopback
             self.address = f"tcp:{host}:{sock.getsockname()[1]}"
         sock.listen(4)
         # A token always guards the hello; a non-loopback bind requires the user's own (checked in config).

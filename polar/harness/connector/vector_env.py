@@ -65,7 +65,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         self.closed = False
         try:
             for j, n in enumerate(sizes):
-                self.procs.append(ConnectorProcess(spec, n, config_dir, label=f"connector-{j}"))
+                self.procs.append(ConnectorProcess(spec, n, config_dir, index=j))
             for p in self.procs:  # boot them in parallel
                 p.spawn()
             for p in self.procs:
