@@ -82,6 +82,10 @@ class GenerationRequest:
                 raise EngineError(
                     f"GenerationRequest.prompt_ids has ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
                 )
+        for name in ("max_tokens", "temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise EngineError(f"GenerationRequest.{name} must be a number (got {value!r})")
         if self.max_tokens < 1:
             raise EngineError(f"GenerationRequest.max_tokens must be >= 1 (got {self.max_tokens})")
         if self.temperature < 0:

@@ -254,9 +254,14 @@ class EmbeddedEngine(Engine):
     @torch.no_grad()
     def _step(self, newcomers: list[_Seq]) -> None:
         self._drop([s for s in self._active if s.cancelled])
+        joining: list[tuple[_Seq, list[tuple[torch.Tensor, torch.Tensor]]]] = []
         for seq in newcomers:
             if not seq.cancelled:
-                self._prefill(seq)
+                kv = self._prefill(seq)
+                if kv is not None:
+                    joining.append((seq, kv))
+        if joining:
+            self._merge(joining)
         if self._active:
             self._decode()
         for seq in self._solo:
@@ -278,7 +283,8 @@ class EmbeddedEngine(Engine):
             )
         return out.logits[:, -1].float(), new_cache
 
-    def _prefill(self, seq: _Seq) -> None:
+    def _prefill(self, seq: _Seq) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Prefill and sample the first token; return the KV to merge into the cohort, if any."""
         prompt = seq.request.prompt_ids
         keep = {self._keep_kw: 1} if self._keep_kw else {}
         hit = self.prefix_cache.take(seq.request.session_id, prompt) if self.batch_decode else None
@@ -292,13 +298,12 @@ class EmbeddedEngine(Engine):
             )  # the model builds the right cache for its layers
         self._advance([seq], logits)
         if seq.done:
-            return
+            return None
         kv = _plain_kv(cache) if self.batch_decode else None
         if kv is None:
             seq.cache = cache
             self._solo.append(seq)
-        else:
-            self._merge(seq, kv)
+        return kv
 
     def _decode_solo(self, seq: _Seq) -> None:
         ids = torch.tensor([[seq.last_token]], dtype=torch.long, device=self.device)
@@ -342,25 +347,24 @@ class EmbeddedEngine(Engine):
             seq.done = finish is not None
             self._emit(seq, TokenEvent(token, logprob, finish, self.policy_version if finish else None))
 
-    def _merge(self, seq: _Seq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Add one prefilled sequence (KV of shape (1, H, P, D)) to the cohort, left-padding the shorter side."""
-        new_len = kv[0][0].shape[2]
-        new_mask = torch.ones(1, new_len, dtype=torch.long, device=self.device)
-        if self._kv is None:
-            self._kv, self._mask, self._active = kv, new_mask, [seq]
-            return
-        cur_len = self._kv[0][0].shape[2]
-        width = max(cur_len, new_len)
+    def _merge(self, joining: list[tuple[_Seq, list[tuple[torch.Tensor, torch.Tensor]]]]) -> None:
+        """Add prefilled sequences (KV of shape (1, H, P, D) each) to the cohort in one concatenation,
+        left-padding every part to the longest."""
+        parts_kv = ([] if self._kv is None else [self._kv]) + [kv for _, kv in joining]
+        parts_mask = [] if self._mask is None else [self._mask]
+        parts_mask += [
+            torch.ones(1, kv[0][0].shape[2], dtype=torch.long, device=self.device) for _, kv in joining
+        ]
+        width = max(m.shape[1] for m in parts_mask)
         self._kv = [
             (
-                torch.cat([_left_pad(k, width), _left_pad(k2, width)], dim=0),
-                torch.cat([_left_pad(v, width), _left_pad(v2, width)], dim=0),
+                torch.cat([_left_pad(p[layer][0], width) for p in parts_kv], dim=0),
+                torch.cat([_left_pad(p[layer][1], width) for p in parts_kv], dim=0),
             )
-            for (k, v), (k2, v2) in zip(self._kv, kv, strict=False)
+            for layer in range(len(parts_kv[0]))
         ]
-        assert self._mask is not None
-        self._mask = torch.cat([_left_pad(self._mask, width), _left_pad(new_mask, width)], dim=0)
-        self._active.append(seq)
+        self._mask = torch.cat([_left_pad(m, width) for m in parts_mask], dim=0)
+        self._active += [seq for seq, _ in joining]
 
     def _drop(self, leaving: list[_Seq]) -> None:
         if not leaving:
@@ -423,12 +427,20 @@ def _plain_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
 
 
 def _cache_from_kv(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    from transformers import DynamicCache
+    """A DynamicCache holding ``kv`` without copying it (the constructor would concatenate a copy)."""
+    from transformers import DynamicCache, cache_utils
 
-    try:
-        return DynamicCache(ddp_cache_data=kv)
-    except TypeError:  # transformers 4.x
-        return DynamicCache.from_legacy_cache(tuple(kv))
+    if hasattr(cache_utils, "DynamicLayer"):
+        cache = DynamicCache()
+        layers = []
+        for k, v in kv:
+            layer = cache_utils.DynamicLayer()
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+            layers.append(layer)
+        cache.layers = layers
+        return cache
+    return DynamicCache.from_legacy_cache(tuple(kv))  # transformers 4.x
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -123,6 +123,8 @@ def test_bad_requests_fail_before_the_first_event_with_clear_errors(engine):
         run(collect(engine.generate(GenerationRequest([], max_tokens=1))))
     with pytest.raises(EngineError, match="outside the vocabulary"):
         run(collect(engine.generate(GenerationRequest([1, 10**6], max_tokens=1))))
+    with pytest.raises(EngineError, match="temperature must be a number"):
+        run(collect(engine.generate(GenerationRequest([1, 2], temperature=None))))
     with pytest.raises(EngineError, match="top_p"):
         run(collect(engine.generate(GenerationRequest([1, 2], top_p=0.0))))
     # max_tokens is clamped to the room left in the context window
