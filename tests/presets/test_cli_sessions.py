@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psutil
 import pytest
 
 from polar.agentic.presets import get_preset
@@ -53,9 +54,25 @@ def tiny_engine(tiny: tuple[Any, Any]) -> Any:
     return EmbeddedEngine(model, tokenizer, model_name="tiny", context_length=16384, max_batch_size=4)
 
 
+def session_processes(session_id: str) -> list[int]:
+    """Processes still carrying the session's environment (every process a preset starts has it)."""
+    needle = f"POLAR_SESSION_ID={session_id}".encode()
+    alive = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    alive.append(proc.pid)
+        except OSError:
+            continue
+    return alive
+
+
 def check_session(result: Any, gw: Any) -> list[Any]:
-    """Captured calls with prompt/sampled ids and logprobs; verified; trajectories from both builders."""
+    """Captured calls with prompt/sampled ids and logprobs; verified; trajectories from both builders;
+    nothing left running."""
     assert result.status == SessionStatus.DONE, f"{result.status}: {result.error}"
+    assert session_processes(result.session_id) == []
     assert result.reward is not None and "resolved" in result.verifier_output
     records = gw.records(result.session_id)
     assert len(records) >= 1 and result.num_calls == len(records)
