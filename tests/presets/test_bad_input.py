@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from polar.agentic.presets import PRESETS, get_preset
-from polar.agentic.sandbox import bwrap_path
 from polar.agentic.sandbox import _bwrap_works as bwrap_works
+from polar.agentic.sandbox import bwrap_path
 from polar.agentic.session import SessionStatus
 from polar.errors import ConfigError
 from tests.presets.conftest import ensure_cli

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,8 @@ def test_claude_code_pins_every_model_alias(tmp_path: Path) -> None:
 
 
 def test_codex_writes_a_responses_provider(tmp_path: Path) -> None:
-    ctx, spec = launch("codex", tmp_path, compact=True)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    _, spec = launch("codex", tmp_path, compact=True)
     cfg = tomllib.loads((Path(spec.env["CODEX_HOME"]) / "config.toml").read_text())
     provider = cfg["model_providers"][cfg["model_provider"]]
     assert provider["wire_api"] == "responses"

@@ -1,5 +1,4 @@
 import pytest
-
 from stats_lite import mean, median
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from structs import Stack
 
 
