@@ -102,7 +102,7 @@ def _probe_tcp(address: str, timeout_s: float) -> None:
         ) from None
 
 
-def _init_with_deadline(ray, timeout_s: float, address: str, **kwargs) -> None:
+def _init_with_deadline(ray, timeout_s: float, label: str, **kwargs) -> None:
     """``ray.init`` in a helper thread, so a cluster that accepts TCP but never answers still fails in time."""
     outcome: dict[str, BaseException | None] = {}
 
@@ -118,13 +118,13 @@ def _init_with_deadline(ray, timeout_s: float, address: str, **kwargs) -> None:
     th.join(timeout_s)
     if th.is_alive():
         raise DistributedError(
-            f"the Ray cluster at distribution.coordinator_address={address!r} did not answer within "
+            f"the Ray cluster at distribution.coordinator_address={label!r} did not answer within "
             f"{timeout_s:g} s (distribution.connect_timeout_s). Check the head node, or raise the timeout."
         )
     err = outcome.get("error")
     if err is not None:
         raise DistributedError(
-            f"could not connect to the Ray cluster at distribution.coordinator_address={address!r}: "
+            f"could not connect to the Ray cluster at distribution.coordinator_address={label!r}: "
             f"{err.__class__.__name__}: {err}"
         ) from None
 

@@ -52,3 +52,20 @@ def test_actor_waiting_for_resources_is_reported_not_hung(ray_cluster):
             wait_ready([actor.ready.remote()], timeout_s=2.0, what="test actors")
     finally:
         ray.kill(actor)
+
+
+@pytest.mark.ray
+def test_a_fresh_driver_joins_by_gcs_address(ray_cluster):
+    """The path a real driver takes: ray not yet initialized, coordinator_address = 'host:port'."""
+    import subprocess
+    import sys
+
+    code = (
+        "from polar.distributed.cluster import connect, RoleRequest\n"
+        f"h = connect({ray_cluster.address!r}, 30.0, [RoleRequest('rollout', 2, 1.0)])\n"
+        "print(len(h.nodes), h.started_local)\n"
+        "h.shutdown()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["2", "False"]
