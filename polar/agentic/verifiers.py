@@ -120,7 +120,7 @@ class PythonTests:
         path = inp.workspace / "_polar_tests.py"
         path.write_text(code)
         res = await run_process(
-            [sys.executable, "-I", str(path)], cwd=str(inp.workspace), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(inp.workspace)},
+            [sys.executable, "-E", str(path)], cwd=str(inp.workspace), env={"PATH": "/usr/bin:/bin"},
             stdin=None, timeout_s=self.timeout_s, limits=self.limits,
         )
         passed = res.returncode == 0 and not res.timed_out

@@ -1,0 +1,69 @@
+import torch
+
+from polar.algorithms.grpo import group_advantages, grpo_loss, token_logprobs
+from polar.algorithms.sft import sft_loss
+
+
+def test_group_advantages():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    a = group_advantages(r, "mean_std")
+    assert torch.allclose(a, torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-4)
+    loo = group_advantages(torch.tensor([1.0, 0.0, 0.0]), "leave_one_out")
+    assert torch.allclose(loo, torch.tensor([1.0, -0.5, -0.5]))
+    assert torch.all(group_advantages(torch.tensor([0.3, 0.3, 0.3])) == 0)
+    assert torch.all(group_advantages(torch.tensor([0.3, 0.3]), "leave_one_out") == 0)
+
+
+def test_loss_on_policy_is_minus_advantage_and_masks_apply():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    out = grpo_loss(logp, logp.clone(), torch.tensor([2.0]), mask)
+    assert abs(out.loss.item() + 2.0) < 1e-6 and out.clip_fraction == 0.0 and abs(out.ratio_mean - 1) < 1e-6
+    # masked tokens carry no gradient
+    lp = logp.clone().requires_grad_(True)
+    grpo_loss(lp, logp.detach(), torch.tensor([1.0]), mask).loss.backward()
+    assert lp.grad[0, 0] == 0 and lp.grad[0, 1] != 0
+
+
+def test_clipping_stops_gradient_beyond_the_trust_region():
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[0.0, 0.5]], requires_grad=True)  # ratio e^0.5 = 1.65 > 1.2 on token 1
+    out = grpo_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), clip_range=0.2)
+    out.loss.backward()
+    assert new.grad[0, 1] == 0 and new.grad[0, 0] != 0 and out.clip_fraction == 0.5
+    # with a negative advantage the pessimistic (unclipped) term keeps the gradient
+    new2 = torch.tensor([[0.0, 0.5]], requires_grad=True)
+    grpo_loss(new2, old, torch.tensor([-1.0]), torch.ones(1, 2), clip_range=0.2).loss.backward()
+    assert new2.grad[0, 1] != 0
+
+
+def test_kl_penalty_is_zero_at_reference_and_positive_away():
+    ref = torch.log(torch.tensor([[0.5, 0.5]]))
+    same = grpo_loss(ref.clone(), ref, torch.tensor([0.0]), torch.ones(1, 2), ref_logprobs=ref, kl_coef=1.0)
+    assert abs(same.kl) < 1e-7
+    away = grpo_loss(ref - 0.3, ref - 0.3, torch.tensor([0.0]), torch.ones(1, 2), ref_logprobs=ref, kl_coef=1.0)
+    assert away.kl > 0 and away.loss.item() > 0
+
+
+def test_gradient_accumulation_equals_full_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 11, requires_grad=True)
+    ids = torch.randint(0, 11, (4, 6))
+    mask = (torch.rand(4, 6) > 0.3).float()
+    old = torch.randn(4, 6) * 0.1 - 2
+    adv = torch.randn(4)
+    n = float(mask.sum())
+    full = grpo_loss(token_logprobs(logits, ids), old, adv, mask, normalizer=n).loss
+    (g_full,) = torch.autograd.grad(full, logits)
+    acc = torch.zeros_like(logits)
+    for s in (slice(0, 1), slice(1, 4)):
+        part = grpo_loss(token_logprobs(logits[s], ids[s]), old[s], adv[s], mask[s], normalizer=n).loss
+        acc[s] += torch.autograd.grad(part, logits)[0][s]
+    assert torch.allclose(acc, g_full, atol=1e-6)
+
+
+def test_sft_loss_counts_only_targets():
+    logits = torch.zeros(1, 3, 4)
+    ids = torch.tensor([[0, 1, 2]])
+    loss = sft_loss(logits, ids, torch.tensor([[0, 0, 1]]))
+    assert abs(loss.item() - torch.log(torch.tensor(4.0)).item()) < 1e-6
