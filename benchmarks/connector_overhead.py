@@ -84,7 +84,9 @@ def main() -> None:
 
     med = {name: statistics.median(v) for name, v in results.items()}
     ref16, ref1 = med["in-process SyncVectorEnv, 16 envs"], med["in-process SyncVectorEnv, 1 env"]
-    print(f"CartPole-v1 | {platform.processor() or platform.machine()} | {os.cpu_count()} CPUs | Python {platform.python_version()}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"CartPole-v1 | {platform.processor() or platform.machine()} | {os.cpu_count()} CPUs | "
+          f"Python {platform.python_version()} | load average {load:.1f}")
     print(f"{'setup':<42} {'steps/s':>10} {'vs in-process':>14}")
     for name, v in med.items():
         ref = ref1 if name.endswith("1 env") or name.endswith("1 copy x 1 process") else ref16
@@ -98,7 +100,7 @@ def main() -> None:
           f"{(batch_conn - batch_in) / 16:.1f} us per env step")
     print(f"bare ping round trip (Unix socket):      {ping_us:8.1f} us")
     target = med["polar connector, 16 copies x 1 process"] / ref16
-    print(f"\ntarget: 16 copies per process >= 50% of in-process vectorized -> {target:.0%} "
+    print(f"\ntarget: 16 copies per process >= 50% of in-process vectorized -> {target:.1%} "
           f"({'met' if target >= 0.5 else 'NOT met'})")
 
 
