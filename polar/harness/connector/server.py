@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from polar.errors import ProtocolError
 from polar.harness.connector.spaces import infer_space, space_to_wire, stack, unbatch_actions
 from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket, parse_address
 
@@ -217,6 +218,9 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
             msg = codec.unpack(conn.recv())
         except ConnectionClosed:
             break  # polar went away: exit quietly
+        except ProtocolError as e:  # the stream is unusable: say why on stderr (polar quotes it) and stop
+            sys.stderr.write(f"polar connector host: {e}\n")
+            return 1
         op = msg.get("op")
         try:
             if op == "init":
