@@ -62,3 +62,11 @@ def test_a_wrong_fix_scores_zero(grader: Any, tmp_path: Path) -> None:
     result = grader.grade(task, ws)
     assert result["reward"] == 0.0 and not result["resolved"]
     assert result["pass_to_pass"]["tests/test_core.py::test_median_odd"] == "FAILED"
+
+
+def test_example_config_validates() -> None:
+    from polar.config import load_config
+
+    cfg = load_config(SWE_MINI / "grpo.yaml")
+    assert cfg.harness.preset == "pi" and cfg.verifier.type == "swe_grader:grade"
+    assert (cfg.config_dir / cfg.tasks).is_file()
