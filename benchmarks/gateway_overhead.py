@@ -14,6 +14,8 @@ Processes (all on 127.0.0.1, each its own interpreter):
   the direct path and LiteLLM have a chat endpoint;
 - polar: ``polar gateway --model vllm:<upstream>``: it renders the chat template, tokenizes, streams
   token ids from the upstream's ``/v1/completions``, detokenizes, and appends a record per call;
+- polar-inproc: the same gateway around a zero-cost in-process engine (16 fixed ids): the gateway's
+  own cost (HTTP, parsing, template, tokenizer, detokenizer, record) without the upstream client;
 - litellm: the LiteLLM proxy CLI (defaults: 1 worker, master key set as it requires);
 - load: closed-loop async httpx clients in this process, one connection per worker.
 
@@ -86,6 +88,19 @@ def serve_upstream(port: int) -> None:
 
     app.router.routes.append(Route("/v1/chat/completions", chat, methods=["POST"]))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def serve_polar_in_process_engine(port: int, records: str) -> None:
+    """polar's gateway around a zero-cost in-process engine: the gateway's own cost, no upstream hop."""
+    from polar.config.gateway import GatewayConfig
+    from polar.gateway.server import GatewayServer
+    from polar.inference.standin import FixedEngine
+    from polar.inference.tiny import build_tiny_tokenizer
+
+    engine = FixedEngine(n_tokens=16)
+    engine.tokenizer, engine.model_name, engine.default_stop_token_ids = build_tiny_tokenizer(), "tiny", []
+    server = GatewayServer(GatewayConfig(port=port), engine=engine, records_dir=records).start()
+    server._thread.join()
 
 
 class _NoLog(list):
@@ -187,6 +202,8 @@ async def load(url: str, concurrency: int, n_requests: int, warmup: int, cap_s: 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-polar-fixed", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--records", help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--requests", type=int, nargs="+", default=[1000, 2000, 3000], help="per concurrency level")
@@ -199,10 +216,13 @@ def main() -> int:
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
         return 0
+    if args.serve_polar_fixed:
+        serve_polar_in_process_engine(args.serve_polar_fixed, args.records)
+        return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     py = sys.executable
-    up_port, gw_port, ll_port = free_port(), free_port(), free_port()
+    up_port, gw_port, ll_port, fx_port = free_port(), free_port(), free_port(), free_port()
     procs: dict[str, subprocess.Popen] = {}
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     try:
@@ -211,9 +231,13 @@ def main() -> int:
         procs["polar"] = start([py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}",
                                 "--port", str(gw_port), "--records-dir", str(tmp / "records")], env, tmp / "polar.log")
         polar_start_s = wait_http(f"http://127.0.0.1:{gw_port}/health", 180)
+        procs["polar-inproc"] = start([py, __file__, "--serve-polar-fixed", str(fx_port), "--records", str(tmp / "records-inproc")],
+                                      env, tmp / "polar-inproc.log")
+        wait_http(f"http://127.0.0.1:{fx_port}/health", 180)
         targets = {
             "direct": (f"http://127.0.0.1:{up_port}/v1/chat/completions", {}, False),
             "polar": (f"http://127.0.0.1:{gw_port}/s/{{sid}}/v1/chat/completions", {}, True),
+            "polar-inproc": (f"http://127.0.0.1:{fx_port}/s/{{sid}}/v1/chat/completions", {}, True),
         }
         litellm_start_s = None
         if not args.skip_litellm:
@@ -271,7 +295,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, polar_s: flo
     summary: dict[tuple[int, str], dict[str, float]] = {}
     for conc in args.concurrency:
         direct = [r for r in results if r["concurrency"] == conc and r["target"] == "direct"]
-        for name in ("direct", "polar", "litellm"):
+        for name in ("direct", "polar", "polar-inproc", "litellm"):
             rows = [r for r in results if r["concurrency"] == conc and r["target"] == name]
             if not rows:
                 continue
