@@ -1,9 +1,16 @@
-"""A lean Adam and grad-norm clip on ``torch._foreach_*`` ops.
+"""A lean Adam over one flat parameter buffer, and a grad-norm clip.
 
-Same math as ``torch.optim.Adam(foreach=True)`` (no weight decay, no amsgrad) and
-``torch.nn.utils.clip_grad_norm_``. Why not torch.optim: constructing any ``torch.optim.Optimizer``
-imports the ``torch._dynamo`` compiler stack, which costs seconds of start-up on a small CPU box —
-longer than training CartPole. Checkpoints hold plain tensors (``state_dict``).
+Same math as ``torch.optim.Adam`` (no weight decay, no amsgrad) and ``torch.nn.utils.clip_grad_norm_``.
+Two reasons not to use torch.optim here:
+
+- constructing any ``torch.optim.Optimizer`` imports the ``torch._dynamo`` compiler stack, which costs
+  seconds of start-up on a small CPU box (longer than training CartPole);
+- small policies are dominated by per-kernel overhead. The parameters are re-pointed into one flat
+  tensor and their ``.grad`` into views of one flat gradient (autograd accumulates into them in place),
+  so zeroing, clipping and the Adam update are a handful of kernels instead of a few per parameter.
+
+A parameter that gets no gradient in a step is updated with a zero gradient (torch skips it); for
+actor-critic losses every parameter gets one.
 """
 
 from __future__ import annotations
@@ -20,47 +27,69 @@ class Adam:
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.step_count = 0
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        n = sum(p.numel() for p in self.params)
+        dtype = self.params[0].dtype if self.params else torch.float32
+        self.flat = torch.empty(n, dtype=dtype)
+        self.flat_grad = torch.zeros(n, dtype=dtype)
+        off = 0
+        with torch.no_grad():
+            for p in self.params:
+                k = p.numel()
+                self.flat[off:off + k].copy_(p.reshape(-1))
+                p.data = self.flat[off:off + k].view_as(p)
+                p.grad = self.flat_grad[off:off + k].view_as(p)
+                off += k
+        self.exp_avg = torch.zeros(n, dtype=dtype)
+        self.exp_avg_sq = torch.zeros(n, dtype=dtype)
 
     def zero_grad(self) -> None:
+        self._reattach_if_moved()
+        self.flat_grad.zero_()
+
+    def _reattach(self) -> None:
+        off = 0
         for p in self.params:
-            p.grad = None
+            k = p.numel()
+            if p.grad is not None and p.grad.data_ptr() != self.flat_grad[off:off + k].data_ptr():
+                self.flat_grad[off:off + k].copy_(p.grad.reshape(-1))
+            p.grad = self.flat_grad[off:off + k].view_as(p)
+            off += k
 
     @torch.no_grad()
     def step(self) -> None:
-        params = [p for p in self.params if p.grad is not None]
-        if not params:
-            return
-        if len(params) != len(self.params):
-            idx = [i for i, p in enumerate(self.params) if p.grad is not None]
-            m = [self.exp_avg[i] for i in idx]
-            v = [self.exp_avg_sq[i] for i in idx]
-        else:
-            m, v = self.exp_avg, self.exp_avg_sq
-        grads = [p.grad for p in params]
+        self._reattach_if_moved()
+        g = self.flat_grad
         self.step_count += 1
-        torch._foreach_lerp_(m, grads, 1 - self.beta1)
-        torch._foreach_mul_(v, self.beta2)
-        torch._foreach_addcmul_(v, grads, grads, 1 - self.beta2)
+        self.exp_avg.lerp_(g, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
         bc1 = 1 - self.beta1 ** self.step_count
         bc2_sqrt = math.sqrt(1 - self.beta2 ** self.step_count)
-        denom = torch._foreach_sqrt(v)
-        torch._foreach_div_(denom, bc2_sqrt)
-        torch._foreach_add_(denom, self.eps)
-        torch._foreach_addcdiv_(params, m, denom, -self.lr / bc1)
+        denom = (self.exp_avg_sq.sqrt() / bc2_sqrt).add_(self.eps)
+        self.flat.addcdiv_(self.exp_avg, denom, value=-self.lr / bc1)
+
+    def _reattach_if_moved(self) -> None:
+        p = self.params[0] if self.params else None
+        if p is not None and (p.grad is None or p.grad.data_ptr() != self.flat_grad.data_ptr()):
+            self._reattach()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the flat gradient so its L2 norm is at most ``max_norm``; returns the norm before."""
+        self._reattach_if_moved()
+        with torch.no_grad():
+            total = torch.linalg.vector_norm(self.flat_grad)
+            self.flat_grad.mul_(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        return total
 
     def state_dict(self) -> dict:
-        return {"step": self.step_count, "lr": self.lr, "exp_avg": list(self.exp_avg), "exp_avg_sq": list(self.exp_avg_sq)}
+        return {"step": self.step_count, "lr": self.lr, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
 
     def load_state_dict(self, state: dict) -> None:
-        if len(state["exp_avg"]) != len(self.params):
-            raise ValueError(f"optimizer state has {len(state['exp_avg'])} tensors, the model {len(self.params)}")
+        if state["exp_avg"].numel() != self.exp_avg.numel():
+            raise ValueError(f"optimizer state has {state['exp_avg'].numel()} values, the model {self.exp_avg.numel()}")
         self.step_count = int(state["step"])
         self.lr = float(state["lr"])
-        with torch.no_grad():
-            for dst, src in zip(self.exp_avg + self.exp_avg_sq, list(state["exp_avg"]) + list(state["exp_avg_sq"]), strict=True):
-                dst.copy_(src)
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
 
 @torch.no_grad()

@@ -13,12 +13,11 @@ optional early stop on approximate KL.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 from torch import nn
 
-from polar.algorithms.optim import Adam, clip_grad_norm_
+from polar.algorithms.optim import Adam
 from polar.buffers.rollout_buffer import RolloutBuffer
 
 
@@ -29,23 +28,29 @@ def schedule_value(initial: float, kind: str, progress: float) -> float:
     return initial
 
 
-@torch.no_grad()
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, last_values: torch.Tensor,
-                gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns, ``[T, N]``. ``dones[t]`` ends the episode at step t (the step's value
-    target is then just its reward; truncated episodes must already carry ``gamma * V(final_obs)`` in
-    their reward). ``last_values`` is V of the observation after the last step."""
-    T = rewards.shape[0]
-    adv = torch.empty_like(rewards)
-    last = torch.zeros_like(last_values)
-    not_done = 1.0 - dones
-    next_values = last_values
+def compute_gae(rewards, values, dones, last_values, gamma: float, gae_lambda: float):
+    """Advantages and returns, ``[T, N]`` (numpy arrays or torch tensors; same type back).
+
+    ``dones[t]`` ends the episode at step t (the step's target is then just its reward; truncated
+    episodes must already carry ``gamma * V(final_obs)`` in their reward). ``last_values`` is V of the
+    observation after the last step. Runs in numpy: T tiny vector ops are cheaper there than in torch.
+    """
+    is_torch = isinstance(rewards, torch.Tensor)
+    r, v, d, last = (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (rewards, values, dones, last_values))
+    T = r.shape[0]
+    adv = np.empty_like(r)
+    not_done = 1.0 - d
+    gae = np.zeros_like(last)
+    next_values = last
     for t in range(T - 1, -1, -1):
-        delta = rewards[t] + gamma * next_values * not_done[t] - values[t]
-        last = delta + gamma * gae_lambda * not_done[t] * last
-        adv[t] = last
-        next_values = values[t]
-    return adv, adv + values
+        delta = r[t] + gamma * next_values * not_done[t] - v[t]
+        gae = delta + gamma * gae_lambda * not_done[t] * gae
+        adv[t] = gae
+        next_values = v[t]
+    ret = adv + v
+    if is_torch:
+        return torch.from_numpy(adv), torch.from_numpy(ret)
+    return adv, ret
 
 
 def ppo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float):
@@ -66,26 +71,31 @@ def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torc
     return (returns - values).pow(2).mean()
 
 
+def normalize(advantages: torch.Tensor) -> torch.Tensor:
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8) if advantages.numel() > 1 else advantages
+
+
 def ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, returns, clip_range: float,
-             clip_range_vf: float | None, ent_coef: float, vf_coef: float, normalize_advantage: bool = True):
-    """Total PPO loss and its parts."""
-    if normalize_advantage and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss, clip_frac, ratio = ppo_policy_loss(log_prob, old_log_prob, advantages, clip_range)
+             clip_range_vf: float | None, ent_coef: float, vf_coef: float, normalize_advantage: bool = True,
+             with_stats: bool = True):
+    """Total PPO loss and its parts (``with_stats=False`` skips the diagnostics: fewer kernels per step)."""
+    if normalize_advantage:
+        advantages = normalize(advantages)
+    ratio = torch.exp(log_prob - old_log_prob)
+    pg_loss = -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)).mean()
     v_loss = ppo_value_loss(values, old_values, returns, clip_range_vf)
-    ent = entropy.mean()
-    loss = pg_loss + vf_coef * v_loss - ent_coef * ent
+    loss = pg_loss + vf_coef * v_loss
+    if ent_coef != 0.0:
+        ent = entropy.mean()
+        loss = loss - ent_coef * ent
+    if not with_stats:
+        return loss, {}
     with torch.no_grad():
         log_ratio = log_prob - old_log_prob
         approx_kl = ((ratio - 1) - log_ratio).mean()
-    return loss, {"pg_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": ent.detach(),
+        clip_frac = ((ratio - 1.0).abs() > clip_range).float().mean()
+    return loss, {"pg_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy.detach().mean(),
                   "approx_kl": approx_kl, "clip_fraction": clip_frac}
-
-
-@dataclass
-class UpdateResult:
-    stats: dict[str, float]
-    epochs_done: int
 
 
 class PPOLearner:
@@ -119,28 +129,37 @@ class PPOLearner:
         mb = self.minibatch_size(buf.num_samples, buf.num_envs, recurrent)
         sums: dict[str, torch.Tensor] = {}
         n_updates = 0
+        n_stat_updates = 0
         stop = False
         epochs = 0
-        for _epoch in range(kw.n_epochs):
+        # one minibatch = the whole batch: normalize advantages once, not once per epoch
+        whole = (mb >= buf.num_envs) if recurrent else (mb >= buf.num_samples)
+        if whole and kw.normalize_advantage:
+            buf.advantages = normalize(buf.advantages)
+        norm_per_mb = kw.normalize_advantage and not whole
+        for epoch in range(kw.n_epochs):
             epochs += 1
+            stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
             for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
                 logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state, batch.episode_starts)
                 loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
-                                    clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, kw.normalize_advantage)
+                                    clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
                 if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
                     stop = True
                     break
                 self.optimizer.zero_grad()
                 loss.backward()
                 if kw.max_grad_norm is not None:
-                    clip_grad_norm_(self.params, kw.max_grad_norm)
+                    self.optimizer.clip_grad_norm_(kw.max_grad_norm)
                 self.optimizer.step()
                 n_updates += 1
+                n_stat_updates += bool(st)
                 for k, v in st.items():
                     sums[k] = sums[k] + v if k in sums else v.clone()
             if stop:
                 break
-        stats = {k: float(v) / max(1, n_updates) for k, v in sums.items()}
+        n_stat = max(1, n_stat_updates)
+        stats = {k: float(v) / n_stat for k, v in sums.items()}
         with torch.no_grad():
             var_y = buf.returns.var()
             stats["explained_variance"] = float("nan") if var_y == 0 else float(1 - (buf.returns - buf.values).var() / var_y)

@@ -9,8 +9,35 @@ from torch import nn
 
 from polar.agents import AgentBase, reset_state
 from polar.config.agent import BuiltinAgentConfig
-from polar.models.distributions import GaussianDist, action_param_size, dist_for_space
+from polar.models.distributions import CategoricalDist, GaussianDist, action_param_size, dist_for_space
 from polar.models.encoders import build_encoder
+
+_ACT_FNS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
+
+
+def _plain_layers(*modules: nn.Module):
+    """[(weight, bias, activation)] when ``modules`` are only Linear layers and tanh/relu, else None.
+
+    Calling ``F.linear`` on these directly skips ``nn.Module.__call__`` (hooks, dispatch): for a
+    64-64 MLP on CPU that per-call overhead is a large part of the step time."""
+    layers: list = []
+    for m in modules:
+        for sub in (m if isinstance(m, nn.Sequential) else [m]):
+            if isinstance(sub, nn.Linear):
+                layers.append([sub.weight, sub.bias, None])
+            elif type(sub) in _ACT_FNS and layers and layers[-1][2] is None:
+                layers[-1][2] = _ACT_FNS[type(sub)]
+            else:
+                return None
+    return layers
+
+
+def _run_layers(layers, x: torch.Tensor) -> torch.Tensor:
+    for w, b, f in layers:
+        x = torch.nn.functional.linear(x, w, b)
+        if f is not None:
+            x = f(x)
+    return x
 
 
 def _ortho_init(module: nn.Module, gain: float) -> None:
@@ -52,6 +79,12 @@ class ActorCriticAgent(AgentBase):
             _ortho_init(self.pi_head, 0.01)
             _ortho_init(self.vf_head, 1.0)
         self._dist = dist_for_space(action_space)
+        self._categorical = isinstance(self._dist, CategoricalDist)
+        self._fast = None
+        if not self.recurrent and self.vf_encoder is not None:
+            pi, vf = _plain_layers(self.pi_encoder, self.pi_head), _plain_layers(self.vf_encoder, self.vf_head)
+            if pi is not None and vf is not None:
+                self._fast = (pi, vf)
 
     def get_initial_state(self, batch_size: int = 1):
         if not self.recurrent:
@@ -77,14 +110,40 @@ class ActorCriticAgent(AgentBase):
         return feat, vf_feat, None
 
     def act(self, observation, internal_state=None, deterministic: bool = False):
-        pi_feat, vf_feat, state = self._forward(observation, internal_state)
-        info = self._params(pi_feat)
-        action = self._dist.sample(info, deterministic)
-        info["log_prob"] = self._dist.log_prob(info, action)
-        info["values"] = self.vf_head(vf_feat).squeeze(-1)
+        if self._fast is not None:
+            out = _run_layers(self._fast[0], observation.float() if observation.dtype != torch.float32 else observation)
+            info = {"mean": out, "log_std": self.log_std} if self.gaussian else {"logits": out}
+            values = _run_layers(self._fast[1], observation.float() if observation.dtype != torch.float32 else observation)
+            state = None
+        else:
+            pi_feat, vf_feat, state = self._forward(observation, internal_state)
+            info = self._params(pi_feat)
+            values = self.vf_head(vf_feat)
+        if self._categorical:
+            logp_all = torch.log_softmax(info["logits"], -1)
+            if deterministic:
+                action = logp_all.argmax(-1, keepdim=True)
+            else:
+                action = torch.multinomial(logp_all.exp(), 1)
+            info["log_prob"] = logp_all.gather(-1, action).squeeze(-1)
+            action = action.squeeze(-1)
+        else:
+            action = self._dist.sample(info, deterministic)
+            info["log_prob"] = self._dist.log_prob(info, action)
+        info["values"] = values.squeeze(-1)
         return action, state, info
 
     def evaluate_actions(self, observation, actions, internal_state=None, episode_starts=None):
+        if self._fast is not None:
+            x = observation.float() if observation.dtype != torch.float32 else observation
+            out = _run_layers(self._fast[0], x)
+            values = _run_layers(self._fast[1], x).squeeze(-1)
+            if self._categorical:
+                logp_all = torch.log_softmax(out, -1)
+                logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+                return logp, -(logp_all.exp() * logp_all).sum(-1), values
+            info = {"mean": out, "log_std": self.log_std} if self.gaussian else {"logits": out}
+            return self._dist.log_prob(info, actions), self._dist.entropy(info), values
         if not self.recurrent:
             pi_feat, vf_feat, _ = self._forward(observation, None)
             info = self._params(pi_feat)
