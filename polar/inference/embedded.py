@@ -31,19 +31,13 @@ from typing import Any
 import torch
 
 from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
+from polar.inference.kv import cache_from_kv, left_pad, plain_kv
 from polar.inference.prefix_cache import PrefixCache, PrefixEntry
+from polar.inference.sampling import sample_rows, sequence_logprobs
 
 log = logging.getLogger(__name__)
 
-
-def sequence_logprobs(model: Any, token_ids: list[int]) -> list[float]:
-    """Raw-model logprob of ``token_ids[i]`` given ``token_ids[:i]`` for i >= 1 (one plain forward pass)."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        ids = torch.tensor([token_ids], dtype=torch.long, device=device)
-        logits = model(input_ids=ids).logits[0, :-1].float()
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
-    return lp.cpu().tolist()
+__all__ = ["EmbeddedEngine", "load_weights", "sample_rows", "sequence_logprobs"]
 
 
 def load_weights(model: Any, state_dict: Mapping[str, Any]) -> None:
@@ -66,35 +60,6 @@ def load_weights(model: Any, state_dict: Mapping[str, Any]) -> None:
         for name, value in state_dict.items():
             target = current[name]
             target.copy_(torch.as_tensor(value).to(device=target.device, dtype=target.dtype))
-
-
-def sample_rows(
-    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator]
-) -> tuple[list[int], list[float]]:
-    """Sample one id per row of float32 ``logits`` (B, V); return the ids and their raw-model logprobs.
-
-    Gumbel-max over the tempered, top-p-filtered logits: exact sampling, batched, with each row's noise
-    drawn from its own generator (so a seeded request gives the same tokens whatever it is batched
-    with). Temperature 0 is greedy. One device-to-host copy per call.
-    """
-    raw = torch.log_softmax(logits, dim=-1)
-    device = logits.device
-    temps = torch.tensor(temperatures, dtype=logits.dtype, device=device)
-    greedy = temps == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
-    if any(p < 1.0 for p in top_ps):
-        top_p = torch.tensor(top_ps, dtype=logits.dtype, device=device)[:, None]
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p  # never drops the top id
-        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    noise = torch.stack([torch.rand(logits.shape[-1], generator=g, device=device) for g in generators])
-    gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20, max=1.0 - 1e-7)))
-    choice = torch.where(greedy, logits.argmax(dim=-1), (scaled + gumbel).argmax(dim=-1))
-    picked = raw.gather(1, choice[:, None])[:, 0]
-    both = torch.stack([choice.to(torch.float64), picked.to(torch.float64)]).cpu()
-    return [int(t) for t in both[0].tolist()], both[1].tolist()
 
 
 @dataclass(eq=False)
@@ -127,6 +92,7 @@ class EmbeddedEngine(Engine):
         default_stop_token_ids: list[int] | None = None,
         batch_decode: bool = True,
         prefix_cache_tokens: int = 65536,
+        max_prefill_tokens: int = 8192,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -136,7 +102,10 @@ class EmbeddedEngine(Engine):
         self.context_length = int(context_length or cfg_len)
         self.max_batch_size = max_batch_size
         self.batch_decode = batch_decode  # False: every sequence decodes on its own (interleaved, unbatched)
+        self.max_prefill_tokens = max_prefill_tokens  # padded tokens per batched prefill forward
+        self._batch_prefill_ok = batch_decode
         self.prefix_cache = PrefixCache(prefix_cache_tokens)  # 0 disables; reuses a session's last KV
+        self.stats: collections.Counter[str] = collections.Counter()  # prefill/decode counts, for metrics
         self.policy_version = 0
         if default_stop_token_ids is None:
             default_stop_token_ids = _eos_ids(model, tokenizer)
@@ -255,11 +224,23 @@ class EmbeddedEngine(Engine):
     def _step(self, newcomers: list[_Seq]) -> None:
         self._drop([s for s in self._active if s.cancelled])
         joining: list[tuple[_Seq, list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        fresh: list[_Seq] = []
         for seq in newcomers:
-            if not seq.cancelled:
-                kv = self._prefill(seq)
+            if seq.cancelled:
+                continue
+            hit = (
+                self.prefix_cache.take(seq.request.session_id, seq.request.prompt_ids)
+                if self.batch_decode
+                else None
+            )
+            if hit is not None or not self._batch_prefill_ok:
+                kv = self._prefill(seq, hit)
                 if kv is not None:
                     joining.append((seq, kv))
+            else:
+                fresh.append(seq)
+        for group in self._prefill_groups(fresh):
+            joining += self._prefill_batch(group)
         if joining:
             self._merge(joining)
         if self._active:
@@ -274,23 +255,69 @@ class EmbeddedEngine(Engine):
         if cache is not None:
             kwargs[self._cache_kw] = cache
         out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
-        new_cache = getattr(out, "cache", None)
-        if new_cache is None:
-            new_cache = getattr(out, "past_key_values", None)
-        if new_cache is None:
-            raise EngineError(
-                f"{type(self.model).__name__} returned no KV cache; it cannot be served embedded"
-            )
-        return out.logits[:, -1].float(), new_cache
+        return out.logits[:, -1].float(), _cache_of(out)
 
-    def _prefill(self, seq: _Seq) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Prefill and sample the first token; return the KV to merge into the cohort, if any."""
+    def _prefill_groups(self, seqs: list[_Seq]) -> list[list[_Seq]]:
+        """Split newcomers into prefill batches of at most ``max_prefill_tokens`` padded tokens."""
+        groups: list[list[_Seq]] = []
+        group: list[_Seq] = []
+        width = 0
+        for seq in seqs:
+            n = len(seq.request.prompt_ids)
+            if group and (len(group) + 1) * max(width, n) > self.max_prefill_tokens:
+                groups.append(group)
+                group, width = [], 0
+            group.append(seq)
+            width = max(width, n)
+        return [*groups, group] if group else groups
+
+    def _prefill_batch(self, seqs: list[_Seq]) -> list[tuple[_Seq, list[tuple[torch.Tensor, torch.Tensor]]]]:
+        """Prefill several prompts in one right-padded forward (every query row sees at least one real
+        key, so no row is fully masked); sample their first tokens; return the KV of those continuing."""
+        if len(seqs) == 1:
+            kv = self._prefill(seqs[0], None)
+            return [] if kv is None else [(seqs[0], kv)]
+        lens = [len(s.request.prompt_ids) for s in seqs]
+        width = max(lens)
+        self.stats["prefill_forwards"] += 1
+        self.stats["prefill_sequences"] += len(seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            ids[row, : lens[row]] = torch.tensor(seq.request.prompt_ids)
+            mask[row, : lens[row]] = 1
+        last = sorted({n - 1 for n in lens})  # logits only where some row's prompt ends
+        kwargs: dict[str, Any] = (
+            {self._keep_kw: torch.tensor(last, device=self.device)} if self._keep_kw else {}
+        )
+        out = self.model(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True, **kwargs
+        )
+        kv_all = plain_kv(_cache_of(out))
+        if (
+            kv_all is None
+        ):  # e.g. linear-attention layers: rows cannot be split; prefill one by one from now on
+            self._batch_prefill_ok = False
+            return [(s, kv) for s in seqs if (kv := self._prefill(s, None)) is not None]
+        cols = [last.index(n - 1) for n in lens] if self._keep_kw else [n - 1 for n in lens]
+        rows = torch.arange(len(seqs), device=self.device)
+        self._advance(seqs, out.logits[rows, torch.tensor(cols, device=self.device)].float())
+        return [
+            (s, [(k[row : row + 1, :, :n], v[row : row + 1, :, :n]) for k, v in kv_all])
+            for row, (s, n) in enumerate(zip(seqs, lens, strict=True))
+            if not s.done
+        ]
+
+    def _prefill(self, seq: _Seq, hit: PrefixEntry | None) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Prefill one prompt (past a cached prefix if ``hit``) and sample its first token; return the
+        KV to merge into the cohort, if any."""
         prompt = seq.request.prompt_ids
         keep = {self._keep_kw: 1} if self._keep_kw else {}
-        hit = self.prefix_cache.take(seq.request.session_id, prompt) if self.batch_decode else None
+        self.stats["prefill_forwards"] += 1
+        self.stats["prefill_sequences"] += 1
         if hit is not None:  # prefill only the tail past this session's cached prefix
             ids = torch.tensor([prompt[len(hit.tokens) :]], dtype=torch.long, device=self.device)
-            logits, cache = self._forward(ids, _cache_from_kv(hit.kv), **keep)
+            logits, cache = self._forward(ids, cache_from_kv(hit.kv), **keep)
         else:
             ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
             logits, cache = self._forward(
@@ -299,7 +326,7 @@ class EmbeddedEngine(Engine):
         self._advance([seq], logits)
         if seq.done:
             return None
-        kv = _plain_kv(cache) if self.batch_decode else None
+        kv = plain_kv(cache) if self.batch_decode else None
         if kv is None:
             seq.cache = cache
             self._solo.append(seq)
@@ -313,6 +340,7 @@ class EmbeddedEngine(Engine):
             seq.cache = None
 
     def _decode(self) -> None:
+        self.stats["decode_steps"] += 1
         assert self._kv is not None and self._mask is not None
         batch = len(self._active)
         input_ids = torch.tensor([[s.last_token] for s in self._active], dtype=torch.long, device=self.device)
@@ -321,9 +349,9 @@ class EmbeddedEngine(Engine):
             [self._mask, torch.ones(batch, 1, dtype=self._mask.dtype, device=self.device)], dim=1
         )
         logits, cache = self._forward(
-            input_ids, _cache_from_kv(self._kv), attention_mask=mask, position_ids=position_ids
+            input_ids, cache_from_kv(self._kv), attention_mask=mask, position_ids=position_ids
         )
-        kv = _plain_kv(cache)
+        kv = plain_kv(cache)
         assert kv is not None
         self._kv, self._mask = kv, mask
         self._advance(self._active, logits)
@@ -358,12 +386,12 @@ class EmbeddedEngine(Engine):
         width = max(m.shape[1] for m in parts_mask)
         self._kv = [
             (
-                torch.cat([_left_pad(p[layer][0], width) for p in parts_kv], dim=0),
-                torch.cat([_left_pad(p[layer][1], width) for p in parts_kv], dim=0),
+                torch.cat([left_pad(p[layer][0], width) for p in parts_kv], dim=0),
+                torch.cat([left_pad(p[layer][1], width) for p in parts_kv], dim=0),
             )
             for layer in range(len(parts_kv[0]))
         ]
-        self._mask = torch.cat([_left_pad(m, width) for m in parts_mask], dim=0)
+        self._mask = torch.cat([left_pad(m, width) for m in parts_mask], dim=0)
         self._active += [seq for seq, _ in joining]
 
     def _drop(self, leaving: list[_Seq]) -> None:
@@ -412,46 +440,13 @@ class EmbeddedEngine(Engine):
             seq.cancelled = True
 
 
-def _plain_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Per-layer (keys, values) when every layer is a plain growing KV cache, else None (not mergeable)."""
-    from transformers import cache_utils
-
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        if all(type(layer) is cache_utils.DynamicLayer for layer in layers):
-            return [(layer.keys, layer.values) for layer in layers]
-        return None
-    if type(cache) is cache_utils.DynamicCache and hasattr(cache, "key_cache"):  # transformers 4.x
-        return list(zip(cache.key_cache, cache.value_cache, strict=True))
-    return None
-
-
-def _cache_from_kv(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """A DynamicCache holding ``kv`` without copying it (the constructor would concatenate a copy)."""
-    from transformers import DynamicCache, cache_utils
-
-    if hasattr(cache_utils, "DynamicLayer"):
-        cache = DynamicCache()
-        layers = []
-        for k, v in kv:
-            layer = cache_utils.DynamicLayer()
-            layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k, v
-            layers.append(layer)
-        cache.layers = layers
-        return cache
-    return DynamicCache.from_legacy_cache(tuple(kv))  # transformers 4.x
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad dim 2 (KV) or dim 1 (mask) with zeros up to ``width``."""
-    dim = 2 if t.dim() == 4 else 1
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)  # transformers 4.x
+    if cache is None:
+        raise EngineError("the model returned no KV cache; it cannot be served by the embedded engine")
+    return cache
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

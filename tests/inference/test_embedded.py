@@ -92,7 +92,23 @@ def test_concurrent_requests_batch_to_the_same_result_as_sequential(engine):
     async def concurrent():
         return await asyncio.gather(*(collect(engine.generate(r)) for r in reqs()))
 
-    seq, con = run(sequential()), run(concurrent())
+    async def queued_together():
+        # holding the engine's (re-entrant) condition keeps its worker from admitting any request until
+        # all five are queued, so they are prefilled in one right-padded batch
+        with engine._cv:
+            tasks = [asyncio.create_task(collect(engine.generate(r))) for r in reqs()]
+            await asyncio.sleep(0.05)
+        return await asyncio.gather(*tasks)
+
+    seq = run(sequential())
+    before = engine.stats.copy()
+    together = run(queued_together())
+    assert engine.stats["prefill_forwards"] - before["prefill_forwards"] == 1
+    assert engine.stats["prefill_sequences"] - before["prefill_sequences"] == 5
+    con = run(concurrent())
+    for a, b in zip(seq, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
     for p, a, b in zip(prompts, seq, con, strict=False):
         assert a.token_ids == b.token_ids
         assert a.finish_reason == b.finish_reason
