@@ -38,6 +38,7 @@ class CodexPreset(HarnessPreset):
         return [
             "exec",
             "--skip-git-repo-check",
+            "--strict-config",  # a config key this version does not know is an error, not silently ignored
             "--dangerously-bypass-approvals-and-sandbox",
             "--json",
             "--color", "never",
@@ -65,6 +66,7 @@ class CodexPreset(HarnessPreset):
         lines = [
             f"model = {_toml_str(ctx.model)}",
             'model_provider = "polar"',
+            f"review_model = {_toml_str(ctx.model)}",  # /review and sub-agents ask for the served model too
             f"model_reasoning_effort = {_toml_str(effort)}",
             'approval_policy = "never"',
             'sandbox_mode = "danger-full-access"',
@@ -73,8 +75,8 @@ class CodexPreset(HarnessPreset):
         ]
         if ctx.options.get("context_window"):
             lines.append(f"model_context_window = {int(ctx.options['context_window'])}")
-        if self.max_output_tokens(ctx) is not None:
-            lines.append(f"model_max_output_tokens = {self.max_output_tokens(ctx)}")
+        # Codex has no output-length setting (it sends no max_output_tokens): the gateway's
+        # default_max_tokens applies, so ``max_output_tokens`` is not used here.
         compact = self.compact(ctx)
         if compact or ctx.options.get("system_prompt"):
             instructions = write_file(self.codex_home(ctx) / "instructions.md", self.system_prompt(ctx), written)
@@ -83,7 +85,6 @@ class CodexPreset(HarnessPreset):
             lines += [
                 "include_permissions_instructions = false",
                 "include_environment_context = false",
-                "include_skills_usage_instructions = false",
                 'web_search = "disabled"',
             ]
         lines += [
