@@ -33,7 +33,8 @@ if _path:
 
     def _import(name, *args, **kwargs):
         mod = _orig_import(name, *args, **kwargs)
-        if not _done["patched"] and name.startswith("gymnasium"):
+        if (not _done["patched"] and name == "gymnasium"
+                and not getattr(getattr(mod, "__spec__", None), "_initializing", False)):
             _done["patched"] = True
             builtins.__import__ = _orig_import
             _patch()

@@ -152,11 +152,12 @@ def connect(
                 "local Ray cluster: %g CPUs requested on a %d-core machine; declaring %d logical CPUs",
                 need, os.cpu_count() or 1, num_cpus,
             )
-        _init_with_deadline(
-            ray, max(connect_timeout_s, 60.0), "local",
-            num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
-            log_to_driver=True, runtime_env=runtime_env,
-        )
+        # starting a cluster is local work with its own timeouts; ray.init must run on the main thread here
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=True, runtime_env=runtime_env)
+        except Exception as e:
+            raise DistributedError(f"could not start a local Ray cluster (coordinator_address: null): {e}") from None
         handle = ClusterHandle(address=None, started_local=True)
     elif coordinator_address == "auto":
         _init_with_deadline(

@@ -75,6 +75,7 @@ def wait_started(pool, timeout_s=90.0):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_elastic_grow_and_shrink_while_collecting(ray_cluster):
     pool = make_pool(1, start_timeout_s=60)
     try:
