@@ -186,13 +186,38 @@ def load_engine(spec: str | Mapping[str, Any] | Any, **kwargs: Any) -> Engine:
         return spec
     from polar.inference import upstream  # light: httpx only
 
-    if isinstance(spec, str) and spec.split(":", 1)[0] in upstream.UPSTREAM_KINDS:
-        return upstream.UpstreamEngine.from_string(spec, **kwargs)
-    if isinstance(spec, Mapping) or isinstance(spec, upstream.UpstreamConfig):
-        return upstream.UpstreamEngine.from_config(spec, **kwargs)
+    is_upstream = isinstance(spec, (Mapping, upstream.UpstreamConfig)) or (
+        isinstance(spec, str) and spec.split(":", 1)[0] in upstream.UPSTREAM_KINDS
+    )
+    if is_upstream:
+        extra = sorted(set(kwargs) - {"tokenizer"})
+        if extra:
+            raise EngineError(
+                f"engine option(s) {', '.join(extra)} apply to the embedded engine only; upstream engines "
+                "take 'tokenizer' here and everything else in their config (kind, urls, timeout_s, ...)"
+            )
+        if isinstance(spec, str):
+            return upstream.UpstreamEngine.from_string(spec, **kwargs)
+        if "tokenizer" in kwargs:
+            raise EngineError(
+                "pass the upstream tokenizer inside its config ('tokenizer: PATH'), not as an option"
+            )
+        return upstream.UpstreamEngine.from_config(spec)
     if isinstance(spec, str):
+        import inspect
+
         from polar.inference.embedded import EmbeddedEngine
 
+        allowed = {
+            *inspect.signature(EmbeddedEngine.from_spec).parameters,
+            *inspect.signature(EmbeddedEngine).parameters,
+        }
+        allowed -= {"self", "cls", "spec", "kwargs", "model", "tokenizer", "model_name"}
+        extra = sorted(set(kwargs) - allowed)
+        if extra:
+            raise EngineError(
+                f"unknown embedded engine option(s) {', '.join(extra)}; valid: {', '.join(sorted(allowed))}"
+            )
         return EmbeddedEngine.from_spec(spec, **kwargs)
     raise EngineError(
         f"cannot build an engine from {type(spec).__name__} {spec!r}; pass 'tiny', a local model folder, "
