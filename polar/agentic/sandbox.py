@@ -118,9 +118,12 @@ class HostRelay:
 
     def __init__(self, socket_path: Path, gateway_url: str) -> None:
         parts = urlsplit(gateway_url)
-        if not parts.hostname or not parts.port:
-            raise ConfigError(f"gateway URL {gateway_url!r} needs an explicit host and port")
-        self.target = (parts.hostname, parts.port)
+        if parts.scheme != "http" or not parts.hostname:
+            raise HarnessError(
+                f"sandbox network 'gateway' relays plain HTTP, but the gateway URL is {gateway_url!r}; "
+                "use an http:// gateway address or set sandbox.network: host"
+            )
+        self.target = (parts.hostname, parts.port or 80)
         self.socket_path = socket_path
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="polar-host-relay", daemon=True)
@@ -169,15 +172,17 @@ class Sandbox:
         self.root = root  # private folder next to the workspace: home/, gw.sock
         self.home = root / "home"
         self.options = options
-        # AF_UNIX paths are capped at ~107 bytes: the socket lives in its own short folder
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="pgw-", dir="/tmp" if Path("/tmp").is_dir() else None))
-        os.chmod(self.socket_dir, 0o711)
-        self.socket_path = self.socket_dir / "gw.sock"
         self.use_bwrap = self._pick_runtime()
         self.isolated = self.use_bwrap and options.network == "gateway"
         self.uid = self._pick_uid()
         self._relay: HostRelay | None = None
         self._owner = (os.stat(workspace).st_uid, os.stat(workspace).st_gid)
+        # AF_UNIX paths are capped at ~107 bytes: the socket lives in its own short folder
+        self.socket_dir: Path | None = None
+        if self.isolated:
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="pgw-", dir="/tmp" if Path("/tmp").is_dir() else None))
+            os.chmod(self.socket_dir, 0o711)
+        self.socket_path = (self.socket_dir or root) / "gw.sock"
 
     # -- setup --------------------------------------------------------------------------------
     @classmethod
@@ -193,7 +198,11 @@ class Sandbox:
                             ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache"))
         git_baseline(workspace)
         root = Path(tempfile.mkdtemp(prefix=f".{session_id}-", dir=workspace.parent))
-        sbx = cls(session_id, workspace, root, options or SandboxOptions())
+        try:
+            sbx = cls(session_id, workspace, root, options or SandboxOptions())
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         sbx.home.mkdir()
         return sbx
 
@@ -289,7 +298,7 @@ class Sandbox:
                 b += ["--ro-bind", str(p), str(p)]
         b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
         ro = [p for p in dict.fromkeys([*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]) if Path(p).exists()]
-        rw = [str(self.workspace), str(self.root), str(self.socket_dir)]
+        rw = [str(self.workspace), str(self.root), *([str(self.socket_dir)] if self.socket_dir else [])]
         # bwrap makes missing mount points 0700 when run as root; the sandbox user must traverse them
         made: set[str] = {"/", "/tmp", "/usr", "/etc", "/proc", "/dev"}
         for path in [*ro, *rw]:
@@ -317,7 +326,8 @@ class Sandbox:
 
     def cleanup(self) -> None:
         self.stop()
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
         if not self.options.keep:
             shutil.rmtree(self.root, ignore_errors=True)
 

@@ -24,7 +24,7 @@ from polar.agentic.presets.base import HarnessPreset, PresetContext, harnesses_d
 from polar.agentic.process import ProcessLimits, run_process
 from polar.agentic.runners import HarnessOutcome, HarnessRunner, SessionContext, task_prompt
 from polar.agentic.sandbox import Sandbox, SandboxOptions
-from polar.errors import HarnessError
+from polar.errors import HarnessError, PolarError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class PresetRunner(HarnessRunner):
             sandbox = await asyncio.to_thread(
                 Sandbox.create, ctx.session_id, Path(ctx.workspace), self._repo(ctx.task), self.sandbox_options
             )
-        except HarnessError as e:
+        except (OSError, PolarError) as e:
             return HarnessOutcome(error=f"preset {name}: sandbox setup failed: {e}")
         try:
             return await self._run_in(sandbox, ctx, timeout_s, cancel)
@@ -89,7 +89,8 @@ class PresetRunner(HarnessRunner):
         argv = sandbox.wrap(spec.argv, ro_paths=[binary_root])
         try:
             await asyncio.to_thread(sandbox.start, ctx.gateway_url)
-        except (OSError, HarnessError) as e:
+        except (OSError, PolarError) as e:
+            await asyncio.to_thread(sandbox.stop)
             return HarnessOutcome(error=f"preset {name}: could not open the sandbox's route to the gateway: {e}")
         try:
             res = await run_process(argv, cwd=str(spec.cwd), env=spec.env, stdin=None, timeout_s=timeout_s,
