@@ -40,6 +40,17 @@ def ensure_cli(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def cli() -> Callable[[str], str]:
+    """``cli(preset)``: the preset's CLI path, installed with ``make harnesses`` when missing."""
+    return ensure_cli
+
+
+@pytest.fixture(scope="session")
+def swe_mini_dir() -> Path:
+    return SWE_MINI
+
+
+@pytest.fixture(scope="session")
 def tiny() -> tuple[Any, Any]:
     from polar.inference.tiny import build_tiny
 

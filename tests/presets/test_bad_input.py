@@ -25,7 +25,6 @@ from polar.agentic.sandbox import _bwrap_works as bwrap_works
 from polar.agentic.sandbox import bwrap_path
 from polar.agentic.session import SessionStatus
 from polar.errors import ConfigError
-from tests.presets.conftest import ensure_cli
 
 
 def script(tmp_path: Path, body: str, shebang: str = "#!/bin/sh") -> str:
@@ -93,8 +92,9 @@ def test_cli_past_its_budget_times_out_and_leaves_no_process(scripted_gateway: A
 
 
 @pytest.mark.cli
-def test_cli_asking_for_interactive_login_is_an_error(scripted_gateway: Any, run_session: Any, swe_tasks: Any) -> None:
-    ensure_cli("claude_code")
+def test_cli_asking_for_interactive_login_is_an_error(scripted_gateway: Any, run_session: Any, swe_tasks: Any,
+                                                      cli: Any) -> None:
+    cli("claude_code")
     result = run_session(scripted_gateway, "claude_code", swe_tasks["median"],
                          {"compact": True, "extra_env": {"ANTHROPIC_API_KEY": ""}})
     assert result.status == SessionStatus.ERROR

@@ -19,7 +19,6 @@ import pytest
 from polar.agentic.presets import get_preset
 from polar.agentic.session import SessionStatus
 from polar.trajectory import build
-from tests.presets.conftest import ensure_cli
 
 pytestmark = pytest.mark.cli
 
@@ -93,9 +92,9 @@ def check_session(result: Any, gw: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize(("preset", "tool", "arg"), [("claude_code", "Bash", "command"), ("codex", "exec_command", "cmd")])
-def test_cli_streams_a_gateway_tool_call_and_resolves_the_task(preset: str, tool: str, arg: str, tiny: Any,
+def test_cli_streams_a_gateway_tool_call_and_resolves_the_task(preset: str, tool: str, arg: str, tiny: Any, cli: Any,
                                                                gateway: Any, run_session: Any, swe_tasks: Any) -> None:
-    ensure_cli(preset)
+    cli(preset)
     gw = gateway(scripted_fixer(tiny, tool, arg), default_max_tokens=256)
     result = run_session(gw, preset, swe_tasks["median"], {**OPTIONS, "max_output_tokens": 512})
     records = check_session(result, gw)
@@ -109,9 +108,9 @@ def test_cli_streams_a_gateway_tool_call_and_resolves_the_task(preset: str, tool
 
 
 @pytest.mark.parametrize("preset", ["qwen_code", "gemini_cli", "pi"])
-def test_cli_runs_unchanged_against_the_tiny_model(preset: str, tiny: Any, gateway: Any, run_session: Any,
+def test_cli_runs_unchanged_against_the_tiny_model(preset: str, tiny: Any, cli: Any, gateway: Any, run_session: Any,
                                                    swe_tasks: Any) -> None:
-    ensure_cli(preset)
+    cli(preset)
     aliases = list(get_preset(preset).extra_model_names)
     gw = gateway(tiny_engine(tiny), default_max_tokens=48, model_aliases=aliases)
     result = run_session(gw, preset, swe_tasks["median"], {**OPTIONS, "max_session_turns": 2} if preset == "qwen_code" else OPTIONS)

@@ -136,3 +136,44 @@ def test_gateway_serves_captured_cli_request(replay_gateway: GatewayServer, fixt
     assert len(rec.logprobs) == len(rec.sampled_ids)
     assert rec.model == (req["body"].get("model") or req["path"].split("/models/")[1].split(":")[0])
     assert rec.tools, "the CLI's tool definitions must reach the record"
+
+
+def _first(fixture: str) -> dict[str, Any]:
+    rec = json.loads((FIXTURES / f"{fixture}.json").read_text())
+    return next(r for r in rec["requests"] if r["method"] == "POST" and r["path"].endswith(MODEL_PATHS))
+
+
+def _post(gw: GatewayServer, req: dict[str, Any], session: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    headers = {k: v for k, v in req["headers"].items() if k not in DROP_HEADERS}
+    path = req["path"].replace("/s/ses-capture-0001", f"/s/{session}", 1)
+    with httpx.Client(base_url=gw.url, timeout=60) as client:
+        return client.post(path, params=req["query"], headers=headers, content=json.dumps(body or req["body"]))
+
+
+def test_optional_fields_are_ignored_and_logged_once(replay_gateway: GatewayServer,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from polar.gateway.providers import common
+
+    common.IGNORED_ONCE.clear()
+    req = _first("claude_code")
+    with caplog.at_level("INFO", logger="polar.gateway.providers"):
+        for i in range(2):
+            assert _post(replay_gateway, req, f"logged-once-{i}").status_code == 200
+    notes = [r.getMessage() for r in caplog.records if "accepted and ignored" in r.getMessage()]
+    for field in ("thinking", "context_management", "output_config", "metadata"):
+        assert sum(f"'{field}'" in n for n in notes) == 1, (field, notes)
+
+
+@pytest.mark.parametrize(("fixture", "change", "error_path"), [
+    ("codex", {"previous_response_id": "resp_123"}, ("error", "message")),
+    ("pi", {"n": 2}, ("error", "message")),
+    ("gemini_cli", {"generationConfig": {"candidateCount": 3}}, ("error", "message")),
+])
+def test_fields_that_change_the_meaning_are_rejected_in_the_provider_shape(
+        replay_gateway: GatewayServer, fixture: str, change: dict[str, Any], error_path: tuple[str, str]) -> None:
+    req = _first(fixture)
+    resp = _post(replay_gateway, req, f"reject-{fixture}", {**req["body"], **change})
+    assert resp.status_code == 400
+    body = resp.json()
+    assert isinstance(body[error_path[0]][error_path[1]], str)
+    assert next(iter(change)) in body[error_path[0]][error_path[1]]

@@ -10,14 +10,12 @@ from typing import Any
 
 import pytest
 
-from tests.presets.conftest import SWE_MINI
-
 
 @pytest.fixture(scope="module")
-def grader() -> Any:
+def grader(swe_mini_dir: Path) -> Any:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("swe_grader", SWE_MINI / "swe_grader.py")
+    spec = importlib.util.spec_from_file_location("swe_grader", swe_mini_dir / "swe_grader.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -64,9 +62,9 @@ def test_a_wrong_fix_scores_zero(grader: Any, tmp_path: Path) -> None:
     assert result["pass_to_pass"]["tests/test_core.py::test_median_odd"] == "FAILED"
 
 
-def test_example_config_validates() -> None:
+def test_example_config_validates(swe_mini_dir: Path) -> None:
     from polar.config import load_config
 
-    cfg = load_config(SWE_MINI / "grpo.yaml")
+    cfg = load_config(swe_mini_dir / "grpo.yaml")
     assert cfg.harness.preset == "pi" and cfg.verifier.type == "swe_grader:grade"
     assert (cfg.config_dir / cfg.tasks).is_file()
