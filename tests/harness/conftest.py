@@ -10,7 +10,7 @@ CONNECTORS_DIR = Path(__file__).parent / "connectors"
 KEYDOOR_DIR = Path(__file__).resolve().parents[2] / "examples" / "keydoor"
 
 
-def make_spec(class_name: str, module: str = "test_envs", **kw) -> ConnectorSpec:
+def make_spec(class_name: str, module: str = "sample_connectors", **kw) -> ConnectorSpec:
     """A spec for a test connector with short timeouts and backoff (tests must stop by themselves)."""
     base = dict(module=module, class_name=class_name, call_timeout_s=5.0, start_timeout_s=30.0,
                 restart_backoff_s=0.05, heartbeat_interval_s=0)

@@ -32,7 +32,7 @@ def test_good_harnesses_pass(target, capsys):
 )
 def test_broken_connectors_fail_with_the_right_message(class_name, expected, capsys, monkeypatch):
     monkeypatch.chdir(CONNECTORS_DIR)
-    assert polar_main(["check", f"test_envs:{class_name}", "--steps", "60"]) == 1
+    assert polar_main(["check", f"sample_connectors:{class_name}", "--steps", "60"]) == 1
     out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
     assert expected in out
     assert "expected:" in out and "received:" in out and "fix:" in out
