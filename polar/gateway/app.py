@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from polar.gateway import _json
@@ -62,6 +63,47 @@ def api_key(request: Request) -> str | None:
 def session_of(request: Request) -> str:
     """URL prefix, then the ``x-polar-session`` header, then the API key."""
     return request.scope.get("polar_session") or request.headers.get(SESSION_HEADER) or api_key(request) or DEFAULT_SESSION
+
+
+class SSEResponse(Response):
+    """Server-sent events that stop as soon as the client disconnects.
+
+    A disconnect cancels the stream (so the engine stops generating for nobody) and ``on_close`` always
+    runs, even when the body was never started, so the call is recorded and leaves the drain gate."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", **headers})  # no body yet: no content-length
+        self.body_iterator = body
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        async def stream() -> None:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def run(fn: Callable[[], Awaitable[None]]) -> None:
+                    await fn()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(run, stream)
+                await run(listen)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self.on_close()
 
 
 class GatewayApp:
@@ -154,10 +196,7 @@ class GatewayApp:
                 sid = session_of(request)
                 if req.stream:
                     call = await self.core.start(req, sid)
-                    return StreamingResponse(
-                        provider.stream(req, call), media_type="text/event-stream",
-                        headers={"cache-control": "no-cache", "x-polar-session": sid},
-                    )
+                    return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
                 call = await self.core.start(req, sid)
                 out = await self.core.finish(call)
                 return self._json(provider.response(req, call, out))

@@ -48,6 +48,10 @@ def engine_error(e: BaseException) -> ApiError:
     return ApiError("server_error", f"inference engine failed: {type(e).__name__}: {e}")
 
 
+class ClientGone(BaseException):
+    """The client disconnected (or stopped reading) before the call ended."""
+
+
 class GatewayCore:
     def __init__(self, engine: Engine, store: SessionStore, gate: DrainGate, default_max_tokens: int = 1024) -> None:
         self.engine = engine
@@ -108,6 +112,7 @@ class Call:
         self._gen: Any = None
         self._first: TokenEvent | None = None
         self._recorded = False
+        self._closed = False
 
     async def prepare(self) -> None:
         core, req = self.core, self.req
@@ -176,7 +181,21 @@ class Call:
             error = e
             raise
         finally:
+            await self.close(error)
+
+    async def close(self, error: BaseException | None = None) -> None:
+        """End the call once: stop the engine stream, write the record, leave the drain gate.
+
+        The server calls this when a streaming response ends for any reason, so a client that hangs up
+        (or never reads) still leaves an incomplete record and frees its slot."""
+        if self._closed:
+            return
+        self._closed = True
+        if error is None and self.output is None:
+            error = ClientGone()
+        try:
             await self._close_gen()
+        finally:
             self.finish_record(error=error)
             self.core.gate.exit()
 

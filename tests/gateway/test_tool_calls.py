@@ -27,7 +27,7 @@ def _openai_chat(url: str, stream: bool) -> tuple[str, dict, str]:
         chunks = list(client.chat.completions.create(model="tiny", messages=msgs, tools=tools, stream=True))
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
         (tc,) = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
-        finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason][0]
+        finish = next(c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason)
         call_id, name, args = tc.id, tc.function.name, tc.function.arguments
     else:
         r = client.chat.completions.create(model="tiny", messages=msgs, tools=tools)
