@@ -234,13 +234,11 @@ class EmbeddedEngine(Engine):
                 else None
             )
             if hit is not None or not self._batch_prefill_ok:
-                kv = self._prefill(seq, hit)
-                if kv is not None:
-                    joining.append((seq, kv))
+                joining += self._isolated([seq], lambda seq=seq, hit=hit: self._prefill_one(seq, hit))
             else:
                 fresh.append(seq)
         for group in self._prefill_groups(fresh):
-            joining += self._prefill_batch(group)
+            joining += self._isolated(group, lambda group=group: self._prefill_batch(group))
         if joining:
             self._merge(joining)
         if self._active:
@@ -256,6 +254,21 @@ class EmbeddedEngine(Engine):
             kwargs[self._cache_kw] = cache
         out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
         return out.logits[:, -1].float(), _cache_of(out)
+
+    def _isolated(self, seqs: list[_Seq], prefill: Any) -> list[tuple[_Seq, Any]]:
+        """Run a prefill; if it fails (e.g. out of memory on a huge prompt), fail only these requests."""
+        try:
+            return prefill()
+        except Exception as exc:
+            log.warning("prefill of %d request(s) failed: %s", len(seqs), exc)
+            for seq in seqs:
+                self._emit(seq, exc)
+                self._solo = [s for s in self._solo if s is not seq]
+            return []
+
+    def _prefill_one(self, seq: _Seq, hit: PrefixEntry | None) -> list[tuple[_Seq, Any]]:
+        kv = self._prefill(seq, hit)
+        return [] if kv is None else [(seq, kv)]
 
     def _prefill_groups(self, seqs: list[_Seq]) -> list[list[_Seq]]:
         """Split newcomers into prefill batches of at most ``max_prefill_tokens`` padded tokens."""
@@ -275,8 +288,7 @@ class EmbeddedEngine(Engine):
         """Prefill several prompts in one right-padded forward (every query row sees at least one real
         key, so no row is fully masked); sample their first tokens; return the KV of those continuing."""
         if len(seqs) == 1:
-            kv = self._prefill(seqs[0], None)
-            return [] if kv is None else [(seqs[0], kv)]
+            return self._prefill_one(seqs[0], None)
         lens = [len(s.request.prompt_ids) for s in seqs]
         width = max(lens)
         self.stats["prefill_forwards"] += 1

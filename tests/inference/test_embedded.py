@@ -256,3 +256,24 @@ def test_session_prefix_cache_reuses_kv_and_changes_nothing(tiny_pair):
     assert len(cached.prefix_cache) == 0
     run(cached.close())
     run(plain.close())
+
+
+def test_a_failing_prefill_fails_only_its_own_request(tiny_pair):
+    class Flaky(EmbeddedEngine):
+        def _prefill(self, seq, hit):
+            if 7 in seq.request.prompt_ids:
+                raise RuntimeError("out of memory (simulated)")
+            return super()._prefill(seq, hit)
+
+    eng = Flaky(tiny_pair[0], tiny_pair[1], model_name="tiny", batch_decode=True)
+    eng._batch_prefill_ok = False  # one prefill per request, so the failure is isolated per request
+
+    async def go():
+        good = asyncio.create_task(collect(eng.generate(GenerationRequest([1, 2, 3], max_tokens=20, seed=0))))
+        with pytest.raises(EngineError, match="out of memory"):
+            await collect(eng.generate(GenerationRequest([1, 7, 3], max_tokens=5)))
+        result = await good
+        await eng.close()
+        return result
+
+    assert len(run(go()).token_ids) == 20
