@@ -115,7 +115,7 @@ def test_unknown_model_spec_says_what_to_pass(tmp_path):
 
     with pytest.raises(EngineError, match="neither 'tiny' nor a local Hugging Face model folder"):
         load_engine(str(tmp_path / "nope"))
-    with pytest.raises(EngineError, match="unknown embedded engine option\\(s\\) devise; valid: .*device"):
+    with pytest.raises(EngineError, match=r"unknown embedded engine option\(s\) devise; valid: .*device"):
         load_engine("tiny", devise="cpu")
     with pytest.raises(EngineError, match="apply to the embedded engine only"):
         load_engine("vllm:http://127.0.0.1:9", device="cpu")
