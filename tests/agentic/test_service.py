@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
-from conftest import EXAMPLES, HERE
+from .conftest import EXAMPLES, HERE
 
 from polar.agentic.local import LocalStack
 from polar.agentic.nodes import NodeRegistry
