@@ -39,6 +39,7 @@ from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClos
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
 HEALTHY_STEPS = 100  # a process that served this many steps since its (re)start has recovered
+REPLY_KEYS = {"init": ("action_space",), "reset": ("obs",), "step": ("obs", "rewards", "terminated", "truncated")}
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -80,6 +81,7 @@ class ConnectorProcess:
         self.consecutive_failures = 0
         self.steps_since_start = 0
         self.describe: dict = {}
+        self._op: str | None = None
         self.dead_reason: str | None = None
         self.last_io = time.monotonic()
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
@@ -239,6 +241,7 @@ class ConnectorProcess:
 
     # ------------------------------------------------------------------------------- calls
     def send(self, msg: dict) -> None:
+        self._op = msg.get("op")
         if self.dead_reason is not None or self._conn is None:
             raise ProcessFailed(self.dead_reason or "not connected")
         try:
@@ -290,6 +293,9 @@ class ConnectorProcess:
                 raise EnvContractError(message)
             text = f"{message} (in connector class {self.name}; traceback from the connector process below)\n{tb}" if tb else message
             raise ConnectorRemoteError(text, remote_traceback=tb)
+        missing = [k for k in REPLY_KEYS.get(self._op, ()) if k not in reply]
+        if missing:
+            raise ProtocolError(f"{self.name}: its reply to {self._op!r} lacks {missing} (see docs/connector-protocol.md)")
         return reply
 
     def call(self, msg: dict, timeout_s: float | None = None) -> dict:

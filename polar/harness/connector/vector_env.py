@@ -149,7 +149,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                     raise error
                 pending = failed
         obs = conform(_concat([r["obs"] for r in replies]), self.single_observation_space)
-        infos = [info for r in replies for info in r["infos"]]
+        infos = [info for j, r in enumerate(replies) for info in (r.get("infos") or [{}] * self._size(j))]
         self._last_obs = obs
         return obs, infos
 
@@ -270,7 +270,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
             "rewards": np.zeros(n, dtype=np.float64),
             "terminated": np.zeros(n, dtype=bool),
             "truncated": np.ones(n, dtype=bool),
-            "infos": [{**info, **flag} for info in reply["infos"]],
+            "infos": [{**info, **flag} for info in (reply.get("infos") or [{}] * n)],
             "final_obs": [index(last, i) for i in range(n)],
             "final_infos": [dict(flag) for _ in range(n)],
         }
