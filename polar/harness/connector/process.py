@@ -50,6 +50,8 @@ def _kill_leftovers() -> None:
     """A hung connector never sees its socket close: make sure none outlives polar."""
     for proc in list(_LIVE):
         proc.kill()
+        if proc._tmpdir:
+            shutil.rmtree(proc._tmpdir, ignore_errors=True)
 
 
 class ProcessFailed(Exception):
