@@ -27,10 +27,10 @@ GYM = "polar.harness.connector.gym_connector"
 def test_cartpole_through_connectors_matches_sync_vector_env():
     """Same seeds, same actions: identical obs, rewards, dones and SAME_STEP info structure."""
     spec = make_spec("GymnasiumConnector", module=GYM, config={"id": "CartPole-v1"}, copies_per_process=2)
-    envs = ConnectorVectorEnv(spec, 4)
-    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = ConnectorVectorEnv(spec, 5)  # split 2 + 2 + 1 over three processes
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 5, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     try:
-        assert len(envs.procs) == 2
+        assert [p.num_envs for p in envs.procs] == [2, 2, 1]
         assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
         obs, _ = envs.reset(seed=3)
         ref_obs, _ = ref.reset(seed=3)
@@ -38,7 +38,7 @@ def test_cartpole_through_connectors_matches_sync_vector_env():
         rng = np.random.default_rng(0)
         finals = 0
         for _ in range(120):
-            actions = rng.integers(0, 2, size=4)
+            actions = rng.integers(0, 2, size=5)
             got, want = envs.step(actions), ref.step(actions)
             for g, w in zip(got[:4], want[:4], strict=False):
                 np.testing.assert_array_equal(g, w)
