@@ -289,8 +289,8 @@ class ConnectorProcess:
                 err = ConnectorStartError(message + (f"\n{tb}" if tb and log.isEnabledFor(logging.DEBUG) else ""))
                 err.remote_traceback = tb
                 raise err
-            if kind == "frame_size":
-                raise ProtocolError(message)
+            if kind in ("frame_size", "protocol"):
+                raise ProtocolError(f"{self.name}: {message}")
             if kind == "contract":
                 raise EnvContractError(message)
             text = f"{message} (in connector class {self.name}; traceback from the connector process below)\n{tb}" if tb else message
