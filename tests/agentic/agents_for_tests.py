@@ -11,3 +11,21 @@ async def ask_then_sleep(base_url, task, api_key):
             model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=8)
     await asyncio.sleep(float(task.get("sleep_s", 0)))
     return r.choices[0].message.content
+
+
+async def one_token(base_url, task, api_key):
+    """One model call, one sampled token: the smallest possible agent."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=1, timeout=120) as client:
+        r = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=1, temperature=1.0)
+    return r.choices[0].message.content or ""
+
+
+def even_token(records):
+    """Reward 1 when the first sampled token id is even: learnable by the tiny model in a few steps."""
+    return float(records[-1].sampled_ids[0] % 2 == 0)
+
+
+def says_hello(output):
+    """Reward 1 when the agent answered "hello" (SFT teaches "done" and "hello" equally; GRPO must pick)."""
+    return float(output.strip() == "hello")
