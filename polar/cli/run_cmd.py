@@ -23,6 +23,10 @@ def main(args: argparse.Namespace) -> int:
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
+    if cfg.harness.type == "agent" or cfg.policy.type in ("grpo", "sft"):  # LLM agents: polar.trainers.agentic_run
+        from polar.trainers.agentic_run import run_from_cli
+
+        return run_from_cli(cfg, args)
     if cfg.policy.type not in ("ppo", "appo"):
         from polar.errors import ConfigError
 

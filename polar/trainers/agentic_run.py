@@ -129,3 +129,30 @@ def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = No
     run_dir.write_json("eval/summary.json", summary)
     run_dir.update_meta(status="finished", result={k: v for k, v in summary.items() if k != "history"})
     return summary
+
+
+def run_from_cli(cfg: Any, args: Any) -> int:
+    """``polar run`` for agent harnesses: create the run dir, train, print the held-out numbers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from polar.trainers.run_dir import RunDir
+
+    if cfg.harness.type != "agent" or cfg.policy.type not in ("grpo", "sft"):
+        raise ConfigError(
+            f"harness.type {cfg.harness.type!r} with policy.type {cfg.policy.type!r}: agent harnesses train with "
+            "grpo or sft, and grpo/sft need harness.type: agent"
+        )
+    console = Console(stderr=True)
+    run_dir = RunDir.create(cfg.name, args.run_dir, kind=f"agentic-{cfg.policy.type}", config_dir=cfg.config_dir)
+    console.print(f"[bold]run dir[/]: {run_dir.path}")
+    summary = train_agentic(cfg, run_dir)
+    table = Table(title=f"{cfg.name}: held-out success")
+    for col in ("stage", "success", "sessions", "errors"):
+        table.add_column(col)
+    for key in ("eval_before", "eval_after", "eval_final"):
+        if summary.get(key):
+            e = summary[key]
+            table.add_row(key.removeprefix("eval_"), f"{e['success']:.3f}", str(e["sessions"]), str(e["errors"]))
+    console.print(table)
+    return 0
