@@ -138,7 +138,7 @@ def sft_train(policy: LLMPolicy, samples: list[TrajectorySample], kwargs: Any, s
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), kwargs.max_grad_norm)
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             step += 1
             if on_step is not None:
                 on_step(step, losses[-1])

@@ -3,7 +3,7 @@
 import asyncio
 import os
 
-from .conftest import HERE, alive, python_cmd
+from tests.agentic.helpers import HERE, alive, python_cmd
 
 from polar.agentic.local import LocalStack
 from polar.agentic.pipeline import PipelineSettings

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from .conftest import HERE, write_jsonl
+from tests.agentic.helpers import HERE, write_jsonl
 
 from polar.config import load_config
 from polar.metrics.logger import read_metrics

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
-from .conftest import EXAMPLES, HERE
+from tests.agentic.helpers import EXAMPLES, HERE
 
 from polar.agentic.local import LocalStack
 from polar.agentic.nodes import NodeRegistry
@@ -116,7 +116,7 @@ def test_least_loaded_healthy_node_and_http_records(stack, tmp_path):
     from polar.inference import ScriptedEngine
     from polar.inference.tiny import build_tiny_tokenizer
 
-    from conftest import oracle_script
+    from tests.agentic.helpers import oracle_script
 
     url = stack.rollout.url
     tok = build_tiny_tokenizer()
