@@ -44,20 +44,17 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from polar.gateway.server import GatewayServer
+    from polar.gateway.server import serve_forever
 
     config = load_config(args)
     console.print(f"loading engine [bold]{config.model}[/] ...")
-    server = GatewayServer(config).start()
-    console.print(f"[green]gateway listening on[/] {server.url}  (records: {config.records_dir})")
-    console.print(f"  OpenAI:    OPENAI_BASE_URL={server.url}/s/<session>/v1")
-    console.print(f"  Anthropic: ANTHROPIC_BASE_URL={server.url}/s/<session>")
-    console.print(f"  Gemini:    GOOGLE_GEMINI_BASE_URL={server.url}/s/<session>")
-    try:
-        while server._thread is not None and server._thread.is_alive():
-            server._thread.join(0.5)
-    except KeyboardInterrupt:
-        console.print("stopping ...")
-    finally:
-        server.stop()
+
+    def announce(url: str) -> None:
+        console.print(f"[green]gateway listening on[/] {url}  (records: {config.records_dir})")
+        console.print(f"  OpenAI:    OPENAI_BASE_URL={url}/s/<session>/v1")
+        console.print(f"  Anthropic: ANTHROPIC_BASE_URL={url}/s/<session>")
+        console.print(f"  Gemini:    GOOGLE_GEMINI_BASE_URL={url}/s/<session>")
+
+    serve_forever(config, on_listen=announce)  # returns on Ctrl-C / SIGTERM after a graceful shutdown
+    console.print("gateway stopped")
     return 0

@@ -54,6 +54,37 @@ def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Co
     )
 
 
+def serve_forever(config: GatewayConfig, engine: Any = None, on_listen: Any = None) -> None:
+    """Run the gateway in the calling (main) thread until SIGINT/SIGTERM; for ``polar gateway``."""
+    app = build_app(config, engine)
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as e:
+        sock.close()
+        raise GatewayError(f"cannot listen on {config.host}:{config.port}: {e}; pick another port") from None
+    host = config.host if config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    if on_listen is not None:
+        on_listen(f"http://{host}:{sock.getsockname()[1]}")
+    server = uvicorn.Server(uvicorn_config(app.asgi, config))
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(server.serve(sockets=[sock]))
+    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
+        pass
+    finally:
+        sock.close()
+    closer = new_event_loop()
+    try:
+        closer.run_until_complete(app.engine.close())
+    finally:
+        closer.close()
+        if not loop.is_running():
+            loop.close()
+
+
 class GatewayServer:
     """A gateway on a background thread. ``start()`` returns once it accepts connections."""
 
@@ -106,13 +137,11 @@ class GatewayServer:
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+            self.loop.run_until_complete(self.app.engine.close())
         except Exception:
             log.exception("gateway server stopped with an error")
-        finally:
-            try:
-                self.loop.run_until_complete(self.app.engine.close())
-            except Exception:
-                log.debug("engine close failed", exc_info=True)
+        except BaseException:  # uvloop raises Ctrl-C in this thread too; the owner's stop() cleans up
+            log.debug("gateway loop interrupted", exc_info=True)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._server is not None:
@@ -122,8 +151,10 @@ class GatewayServer:
             if self._thread.is_alive():
                 self._server.force_exit = True
                 self._thread.join(timeout_s)
-        if self.loop is not None and not (self._thread and self._thread.is_alive()):
+        if self.loop is not None and not (self._thread and self._thread.is_alive()) and not self.loop.is_running():
             self.loop.close()
+        if self._sock is not None:
+            self._sock.close()
         self._thread = None
 
     def __enter__(self) -> GatewayServer:
