@@ -29,3 +29,27 @@ def even_token(records):
 def says_hello(output):
     """Reward 1 when the agent answered "hello" (SFT teaches "done" and "hello" equally; GRPO must pick)."""
     return float(output.strip() == "hello")
+
+
+def smolagents_calculator(base_url, task, api_key, model):
+    """A third-party agent (Hugging Face smolagents ``ToolCallingAgent``) pointed at the gateway."""
+    import sys
+    from pathlib import Path
+
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "agentic"))
+    from calculator_agent import calculator as calc
+
+    @tool
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression with integers and + - *.
+
+        Args:
+            expression: the expression to evaluate, e.g. "2 + 3".
+        """
+        return calc(expression)
+
+    llm = OpenAIServerModel(model_id=model, api_base=base_url, api_key=api_key)
+    agent = ToolCallingAgent(tools=[calculator], model=llm, max_steps=4, verbosity_level=0)
+    return str(agent.run(task["prompt"]))
