@@ -157,7 +157,7 @@ def test_gemini_non_streaming_and_streaming(gw, tiny):
         _check_faithful(rec, model)
 
 
-def test_litellm_openai_and_anthropic_routes(gw, tiny):
+def test_litellm_openai_anthropic_and_gemini_routes(gw, tiny):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
@@ -171,13 +171,17 @@ def test_litellm_openai_and_anthropic_routes(gw, tiny):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     a = litellm.completion(model="anthropic/claude-test", api_base=f"{gw.url}/s/ll-anth", api_key="x",
                            messages=msgs, max_tokens=MAX_TOKENS)
+    g = litellm.completion(model="gemini/gemini-test", api_base=f"{gw.url}/s/ll-gem/v1beta", api_key="x",
+                           messages=msgs, max_tokens=MAX_TOKENS)
     rec1, rec2 = gw.records("ll-oa")
     (rec3,) = gw.records("ll-anth")
+    (rec4,) = gw.records("ll-gem")
+    assert (g.choices[0].message.content or "") == _text_of(rec4, tok, stop_ids) and rec4.provider == "gemini"
     assert (r.choices[0].message.content or "") == _text_of(rec1, tok, stop_ids)
     assert streamed == _text_of(rec2, tok, stop_ids)
     assert (a.choices[0].message.content or "") == _text_of(rec3, tok, stop_ids)
     assert rec3.provider == "anthropic"
-    for rec in (rec1, rec2, rec3):
+    for rec in (rec1, rec2, rec3, rec4):
         _check_faithful(rec, model)
 
 
