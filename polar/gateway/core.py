@@ -67,8 +67,7 @@ class GatewayCore:
         try:
             await call.prepare()
         except BaseException as e:
-            call.finish_record(error=e)
-            self.gate.exit()
+            await call.close(e)
             if isinstance(e, Exception):
                 raise engine_error(e) from None
             raise

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,12 +45,13 @@ class _Session:
 class SessionStore:
     """Thread-safe: the server loop writes, admin/in-process readers may read from other threads."""
 
-    def __init__(self, records_dir: str | Path | None, fsync: bool = False) -> None:
+    def __init__(self, records_dir: str | Path | None, fsync: bool = False, max_sessions_in_memory: int = 4096) -> None:
         self.dir = Path(records_dir) if records_dir is not None else None
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
-        self._sessions: dict[str, _Session] = {}
+        self.max_sessions_in_memory = max_sessions_in_memory
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
 
     def _get(self, session_id: str) -> _Session:
@@ -59,6 +61,11 @@ class SessionStore:
             for rec in self._load(session_id):
                 self._index(s, rec)
             self._sessions[session_id] = s
+            # least recently used sessions leave memory; their files stay and reload on the next access
+            while self.dir is not None and len(self._sessions) > self.max_sessions_in_memory:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(session_id)
         return s
 
     def _load(self, session_id: str) -> list[CallRecord]:
@@ -124,5 +131,9 @@ class SessionStore:
         return self.dir is not None and (self.dir / f"{file_id(session_id)}.jsonl").exists()
 
     def session_ids(self) -> list[str]:
+        """Sessions with records (in memory; on disk too when the ids are readable from the files)."""
         with self._lock:
-            return sorted(k for k, s in self._sessions.items() if s.records)
+            ids = {k for k, s in self._sessions.items() if s.records}
+            if self.dir is not None:
+                ids |= {p.stem for p in self.dir.glob("*.jsonl") if not p.stem.startswith("h-")}
+            return sorted(ids)

@@ -131,3 +131,23 @@ def test_records_survive_a_restart_and_reuse_continues(gateway, tiny, tmp_path):
         a, b = gw.records("dur")
     assert a.to_dict() == first.to_dict() and b.call_index == 1
     assert b.prompt_ids[: len(a.prompt_ids) + len(a.sampled_ids)] == a.prompt_ids + a.sampled_ids
+
+
+def test_store_evicts_idle_sessions_from_memory_and_reloads_them(tmp_path):
+    from polar.gateway.sessions import SessionStore
+    from polar.types import CallRecord
+
+    store = SessionStore(tmp_path, max_sessions_in_memory=2)
+
+    def rec(sid: str) -> CallRecord:
+        i = store.next_call_index(sid)
+        return CallRecord(sid, i, "openai_chat", "tiny", [{"role": "user", "content": sid}], [1, 2], [3], [-0.5],
+                          "stop", 0, 0.0, 1.0, metadata={"reuse_key": f"{i:032x}"})
+
+    for sid in ("a", "b", "c", "a"):
+        store.append(rec(sid))
+    assert len(store._sessions) == 2
+    assert [r.call_index for r in store.records("a")] == [0, 1]
+    assert [r.messages[0]["content"] for r in store.records("b")] == ["b"]  # reloaded from its file
+    assert store.next_call_index("b") == 1 and store.lookup("c", bytes(16)) is not None
+    assert store.session_ids() == ["a", "b", "c"]
