@@ -153,6 +153,9 @@ def connect(
                 need, os.cpu_count() or 1, num_cpus,
             )
         # starting a cluster is local work with its own timeouts; ray.init must run on the main thread here
+        # Ray nices its workers to 15 by default; rollout actors are the throughput path (the local
+        # backend's worker processes run at normal priority too), so a cluster we start does not
+        os.environ.setdefault("RAY_worker_niceness", "0")
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
                      log_to_driver=True, runtime_env=runtime_env)
