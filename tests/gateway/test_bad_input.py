@@ -43,7 +43,7 @@ def bad_cases(provider: str) -> list[tuple[str, object, int, str]]:
     unknown_role = {
         "openai_chat": {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]},
         "openai_responses": {"model": "tiny", "input": [{"role": "wizard", "content": "x"}]},
-        "anthropic": {"model": "tiny", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+        "anthropic": {"model": "tiny", "max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]},
         "gemini": {"contents": [{"role": "wizard", "parts": [{"text": "x"}]}]},
     }[provider]
     image = {

@@ -9,7 +9,17 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, text_parts
-from polar.gateway.providers.common import check_type, new_id, opt_int, opt_number, require, sse, stop_list
+from polar.gateway.providers.common import (
+    check_type,
+    ignore_unhandled,
+    new_id,
+    note_ignored,
+    opt_int,
+    opt_number,
+    require,
+    sse,
+    stop_list,
+)
 
 NAME = "anthropic"
 STOP = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -62,6 +72,9 @@ def parse_messages(raw: Any, system: Any) -> list[Message]:
         where = f"messages[{i}]"
         check_type(m, dict, where)
         role = require(m, "role", str, f"{where}.")
+        if role == "system":  # not in Anthropic's docs, but Claude Code sends mid-conversation system notes
+            out.append({"role": "system", "content": text_parts(m.get("content"), f"{where}.content", ("text",))})
+            continue
         if role not in ("user", "assistant"):
             raise bad(f"{where}.role {role!r} is not supported; Anthropic messages are 'user' or 'assistant' "
                       "(put system text in the top-level 'system')", f"{where}.role")
@@ -104,8 +117,8 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
     for i, t in enumerate(tools):
         check_type(t, dict, f"tools[{i}]")
         if t.get("type") not in (None, "custom"):
-            raise bad(f"tools[{i}].type {t.get('type')!r} (a server tool) is not supported; define a custom tool "
-                      "with name, description, input_schema", f"tools[{i}].type")
+            note_ignored(NAME, [f"tools[].type={t.get('type')}"])  # server tools cannot run here
+            continue
         out.append({"type": "function", "function": {
             "name": require(t, "name", str, f"tools[{i}]."),
             "description": t.get("description") or "",
@@ -128,8 +141,13 @@ def _tool_choice(v: Any) -> str:
     raise bad("'tool_choice.type' must be auto, any, tool (with name) or none", "tool_choice")
 
 
+HANDLED = ("model", "messages", "system", "tools", "tool_choice", "max_tokens", "temperature", "top_p",
+           "stop_sequences", "stream")
+
+
 def parse_request(body: dict[str, Any], request: Any, count_only: bool = False) -> ChatRequest:
     model = require(body, "model", str)
+    ignore_unhandled(NAME, body, HANDLED)
     max_tokens = opt_int(body, ("max_tokens",))
     if max_tokens is None and not count_only:
         raise bad("missing required field 'max_tokens'", "max_tokens")

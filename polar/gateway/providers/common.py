@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from polar.gateway.errors import bad
+
+log = logging.getLogger("polar.gateway.providers")
+
+IGNORED_ONCE: set[tuple[str, str]] = set()  # (provider, field) already reported
+
+
+def note_ignored(provider: str, fields: Iterable[str]) -> None:
+    """Fields a harness sends that do not change what the model sees: accepted, reported once each."""
+    for field in fields:
+        if (provider, field) not in IGNORED_ONCE:
+            IGNORED_ONCE.add((provider, field))
+            log.info("%s: request field '%s' accepted and ignored (it does not change generation here)", provider, field)
+
+
+def ignore_unhandled(provider: str, body: dict[str, Any], handled: Iterable[str]) -> None:
+    note_ignored(provider, sorted(set(body) - set(handled)))
 
 
 def require(body: dict[str, Any], key: str, types: type | tuple[type, ...], where: str = "") -> Any:

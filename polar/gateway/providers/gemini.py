@@ -9,7 +9,17 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message
-from polar.gateway.providers.common import check_type, new_id, opt_int, opt_number, require, sse, stop_list
+from polar.gateway.providers.common import (
+    check_type,
+    ignore_unhandled,
+    new_id,
+    note_ignored,
+    opt_int,
+    opt_number,
+    require,
+    sse,
+    stop_list,
+)
 
 NAME = "gemini"
 FINISH = {"stop": "STOP", "stop_sequence": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "abort": "OTHER"}
@@ -117,7 +127,8 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
         check_type(t, dict, f"tools[{i}]")
         decls = _g(t, "functionDeclarations", "function_declarations")
         if decls is None:
-            raise bad(f"tools[{i}] must hold functionDeclarations (built-in tools are not supported)", f"tools[{i}]")
+            note_ignored(NAME, [f"tools[].{k}" for k in t])  # built-in tools (googleSearch, codeExecution, ...)
+            continue
         for j, d in enumerate(check_type(decls, list, f"tools[{i}].functionDeclarations")):
             check_type(d, dict, f"tools[{i}].functionDeclarations[{j}]")
             params = d.get("parametersJsonSchema") or d.get("parameters_json_schema") or d.get("parameters")
@@ -146,6 +157,12 @@ def _tool_choice(cfg: Any) -> str:
     return {"NONE": "none", "ANY": "required"}.get(mode, "auto")
 
 
+HANDLED = ("contents", "systemInstruction", "system_instruction", "tools", "toolConfig", "tool_config",
+           "generationConfig", "generation_config")
+GEN_HANDLED = ("candidateCount", "candidate_count", "maxOutputTokens", "max_output_tokens", "temperature", "topP",
+               "top_p", "stopSequences", "stop_sequences", "seed")
+
+
 def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
     target = request.path_params["target"]
     model, _, method = target.rpartition(":")
@@ -156,6 +173,9 @@ def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
         raise bad("streamGenerateContent is served as server-sent events only; add '?alt=sse' to the URL", "alt")
     gen = _g(body, "generationConfig", "generation_config") or {}
     check_type(gen, dict, "generationConfig")
+    ignore_unhandled(NAME, body, HANDLED)
+    ignore_unhandled(NAME, {f"generationConfig.{k}": v for k, v in gen.items()},
+                     [f"generationConfig.{k}" for k in GEN_HANDLED])
     if (_g(gen, "candidateCount", "candidate_count") or 1) != 1:
         raise bad("'generationConfig.candidateCount' must be 1; send separate requests", "generationConfig.candidateCount")
     return ChatRequest(

@@ -11,7 +11,9 @@ from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
 from polar.gateway.providers.common import (
     check_type,
+    ignore_unhandled,
     new_id,
+    note_ignored,
     now,
     opt_int,
     opt_number,
@@ -55,7 +57,8 @@ def parse_tools(tools: Any, name: str = "tools") -> list[dict[str, Any]]:
     for i, t in enumerate(tools):
         check_type(t, dict, f"{name}[{i}]")
         if t.get("type", "function") != "function":
-            raise bad(f"{name}[{i}].type {t.get('type')!r} is not supported; only 'function' tools are", f"{name}[{i}].type")
+            note_ignored(NAME, [f"tools[].type={t.get('type')}"])  # e.g. custom/hosted tools: not callable here
+            continue
         fn = require(t, "function", dict, f"{name}[{i}].")
         fname = require(fn, "name", str, f"{name}[{i}].function.")
         out.append({"type": "function", "function": {
@@ -113,8 +116,13 @@ def parse_messages(raw: Any) -> list[Message]:
     return out
 
 
+HANDLED = ("model", "messages", "n", "stream", "stream_options", "tools", "tool_choice", "max_tokens",
+           "max_completion_tokens", "temperature", "top_p", "stop", "seed", "logprobs")
+
+
 def parse(body: dict[str, Any]) -> ChatRequest:
     model = require(body, "model", str)
+    ignore_unhandled(NAME, body, HANDLED)
     n = body.get("n")
     if n not in (None, 1):
         raise bad("'n' must be 1: the gateway records one sample per call; send separate requests", "n")

@@ -13,7 +13,17 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
-from polar.gateway.providers.common import check_type, new_id, now, opt_int, opt_number, require, sse
+from polar.gateway.providers.common import (
+    check_type,
+    ignore_unhandled,
+    new_id,
+    note_ignored,
+    now,
+    opt_int,
+    opt_number,
+    require,
+    sse,
+)
 from polar.gateway.providers.openai_chat import error_body  # same error shape as Chat Completions
 
 NAME = "openai_responses"
@@ -70,8 +80,13 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
     out = []
     for i, t in enumerate(tools):
         check_type(t, dict, f"tools[{i}]")
-        if t.get("type") != "function":
-            raise bad(f"tools[{i}].type {t.get('type')!r} is not supported; only 'function' tools are", f"tools[{i}].type")
+        kind = t.get("type")
+        if kind == "namespace":  # a group of function tools (Codex): offer its functions
+            out.extend(parse_tools(t.get("tools") or []))
+            continue
+        if kind != "function":
+            note_ignored(NAME, [f"tools[].type={kind}"])  # hosted tools (web_search, ...) cannot run here
+            continue
         out.append({"type": "function", "function": {
             "name": require(t, "name", str, f"tools[{i}]."),
             "description": t.get("description") or "",
@@ -90,8 +105,13 @@ def _tool_choice(v: Any) -> str:
     raise bad("'tool_choice' must be auto, none, required or {'type': 'function', 'name': ...}", "tool_choice")
 
 
+HANDLED = ("model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
+           "stream", "previous_response_id", "conversation")
+
+
 def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
     model = require(body, "model", str)
+    ignore_unhandled(NAME, body, HANDLED)
     for key in ("previous_response_id", "conversation"):
         if body.get(key):
             raise bad(f"'{key}' (server-side conversation state) is not supported by this gateway; "
