@@ -87,7 +87,8 @@ def serve_upstream(port: int) -> None:
         return Response(json.dumps(out), media_type="application/json")
 
     app.router.routes.append(Route("/v1/chat/completions", chat, methods=["POST"]))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=60,
+                backlog=2048)
 
 
 def serve_polar_in_process_engine(port: int, records: str) -> None:
@@ -174,10 +175,15 @@ async def load(url: str, concurrency: int, n_requests: int, warmup: int, cap_s: 
             while remaining > 0:
                 remaining -= 1
                 t0 = time.perf_counter()
-                r = await c.post(target, content=body)
+                try:
+                    r = await c.post(target, content=body)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
                 dt = time.perf_counter() - t0
-                if r.status_code != 200:
+                if not ok:
                     errors += 1
+                    continue
                 counter += 1
                 if counter == warmup:
                     t_start = time.perf_counter()
