@@ -129,7 +129,7 @@ def wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None)
 
 
 def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
-    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+    out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
 

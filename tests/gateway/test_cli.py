@@ -33,7 +33,7 @@ def test_config_from_a_run_file_with_flag_overrides(tmp_path):
 def test_unknown_config_key_names_the_fix(tmp_path):
     cfg = tmp_path / "gw.yaml"
     cfg.write_text("model: tiny\nmax_body_byte: 10\n")
-    with pytest.raises(ConfigError, match="max_body_byte.*did you mean: max_body_bytes"):
+    with pytest.raises(ConfigError, match=r"max_body_byte.*did you mean: max_body_bytes"):
         load_config(_args(config=str(cfg)))
 
 
