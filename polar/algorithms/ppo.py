@@ -19,6 +19,7 @@ from torch import nn
 
 from polar.algorithms.optim import Adam
 from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.models.fused import fused_ppo_grads, supports_fused
 
 
 def schedule_value(initial: float, kind: str, progress: float) -> float:
@@ -107,6 +108,7 @@ class PPOLearner:
         self.total_env_steps = total_env_steps
         self.params = [p for p in agent.parameters() if p.requires_grad]
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
+        self.fused = supports_fused(agent) and not getattr(kwargs, "disable_fused", False)
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
         """Samples per minibatch (flat); for recurrent agents, env columns per minibatch."""
@@ -141,14 +143,23 @@ class PPOLearner:
             epochs += 1
             stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
             for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
-                logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state, batch.episode_starts)
-                loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
-                                    clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
-                if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
-                    stop = True
-                    break
-                self.optimizer.zero_grad()
-                loss.backward()
+                if self.fused:  # same gradients as the autograd branch, without the graph (polar.models.fused)
+                    adv = normalize(batch.advantages) if norm_per_mb else batch.advantages
+                    st = fused_ppo_grads(self.agent, batch.obs, batch.actions, batch.log_probs, batch.values, adv,
+                                         batch.returns, clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, stats_now)
+                    if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
+                        stop = True
+                        break
+                else:
+                    logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state,
+                                                                    batch.episode_starts)
+                    loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
+                                        clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
+                    if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
+                        stop = True
+                        break
+                    self.optimizer.zero_grad()
+                    loss.backward()
                 if kw.max_grad_norm is not None:
                     self.optimizer.clip_grad_norm_(kw.max_grad_norm)
                 self.optimizer.step()

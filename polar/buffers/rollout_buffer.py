@@ -113,5 +113,5 @@ class RolloutBuffer:
             obs = {k: v[:, idx] for k, v in self.obs.items()} if isinstance(self.obs, dict) else self.obs[:, idx]
             yield Minibatch(obs, self.actions[:, idx], self.log_probs[:, idx], self.values[:, idx],
                             self.advantages[:, idx], self.returns[:, idx],
-                            initial_state=map_state(lambda s: s[idx], self.initial_state),
+                            initial_state=map_state(lambda s, i=idx: s[i], self.initial_state),
                             episode_starts=self.episode_starts[:, idx])

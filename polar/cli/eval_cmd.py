@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from polar.cli._progress import print_eval
     from polar.errors import ConfigError
-    from polar.trainers.loading import load_policy_for_eval
     from polar.trainers.evaluation import evaluate_policy
+    from polar.trainers.loading import load_policy_for_eval
 
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError("--episodes must be at least 1")

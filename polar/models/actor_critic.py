@@ -9,7 +9,13 @@ from torch import nn
 
 from polar.agents import AgentBase, reset_state
 from polar.config.agent import BuiltinAgentConfig
-from polar.models.distributions import CategoricalDist, GaussianDist, action_param_size, dist_for_space
+from polar.models.distributions import (
+    CategoricalDist,
+    GaussianDist,
+    action_param_size,
+    dist_for_space,
+    gumbel_argmax,
+)
 from polar.models.encoders import build_encoder
 
 _ACT_FNS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
@@ -124,7 +130,7 @@ class ActorCriticAgent(AgentBase):
             if deterministic:
                 action = logp_all.argmax(-1, keepdim=True)
             else:
-                action = torch.multinomial(logp_all.exp(), 1)
+                action = gumbel_argmax(logp_all)
             info["log_prob"] = logp_all.gather(-1, action).squeeze(-1)
             action = action.squeeze(-1)
         else:

@@ -150,7 +150,8 @@ class EnvRunner:
                 tr_idx = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
                 if tr_idx.size:
                     finals = _stack_obs([infos["final_obs"][i] for i in tr_idx], self.obs_space)
-                    sub_state = map_state(lambda s: s[torch.as_tensor(tr_idx)], state)
+                    sel = torch.as_tensor(tr_idx)
+                    sub_state = map_state(lambda s, i=sel: s[i], state)
                     _, _, _, finfo = self._act(finals, sub_state, deterministic=True)
                     trunc_values[t, tr_idx] = self._values(finfo, tr_idx.size)
                 if state is not None:

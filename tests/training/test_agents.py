@@ -54,7 +54,7 @@ def test_lstm_state_is_batched_and_changes_with_input():
     agent = build_agent(BuiltinAgentConfig(type="lstm", lstm_hidden_size=8), obs_space, spaces.Discrete(2))
     h, c = agent.get_initial_state(5)
     assert h.shape == (5, 8) and torch.count_nonzero(h) == 0
-    _, (h1, c1), _ = agent.act(_batch(obs_space, 5), (h, c))
+    _, (h1, _c1), _ = agent.act(_batch(obs_space, 5), (h, c))
     assert h1.shape == (5, 8) and torch.count_nonzero(h1) > 0
     # sequence replay reproduces step-by-step log-probs, including a reset mid-sequence
     obs = torch.randn(4, 5, 3)
@@ -86,7 +86,7 @@ def test_custom_agent_loads_from_the_config_dir(tmp_path):
     cfg = CustomAgentConfig(module="my_agents", class_name="Tiny", kwargs={"n_out": 2})
     agent = build_agent(cfg, spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2), config_dir=tmp_path)
     obs = torch.randn(3, 4)
-    logp, ent, v = agent.evaluate_actions(obs, torch.tensor([0, 1, 1]))  # the default path, from extra_info
+    logp, _ent, v = agent.evaluate_actions(obs, torch.tensor([0, 1, 1]))  # the default path, from extra_info
     assert logp.shape == (3,) and v.requires_grad
     with pytest.raises(ConfigError, match=r"did you mean: Tiny"):
         build_agent(CustomAgentConfig(module="my_agents", class_name="Tinny"), spaces.Box(-1, 1, (4,)), spaces.Discrete(2), tmp_path)
@@ -130,5 +130,5 @@ def test_wrong_action_shape_names_the_agent_with_expected_and_actual(tmp_path):
 def test_detached_extra_info_is_reported_when_training():
     agent = DetachedAgent()
     agent.bind_spaces(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
-    with pytest.raises(AgentError, match="DetachedAgent.*detached"):
+    with pytest.raises(AgentError, match=r"DetachedAgent.*detached"):
         agent.evaluate_actions(torch.randn(2, 4), torch.zeros(2, dtype=torch.long))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from polar.errors import CheckpointError, RunDirError
-from polar.trainers.checkpoint import CheckpointManager, load_checkpoint, save_checkpoint
+from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
 from polar.trainers.run_dir import RunDir
 from tests.learning.conftest import train_in_process
 from tests.learning.envs import register
@@ -61,7 +61,7 @@ def test_run_dir_refuses_a_used_directory(tmp_path):
 
 def test_checkpoint_holds_normalizers_optimizer_rng_and_counters(tmp_path):
     register()
-    res, trainer = train_in_process(tmp_path, {
+    _res, trainer = train_in_process(tmp_path, {
         "name": "norm", "total_env_steps": 1024, "harness": {"type": "gymnasium", "id": "PolarReachTarget-v0"},
         "policy": {"type": "ppo", "kwargs": {"n_steps": 64, "normalize_obs": True, "normalize_reward": True}},
         "distribution": {"envs_per_worker": 4}, "logging": {"tensorboard": False, "checkpoint_freq": 1},

@@ -74,7 +74,7 @@ def test_a_dead_worker_is_reported_not_waited_for():
         backend.next_fragment(timeout_s=120)
         os.kill(backend._procs[0].pid, signal.SIGKILL)
         backend._procs[0].join(timeout=30)
-        with pytest.raises(HarnessError, match="rollout worker 0 .*died"):
+        with pytest.raises(HarnessError, match=r"rollout worker 0 .*died"):
             for _ in range(10):  # at most two fragments were already in flight
                 backend.next_fragment(timeout_s=60)
     finally:
