@@ -1,0 +1,44 @@
+"""prefix_merging and per_request trajectories of the same sessions train to the same loss."""
+
+import copy
+
+import torch
+
+from tests.agentic.helpers import EXAMPLES
+
+from polar.agentic.local import LocalStack
+from polar.agentic.pipeline import PipelineSettings
+from polar.agentic.runners import CallableRunner
+from polar.agentic.verifiers import NoVerifier
+from polar.config.grpo import GRPOKwargs
+from polar.inference import ScriptedEngine
+from polar.trainers.llm_policy import LLMPolicy
+from polar.trainers.llm_trainer import GRPOLearner
+from polar.trajectory import build
+
+
+def test_builders_train_to_the_same_loss(tmp_path):
+    engine = ScriptedEngine.tiny(lambda req, i: f"note {i % 5} kept.")
+    runner = CallableRunner("multi_turn_agent:agent", EXAMPLES)
+    with LocalStack(engine, runner, NoVerifier(), PipelineSettings(workspace_root=str(tmp_path))) as stack:
+        groups = stack.run_groups([({"prompt": "Take a note.", "turns": 4}, 3, {})], timeout_s=600)
+        records = {r.session_id: stack.gateway.records(r.session_id) for r in groups[0]}
+    advantage = {sid: a for sid, a in zip(records, [1.0, -0.5, -0.5])}
+
+    losses = {}
+    counts = {}
+    for builder in ("per_request", "prefix_merging"):
+        samples = []
+        for recs in records.values():
+            samples += build(recs, builder)[0]
+        counts[builder] = len(samples)
+        advs = [advantage[s.session_id] for s in samples]
+        policy = LLMPolicy(copy.deepcopy(engine.model), engine.tokenizer)
+        torch.manual_seed(0)
+        learner = GRPOLearner(policy, GRPOKwargs(learning_rate=1e-4, micro_batch_size=2, group_size=3))
+        losses[builder] = [learner.update(samples, advs)["policy_loss"] for _ in range(3)]
+    assert counts == {"per_request": 12, "prefix_merging": 3}
+    # same tokens, same contexts, same token-level normalization: the same loss at every step
+    for a, b in zip(losses["per_request"], losses["prefix_merging"]):
+        assert abs(a - b) < 1e-4 * max(1.0, abs(a)), losses
+    assert losses["prefix_merging"][1] < losses["prefix_merging"][0], losses  # and the first step improves it
