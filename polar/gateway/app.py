@@ -134,10 +134,17 @@ class GatewayApp:
             Route("/admin/resume", self.admin_resume, methods=["POST"]),
             Route("/admin/weights", self.admin_weights, methods=["POST"]),
         ]
-        self.starlette = Starlette(routes=routes)
+        self.starlette = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
         self.asgi = SessionPrefix(self.starlette)
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    async def _no_route(self, request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        err = ApiError("not_found", f"no route for {request.method} {request.url.path}; model calls go to "
+                       "/v1/chat/completions, /v1/responses, /v1/messages or /v1beta/models/{model}:generateContent")
+        body = gemini.error_body(err) if "/models/" in request.url.path else openai_chat.error_body(err)
+        return self._json(body, status)
 
     def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
         return Response(_json.dumps(obj), status, headers=headers, media_type="application/json")

@@ -137,3 +137,6 @@ def test_unsupported_features_are_explicit(gateway, scripted):
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     r = httpx.post(gw.url + "/v1beta/models/tiny:streamGenerateContent", json=good("gemini"))
     assert r.status_code == 400 and "alt=sse" in r.json()["error"]["message"]
+    r = httpx.post(gw.url + "/s/x/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    assert r.status_code == 404 and "/v1/chat/completions" in r.json()["error"]["message"]
+    assert httpx.get(gw.url + "/v1/chat/completions").status_code == 405
