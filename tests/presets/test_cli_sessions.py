@@ -116,3 +116,28 @@ def test_cli_runs_unchanged_against_the_tiny_model(preset: str, tiny: Any, cli: 
     result = run_session(gw, preset, swe_tasks["median"], {**OPTIONS, "max_session_turns": 2} if preset == "qwen_code" else OPTIONS)
     check_session(result, gw)
     assert result.reward == 0.0  # nonsense answers change nothing; an empty diff scores 0
+
+
+SHELL_TOOLS = {"claude_code": ("Bash", "command"), "codex": ("exec_command", "cmd"), "qwen_code": ("run_shell_command", "command"),
+               "gemini_cli": ("run_shell_command", "command"), "pi": ("bash", "command")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", list(SHELL_TOOLS))
+def test_cli_in_its_default_configuration_resolves_the_task(preset: str, tiny: Any, cli: Any, gateway: Any,
+                                                            run_session: Any, swe_tasks: Any) -> None:
+    """No ``compact``: the CLI's full system prompt and tool list (20k-46k tokens) reach the gateway.
+    The scripted engine skips the forward pass (fixed logprobs), so 45k-token prompts stay cheap."""
+    from polar.inference.scripted import ScriptedEngine
+
+    cli(preset)
+    tokenizer = tiny[1]
+    tool, arg = SHELL_TOOLS[preset]
+    call = "<tool_call>\n" + json.dumps({"name": tool, "arguments": {arg: FIX_MEDIAN}}) + "\n</tool_call>"
+    engine = ScriptedEngine(tokenizer, lambda r, i: "Fixed." if "<tool_response>" in tokenizer.decode(r.prompt_ids) else call,
+                            model_name="tiny", context_length=200_000)
+    gw = gateway(engine, default_max_tokens=256, model_aliases=list(get_preset(preset).extra_model_names))
+    result = run_session(gw, preset, swe_tasks["median"], {}, agent_timeout_s=150)
+    records = check_session(result, gw)
+    assert len(records[0].prompt_ids) > 3000 and len(records[0].tools) >= 4
+    assert result.reward == 1.0, result.verifier_output
