@@ -92,6 +92,54 @@ class ActorCriticAgent(AgentBase):
             if pi is not None and vf is not None:
                 self._fast = (pi, vf)
 
+    # --- numpy rollout path -------------------------------------------------------------------
+    def supports_act_numpy(self) -> bool:
+        return self._fast is not None and (self._categorical or self.gaussian)
+
+    def _numpy_layers(self):
+        """numpy views of the live parameters (rebuilt if the optimizer re-pointed them)."""
+        key = self._fast[0][0][0].data_ptr()
+        cache = self.__dict__.get("_np_cache")
+        if cache is None or cache[0] != key:
+            conv = lambda layers: [(w.detach().numpy().T, b.detach().numpy(), f) for w, b, f in layers]  # noqa: E731
+            log_std = self.log_std.detach().numpy() if self.gaussian else None
+            seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # follows the torch seed: reproducible
+            rng = cache[4] if cache is not None else np.random.default_rng(seed)
+            cache = (key, conv(self._fast[0]), conv(self._fast[1]), log_std, rng)
+            self.__dict__["_np_cache"] = cache
+        return cache
+
+    def act_numpy(self, obs: np.ndarray, deterministic: bool = False):
+        """(actions, log_probs, values) for a float32 batch, computed in numpy on the live weights.
+
+        Same function as ``act``; for tiny MLPs numpy's per-call cost is a fraction of torch's, which
+        matters once per env step."""
+        _, pi, vf, log_std, rng = self._numpy_layers()
+        x = obs
+        for wt, b, f in pi:
+            x = x @ wt + b
+            if f is not None:
+                x = np.tanh(x) if f is torch.tanh else np.maximum(x, 0)
+        v = obs
+        for wt, b, f in vf:
+            v = v @ wt + b
+            if f is not None:
+                v = np.tanh(v) if f is torch.tanh else np.maximum(v, 0)
+        if self._categorical:
+            z = x - x.max(-1, keepdims=True)
+            logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
+            if deterministic:
+                a = logp_all.argmax(-1)
+            else:
+                a = (logp_all + rng.gumbel(size=logp_all.shape).astype(np.float32)).argmax(-1)
+            logp = np.take_along_axis(logp_all, a[:, None], -1)[:, 0]
+        else:
+            std = np.exp(log_std)
+            a = x if deterministic else x + std * rng.standard_normal(x.shape).astype(np.float32)
+            diff = (a - x) / std
+            logp = (-0.5 * diff * diff - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+        return a, logp.astype(np.float32), v[:, 0]
+
     def get_initial_state(self, batch_size: int = 1):
         if not self.recurrent:
             return None

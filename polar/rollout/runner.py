@@ -59,6 +59,12 @@ class EnvRunner:
         self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
         self.disc_ret = np.zeros(self.num_envs, dtype=np.float64)
         self.env_steps = 0
+        # numpy fast path: built-in feed-forward MLP agents on float32 vector observations, no obs normalizer
+        act_numpy = getattr(policy.agent, "act_numpy", None)
+        space = self.obs_space
+        self.fast_act = act_numpy if (act_numpy is not None and policy.obs_norm is None and self.state is None
+                                      and isinstance(space, gym.spaces.Box) and space.dtype == np.float32
+                                      and len(space.shape) == 1 and policy.agent.supports_act_numpy()) else None
 
     def _act(self, obs_np, state, deterministic=False):
         tobs = obs_to_tensor(obs_np)
@@ -76,6 +82,30 @@ class EnvRunner:
         if v.shape[0] != n:
             raise AgentError(f"{self.agent_name}.act() returned values of shape {tuple(v.shape)}, expected ({n},)")
         return v.numpy()
+
+    def _policy_step(self, t, T, N, obs, first, obs_buf, actions, log_probs, values):
+        """One batched act() through the agent's own (torch) code, results written into the buffers."""
+        nobs, action, new_state, info = self._act(obs, self.state)
+        act_np = check_act_output(self.policy.agent, action, N, self.action_space)
+        lp = info.get("log_prob")
+        if lp is None:
+            self.dist.check(info, self.agent_name)
+            lp = self.dist.log_prob(info, torch.as_tensor(act_np))
+        if first:
+            first = False
+            obs_buf = ({k: np.empty((T, *v.shape), v.numpy().dtype) for k, v in nobs.items()}
+                       if isinstance(nobs, dict) else np.empty((T, *nobs.shape), nobs.numpy().dtype))
+            actions = np.empty((T, *act_np.shape), act_np.dtype)
+            log_probs = np.empty((T, N), np.float32)
+        if isinstance(nobs, dict):
+            for k, v in nobs.items():
+                obs_buf[k][t] = v.numpy()
+        else:
+            obs_buf[t] = nobs.numpy()
+        actions[t] = act_np
+        log_probs[t] = lp.numpy() if isinstance(lp, torch.Tensor) else lp
+        values[t] = self._values(info, N)
+        return first, obs_buf, actions, log_probs, act_np, new_state
 
     @torch.inference_mode()
     def collect(self, num_steps: int, policy_version: int = 0, worker_id: int = 0) -> Fragment:
@@ -98,26 +128,21 @@ class EnvRunner:
             obs = self.obs
             if raw_obs_batches is not None:
                 raw_obs_batches.append(obs)
-            nobs, action, new_state, info = self._act(obs, self.state)
-            act_np = check_act_output(self.policy.agent, action, N, self.action_space)
-            lp = info.get("log_prob")
-            if lp is None:
-                self.dist.check(info, self.agent_name)
-                lp = self.dist.log_prob(info, torch.as_tensor(act_np))
-            if first:
-                first = False
-                obs_buf = ({k: np.empty((T, *v.shape), v.numpy().dtype) for k, v in nobs.items()}
-                           if isinstance(nobs, dict) else np.empty((T, *nobs.shape), nobs.numpy().dtype))
-                actions = np.empty((T, *act_np.shape), act_np.dtype)
-                log_probs = np.empty((T, N), np.float32)
-            if isinstance(nobs, dict):
-                for k, v in nobs.items():
-                    obs_buf[k][t] = v.numpy()
+            if self.fast_act is not None:  # built-in MLP: numpy forward on the live weights
+                act_np, lp_np, v_np = self.fast_act(obs)
+                if first:
+                    first = False
+                    obs_buf = np.empty((T, *obs.shape), np.float32)
+                    actions = np.empty((T, *act_np.shape), act_np.dtype)
+                    log_probs = np.empty((T, N), np.float32)
+                obs_buf[t] = obs
+                actions[t] = act_np
+                log_probs[t] = lp_np
+                values[t] = v_np
+                new_state = None
             else:
-                obs_buf[t] = nobs.numpy()
-            actions[t] = act_np
-            log_probs[t] = lp.numpy() if isinstance(lp, torch.Tensor) else lp
-            values[t] = self._values(info, N)
+                first, obs_buf, actions, log_probs, act_np, new_state = self._policy_step(
+                    t, T, N, obs, first, obs_buf, actions, log_probs, values)
             starts[t] = self.starts
             env_act = np.clip(act_np, self.action_space.low, self.action_space.high) if self.clip_actions else act_np
             next_obs, rew, term, trunc, infos = self.env.step(env_act)

@@ -132,3 +132,25 @@ def test_detached_extra_info_is_reported_when_training():
     agent.bind_spaces(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
     with pytest.raises(AgentError, match=r"DetachedAgent.*detached"):
         agent.evaluate_actions(torch.randn(2, 4), torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("action_space", [spaces.Discrete(3), spaces.Box(-1, 1, shape=(2,), dtype=np.float32)])
+def test_numpy_rollout_path_matches_the_torch_agent(action_space):
+    from polar.algorithms.optim import Adam
+
+    obs_space = spaces.Box(-1, 1, shape=(4,), dtype=np.float32)
+    agent = build_agent(BuiltinAgentConfig(), obs_space, action_space)
+    assert agent.supports_act_numpy()
+    obs = np.random.default_rng(0).uniform(-1, 1, (16, 4)).astype(np.float32)
+    for _ in range(2):  # also after the optimizer moves the weights into its flat buffer and updates them
+        a, logp, v = agent.act_numpy(obs)
+        ref_logp, _, ref_v = agent.evaluate_actions(torch.from_numpy(obs), torch.as_tensor(a))
+        np.testing.assert_allclose(logp, ref_logp.detach().numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(v, ref_v.detach().numpy(), rtol=1e-4, atol=1e-5)
+        det, _, _ = agent.act_numpy(obs, deterministic=True)
+        ref_det, _, _ = agent.act(torch.from_numpy(obs), deterministic=True)
+        np.testing.assert_allclose(det, ref_det.detach().numpy(), rtol=1e-5, atol=1e-6)
+        opt = Adam(agent.parameters(), lr=0.1)
+        opt.zero_grad()
+        agent.evaluate_actions(torch.from_numpy(obs), torch.as_tensor(a))[2].sum().backward()
+        opt.step()
