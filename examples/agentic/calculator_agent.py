@@ -1,7 +1,9 @@
 """A multi-turn, tool-using calculator agent written against the official ``openai`` SDK.
 
+Tool: ``calc(a, op, b)`` with integers ``a``, ``b`` and ``op`` one of ``+ - *``.
+
 It knows nothing about polar: it reads the question on stdin, talks to whatever ``OPENAI_BASE_URL`` /
-``OPENAI_API_KEY`` point at, runs the ``calculator`` tool the model asks for, feeds the result back,
+``OPENAI_API_KEY`` point at, runs the tool the model asks for, feeds the result back,
 and prints the model's final answer on its last stdout line. Run it against any OpenAI-compatible
 server:  ``echo "What is 3 + 4?" | OPENAI_BASE_URL=... OPENAI_API_KEY=... python calculator_agent.py``
 """
@@ -17,14 +19,10 @@ import sys
 from openai import AsyncOpenAI, OpenAI
 
 MAX_TURNS = 3
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}]
+TOOLS = [{"type": "function", "function": {
+    "name": "calc", "description": "a op b",
+    "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "op": {"type": "string", "enum": ["+", "-", "*"]}, "b": {"type": "integer"}}}}}]
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
@@ -88,9 +86,12 @@ def _tool_result(tc) -> str:
         args = json.loads(tc.function.arguments or "{}")
     except json.JSONDecodeError:
         return "error: arguments are not JSON"
-    if tc.function.name != "calculator" or not isinstance(args, dict):
+    if tc.function.name != "calc" or not isinstance(args, dict):
         return "error: unknown tool"
-    return calculator(str(args.get("expression", "")))
+    a, op, b = args.get("a"), args.get("op"), args.get("b")
+    if not isinstance(a, int) or not isinstance(b, int) or op not in ("+", "-", "*"):
+        return "error: need integers a, b and op one of + - *"
+    return calculator(f"{a} {op} {b}")
 
 
 async def agent(base_url: str, task: dict, api_key: str, model: str) -> str:

@@ -22,14 +22,14 @@ def tasks() -> list[dict]:
     for a in range(10):
         for b in range(10):
             for op, fn in OPS.items():
-                out.append({"id": f"{a}{op}{b}", "prompt": f"What is {a} {op} {b}?", "expression": f"{a} {op} {b}",
+                out.append({"id": f"{a}{op}{b}", "prompt": f"What is {a} {op} {b}?", "a": a, "op": op, "b": b,
                             "answer": str(fn(a, b))})
     return out
 
 
 def demonstration(task: dict) -> dict:
     call = {"id": "call_0", "type": "function",
-            "function": {"name": "calculator", "arguments": json.dumps({"expression": task["expression"]})}}
+            "function": {"name": "calc", "arguments": json.dumps({"a": task["a"], "op": task["op"], "b": task["b"]})}}
     return {"tools": TOOLS, "messages": [
         {"role": "user", "content": task["prompt"]},
         {"role": "assistant", "content": "", "tool_calls": [call]},

@@ -28,9 +28,10 @@ def oracle_script(tokenizer, wrong_every: int = 0):
             if wrong_every and counter["n"] % wrong_every == 0 and answer.lstrip("-").isdigit():
                 answer = str(int(answer) + 1)
             return answer
-        questions = re.findall(r"What is (.+?)\?", text)
+        questions = re.findall(r"What is (-?\d+) ([-+*]) (-?\d+)\?", text)
         if questions:
-            return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % questions[-1]
+            a, op, b = questions[-1]
+            return '<tool_call>\n{"name": "calc", "arguments": {"a": %s, "op": "%s", "b": %s}}\n</tool_call>' % (a, op, b)
         return "hello"
 
     return respond

@@ -30,7 +30,7 @@ def test_generate_keeps_only_verified_sessions_and_sft_reads_them(tmp_path):
     for s in samples:
         assert s.reward == 1.0
         text = tok.decode([t for t, m in zip(s.token_ids, s.loss_mask) if m])
-        assert "<tool_call>" in text and "calculator" in text  # only the model's own turns are targets
+        assert "<tool_call>" in text and '"arguments": {"a":' in text  # only the model's own turns are targets
         assert "<tool_response>" not in text
     policy = LLMPolicy.from_engine(engine)
     losses = sft_train(policy, samples, SFTKwargs(learning_rate=3e-3, epochs=2, batch_size=4))
