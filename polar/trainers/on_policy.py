@@ -52,8 +52,13 @@ class OnPolicyTrainer:
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
         cfg = self.cfg
-        if cfg.distribution.num_gpus > 0 and not torch.cuda.is_available():
-            log.warning("distribution.num_gpus=%s but no GPU is available here; the learner runs on CPU.", cfg.distribution.num_gpus)
+        if cfg.distribution.num_gpus > 0:
+            if not torch.cuda.is_available():
+                log.warning("distribution.num_gpus=%s but no GPU is available here; the learner runs on CPU.",
+                            cfg.distribution.num_gpus)
+            else:
+                log.info("distribution.num_gpus=%s: the PPO learner runs on CPU (its small networks are faster there).",
+                         cfg.distribution.num_gpus)
         torch.set_num_threads(1)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
