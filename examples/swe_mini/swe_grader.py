@@ -113,12 +113,21 @@ def run_tests(task: dict[str, Any], repo: Path, patch: str) -> dict[str, Any]:
         return {"applied": True, "tests": outcomes, "log": log_tail}
 
 
-def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | None = None) -> dict[str, Any]:
-    """Reward for one finished session: 1.0 if the workspace's patch resolves the task, else 0.0."""
+def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | None = None,
+          harness: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Reward for one finished session: 1.0 if the workspace's patch resolves the task, else 0.0.
+
+    ``harness`` is what the runner collected (for presets: the CLI, its transcript, its last lines);
+    it does not change the reward, it is kept with the verdict for inspection.
+    """
     repo = _repo(task, tasks_root)
     patch = make_patch(repo, Path(workspace))
+    seen = {}
+    if harness:
+        seen = {"cli": harness.get("cli"), "transcript_events": len(harness.get("transcript") or []),
+                "transcript_files": sorted(harness.get("transcript_files") or {})}
     if not patch.strip():
-        return {"reward": 0.0, "resolved": False, "reason": "empty diff: the session changed nothing", "patch": ""}
+        return {"reward": 0.0, "resolved": False, "reason": "empty diff: the session changed nothing", "patch": "", **seen}
     result = run_tests(task, repo, patch)
     f2p = {t: result["tests"].get(t, "MISSING") for t in task.get("fail_to_pass", [])}
     p2p = {t: result["tests"].get(t, "MISSING") for t in task.get("pass_to_pass", [])}
@@ -129,6 +138,7 @@ def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | 
         "fail_to_pass": f2p,
         "pass_to_pass": p2p,
         "patch": patch[:20000],
+        **seen,
     }
     if not result["applied"]:
         out["reason"] = f"patch did not apply: {result.get('apply_error', '')}"

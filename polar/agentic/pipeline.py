@@ -292,7 +292,7 @@ class SessionPipeline:
         try:
             verdict = await asyncio.wait_for(
                 self.verifier(VerifyInput(task=live.spec.task, output=out.output, workspace=live.workspace or Path("."),
-                                          records=records)),
+                                          records=records, harness=out.details)),
                 timeout=self.settings.verifier_timeout_s,
             )
         except asyncio.TimeoutError:

@@ -35,6 +35,7 @@ class VerifyInput:
     output: str
     workspace: Path
     records: list[Any] = field(default_factory=list)  # the session's CallRecords
+    harness: dict[str, Any] = field(default_factory=dict)  # what the runner collected (presets: transcript, diff)
 
 
 @dataclass
@@ -156,7 +157,8 @@ class UserFunction:
         self.spec, self.fn, self.kwargs = spec, import_callable(spec, config_dir), kwargs
 
     async def __call__(self, inp: VerifyInput) -> Verdict:
-        args = {"task": inp.task, "output": inp.output, "workspace": inp.workspace, "records": inp.records, **self.kwargs}
+        args = {"task": inp.task, "output": inp.output, "workspace": inp.workspace, "records": inp.records,
+                "harness": inp.harness, **self.kwargs}
         params = inspect.signature(self.fn).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             args = {k: v for k, v in args.items() if k in params}

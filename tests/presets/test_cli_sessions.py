@@ -73,6 +73,8 @@ def check_session(result: Any, gw: Any) -> list[Any]:
     assert result.status == SessionStatus.DONE, f"{result.status}: {result.error}"
     assert session_processes(result.session_id) == []
     assert result.reward is not None and "resolved" in result.verifier_output
+    # the CLI's own transcript reached the verifier
+    assert result.verifier_output["transcript_events"] > 0 and result.verifier_output["transcript_files"]
     records = gw.records(result.session_id)
     assert len(records) >= 1 and result.num_calls == len(records)
     for rec in records:
