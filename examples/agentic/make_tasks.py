@@ -14,6 +14,7 @@ from pathlib import Path
 from calculator_agent import TOOLS
 
 HERE = Path(__file__).parent
+N_DEMOS = 2000
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -45,7 +46,15 @@ def main() -> None:
     held_out, train = all_tasks[:60], all_tasks[60:]
     for name, rows in (("train.jsonl", train), ("heldout.jsonl", held_out)):
         (HERE / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (HERE / "demos.jsonl").write_text("".join(json.dumps(demonstration(t)) + "\n" for t in train))
+    # Demonstrations use operands up to 99: too many combinations to memorise, so behaviour cloning has to
+    # learn to copy the operands and the tool's result, which is what transfers to held-out questions.
+    seen = {t["id"] for t in held_out}
+    demos = []
+    while len(demos) < N_DEMOS:
+        a, b, op = rng.randrange(100), rng.randrange(100), rng.choice(list(OPS))
+        if f"{a}{op}{b}" not in seen:
+            demos.append(demonstration({"prompt": f"What is {a} {op} {b}?", "a": a, "op": op, "b": b, "answer": str(OPS[op](a, b))}))
+    (HERE / "demos.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
 
 
 if __name__ == "__main__":

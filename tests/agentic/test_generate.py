@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.agentic.helpers import EXAMPLES, oracle_script
 
 from polar.cli.generate_cmd import generate
@@ -44,3 +46,11 @@ def test_generate_cli_reports_when_nothing_passes(tmp_path, capsys):
                      "--samples-per-task", "1", "--max-tasks", "2"])
     assert rc == 1 and not out.exists()
     assert json.loads((tmp_path / "none.parquet.json").read_text())["accepted_sessions"] == 0
+
+
+@pytest.mark.slow  # one Python + openai import per session; the bad-input tests cover command harnesses by default
+def test_command_harness_config_runs_the_agent_as_a_program(tmp_path):
+    cfg = load_config(EXAMPLES / "calculator_command.yaml")
+    engine = ScriptedEngine.tiny(oracle_script(build_tiny_tokenizer()))
+    counts = generate(cfg, tmp_path / "d.parquet", samples_per_task=2, max_tasks=1, engine=engine, work_dir=tmp_path / "w")
+    assert counts["accepted_sessions"] == 2, counts
