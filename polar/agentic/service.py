@@ -77,6 +77,7 @@ class RolloutService:
         self.tasks: dict[str, TaskState] = {}
         self.max_tasks_kept = max_tasks_kept
         self._subscribers: set[asyncio.Queue] = set()
+        self._background: set[asyncio.Task] = set()
         prev = pipeline.on_event
         pipeline.on_event = lambda ev: (prev(ev) if prev else None, self.publish(ev))
 
@@ -114,7 +115,9 @@ class RolloutService:
             spec = SessionSpec(sid, task, task_id=task_id, group_id=group_id, sample_index=i, metadata=dict(state.metadata))
             jobs.append(self.pipeline.submit(spec))
         self.publish({"type": "task", "task_id": task_id, "status": "running", "num_samples": state.num_samples})
-        asyncio.ensure_future(self._collect(state, jobs))
+        task = asyncio.ensure_future(self._collect(state, jobs))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
         return task_id
 
     async def _collect(self, state: TaskState, jobs: list[asyncio.Task]) -> None:

@@ -60,7 +60,7 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
             stats["groups_no_signal"] += 1
             continue
         stats["groups_used"] += 1
-        for r, a in zip(usable, adv.tolist()):
+        for r, a in zip(usable, adv.tolist(), strict=True):
             for s in r.samples:
                 if any(s.loss_mask):
                     samples.append(s)

@@ -31,7 +31,7 @@ def oracle_script(tokenizer, wrong_every: int = 0):
         questions = re.findall(r"What is (-?\d+) ([-+*]) (-?\d+)\?", text)
         if questions:
             a, op, b = questions[-1]
-            return '<tool_call>\n{"name": "calc", "arguments": {"a": %s, "op": "%s", "b": %s}}\n</tool_call>' % (a, op, b)
+            return '<tool_call>\n{"name": "calc", "arguments": {"a": %s, "op": "%s", "b": %s}}\n</tool_call>' % (a, op, b)  # noqa: UP031
         return "hello"
 
     return respond

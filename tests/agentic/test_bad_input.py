@@ -3,14 +3,13 @@
 import asyncio
 import os
 
-from tests.agentic.helpers import HERE, alive, python_cmd
-
 from polar.agentic.local import LocalStack
 from polar.agentic.pipeline import PipelineSettings
 from polar.agentic.process import ProcessLimits
 from polar.agentic.runners import CallableRunner, CommandRunner
 from polar.agentic.session import SessionStatus
 from polar.agentic.verifiers import ExactMatch, UserFunction
+from tests.agentic.helpers import HERE, alive, python_cmd
 
 BEHAVIOURS = ["ok", "exit_nonzero", "no_calls", "wrong_key", "big_output", "forker"]
 
@@ -25,7 +24,7 @@ def test_misbehaving_command_harnesses(oracle_engine, tmp_path, no_leftovers):
     with LocalStack(oracle_engine, runner, ExactMatch(), settings, records_dir=tmp_path / "rec") as stack:
         groups = stack.run_groups([({"id": b, "prompt": "say hello", "behaviour": b, "answer": "hello"}, 1, {})
                                    for b in BEHAVIOURS], timeout_s=600)
-    res = {b: g[0] for b, g in zip(BEHAVIOURS, groups)}
+    res = {b: g[0] for b, g in zip(BEHAVIOURS, groups, strict=True)}
 
     ok = res["ok"]
     assert ok.status == SessionStatus.DONE and ok.reward == 1.0 and ok.trainable, ok.error

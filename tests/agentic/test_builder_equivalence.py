@@ -4,8 +4,6 @@ import copy
 
 import torch
 
-from tests.agentic.helpers import EXAMPLES
-
 from polar.agentic.local import LocalStack
 from polar.agentic.pipeline import PipelineSettings
 from polar.agentic.runners import CallableRunner
@@ -15,6 +13,7 @@ from polar.inference import ScriptedEngine
 from polar.trainers.llm_policy import LLMPolicy
 from polar.trainers.llm_trainer import GRPOLearner
 from polar.trajectory import build
+from tests.agentic.helpers import EXAMPLES
 
 
 def test_builders_train_to_the_same_loss(tmp_path):
@@ -23,7 +22,7 @@ def test_builders_train_to_the_same_loss(tmp_path):
     with LocalStack(engine, runner, NoVerifier(), PipelineSettings(workspace_root=str(tmp_path))) as stack:
         groups = stack.run_groups([({"prompt": "Take a note.", "turns": 4}, 3, {})], timeout_s=600)
         records = {r.session_id: stack.gateway.records(r.session_id) for r in groups[0]}
-    advantage = {sid: a for sid, a in zip(records, [1.0, -0.5, -0.5])}
+    advantage = {sid: a for sid, a in zip(records, [1.0, -0.5, -0.5], strict=True)}
 
     losses = {}
     counts = {}
@@ -39,6 +38,6 @@ def test_builders_train_to_the_same_loss(tmp_path):
         losses[builder] = [learner.update(samples, advs)["policy_loss"] for _ in range(3)]
     assert counts == {"per_request": 12, "prefix_merging": 3}
     # same tokens, same contexts, same token-level normalization: the same loss at every step
-    for a, b in zip(losses["per_request"], losses["prefix_merging"]):
+    for a, b in zip(losses["per_request"], losses["prefix_merging"], strict=True):
         assert abs(a - b) < 1e-4 * max(1.0, abs(a)), losses
     assert losses["prefix_merging"][1] < losses["prefix_merging"][0], losses  # and the first step improves it

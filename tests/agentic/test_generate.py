@@ -4,8 +4,6 @@ import json
 
 import pytest
 
-from tests.agentic.helpers import EXAMPLES, oracle_script
-
 from polar.cli.generate_cmd import generate
 from polar.cli.main import main as polar_main
 from polar.config import load_config
@@ -14,6 +12,7 @@ from polar.inference import ScriptedEngine
 from polar.inference.tiny import build_tiny_tokenizer
 from polar.trainers.llm_policy import LLMPolicy, load_demonstrations
 from polar.trainers.llm_trainer import sft_train
+from tests.agentic.helpers import EXAMPLES, oracle_script
 
 
 def test_generate_keeps_only_verified_sessions_and_sft_reads_them(tmp_path):
@@ -31,7 +30,7 @@ def test_generate_keeps_only_verified_sessions_and_sft_reads_them(tmp_path):
     assert len(samples) == 8  # prefix merging: one sequence per two-call session
     for s in samples:
         assert s.reward == 1.0
-        text = tok.decode([t for t, m in zip(s.token_ids, s.loss_mask) if m])
+        text = tok.decode([t for t, m in zip(s.token_ids, s.loss_mask, strict=True) if m])
         assert "<tool_call>" in text and '"arguments": {"a":' in text  # only the model's own turns are targets
         assert "<tool_response>" not in text
     policy = LLMPolicy.from_engine(engine)

@@ -7,12 +7,11 @@ import json
 
 import torch
 
-from tests.agentic.helpers import HERE, write_jsonl
-
 from polar.config import load_config
 from polar.metrics.logger import read_metrics
 from polar.trainers.agentic_run import train_agentic
 from polar.trainers.run_dir import RunDir
+from tests.agentic.helpers import HERE, write_jsonl
 
 
 def test_sft_then_grpo_raises_reward_on_a_trivial_task(tmp_path):
@@ -21,20 +20,20 @@ def test_sft_then_grpo_raises_reward_on_a_trivial_task(tmp_path):
                                                          {"role": "assistant", "content": ["done", "hello"][i % 2]}]}
                                            for i in range(8)])
     cfg_path = tmp_path / "run.yaml"
-    cfg_path.write_text(f"""
+    cfg_path.write_text("""
 name: trivial
-harness: {{type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}}
+harness: {type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}
 tasks: tasks.jsonl
 eval_tasks: tasks.jsonl
-verifier: {{type: "agents_for_tests:says_hello"}}
-model: {{name_or_path: tiny}}
-sessions: {{max_run_workers: 64}}
-sft_warmup: {{demonstrations: demos.jsonl, kwargs: {{learning_rate: 1.0e-2, epochs: 20, max_steps: 20, batch_size: 4}}}}
+verifier: {type: "agents_for_tests:says_hello"}
+model: {name_or_path: tiny}
+sessions: {max_run_workers: 64}
+sft_warmup: {demonstrations: demos.jsonl, kwargs: {learning_rate: 1.0e-2, epochs: 20, max_steps: 20, batch_size: 4}}
 policy:
   type: grpo
-  kwargs: {{group_size: 6, tasks_per_step: 4, total_steps: 6, learning_rate: 5.0e-2, micro_batch_size: 24,
-           max_off_policy_steps: 1, eval_samples: 12, kl_coef: 0.01}}
-logging: {{checkpoint_freq: 3, tensorboard: false}}
+  kwargs: {group_size: 6, tasks_per_step: 4, total_steps: 6, learning_rate: 5.0e-2, micro_batch_size: 24,
+           max_off_policy_steps: 1, eval_samples: 12, kl_coef: 0.01}
+logging: {checkpoint_freq: 3, tensorboard: false}
 """)
     import sys
 

@@ -9,13 +9,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
-from tests.agentic.helpers import EXAMPLES, HERE
-
 from polar.agentic.local import LocalStack
 from polar.agentic.nodes import NodeRegistry
 from polar.agentic.pipeline import PipelineSettings
 from polar.agentic.runners import CallableRunner
 from polar.agentic.verifiers import ExactMatch, UserFunction
+from tests.agentic.helpers import EXAMPLES, HERE
 
 
 @pytest.fixture
@@ -37,7 +36,7 @@ def poll(http, url, task_id):
 class _Sink(BaseHTTPRequestHandler):
     received: list = []
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         _Sink.received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
         self.send_response(200)
         self.end_headers()
@@ -115,7 +114,6 @@ def test_least_loaded_healthy_node_and_http_records(stack, tmp_path):
     from polar.gateway import GatewayServer
     from polar.inference import ScriptedEngine
     from polar.inference.tiny import build_tiny_tokenizer
-
     from tests.agentic.helpers import oracle_script
 
     url = stack.rollout.url

@@ -4,13 +4,12 @@ import re
 
 import pytest
 
-from tests.agentic.helpers import HERE
-
 from polar.agentic.local import LocalStack
 from polar.agentic.pipeline import PipelineSettings
 from polar.agentic.runners import CallableRunner
 from polar.agentic.session import SessionStatus
 from polar.agentic.verifiers import Numeric
+from tests.agentic.helpers import HERE
 
 pytest.importorskip("smolagents")
 
@@ -23,8 +22,8 @@ def smol_script(tokenizer):
         asked = list(re.finditer(r"What is (\d+ [-+*] \d+)\?", text))[-1]  # the task, not the prompt's examples
         seen = re.findall(r"(?:Observation:|<tool_response>)\s*(-?\d+)", text[asked.end():])
         if seen:
-            return '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "%s"}}\n</tool_call>' % seen[-1]
-        return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % asked.group(1)
+            return '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "%s"}}\n</tool_call>' % seen[-1]  # noqa: UP031
+        return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % asked.group(1)  # noqa: UP031
 
     return respond
 
@@ -44,5 +43,5 @@ def test_smolagents_tool_calling_agent_through_the_gateway(tmp_path):
     assert r.num_calls == 2  # calculator call, then final_answer
     # both calls are trainable model tokens; the tool observation in between is masked
     assert r.trainable
-    trained = "".join(tok.decode([t for t, m in zip(s.token_ids, s.loss_mask) if m]) for s in r.samples)
+    trained = "".join(tok.decode([t for t, m in zip(s.token_ids, s.loss_mask, strict=True) if m]) for s in r.samples)
     assert "calculator" in trained and "final_answer" in trained and "Observation" not in trained

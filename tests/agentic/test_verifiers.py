@@ -2,8 +2,17 @@ import asyncio
 
 import pytest
 
-from polar.agentic.verifiers import (ExactMatch, Numeric, PythonTests, Regex, UserFunction, VerifyInput, WorkspaceCheck,
-                                     build_verifier, final_answer)
+from polar.agentic.verifiers import (
+    ExactMatch,
+    Numeric,
+    PythonTests,
+    Regex,
+    UserFunction,
+    VerifyInput,
+    WorkspaceCheck,
+    build_verifier,
+    final_answer,
+)
 from polar.config.agentic import VerifierConfig
 from polar.errors import ConfigError, HarnessError
 
