@@ -10,6 +10,8 @@ Measured:
 - time to 475: wall-clock from the trial process's start (parent's clock before spawning it,
   so interpreter start-up and imports count) until the mean return of the last 100 training
   episodes is >= 475 (window must be full);
+- CPU time to 475: user+sys CPU seconds of the trial process at that point (steadier than wall
+  time on a shared machine: it does not count time spent waiting for a core);
 - training env steps/s: env steps at that point / time since training started;
 - rollout throughput: env steps/s of the untrained policy through each framework's collector,
   as a fraction of raw ``gymnasium.vector.SyncVectorEnv`` steps/s with random actions (same N).
@@ -43,17 +45,20 @@ from polar.trainers.on_policy import OnPolicyTrainer
 from polar.trainers.run_dir import RunDir
 cfg = load_config(sys.argv[3], [f"seed={seed}", "logging.tensorboard=false", "logging.checkpoint_freq=0",
                                 "logging.progress_bar=false", "eval.at_end=false", f"total_env_steps={budget}"])
+import resource
 hit = {}
 def on_iteration(m):
     if not hit and m["episodes"] >= 100 and m["episode_reward_mean"] is not None and m["episode_reward_mean"] >= 475:
-        hit.update(t=time.time(), steps=m["env_steps"])
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        hit.update(t=time.time(), steps=m["env_steps"], cpu=ru.ru_utime + ru.ru_stime)
 t_train = time.time()
 res = OnPolicyTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp()), on_iteration=on_iteration).train()
-print(json.dumps({"t_train": t_train, "t_hit": hit.get("t"), "steps": hit.get("steps"), "final_steps": res["env_steps"]}))
+print(json.dumps({"t_train": t_train, "t_hit": hit.get("t"), "steps": hit.get("steps"), "cpu": hit.get("cpu"),
+                  "final_steps": res["env_steps"]}))
 """
 
 SB3_TRIAL = r"""
-import json, sys, time
+import json, resource, sys, time
 seed, budget = int(sys.argv[1]), int(sys.argv[2])
 import numpy as np, torch
 torch.set_num_threads(1)
@@ -65,7 +70,8 @@ class Stop(BaseCallback):
     def _on_step(self):
         buf = self.model.ep_info_buffer
         if len(buf) >= 100 and np.mean([e["r"] for e in buf]) >= 475:
-            hit.update(t=time.time(), steps=self.num_timesteps)
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            hit.update(t=time.time(), steps=self.num_timesteps, cpu=ru.ru_utime + ru.ru_stime)
             return False
         return True
 def lin(x):
@@ -75,7 +81,8 @@ model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=
             learning_rate=lin(1e-3), clip_range=lin(0.2), device="cpu", seed=seed, verbose=0)
 t_train = time.time()
 model.learn(total_timesteps=budget, callback=Stop())
-print(json.dumps({"t_train": t_train, "t_hit": hit.get("t"), "steps": hit.get("steps"), "final_steps": model.num_timesteps}))
+print(json.dumps({"t_train": t_train, "t_hit": hit.get("t"), "steps": hit.get("steps"), "cpu": hit.get("cpu"),
+                  "final_steps": model.num_timesteps}))
 """
 
 THROUGHPUT = r"""
@@ -134,8 +141,9 @@ def time_to_target(which: str, seed: int) -> dict:
     code = POLAR_TRIAL if which == "polar" else SB3_TRIAL
     out, t0 = _run(code, [seed, TOTAL, ROOT / "examples" / "cartpole_ppo.yaml"])
     if out["t_hit"] is None:
-        return {"seed": seed, "reached": False, "wall_s": float("inf"), "steps": out["final_steps"], "train_sps": None}
-    return {"seed": seed, "reached": True, "wall_s": out["t_hit"] - t0, "steps": out["steps"],
+        return {"seed": seed, "reached": False, "wall_s": float("inf"), "cpu_s": float("inf"), "steps": out["final_steps"],
+                "train_sps": None}
+    return {"seed": seed, "reached": True, "wall_s": out["t_hit"] - t0, "cpu_s": out["cpu"], "steps": out["steps"],
             "train_sps": out["steps"] / (out["t_hit"] - out["t_train"])}
 
 
@@ -160,7 +168,8 @@ def main() -> None:
             for which in ("polar", "sb3") if seed % 2 == 0 else ("sb3", "polar"):
                 r = time_to_target(which, seed)
                 results[which].append(r)
-                print(f"  {which:5s} seed {seed}: {r['wall_s']:.2f}s to {TARGET:.0f} at {r['steps']} steps", file=sys.stderr)
+                print(f"  {which:5s} seed {seed}: {r['wall_s']:.2f}s ({r['cpu_s']:.1f} CPU s) to {TARGET:.0f} at {r['steps']} steps "
+                      f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr)
     for n in args.envs:
         rows = {"raw": [], "polar": [], "sb3": []}
         for _ in range(args.repeats):
@@ -182,6 +191,7 @@ def main() -> None:
             print(f"{name:28s}{cell(a):>22s}{cell(b):>22s}{med(a) / med(b):>11.2f}")
 
         row("wall s from process start", "wall_s", lambda x: f"{x:.1f}")
+        row("CPU s from process start", "cpu_s", lambda x: f"{x:.1f}")
         row("env steps at 475", "steps", lambda x: f"{x / 1000:.1f}k")
         row("training env steps/s", "train_sps", lambda x: f"{x:,.0f}")
         print(f"reached: polar {sum(r['reached'] for r in p)}/{len(p)}, SB3 {sum(r['reached'] for r in s)}/{len(s)}; "
