@@ -24,6 +24,9 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "examples" / "agentic" / "calculator_grpo.yaml"))
     ap.add_argument("-o", "--override", action="append", default=[])
     ap.add_argument("--run-dir", default=None)
+    ap.add_argument("--init-state", default=None,
+                    help="start from these weights (a torch state dict of the tiny model, e.g. a longer SFT run's); "
+                         "combine with -o sft_warmup=null")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -34,11 +37,20 @@ def main() -> int:
 
     cfg = load_config(args.config, args.override)
     run_dir = RunDir.create(cfg.name, args.run_dir or tempfile.mkdtemp(prefix="polar-bench-"), kind="agentic-grpo")
-    s = train_agentic(cfg, run_dir)
+    engine = None
+    if args.init_state:
+        import torch
+
+        from polar.inference import load_engine
+
+        engine = load_engine(cfg.model.name_or_path, seed=cfg.seed)
+        engine.model.load_state_dict(torch.load(args.init_state, map_location="cpu", weights_only=True))
+    s = train_agentic(cfg, run_dir, engine=engine)
     rows = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
     before, after = s["eval_before"]["success"], s["eval_after"]["success"]
     print(f"\nrun dir: {run_dir.path}")
-    print(f"SFT: {s['sft']['steps']} steps, loss {s['sft']['first_loss']:.3f} -> {s['sft']['last_loss']:.3f}, {s['sft']['time_s']} s")
+    if "sft" in s:
+        print(f"SFT: {s['sft']['steps']} steps, loss {s['sft']['first_loss']:.3f} -> {s['sft']['last_loss']:.3f}, {s['sft']['time_s']} s")
     print(f"{'stage':<14}{'held-out success':>18}{'sessions':>10}")
     print(f"{'after SFT':<14}{before:>18.3f}{s['eval_before']['sessions']:>10}")
     print(f"{'after GRPO':<14}{after:>18.3f}{s['eval_after']['sessions']:>10}")
