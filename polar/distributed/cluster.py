@@ -157,7 +157,8 @@ def connect(
         # backend's worker processes run at normal priority too), so a cluster we start does not
         os.environ.setdefault("RAY_worker_niceness", "0")
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+            # address="local": always a new private cluster, even when another one runs on this machine
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
                      log_to_driver=True, runtime_env=runtime_env)
         except Exception as e:
             raise DistributedError(f"could not start a local Ray cluster (coordinator_address: null): {e}") from None
