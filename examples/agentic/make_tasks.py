@@ -1,7 +1,7 @@
 """Write the calculator task set (train / held-out JSONL) and SFT demonstrations for the train split.
 
-Tasks are ``a OP b`` with single-digit operands, split by operand pair so held-out questions are
-unseen combinations. Demonstrations are the ideal conversation (tool call, tool result, answer) in
+Tasks are "What is <n> squared / doubled / minus 10?" for n < 100, split at random so held-out
+questions are unseen (number, verb) pairs. Demonstrations are the ideal conversation (tool call, tool result, answer) in
 OpenAI chat format, which the SFT trainer renders with the model's chat template.
 """
 
@@ -14,17 +14,18 @@ from pathlib import Path
 from calculator_agent import TOOLS
 
 HERE = Path(__file__).parent
-N_DEMOS = 2000
-OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+# One number per question, so the agent must read it (and the verb) to fill the tool call, then read the
+# tool's result to answer.  verb -> (op, b or None for "the number itself")
+VERBS = {"squared": ("*", None), "doubled": ("+", None), "minus 10": ("-", 10)}
 
 
 def tasks() -> list[dict]:
     out = []
-    for a in range(10):
-        for b in range(10):
-            for op, fn in OPS.items():
-                out.append({"id": f"{a}{op}{b}", "prompt": f"What is {a} {op} {b}?", "a": a, "op": op, "b": b,
-                            "answer": str(fn(a, b))})
+    for n in range(100):
+        for verb, (op, b) in VERBS.items():
+            b = n if b is None else b
+            answer = {"+": n + b, "-": n - b, "*": n * b}[op]
+            out.append({"id": f"{n} {verb}", "prompt": f"What is {n} {verb}?", "a": n, "op": op, "b": b, "answer": str(answer)})
     return out
 
 
@@ -44,16 +45,9 @@ def main() -> None:
     all_tasks = tasks()
     rng.shuffle(all_tasks)
     held_out, train = all_tasks[:60], all_tasks[60:]
+    demos = [demonstration(t) for t in train]
     for name, rows in (("train.jsonl", train), ("heldout.jsonl", held_out)):
         (HERE / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # Demonstrations use operands up to 99: too many combinations to memorise, so behaviour cloning has to
-    # learn to copy the operands and the tool's result, which is what transfers to held-out questions.
-    seen = {t["id"] for t in held_out}
-    demos = []
-    while len(demos) < N_DEMOS:
-        a, b, op = rng.randrange(100), rng.randrange(100), rng.choice(list(OPS))
-        if f"{a}{op}{b}" not in seen:
-            demos.append(demonstration({"prompt": f"What is {a} {op} {b}?", "a": a, "op": op, "b": b, "answer": str(OPS[op](a, b))}))
     (HERE / "demos.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
 
 

@@ -29,6 +29,10 @@ def oracle_script(tokenizer, wrong_every: int = 0):
                 answer = str(int(answer) + 1)
             return answer
         questions = re.findall(r"What is (-?\d+) ([-+*]) (-?\d+)\?", text)
+        verbs = re.findall(r"What is (\d+) (squared|doubled|minus 10)\?", text)
+        if verbs:  # the calculator example's questions
+            n, verb = verbs[-1]
+            questions = [{"squared": (n, "*", n), "doubled": (n, "+", n), "minus 10": (n, "-", "10")}[verb]]
         if questions:
             a, op, b = questions[-1]
             return '<tool_call>\n{"name": "calc", "arguments": {"a": %s, "op": "%s", "b": %s}}\n</tool_call>' % (a, op, b)  # noqa: UP031
