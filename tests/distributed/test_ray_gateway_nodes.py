@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # ~90 s: builds the tiny model in each gateway actor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agentic"
 

@@ -41,7 +41,7 @@ def test_fragments_carry_the_published_version_and_come_from_both_nodes(ray_clus
         # the workers act with the published weights: their log-probs match the learner's policy
         f = frags[0]
         with torch.no_grad():
-            lp, _, _ = policy.agent.evaluate_actions(torch.as_tensor(f.obs[0]), torch.as_tensor(f.actions[0]))
+            lp, _, _ = policy.agent.evaluate_actions(torch.tensor(f.obs[0]), torch.tensor(f.actions[0]))
         assert torch.allclose(lp, torch.as_tensor(f.log_probs[0]), atol=1e-5)
     finally:
         pool.close()
