@@ -219,7 +219,7 @@ class GatewayApp:
         try:
             req = anthropic.parse_request(await self._body(request), request, count_only=True)
             tools = [] if req.tool_choice == "none" else req.tools
-            ids = self.core.prompts.encode(self.core.prompts.render(req.messages, tools, generation=True))
+            ids = self.core.prompts.build(req.messages, tools, lambda key: None).ids
             return self._json({"input_tokens": len(ids)})
         except ApiError as e:
             return self._error(anthropic, e)

@@ -69,8 +69,30 @@ class PromptBuilder:
             self.encode = lambda text: backend.encode(text, add_special_tokens=False).ids
         else:
             self.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+        self._marking = self._control_token_marking()
 
         self._compiled = self._fast_template()
+
+    def _control_token_marking(self) -> tuple[Any, Any, str] | None:
+        """transformers' control-token sanitizing, when available: text a client sends that spells a control
+        token (``<|im_end|>`` in a tool result) is encoded as plain text, never as the control token."""
+        try:
+            from transformers.utils import chat_template_utils as ctu
+
+            control_re, _ = ctu._get_control_token_patterns(tuple(self.tokenizer.added_tokens_encoder))
+            start = ctu._CONTROL_TOKEN_START
+            return (lambda obj: ctu.mark_control_tokens(obj, control_re)), ctu.encode_marked_chat, start
+        except (ImportError, AttributeError, TypeError):
+            return None
+
+    def _mark(self, obj: Any) -> Any:
+        return self._marking[0](obj) if self._marking else obj
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Tokenize a rendering of marked messages (the fast path when nothing was marked)."""
+        if self._marking is None or self._marking[2] not in text:
+            return self.encode(text)
+        return list(self._marking[1](self.tokenizer, text))
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], generation: bool) -> str:
         if self._compiled is not None:
@@ -115,19 +137,20 @@ class PromptBuilder:
 
     def build(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], lookup: Any) -> Prompt:
         """Token ids for ``messages``; ``lookup(reuse_key) -> CallRecord | None`` searches this session only."""
-        hashes = prefix_hashes(tools, messages)
-        full = self.render(messages, tools, generation=True)
+        hashes = prefix_hashes(tools, messages)  # keys use the messages as sent; rendering uses marked copies
+        marked, marked_tools = self._mark(list(messages)), self._mark(list(tools))
+        full = self.render(marked, marked_tools, generation=True)
         for k in range(len(messages) - 1, -1, -1):
             if messages[k].get("role") != "assistant":
                 continue
             rec = lookup(reuse_key(hashes[k], messages[k]))
             if rec is None:
                 continue
-            spliced = self._splice(messages[: k + 1], tools, full, rec)
+            spliced = self._splice(marked[: k + 1], marked_tools, full, rec)
             if spliced is not None:
                 return Prompt(spliced, {"call_index": rec.call_index, "reused_ids": len(rec.prompt_ids) + len(rec.sampled_ids)}, hashes)
-            return Prompt(self.encode(full), {"call_index": rec.call_index, "broken": "template rewrote history"}, hashes)
-        return Prompt(self.encode(full), {}, hashes)
+            return Prompt(self.encode_rendered(full), {"call_index": rec.call_index, "broken": "template rewrote history"}, hashes)
+        return Prompt(self.encode_rendered(full), {}, hashes)
 
     def _splice(self, upto: Sequence[Message], tools: Sequence[dict[str, Any]], full: str, rec: Any) -> list[int] | None:
         head = self.render(upto, tools, generation=False)
@@ -140,5 +163,5 @@ class PromptBuilder:
         ids = list(rec.prompt_ids) + list(rec.sampled_ids)
         if self._eot_id is not None and (not rec.sampled_ids or rec.sampled_ids[-1] not in self.stop_token_ids):
             ids.append(self._eot_id)  # the turn was cut (length/stop string): close it as the template would
-        ids.extend(self.encode(tail))
+        ids.extend(self.encode_rendered(tail))
         return ids

@@ -71,7 +71,9 @@ def test_64_concurrent_sessions_5_turns_no_record_lost_or_misattributed(gateway,
             assert "conc-" not in texts.replace(sid, "")  # no other session's text leaked in
             assert r["metadata"]["output"]["content"] == replies[i][r["call_index"]]
             if r["call_index"]:
-                assert r["metadata"]["prompt_reuse"]["call_index"] == r["call_index"] - 1
+                prev = next(p for p in recs if p["call_index"] == r["call_index"] - 1)
+                assert r["metadata"]["prompt_reuse"].get("call_index") == r["call_index"] - 1, (
+                    r["metadata"]["prompt_reuse"], prev["metadata"]["output"], r["messages"][-2:])
 
 
 def test_trajectories_over_http_with_a_prefix_break(gateway, embedded, tiny):
