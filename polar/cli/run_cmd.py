@@ -42,17 +42,10 @@ def train(cfg, run_dir, resume: bool, progress: bool = True) -> int:
     from polar.trainers.on_policy import OnPolicyTrainer
 
     Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")
-    start = 0
-    if resume:
-        from polar.trainers.checkpoint import CheckpointManager
-
-        latest = CheckpointManager(run_dir.checkpoints_dir).latest()
-        start = int(latest.stem.split("_")[1]) if latest else 0
     enabled = progress and cfg.logging.progress_bar
     with TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics) as bar:
         trainer = OnPolicyTrainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()
-    del start
     log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
              result.get("episode_reward_mean"))
     if "eval" in result:
