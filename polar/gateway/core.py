@@ -125,6 +125,7 @@ class Call:
             stop_token_ids=core.stop_ids,
             seed=req.seed,
             session_id=sid,
+            stream=bool(req.stream),
         )
         greq.max_tokens = core.engine.check_prompt(greq)
         self._gen = core.engine.generate(greq)

@@ -71,6 +71,9 @@ class GenerationRequest:
     seed: int | None = None
     session_id: str | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # hint: False when nobody watches tokens arrive, so upstream engines may fetch the whole result in one
+    # non-streamed request (far less per-token overhead); engines may ignore it
+    stream: bool = True
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ``EngineError`` naming the bad field; engines call this before queueing."""

@@ -18,6 +18,10 @@ of (session_id, url), so a session stays on one replica (prefix-cache hits) and 
 failed replica move. Requests without one go to the replica with the fewest in-flight requests. A
 replica that fails before streaming any token is marked down for ``cooldown_s`` and the request moves
 to the next replica; a failure after tokens were streamed ends the stream with ``"abort"``.
+
+A request with ``stream=False`` (the gateway sets it when its client did not ask for streaming) is sent
+as one non-streamed upstream call whose single JSON body carries all ids and logprobs: no per-token SSE
+events to frame and parse, which is most of this hop's cost.
 """
 
 from __future__ import annotations
@@ -33,7 +37,20 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
+try:  # the hot path parses ~one JSON object per token; orjson is several times faster than json
+    import orjson
+
+    _loads = orjson.loads
+    _dumps = orjson.dumps
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
 from polar.config.base import StrictModel, validate
+from polar.inference._http1 import Http1Pool, HttpError
 from polar.inference.base import (
     ContextLengthExceeded,
     Engine,
@@ -66,6 +83,7 @@ class UpstreamConfig(StrictModel):
 class _Replica:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
+        self.pool: Http1Pool | None = None  # keep-alive connections for non-streamed calls (per event loop)
         self.in_flight = 0
         self.down_until = 0.0
 
@@ -132,8 +150,16 @@ class UpstreamEngine(Engine):
         if self._client is None or self._client_loop is not loop:
             timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
             headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-            self._client = httpx.AsyncClient(timeout=timeout, headers=headers)
+            headers["Content-Type"] = "application/json"
+            # keep a warm connection per concurrent call (httpx's default keeps 20), one client for all replicas
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60.0)
+            self._client = httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits)
             self._client_loop = loop
+            auth = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+            for replica in self.replicas:
+                if replica.pool is not None:
+                    replica.pool.close()
+                replica.pool = Http1Pool(replica.url, auth)
         return self._client
 
     # ------------------------------------------------------------------ Engine API
@@ -171,6 +197,13 @@ class UpstreamEngine(Engine):
         self.policy_version = int(version)
 
     async def close(self) -> None:
+        for replica in self.replicas:
+            if replica.pool is not None:
+                try:
+                    replica.pool.close()
+                except RuntimeError:  # created on an event loop that is gone
+                    pass
+                replica.pool = None
         if self._client is not None:
             try:
                 await self._client.aclose()
@@ -202,8 +235,13 @@ class UpstreamEngine(Engine):
         else:
             url, body = f"{replica.url}/generate", _sglang_body(request, max_tokens)
             parse = _SglangParser()
+        content = _dumps(body)
+        if not request.stream:
+            for event in await self._whole(replica, request, url[len(replica.url) :], content, parse):
+                yield event
+            return
         try:
-            async with self._http().stream("POST", url, json=body) as resp:
+            async with self._http().stream("POST", url, content=content) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode("utf-8", "replace")
                     self._raise_for_status(replica, resp.status_code, text, request)
@@ -226,6 +264,26 @@ class UpstreamEngine(Engine):
                 raise _ReplicaFailed("stream ended without a finish reason")
         except httpx.HTTPError as exc:
             raise _ReplicaFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _whole(
+        self, replica: _Replica, request: GenerationRequest, path: str, content: bytes, parse: Any
+    ) -> list[TokenEvent]:
+        """One non-streamed call: the body holds every id and logprob (vLLM and SGLang alike)."""
+        self._http()  # (re)builds the replica pools for this event loop
+        assert replica.pool is not None
+        cfg = self.config
+        try:
+            status, data = await replica.pool.post(path, content, cfg.timeout_s, cfg.connect_timeout_s)
+        except HttpError as exc:
+            raise _ReplicaFailed(str(exc)) from exc
+        if status != 200:
+            self._raise_for_status(replica, status, data.decode("utf-8", "replace"), request)
+        payload = _payload(data)
+        triples = parse(payload)
+        if not triples or triples[-1][2] is None:
+            raise _ReplicaFailed("response has no finish reason")
+        version = self.policy_version
+        return [TokenEvent(t, lp, finish, version if finish else None) for t, lp, finish in triples]
 
     def _raise_for_status(
         self, replica: _Replica, status: int, text: str, request: GenerationRequest
@@ -250,7 +308,7 @@ class UpstreamEngine(Engine):
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
-            "stream": True,
+            "stream": request.stream,
         }
         if request.seed is not None:
             body["seed"] = request.seed
@@ -271,27 +329,48 @@ def _sglang_body(request: GenerationRequest, max_tokens: int) -> dict[str, Any]:
         "input_ids": list(request.prompt_ids),
         "sampling_params": params,
         "return_logprob": True,
-        "stream": True,
+        "stream": request.stream,
     }
 
 
 async def _sse_payloads(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """Yield the JSON objects of an SSE stream (``data: {...}`` lines) up to ``data: [DONE]``."""
+    """Yield the JSON objects of an SSE stream (``data: {...}`` events) up to ``data: [DONE]``.
+
+    Works on raw bytes (split on blank lines) rather than decoded text lines: a third of the cost."""
     done = False
-    async for line in resp.aiter_lines():  # read to EOF, so the connection is reused, not closed
-        if done or not line.startswith("data:"):
+    buf = b""
+    async for chunk in resp.aiter_bytes():  # read to EOF, so the connection is reused, not closed
+        if done:
             continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            done = True
-            continue
-        try:
-            payload = json.loads(data)
-        except ValueError as exc:
-            raise _ReplicaFailed(f"malformed SSE data: {data[:200]!r}") from exc
-        if isinstance(payload, dict) and "error" in payload:
-            raise _ReplicaFailed(f"upstream error in stream: {str(payload['error'])[:300]}")
-        yield payload
+        buf += chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        *events, buf = buf.split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                yield _payload(data)
+            if done:
+                break
+    if not done and buf.strip():
+        for line in buf.split(b"\n"):
+            if line.startswith(b"data:") and line[5:].strip() not in (b"", b"[DONE]"):
+                yield _payload(line[5:].strip())
+
+
+def _payload(data: bytes) -> Any:
+    try:
+        payload = _loads(data)
+    except ValueError as exc:
+        raise _ReplicaFailed(f"malformed upstream JSON: {data[:200]!r}") from exc
+    if isinstance(payload, dict) and "error" in payload:
+        raise _ReplicaFailed(f"upstream error: {str(payload['error'])[:300]}")
+    return payload
 
 
 Emitted = list[tuple[int, float, Any]]
