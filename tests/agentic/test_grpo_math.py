@@ -67,3 +67,22 @@ def test_sft_loss_counts_only_targets():
     ids = torch.tensor([[0, 1, 2]])
     loss = sft_loss(logits, ids, torch.tensor([[0, 0, 1]]))
     assert abs(loss.item() - torch.log(torch.tensor(4.0)).item()) < 1e-6
+
+
+def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
+    from polar.agentic.session import SessionResult, SessionStatus
+    from polar.trainers.llm_trainer import group_batch
+    from polar.types import TrajectorySample
+
+    def res(reward, version, status=SessionStatus.DONE, i=0):
+        s = TrajectorySample("s", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [version] * 3, [0] * 3, reward,
+                             metadata={"min_policy_version": version})
+        return SessionResult(f"s{i}", "t", "g", i, status, reward=reward, samples=[s])
+
+    fresh = [res(1.0, 4, i=0), res(0.0, 4, i=1), res(None, 4, SessionStatus.ERROR, i=2)]
+    stale = [res(1.0, 3, i=0), res(0.0, 3, i=1)]
+    flat = [res(1.0, 5, i=0), res(1.0, 5, i=1)]
+    samples, advs, stats = group_batch([fresh, stale, flat], current_version=5, max_off_policy_steps=1,
+                                       advantage="mean_std")
+    assert len(samples) == 2 and advs[0] > 0 > advs[1]  # only the fresh group, without its ERROR session
+    assert stats["groups_stale"] == 1 and stats["groups_no_signal"] == 1 and stats["sessions_error"] == 1
