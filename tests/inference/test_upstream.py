@@ -192,3 +192,45 @@ def test_a_replica_dying_mid_stream_ends_the_stream_with_abort_not_a_hang():
         events = run(go())
     assert [e.token_id for e in events[:2]] == FixedEngine(8).token_ids[:2]
     assert events[-1].finish_reason == "abort" and events[-1].token_id is None
+
+
+@pytest.mark.parametrize(
+    ("api", "incremental"),
+    [("vllm", False), ("sglang", False), ("sglang", True)],
+    ids=["vllm", "sglang", "sglang-incremental"],
+)
+def test_non_streamed_upstream_call_gives_the_same_events_and_fails_over(engine, api, incremental):
+    """``stream=False`` makes one non-streamed upstream request; its events equal the streamed ones."""
+    with StandinServer(make_app(engine, api, incremental=incremental)) as server:
+        up = load_engine(f"{api}:http://127.0.0.1:1,{server.url}")  # first replica is dead: fail over
+        prompt = chat_prompt(up.tokenizer, "non-streamed")
+
+        async def gen(stream: bool):
+            req = GenerationRequest(prompt, max_tokens=6, seed=5, temperature=0.8, stream=stream)
+            return [(e.token_id, e.logprob, e.finish_reason, e.policy_version) async for e in up.generate(req)]
+
+        async def go():
+            streamed, plain = await gen(True), await gen(False)
+            await up.close()
+            return streamed, plain
+
+        streamed, plain = run(go())
+        bodies = [r["body"] for r in server.requests]
+    assert plain == streamed
+    assert len([e for e in plain if e[0] is not None]) == 6 and plain[-1][2] == "length"
+    assert bodies[-1]["stream"] is False and bodies[-2]["stream"] is True
+
+
+def test_non_streamed_call_maps_context_length_and_dead_upstreams(engine):
+    with StandinServer(make_app(engine, "vllm")) as server:
+        up = load_engine(f"vllm:{server.url}")
+        too_long = [5] * (up.context_length + 10)
+
+        async def go():
+            try:
+                with pytest.raises(ContextLengthExceeded):
+                    await collect(up.generate(GenerationRequest(too_long, max_tokens=4, stream=False)))
+            finally:
+                await up.close()
+
+        run(go())
