@@ -17,4 +17,9 @@ def main(args: argparse.Namespace) -> int:
     from polar.trainers.loading import load_run
 
     run_dir, cfg = load_run(args.run_dir)
+    if cfg.harness.type == "agent":  # GRPO/SFT on an agent harness: continue from its last checkpoint
+        from polar.trainers.agentic_run import train_agentic
+
+        train_agentic(cfg, run_dir, resume=True)
+        return 0
     return train(cfg, run_dir, resume=True, progress=not args.no_progress)
