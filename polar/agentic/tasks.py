@@ -16,18 +16,23 @@ def resolve(path: str, config_dir: Path | None) -> Path:
     return p
 
 
+def read_jsonl(p: Path):
+    """Yield ``(line_number, value)`` for each non-blank line; a bad line is a ConfigError naming it."""
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
 def load_tasks(path: str, config_dir: Path | None = None) -> list[dict[str, Any]]:
     p = resolve(path, config_dir)
     if not p.is_file():
         raise ConfigError(f"tasks file {path!r} not found (looked in {config_dir or Path.cwd()}); give a JSONL path")
     tasks = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+    for n, row in read_jsonl(p):
         if not isinstance(row, dict) or not any(isinstance(row.get(k), str) for k in ("prompt", "instruction", "question")):
             raise ConfigError(f"{p}:{n}: each task needs a 'prompt' string (or 'instruction'/'question')")
         row.setdefault("id", f"{p.stem}-{n}")

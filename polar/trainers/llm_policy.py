@@ -4,7 +4,6 @@ logprobs over trajectory samples, demonstrations → token ids + loss masks, and
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,14 +136,10 @@ def load_demonstrations(path: str | Path, tokenizer: Any) -> list[TrajectorySamp
 
         samples = [s for s in read_parquet(p) if any(s.loss_mask)]
     else:
+        from polar.agentic.tasks import read_jsonl
+
         samples = []
-        for n, line in enumerate(p.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p}:{n}: not valid JSON ({e.msg})") from None
+        for n, row in read_jsonl(p):
             if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
                 raise ConfigError(f"{p}:{n}: each line needs a 'messages' list (OpenAI chat format)")
             samples.append(chat_to_sample(row["messages"], row.get("tools"), tokenizer, f"{p.name}:{n}"))
