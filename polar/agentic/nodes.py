@@ -1,6 +1,10 @@
 """Gateway nodes: where sessions' model calls go. Nodes register and heartbeat; new sessions go to the
 least-loaded healthy node. An in-process gateway is a *static* node (always healthy, records read
-directly); remote nodes are read over HTTP (``GET /sessions/{id}``)."""
+directly); remote nodes are read over HTTP (``GET /sessions/{id}``).
+
+A node is *lost* when it is deregistered, replaced by a node of the same id at another URL, silent for
+longer than ``heartbeat_timeout_s``, or refuses connections when probed. The session pipeline re-dispatches
+the sessions that were in flight on a lost node (see :mod:`polar.agentic.pipeline`)."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class GatewayNode:
     reported: dict[str, Any] = field(default_factory=dict)  # the node's own load report (heartbeat body)
     last_heartbeat: float = field(default_factory=time.monotonic)
     draining: bool = False
+    down: str | None = None  # why this node is gone (deregistered, replaced, unreachable); None while up
 
     def load(self) -> float:
         reported = float(self.reported.get("active_sessions", 0) or 0)
@@ -39,7 +44,7 @@ class GatewayNode:
     def describe(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id, "url": self.url, "capacity": self.capacity, "active": self.active,
-            "static": self.static, "draining": self.draining, "reported": self.reported,
+            "static": self.static, "draining": self.draining, "down": self.down, "reported": self.reported,
             "seconds_since_heartbeat": round(time.monotonic() - self.last_heartbeat, 3),
         }
 
@@ -54,12 +59,20 @@ class NodeRegistry:
 
     def register(self, node_id: str, url: str, *, capacity: int = 0, static: bool = False, server: Any = None,
                  admin_token: str | None = None) -> GatewayNode:
+        """Add a node. The same id at the same URL refreshes the entry; at a new URL the old one is lost."""
         if not url.startswith(("http://", "https://")):
             raise GatewayError(f"gateway node {node_id!r}: url must start with http:// or https:// (got {url!r})")
+        url = url.rstrip("/")
         old = self.nodes.get(node_id)
-        node = GatewayNode(node_id, url.rstrip("/"), capacity, static, server, admin_token)
+        if old is not None and old.url == url:
+            old.capacity, old.static, old.admin_token = capacity, static, admin_token
+            old.server = server if server is not None else old.server
+            old.last_heartbeat, old.down = time.monotonic(), None
+            log.info("gateway node %s re-registered at %s", node_id, url)
+            return old
         if old is not None:
-            node.active = old.active
+            old.down = f"replaced by a node registered under the same id at {url}"
+        node = GatewayNode(node_id, url, capacity, static, server, admin_token)
         self.nodes[node_id] = node
         log.info("gateway node %s registered at %s", node_id, node.url)
         return node
@@ -70,15 +83,31 @@ class NodeRegistry:
             raise KeyError(node_id)
         node.last_heartbeat = time.monotonic()
         node.reported = dict(report or {})
+        node.down = None  # it answers again (a probe may have caught it restarting)
         return node
 
     def remove(self, node_id: str) -> None:
-        self.nodes.pop(node_id, None)
+        node = self.nodes.pop(node_id, None)
+        if node is not None:
+            node.down = "deregistered"
+
+    def mark_down(self, node: GatewayNode, reason: str) -> None:
+        """Take ``node`` out of placement until it heartbeats again."""
+        if node.down is None:
+            log.warning("gateway node %s is down: %s", node.node_id, reason)
+        node.down = reason
+
+    def lost(self, node: GatewayNode) -> str | None:
+        """Why sessions on ``node`` can no longer finish there, or None while it is up. Draining is not lost."""
+        if node.down is not None:
+            return node.down
+        silent_s = time.monotonic() - node.last_heartbeat
+        if not node.static and silent_s > self.heartbeat_timeout_s:
+            return f"no heartbeat for {silent_s:.1f}s (heartbeat_timeout_s={self.heartbeat_timeout_s})"
+        return None
 
     def healthy(self, node: GatewayNode) -> bool:
-        if node.draining:
-            return False
-        return node.static or time.monotonic() - node.last_heartbeat <= self.heartbeat_timeout_s
+        return not node.draining and self.lost(node) is None
 
     def pick(self) -> GatewayNode:
         """The least-loaded healthy node with room; ties go to the one that registered first."""
@@ -86,13 +115,32 @@ class NodeRegistry:
         if not candidates:
             if not self.nodes:
                 raise GatewayError("no gateway node is registered; start a gateway and register it")
-            raise GatewayError(f"no healthy gateway node with free capacity among {sorted(self.nodes)}")
+            why = {n.node_id: ("draining" if n.draining else self.lost(n) or f"full ({n.active}/{n.capacity})")
+                   for n in self.nodes.values()}
+            raise GatewayError(f"no healthy gateway node with free capacity: {why}")
         node = min(candidates, key=lambda n: n.load())
         node.active += 1
         return node
 
     def release(self, node: GatewayNode) -> None:
         node.active = max(0, node.active - 1)
+
+    async def probe(self, node: GatewayNode, timeout_s: float = 5.0) -> str | None:
+        """Ask the node's ``/health``; returns why it is unreachable (and marks it down), or None.
+
+        Only a refused or unanswered *connection* counts: a slow or erroring node is alive, and its
+        sessions' failures are their own."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=30.0)
+        try:
+            await self._http.get(f"{node.url}/health", timeout=timeout_s)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            reason = f"unreachable at {node.url} ({type(e).__name__}: {e or 'no answer'})"
+            self.mark_down(node, reason)
+            return reason
+        except httpx.HTTPError:
+            return None
+        return None
 
     async def records(self, node: GatewayNode, session_id: str, timeout_s: float = 30.0) -> list[CallRecord]:
         """The session's call records on ``node`` (empty when it made none)."""

@@ -5,6 +5,13 @@ sessions overlap with running harnesses. A session has a wall-clock budget over 
 has its own (shorter) agent timeout. Whatever happens, POST_RUN still collects the calls the session
 made, so a timed-out session yields them (reward 0, trainable only if every call's token data is
 complete), and an ERROR session keeps them for inspection with every loss mask zeroed.
+
+A session whose gateway node is lost (deregistered, silent past the registry's heartbeat timeout, or
+refusing connections) is re-dispatched: its harness is stopped, and the session starts again from INIT
+on another healthy node with a fresh workspace and a fresh gateway session key, up to
+``max_node_retries`` times within the same session budget. A half-run harness is not resumed: its calls
+on the lost node cannot be read back, so its trajectory is not recoverable token-faithfully. Failures
+that are not the node's (harness crash, verifier error, timeout) are never retried.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from polar.agentic.nodes import GatewayNode, NodeRegistry
 from polar.agentic.runners import HarnessOutcome, HarnessRunner, SessionContext
 from polar.agentic.session import SessionResult, SessionSpec, SessionStatus, mask_out
 from polar.agentic.verifiers import VerifyInput
+from polar.errors import GatewayError
 from polar.types import CallRecord
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,17 @@ class PipelineSettings:
     workspace_root: str | None = None
     template_dir: str | None = None  # copied into every workspace
     keep_workspaces: bool = False
+    max_node_retries: int = 2  # re-dispatches of one session after its gateway node was lost
+    node_wait_s: float = 60.0  # how long a session waits for a healthy node with room before it is ERROR
+    node_probe_timeout_s: float = 5.0  # a node that does not accept a connection within this is gone
+
+
+class _NodeLost(Exception):
+    """The session's gateway node is gone; the attempt cannot finish there."""
+
+
+class _NoNode(Exception):
+    """No healthy gateway node with room appeared within ``node_wait_s``."""
 
 
 class _Stage:
@@ -80,12 +99,26 @@ class _Live:
         self.spec = spec
         self.status = SessionStatus.PENDING
         self.cancel = asyncio.Event()
+        self.attempts = 0
+        self.lost_nodes: list[dict[str, str]] = []
+        self.budget_expired = False
+        self.timings: dict[str, float] = {}
+        self.new_attempt()
+
+    def new_attempt(self) -> None:
+        self.attempts += 1
         self.node: GatewayNode | None = None
         self.workspace: Path | None = None
         self.outcome: HarnessOutcome | None = None
         self.error: str | None = None
-        self.budget_expired = False
-        self.timings: dict[str, float] = {}
+        self.node_lost: str | None = None  # set while RUN when the node is declared lost
+        self.waiting_for_node = False
+
+    @property
+    def gateway_session(self) -> str:
+        """The key the harness sends to the gateway: a fresh one per attempt, so records never mix."""
+        sid = self.spec.session_id
+        return sid if self.attempts == 1 else f"{sid}-attempt{self.attempts}"
 
 
 class SessionPipeline:
@@ -105,6 +138,8 @@ class SessionPipeline:
         }
         self._live: dict[str, _Live] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+        self.sessions_redispatched = 0  # restarts on another node after a node was lost
+        self.sessions_node_lost = 0  # sessions that ended in ERROR because no node could finish them
         root = settings.workspace_root
         self._own_root = root is None
         self.workspace_root = Path(root) if root else Path(tempfile.mkdtemp(prefix="polar-sessions-"))
@@ -130,7 +165,9 @@ class SessionPipeline:
         return True
 
     def load(self) -> dict[str, Any]:
-        return {name: stage.load() for name, stage in self.stages.items()} | {"sessions": len(self._live)}
+        return {name: stage.load() for name, stage in self.stages.items()} | {
+            "sessions": len(self._live), "sessions_redispatched": self.sessions_redispatched,
+            "sessions_node_lost": self.sessions_node_lost}
 
     def statuses(self) -> dict[str, str]:
         return {sid: live.status.value for sid, live in self._live.items()}
@@ -159,29 +196,105 @@ class SessionPipeline:
 
     async def _run(self, live: _Live) -> SessionResult:
         t0 = time.monotonic()
+        deadline = t0 + self.settings.session_budget_s
+        result = await self._attempt(live, deadline)
+        while result is None:  # the node was lost: start again elsewhere
+            live.new_attempt()
+            result = await self._attempt(live, deadline)
+        result.timings["total_s"] = round(time.monotonic() - t0, 3)
+        live.status = result.status
+        self._emit(live, reward=result.reward, error=result.error, node_id=result.node_id, attempts=result.attempts)
+        return result
+
+    async def _attempt(self, live: _Live, deadline: float) -> SessionResult | None:
+        """One start of the session on one node; None when that node was lost and the session may start again."""
         try:
-            async with asyncio.timeout(self.settings.session_budget_s):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 await self._init(live)
                 await self._harness(live)
         except TimeoutError:
-            live.budget_expired = True
+            if live.waiting_for_node:
+                live.error = self._no_node_message(live, f"the session budget of {self.settings.session_budget_s}s "
+                                                         "ran out first")
+                self.sessions_node_lost += bool(live.lost_nodes)
+            else:
+                live.budget_expired = True
+        except _NoNode as e:
+            live.error = str(e)
+            self.sessions_node_lost += bool(live.lost_nodes)
         except Exception as e:
             live.error = f"session failed before POST_RUN: {type(e).__name__}: {e}"
             log.debug("session %s failed", live.spec.session_id, exc_info=True)
         try:
-            result = await self._post_run(live)
+            return await self._post_run(live)
+        except _NodeLost as e:
+            return self._node_lost(live, str(e), deadline)
         except Exception as e:  # never let one session take the pipeline down
             log.exception("POST_RUN of %s failed", live.spec.session_id)
-            result = self._result(live, SessionStatus.ERROR, error=f"POST_RUN failed: {type(e).__name__}: {e}")
+            return self._result(live, SessionStatus.ERROR, error=f"POST_RUN failed: {type(e).__name__}: {e}")
         finally:
             if live.node is not None:
                 self.registry.release(live.node)
             if live.workspace is not None and not self.settings.keep_workspaces:
                 shutil.rmtree(live.workspace, ignore_errors=True)
-        result.timings["total_s"] = round(time.monotonic() - t0, 3)
-        live.status = result.status
-        self._emit(live, reward=result.reward, error=result.error)
-        return result
+
+    def _node_lost(self, live: _Live, reason: str, deadline: float) -> SessionResult | None:
+        """Re-dispatch (None) or, when retries or budget are spent, an ERROR result that says so."""
+        assert live.node is not None
+        node_id = live.node.node_id
+        live.lost_nodes.append({"node_id": node_id, "reason": reason})
+        retries = self.settings.max_node_retries
+        why = None
+        if live.attempts > retries:
+            why = (f"it was already re-dispatched {live.attempts - 1} time(s), the most max_node_retries={retries} "
+                   "allows")
+        elif time.monotonic() >= deadline:
+            why = f"its session budget of {self.settings.session_budget_s}s is spent"
+        if why is not None:
+            self.sessions_node_lost += 1
+            lost = ", ".join(f"{n['node_id']} ({n['reason']})" for n in live.lost_nodes)
+            log.warning("session %s: gateway node %s lost and not re-dispatched: %s", live.spec.session_id, node_id, why)
+            return self._result(live, SessionStatus.ERROR, error=(
+                f"gateway node {node_id} was lost mid-session and the session was not re-dispatched: {why}. "
+                f"Nodes lost: {lost}"))
+        self.sessions_redispatched += 1
+        log.warning("session %s: gateway node %s lost (%s); re-dispatching (attempt %d)", live.spec.session_id,
+                    node_id, reason, live.attempts + 1)
+        if self.on_event is not None:
+            try:
+                self.on_event({"type": "redispatch", "session_id": live.spec.session_id, "task_id": live.spec.task_id,
+                               "node_id": node_id, "reason": reason, "attempt": live.attempts + 1})
+            except Exception:
+                log.exception("session event handler failed")
+        return None
+
+    def _no_node_message(self, live: _Live, why: str) -> str:
+        if not live.lost_nodes:
+            return f"no healthy gateway node with free capacity for this session: {why}"
+        last = live.lost_nodes[-1]
+        return (f"gateway node {last['node_id']} was lost mid-session ({last['reason']}) and no healthy gateway node "
+                f"with free capacity took the session over: {why}")
+
+    async def _acquire(self, live: _Live) -> GatewayNode | None:
+        """The least-loaded healthy node with room, waiting up to ``node_wait_s`` for one (None if cancelled)."""
+        wait_s = self.settings.node_wait_s
+        give_up = time.monotonic() + wait_s
+        pause = 0.05
+        live.waiting_for_node = True
+        try:
+            while True:
+                try:
+                    return self.registry.pick()
+                except GatewayError as e:
+                    if time.monotonic() >= give_up:
+                        raise _NoNode(self._no_node_message(live, f"none within node_wait_s={wait_s}s; {e}")) from None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(live.cancel.wait(), min(pause, max(0.0, give_up - time.monotonic())))
+                if live.cancel.is_set():
+                    return None
+                pause = min(pause * 2, 0.5)
+        finally:
+            live.waiting_for_node = False
 
     async def _init(self, live: _Live) -> None:
         async with self.stages["init"].slot():
@@ -189,13 +302,32 @@ class SessionPipeline:
                 return
             t = time.monotonic()
             self._set(live, SessionStatus.INIT)
-            live.node = self.registry.pick()
-            ws = self.workspace_root / live.spec.session_id
+            live.node = await self._acquire(live)
+            if live.node is None:
+                return
+            name = live.spec.session_id if live.attempts == 1 else f"{live.spec.session_id}-attempt{live.attempts}"
+            ws = self.workspace_root / name
+            if ws.exists():
+                await asyncio.to_thread(shutil.rmtree, ws, True)
             if self.settings.template_dir:
                 await asyncio.to_thread(shutil.copytree, self.settings.template_dir, ws, dirs_exist_ok=True)
             ws.mkdir(parents=True, exist_ok=True)
             live.workspace = ws
             live.timings["init_s"] = round(time.monotonic() - t, 3)
+
+    async def _watch(self, live: _Live, stop: asyncio.Event) -> None:
+        """Stop the harness when the session is cancelled or its node is lost: a harness retrying a dead
+        gateway may otherwise hang until ``agent_timeout_s``."""
+        assert live.node is not None
+        interval_s = min(1.0, max(0.05, self.registry.heartbeat_timeout_s / 4))
+        while not live.cancel.is_set():
+            reason = self.registry.lost(live.node)
+            if reason is not None:
+                live.node_lost = reason
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.cancel.wait(), interval_s)
+        stop.set()
 
     async def _harness(self, live: _Live) -> None:
         if live.cancel.is_set() or live.node is None:
@@ -205,13 +337,17 @@ class SessionPipeline:
                 return
             t = time.monotonic()
             self._set(live, SessionStatus.RUN)
+            key = live.gateway_session
             ctx = SessionContext(
-                session_id=live.spec.session_id, task=live.spec.task, workspace=live.workspace,
-                gateway_url=live.node.url, api_key=live.spec.session_id, model=self.settings.model_name,
+                session_id=key, task=live.spec.task, workspace=live.workspace,
+                gateway_url=live.node.url, api_key=key, model=self.settings.model_name,
             )
+            stop = asyncio.Event()
+            watcher = asyncio.ensure_future(self._watch(live, stop))
             try:
-                live.outcome = await self.runner.run(ctx, self.settings.agent_timeout_s, live.cancel)
+                live.outcome = await self.runner.run(ctx, self.settings.agent_timeout_s, stop)
             finally:
+                watcher.cancel()
                 live.timings["run_s"] = round(time.monotonic() - t, 3)
 
     async def _post_run(self, live: _Live) -> SessionResult:
@@ -227,16 +363,25 @@ class SessionPipeline:
         return SessionResult(
             session_id=spec.session_id, task_id=spec.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
             status=status, node_id=live.node.node_id if live.node else None, timings=dict(live.timings),
-            metadata=dict(spec.metadata), **kw,
+            metadata=dict(spec.metadata), attempts=live.attempts, lost_nodes=list(live.lost_nodes), **kw,
         )
 
     async def _records(self, live: _Live) -> list[CallRecord]:
         if live.node is None:
             return []
         try:
-            return await asyncio.wait_for(self.registry.records(live.node, live.spec.session_id), timeout=60)
+            return await asyncio.wait_for(self.registry.records(live.node, live.gateway_session), timeout=60)
         except Exception as e:
+            gone = await self._node_gone(live)
+            if gone is not None:
+                raise _NodeLost(f"{gone}; the session's calls could not be read back") from e
             raise RuntimeError(f"could not read the session's calls from node {live.node.node_id}: {e}") from e
+
+    async def _node_gone(self, live: _Live) -> str | None:
+        """Why the session's node is gone (probing it if the registry still thinks it is up), or None."""
+        if live.node is None:
+            return None
+        return self.registry.lost(live.node) or await self.registry.probe(live.node, self.settings.node_probe_timeout_s)
 
     def _samples(self, live: _Live, records: list[CallRecord]) -> tuple[list[Any], dict[str, Any]]:
         from polar.trajectory import build
@@ -251,6 +396,8 @@ class SessionPipeline:
 
     async def _finish(self, live: _Live) -> SessionResult:
         out = live.outcome
+        if live.node_lost is not None and not live.cancel.is_set():
+            raise _NodeLost(live.node_lost)  # the harness was stopped; its calls on that node are not readable
         records = await self._records(live)
         samples, stats = self._samples(live, records) if records else ([], {})
         incomplete = [r for r in records if not r.complete or r.error]
@@ -269,6 +416,12 @@ class SessionPipeline:
 
         if live.cancel.is_set() and (out is None or out.cancelled or out.returncode is None):
             return finish(SessionStatus.CANCELLED, error="cancelled")
+        failed = out is not None and not (out.timed_out or out.cancelled) and (
+            out.error or not records or len(incomplete) == len(records))
+        if failed and not live.budget_expired:
+            gone = await self._node_gone(live)  # calls to a dead gateway fail; that is the node's fault, not the harness's
+            if gone is not None:
+                raise _NodeLost(gone)
         if live.error:
             return finish(SessionStatus.ERROR, error=live.error)
         if live.budget_expired or (out is not None and out.timed_out):

@@ -1,6 +1,7 @@
 """Rollout as a service: submit a task with ``num_samples`` (one GRPO group), poll or get a callback,
 list and cancel tasks, follow an SSE event stream, and see per-stage load at ``/health``. Gateway nodes
-register and heartbeat here; each new session goes to the least-loaded healthy node.
+register and heartbeat here; each new session goes to the least-loaded healthy node, and a session whose
+node is lost mid-flight is re-dispatched to another (``/health`` counts ``sessions_redispatched``).
 
 ``RolloutService`` is the in-process API (coroutines on one loop); ``build_app`` wraps it in HTTP:
 
@@ -9,7 +10,7 @@ register and heartbeat here; each new session goes to the least-loaded healthy n
 ``GET /tasks?status=``                     list (no samples)
 ``GET /tasks/{id}?wait_s=&samples=1``      one task; ``wait_s`` long-polls until it is done
 ``DELETE /tasks/{id}``                     cancel every session of the task
-``GET /events?max_events=``                SSE: ``task`` and ``session`` events
+``GET /events?max_events=``                SSE: ``task``, ``session`` and ``redispatch`` events
 ``GET /health``                            per-stage load, nodes, task counts
 ``POST /nodes/register``                   ``{node_id, url, capacity?}``
 ``POST /nodes/{id}/heartbeat``             body = the node's load report
@@ -180,6 +181,8 @@ class RolloutService:
             "status": "ok" if any(self.registry.healthy(n) for n in self.registry.nodes.values()) else "no_healthy_nodes",
             "stages": self.pipeline.load(),
             "nodes": self.registry.describe(),
+            "sessions_redispatched": self.pipeline.sessions_redispatched,
+            "sessions_node_lost": self.pipeline.sessions_node_lost,
             "tasks": {s: sum(1 for t in self.tasks.values() if t.status == s) for s in ("running", "done", "cancelled")},
         }
 

@@ -43,6 +43,10 @@ class SessionResult:
     - DONE: verified; samples trainable unless a call lacked token data (then fully masked).
     - TIMEOUT: reward 0; trainable when every call's token data is complete, fully masked otherwise.
     - ERROR / CANCELLED: no training signal (masks zeroed, reward None); ``error`` says why.
+
+    ``node_id`` is the gateway node that finally served the session. When a node died under it, the
+    session was re-dispatched from INIT on another node: ``attempts`` counts the starts and
+    ``lost_nodes`` lists ``{node_id, reason}`` for each node it lost.
     """
 
     session_id: str
@@ -56,10 +60,17 @@ class SessionResult:
     output: str = ""
     num_calls: int = 0
     node_id: str | None = None
+    attempts: int = 1
+    lost_nodes: list[dict[str, str]] = field(default_factory=list)
     samples: list[TrajectorySample] = field(default_factory=list)
     builder_stats: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def redispatched(self) -> int:
+        """How many times the session was restarted on another node because its node was lost."""
+        return self.attempts - 1
 
     @property
     def trainable(self) -> bool:

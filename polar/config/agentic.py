@@ -46,3 +46,5 @@ class SessionsConfig(StrictModel):
     session_budget_s: float = Field(900.0, gt=0, description="INIT+RUN+POST_RUN wall time per session")
     workspace_root: str | None = Field(None, description="where session workspaces go (default: run dir)")
     keep_workspaces: bool = False
+    max_node_retries: int = Field(2, ge=0, description="re-dispatches of a session whose gateway node was lost")
+    node_wait_s: float = Field(60.0, gt=0, description="wait this long for a healthy gateway node, then ERROR")

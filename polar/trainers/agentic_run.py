@@ -32,7 +32,7 @@ def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineS
         session_budget_s=s.session_budget_s, agent_timeout_s=h.timeout_s,
         verifier_timeout_s=cfg.verifier.timeout_s if cfg.verifier else 60.0, builder=cfg.trajectory.builder,
         workspace_root=s.workspace_root or (str(workspace_root) if workspace_root else None), template_dir=template,
-        keep_workspaces=s.keep_workspaces,
+        keep_workspaces=s.keep_workspaces, max_node_retries=s.max_node_retries, node_wait_s=s.node_wait_s,
     )
 
 

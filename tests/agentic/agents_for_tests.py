@@ -53,3 +53,35 @@ def smolagents_calculator(base_url, task, api_key, model):
     llm = OpenAIServerModel(model_id=model, api_base=base_url, api_key=api_key)
     agent = ToolCallingAgent(tools=[calculator], model=llm, max_steps=4, verbosity_level=0)
     return str(agent.run(task["prompt"]))
+
+
+async def calc_or_stall(base_url, task, api_key, session_id):
+    """The calculator example agent, except on the gateway at ``task["stall_on"]``: there it makes one
+    call, leaves a marker file named after the session, and hangs (as a harness stuck on a dead node does)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "agentic"))
+    from calculator_agent import arun
+
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=30) as client:
+        if task.get("stall_on") and base_url.startswith(task["stall_on"]):
+            await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=8)
+            Path(task["marker_dir"], session_id).write_text(base_url)
+            await asyncio.sleep(600)
+        if task.get("crash"):
+            await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=8)
+            raise RuntimeError("the agent crashed")
+        if task.get("hang_s"):
+            await asyncio.sleep(float(task["hang_s"]))
+        return await arun(client, task["prompt"], "tiny")
+
+
+def calc_verifier(task, output):
+    """The calculator example's verifier, failing on demand (``task["break_verifier"]``)."""
+    if task.get("break_verifier"):
+        raise ValueError("the verifier is broken")
+    got = output.strip().splitlines()[-1].strip() if output.strip() else ""
+    return {"reward": float(got == str(task["answer"])), "got": got}
