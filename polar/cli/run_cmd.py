@@ -39,12 +39,13 @@ def train(cfg, run_dir, resume: bool, progress: bool = True) -> int:
     from rich.console import Console
 
     from polar.cli._progress import TrainingProgress, print_eval
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.on_policy import build_trainer
 
     Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
     with TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics) as bar:
-        trainer = OnPolicyTrainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
+        # local: the learner runs here; ray: in a learner actor this process starts and watches
+        trainer = build_trainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()
     log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
              result.get("episode_reward_mean"))

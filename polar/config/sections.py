@@ -4,14 +4,63 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
 
 
 class RoleResources(StrictModel):
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    """What one actor of a role asks Ray for (ray backend)."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources, e.g. {learner_box: 1} to pin a role to nodes started with "
+                    "`ray start --resources '{\"learner_box\": 1}'`",
+    )
+
+
+class AutoscaleConfig(StrictModel):
+    """The rule that resizes the rollout workers while a Ray run goes (see docs/distributed.md, "Autoscaling").
+
+    Every ``interval_s`` (once all workers have started) it looks at what the learner measured:
+
+    - **up** by ``step`` when the learner waited on an empty fragment queue for more than
+      ``scale_up_wait_fraction`` of the interval (rollouts are the bottleneck) and the cluster has
+      room for another rollout actor;
+    - **down** by ``step`` when fragments queue up instead: on average at least
+      ``scale_down_queue_per_worker`` finished fragments per worker were waiting for the learner (or
+      the mean policy lag exceeded ``scale_down_policy_lag``, when set), and the learner waited less than
+      ``scale_up_wait_fraction / 2`` of the interval;
+    - otherwise hold. Never outside ``[min_rollout_workers, max_rollout_workers]``.
+
+    A ``polar scale`` request wins: it sets the count (even outside the range) and turns the rule off
+    for the rest of that run.
+    """
+
+    min_rollout_workers: int = Field(1, ge=1)
+    max_rollout_workers: int = Field(..., ge=1)
+    interval_s: float = Field(10.0, gt=0, description="seconds of measurement behind each decision")
+    step: int = Field(1, ge=1, description="workers added or removed per decision")
+    scale_up_wait_fraction: float = Field(
+        0.2, gt=0, lt=1, description="scale up when the learner waited on fragments more than this fraction of the interval"
+    )
+    scale_down_queue_per_worker: float = Field(
+        1.0, gt=0, description="scale down when this many finished fragments per worker waited for the learner, on average"
+    )
+    scale_down_policy_lag: float | None = Field(
+        None, gt=0, description="also scale down when the mean policy lag (versions) exceeds this; null = off"
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> AutoscaleConfig:
+        if self.min_rollout_workers > self.max_rollout_workers:
+            raise ValueError(
+                f"min_rollout_workers ({self.min_rollout_workers}) is above max_rollout_workers "
+                f"({self.max_rollout_workers}); set min <= max"
+            )
+        return self
 
 
 class DistributionConfig(StrictModel):
@@ -29,6 +78,25 @@ class DistributionConfig(StrictModel):
     gateway_resources: RoleResources = Field(default_factory=RoleResources)
     connect_timeout_s: float = Field(30.0, gt=0)
     worker_timeout_s: float = Field(300.0, gt=0, description="local backend: a worker silent this long is reported as hung")
+    max_learner_restarts: int = Field(
+        3, ge=0, description="ray: how often the driver restarts a dead learner actor from the last checkpoint"
+    )
+    autoscale: AutoscaleConfig | None = Field(None, description="ray: resize rollout workers by a rule; null = fixed")
+
+    @model_validator(mode="after")
+    def _autoscale_fits(self) -> DistributionConfig:
+        a = self.autoscale
+        if a is None:
+            return self
+        if self.backend != "ray":
+            raise ValueError("autoscale resizes Ray rollout actors; set backend: ray or remove distribution.autoscale")
+        if not a.min_rollout_workers <= self.rollout_workers <= a.max_rollout_workers:
+            raise ValueError(
+                f"rollout_workers ({self.rollout_workers}) is the starting count and must lie within "
+                f"autoscale [min_rollout_workers, max_rollout_workers] = [{a.min_rollout_workers}, "
+                f"{a.max_rollout_workers}]; set rollout_workers inside that range"
+            )
+        return self
 
     @property
     def num_envs(self) -> int:

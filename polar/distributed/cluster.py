@@ -35,6 +35,12 @@ class RoleRequest:
     num_cpus: float
     num_gpus: float = 0.0
     config_key: str = ""  # where the user set it, for error messages
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per actor
+
+    @classmethod
+    def of(cls, role: str, count: int, res, config_key: str) -> RoleRequest:
+        """From a ``RoleResources`` config section."""
+        return cls(role, count, res.num_cpus, res.num_gpus, config_key, dict(res.resources))
 
     @property
     def total_cpus(self) -> float:
@@ -134,6 +140,7 @@ def connect(
     connect_timeout_s: float = 30.0,
     requests: list[RoleRequest] | None = None,
     runtime_env: dict[str, Any] | None = None,
+    require_total: bool = True,
 ) -> ClusterHandle:
     """Join (or start) the cluster named by ``coordinator_address`` and check ``requests`` fit it."""
     ray = _ray()
@@ -176,7 +183,7 @@ def connect(
         handle = ClusterHandle(address=coordinator_address, started_local=False)
     handle.nodes = alive_nodes()
     try:
-        check_placeable(requests, handle.nodes)
+        check_placeable(requests, handle.nodes, require_total=require_total)
     except DistributedError:
         if handle.started_local:
             handle.shutdown()
@@ -194,27 +201,49 @@ def alive_nodes() -> list[dict[str, Any]]:
     ]
 
 
+_BUILTIN = ("CPU", "GPU", "memory", "object_store_memory")
+
+
 def _describe(nodes: list[dict[str, Any]]) -> str:
+    def custom(res: dict[str, float]) -> str:
+        return "".join(
+            f" {k}={v:g}" for k, v in sorted(res.items())
+            if k not in _BUILTIN and not k.startswith(("node:", "accelerator_type"))
+        )
+
     return ", ".join(
-        f"{n['address']}: CPU={n['resources'].get('CPU', 0):g} GPU={n['resources'].get('GPU', 0):g}" for n in nodes
+        f"{n['address']}: CPU={n['resources'].get('CPU', 0):g} GPU={n['resources'].get('GPU', 0):g}{custom(n['resources'])}"
+        for n in nodes
     ) or "no alive nodes"
 
 
-def check_placeable(requests: list[RoleRequest], nodes: list[dict[str, Any]]) -> None:
-    """Raise if any one actor fits on no node, or if all of them together exceed the cluster."""
+def ray_options(res) -> dict[str, Any]:
+    """``actor.options(...)`` keywords for a ``RoleResources`` section."""
+    opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+    if res.resources:
+        opts["resources"] = dict(res.resources)
+    return opts
+
+
+def check_placeable(requests: list[RoleRequest], nodes: list[dict[str, Any]], require_total: bool = True) -> None:
+    """Raise if any one actor fits on no node, or (``require_total``) if all of them together exceed the cluster."""
     for r in requests:
         if r.count <= 0:
             continue
         fits = [
             n for n in nodes
             if n["resources"].get("CPU", 0) >= r.num_cpus and n["resources"].get("GPU", 0) >= r.num_gpus
+            and all(n["resources"].get(k, 0) >= v for k, v in r.resources.items())
         ]
         if not fits:
+            custom = "".join(f", {k}={v:g}" for k, v in r.resources.items())
             raise DistributedError(
                 f"{r.config_key or r.role}: each {r.role} actor asks for num_cpus={r.num_cpus:g}, "
-                f"num_gpus={r.num_gpus:g}, but no node of the cluster has that much ({_describe(nodes)}). "
+                f"num_gpus={r.num_gpus:g}{custom}, but no node of the cluster has that much ({_describe(nodes)}). "
                 f"Lower {r.config_key or 'the request'} or add a node that has it."
             )
+    if not require_total:
+        return
     total_cpu = sum(n["resources"].get("CPU", 0) for n in nodes)
     total_gpu = sum(n["resources"].get("GPU", 0) for n in nodes)
     need_cpu = sum(r.total_cpus for r in requests)
@@ -228,11 +257,15 @@ def check_placeable(requests: list[RoleRequest], nodes: list[dict[str, Any]]) ->
         )
 
 
-def wait_ready(refs: list[Any], timeout_s: float, what: str) -> None:
-    """Wait for actors' ``ready()`` refs; name what is still pending when the deadline passes."""
+def wait_ready(refs: list[Any], timeout_s: float, what: str, min_ready: int | None = None) -> list[Any]:
+    """Wait for actors' ``ready()`` refs (all, or ``min_ready`` of them); return the ready ones.
+
+    Names what is still pending when the deadline passes.
+    """
     ray = _ray()
-    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    if pending:
+    want = len(refs) if min_ready is None else max(1, min(min_ready, len(refs)))
+    ready, pending = ray.wait(list(refs), num_returns=want, timeout=timeout_s)
+    if len(ready) < want:
         raise DistributedError(
             f"{len(pending)} of {len(refs)} {what} did not start within {timeout_s:g} s. The cluster has "
             f"{ray.available_resources()} free; they may be waiting for resources no node has free, "
@@ -242,3 +275,4 @@ def wait_ready(refs: list[Any], timeout_s: float, what: str) -> None:
         ray.get(ready)
     except ray.exceptions.RayActorError as e:  # the constructor raised (bad config, missing module, ...)
         raise DistributedError(f"{what} failed to start: {e}") from None
+    return ready

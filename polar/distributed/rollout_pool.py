@@ -58,6 +58,8 @@ class RayRolloutPool:
         start_timeout_s: float = 120.0,
         auto_relaunch: bool = True,
         inflight_per_worker: int = 2,
+        resources: dict[str, float] | None = None,
+        min_ready: int | None = None,
     ) -> None:
         import ray
 
@@ -72,7 +74,11 @@ class RayRolloutPool:
         self.start_timeout_s = start_timeout_s
         self.auto_relaunch = auto_relaunch
         self.inflight_per_worker = max(1, inflight_per_worker)  # 2: the next fragment starts while this one ships
-        self._cls = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
+        opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+        if resources:
+            opts["resources"] = dict(resources)
+        self.actor_resources = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
+        self._cls = ray.remote(RolloutWorker).options(**opts)
         self._ids = itertools.count()
         self.slots: dict[int, _Slot] = {}
         self.inflight: dict[Any, int] = {}  # ObjectRef -> worker id
@@ -82,10 +88,14 @@ class RayRolloutPool:
         self.target_workers = num_workers
         for _ in range(num_workers):
             self._spawn()
-        # first start: every actor must come up, or the run fails now with a clear message
-        wait_ready([s.ready_ref for s in self.slots.values()], start_timeout_s, "rollout actors")
-        for s in self.slots.values():
-            s.ready_ref = None
+        # first start: every actor (or ``min_ready`` of them, after a learner restart on a cluster that
+        # lost a node) must come up, or the run fails now with a clear message; the rest join when placed
+        refs = {s.ready_ref: w for w, s in self.slots.items()}
+        ready = wait_ready(list(refs), start_timeout_s, "rollout actors", min_ready=min_ready)
+        for ref in ready:
+            self.slots[refs[ref]].ready_ref = None
+        self._window_steps = 0
+        self._window_start = time.monotonic()
 
     # --- membership -----------------------------------------------------------------------------
     def _spawn(self) -> int:
@@ -98,6 +108,16 @@ class RayRolloutPool:
     @property
     def num_workers(self) -> int:
         return sum(1 for s in self.slots.values() if not s.retiring)
+
+    @property
+    def pending_workers(self) -> int:
+        """Workers started but not yet answering (constructor running, or waiting for resources)."""
+        return sum(1 for s in self.slots.values() if s.ready_ref is not None and not s.retiring)
+
+    def room_for_one(self) -> bool:
+        """Whether the cluster has free resources for one more rollout actor right now."""
+        free = self._ray.available_resources()
+        return all(free.get(k, 0.0) + 1e-9 >= v for k, v in self.actor_resources.items() if v > 0)
 
     def set_num_workers(self, n: int) -> None:
         """Grow now; shrink by retiring the newest workers once their current fragment is in."""
@@ -227,6 +247,7 @@ class RayRolloutPool:
                 self._launch(wid)
             self.stats.fragments += 1
             self.stats.env_steps += frag.env_steps
+            self._window_steps += frag.env_steps
             self.stats.per_worker_steps[wid] = self.stats.per_worker_steps.get(wid, 0) + frag.env_steps
             return frag
 
@@ -247,10 +268,15 @@ class RayRolloutPool:
         return out
 
     def metrics(self) -> dict[str, float]:
-        elapsed = max(time.monotonic() - self.stats.started_at, 1e-9)
+        """Counters since start; ``rollout/env_steps_per_s`` over the window since the last call."""
+        now = time.monotonic()
+        rate = self._window_steps / max(now - self._window_start, 1e-9)
+        self._window_steps, self._window_start = 0, now
         return {
             "rollout/workers": float(self.num_workers),
-            "rollout/env_steps_per_s": self.stats.env_steps / elapsed,
+            "rollout/pending_workers": float(self.pending_workers),
+            "rollout/env_steps_per_s": rate,
+            "rollout/env_steps": float(self.stats.env_steps),
             "rollout/queue_depth": float(self.queue_depth()),
             "rollout/restarts": float(self.stats.restarts),
             "rollout/dropped_fragments": float(self.stats.dropped_fragments),

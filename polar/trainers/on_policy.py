@@ -1,5 +1,11 @@
 """The on-policy loop: collect fragments -> advantages -> PPO update -> publish weights -> log ->
-checkpoint -> (eval). Resumable from its last checkpoint."""
+checkpoint -> (eval). Resumable from its last checkpoint.
+
+``OnPolicyTrainer`` runs the loop in the calling process. ``build_trainer`` is what ``polar run`` uses:
+the same trainer for ``distribution.backend: local``; for ``ray`` a driver that runs this trainer
+inside a learner actor placed with ``distribution.learner_resources`` and restarts it from the last
+checkpoint if it dies (``polar.distributed.learner_actor``).
+"""
 
 from __future__ import annotations
 
@@ -30,11 +36,27 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
 
 
+def build_trainer(cfg, run_dir: RunDir, resume: bool = False,
+                  on_iteration: Callable[[dict[str, Any]], None] | None = None):
+    """The trainer ``polar run``/``polar resume`` use; both kinds have ``train() -> result``."""
+    if cfg.distribution.backend == "ray":
+        from polar.distributed.learner_actor import RayLearnerDriver
+
+        return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+    return OnPolicyTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+
+
 class OnPolicyTrainer:
-    """PPO on any env harness. ``on_iteration(metrics)`` is called after every update (progress bars)."""
+    """PPO on any env harness. ``on_iteration(metrics)`` is called after every update (progress bars).
+
+    ``backend_factory`` (default ``make_backend``) and ``extra_metrics`` (constants logged every
+    iteration) let the Ray learner actor run this same loop with its own backend options and counters.
+    """
 
     def __init__(self, cfg, run_dir: RunDir, resume: bool = False,
-                 on_iteration: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_iteration: Callable[[dict[str, Any]], None] | None = None,
+                 backend_factory: Callable[..., Any] | None = None,
+                 extra_metrics: dict[str, Any] | None = None) -> None:
         if cfg.policy.type not in ("ppo", "appo"):
             raise ConfigError(f"policy.type: the on-policy trainer runs 'ppo' or 'appo', got {cfg.policy.type!r}")
         self.cfg = cfg
@@ -42,6 +64,8 @@ class OnPolicyTrainer:
         self.run_dir = run_dir
         self.resume = resume
         self.on_iteration = on_iteration
+        self.backend_factory = backend_factory or make_backend
+        self.extra_metrics = dict(extra_metrics or {})
         self.env_steps = 0
         self.iteration = 0
         self.version = 0
@@ -66,7 +90,7 @@ class OnPolicyTrainer:
         self.checkpoints = CheckpointManager(self.run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints)
         state = self.checkpoints.load_latest() if self.resume else None
         seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)  # fresh env seeds on resume
-        self.backend = make_backend(cfg, self.kw.n_steps, seed, config_dir=cfg.config_dir)
+        self.backend = self.backend_factory(cfg, self.kw.n_steps, seed, config_dir=cfg.config_dir)
         try:
             self.policy = build_policy(cfg, self.backend.observation_space, self.backend.action_space, cfg.config_dir)
             if cfg.policy.type == "appo":
@@ -79,8 +103,6 @@ class OnPolicyTrainer:
             if hasattr(self.backend, "attach_run_dir"):  # ray: `polar scale RUN_DIR` resizes while running
                 self.backend.attach_run_dir(self.run_dir.path)
             self.backend.start(self.policy.state_dict(), self.version, policy=self.policy)
-            if hasattr(self.backend, "attach_run_dir"):  # optional hook (ray: `polar scale` requests)
-                self.backend.attach_run_dir(self.run_dir.path)
         except BaseException:
             self.backend.close()
             raise
@@ -124,13 +146,15 @@ class OnPolicyTrainer:
             self.run_dir.write_config(dump_config(cfg))
         self._setup()
         self.run_dir.update_meta(status="running")
-        # APPO learns from each fragment as it arrives (V-trace corrects the lag); PPO waits for a batch
-        n_frags = 1 if cfg.policy.type == "appo" else max(1, self.backend.num_workers)
         last_t, last_steps = self._elapsed(), self.env_steps
         stopped_early = False
         try:
             while self.env_steps < cfg.total_env_steps:
+                # APPO learns from each fragment as it arrives (V-trace corrects the lag); PPO waits for a
+                # batch of one fragment per worker (read each time: the Ray backend resizes while running)
+                n_frags = 1 if cfg.policy.type == "appo" else max(1, self.backend.num_workers)
                 frags = [self.backend.next_fragment() for _ in range(n_frags)]
+                t_update = time.perf_counter()
                 for f in frags:
                     self.env_steps += f.env_steps
                     self.window.add(f.episode_returns, f.episode_lengths, f.episode_successes)
@@ -152,15 +176,16 @@ class OnPolicyTrainer:
                 self.version += 1
                 self.iteration += 1
                 self.backend.publish_weights(self.policy.state_dict(), self.version)
+                update_s = time.perf_counter() - t_update
                 now = self._elapsed()
                 metrics = {"iteration": self.iteration, "env_steps": self.env_steps, "time_s": now,
                            "fps": (self.env_steps - last_steps) / max(1e-9, now - last_t),
                            **self.window.summary(), **stats,
                            "policy_lag": float(np.mean([self.version - 1 - f.policy_version for f in frags])),
-                           "connector_restarts": self.connector_restarts}
-                if hasattr(self.backend, "metrics"):  # optional hook: backend-specific counters
-                    metrics.update(self.backend.metrics())
-                if hasattr(self.backend, "metrics"):  # ray: per-role throughput, queue depth, lag, restarts
+                           "connector_restarts": self.connector_restarts,
+                           "learner/samples_per_s": sum(f.env_steps for f in frags) / max(1e-9, update_s),
+                           **self.extra_metrics}
+                if hasattr(self.backend, "metrics"):  # optional hook (ray: per-role throughput, queue depth, lag, restarts)
                     metrics.update(self.backend.metrics())
                 last_t, last_steps = now, self.env_steps
                 if self.iteration % cfg.logging.log_interval == 0:

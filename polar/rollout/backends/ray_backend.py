@@ -8,17 +8,24 @@ top of it, the Ray backend:
   refuses at start what no node can place (``polar.distributed.cluster``);
 - replaces a rollout actor that died, alone or with its node; the fragment it was building is
   dropped and counted in ``rollout/dropped_fragments`` and ``rollout/dropped_episodes``;
-- resizes while running on ``polar scale RUN_DIR --rollout-workers N`` (``attach_run_dir``).
+- resizes while running on ``polar scale RUN_DIR --rollout-workers N`` (``attach_run_dir``), or by
+  the ``distribution.autoscale`` rule (``polar.distributed.autoscale``); every resize is logged with
+  its reason and appended to ``RUN_DIR/scale_events.jsonl``.
+
+With ``polar run`` this backend lives inside the learner actor (``polar.distributed.learner_actor``),
+so fragments travel rollout actor -> learner actor through the object store, never via the driver.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 
 import torch
 
+from polar.distributed.autoscale import Autoscaler
 from polar.distributed.cluster import ClusterHandle, RoleRequest, connect
 from polar.distributed.control import ScaleWatcher
 from polar.errors import ConfigError
@@ -30,7 +37,9 @@ logger = logging.getLogger(__name__)
 class RayBackend:
     """Rollout workers as Ray actors; see the module docstring."""
 
-    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir=None) -> None:
+    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir=None, partial_start: bool = False) -> None:
+        """``partial_start``: start once one rollout actor is up and place the rest as resources free up
+        (a learner restarted after losing a node may find a smaller cluster than the run asked for)."""
         from polar.harness import make_vector_env
 
         dist = cfg.distribution
@@ -54,21 +63,27 @@ class RayBackend:
         self.cluster: ClusterHandle | None = None
         self.pool = None
         self.version = 0
+        self.partial_start = partial_start
         self._watcher = ScaleWatcher(None)
+        self._events_path: Path | None = None
+        self.autoscaler = Autoscaler(dist.autoscale) if dist.autoscale is not None else None
+        self.scale_events = 0
         self._lag_sum = 0.0
         self._lag_n = 0
         self._lag_max = 0
+        self._wait_s = 0.0
+        self._window_start = time.monotonic()
         self._closed = False
 
     # --- lifecycle ------------------------------------------------------------------------------
     def role_requests(self) -> list[RoleRequest]:
-        r = self.dist.rollout_resources
-        return [RoleRequest("rollout", self.num_workers, r.num_cpus, r.num_gpus, "distribution.rollout_resources")]
+        return [RoleRequest.of("rollout", self.num_workers, self.dist.rollout_resources, "distribution.rollout_resources")]
 
     def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy=None) -> None:
         from polar.distributed.rollout_pool import RayRolloutPool
 
-        self.cluster = connect(self.dist.coordinator_address, self.dist.connect_timeout_s, self.role_requests())
+        self.cluster = connect(self.dist.coordinator_address, self.dist.connect_timeout_s, self.role_requests(),
+                               require_total=not self.partial_start)
         r = self.dist.rollout_resources
         try:
             self.pool = RayRolloutPool(
@@ -81,6 +96,8 @@ class RayBackend:
                 num_gpus=r.num_gpus,
                 seed=self.seed,
                 start_timeout_s=max(self.dist.connect_timeout_s, 120.0),
+                resources=r.resources,
+                min_ready=1 if self.partial_start else None,
             )
         except BaseException:
             self._shutdown_cluster()
@@ -91,6 +108,7 @@ class RayBackend:
     def attach_run_dir(self, run_dir: Path) -> None:
         """Watch ``RUN_DIR/control/scale.json`` (written by ``polar scale``) while running."""
         self._watcher = ScaleWatcher(Path(run_dir))
+        self._events_path = Path(run_dir) / "scale_events.jsonl"
 
     def close(self) -> None:
         if self._closed:
@@ -111,11 +129,17 @@ class RayBackend:
 
     def next_fragment(self, timeout_s: float | None = None) -> Fragment:
         self._apply_scale_requests()
+        queued = self.pool.queue_depth() if self.autoscaler is not None and self.autoscaler.enabled else 0
+        t0 = time.monotonic()
         frag = self.pool.next_fragment(timeout_s if timeout_s is not None else self.dist.worker_timeout_s)
+        waited = time.monotonic() - t0
         lag = max(0, self.version - frag.policy_version)
+        self._wait_s += waited
         self._lag_sum += lag
         self._lag_n += 1
         self._lag_max = max(self._lag_max, lag)
+        if self.autoscaler is not None:
+            self.autoscaler.observe(waited, queued, lag)
         return frag
 
     def set_num_workers(self, n: int) -> None:
@@ -125,18 +149,64 @@ class RayBackend:
 
     def _apply_scale_requests(self) -> None:
         n = self._watcher.poll()
-        if n is not None and n != self.num_workers:
-            logger.info("scale request: %d -> %d rollout workers", self.num_workers, n)
-            self.set_num_workers(n)
         if n is not None:
+            if self.autoscaler is not None and self.autoscaler.enabled:
+                self.autoscaler.enabled = False  # a person asked: their count wins for the rest of the run
+                logger.info("autoscale: off for the rest of this run (`polar scale` asked for %d workers)", n)
+            if n != self.num_workers:
+                self._scale(n, "polar scale request", "request")
             self._watcher.applied(n)
+        self._autoscale()
+
+    def _autoscale(self) -> None:
+        a = self.autoscaler
+        if a is None or not a.enabled:
+            return
+        if self.pool.pending_workers:
+            a.reset()  # measure only while every worker is up, or a starting one reads as missing throughput
+            return
+        if not a.due():
+            return
+        room = self.num_workers < a.cfg.max_rollout_workers and self.pool.room_for_one()
+        n, reason, sig = a.step(self.num_workers, room)
+        if n != self.num_workers:
+            self._scale(n, reason, "autoscale", signals={
+                "wait_fraction": round(sig.wait_fraction, 4), "queue_per_worker": round(sig.queue_per_worker, 4),
+                "policy_lag_mean": round(sig.policy_lag_mean, 4), "window_s": round(sig.window_s, 3)})
+        else:
+            logger.debug("autoscale: %d rollout workers (%s)", n, reason)
+
+    def _scale(self, n: int, reason: str, source: str, signals: dict | None = None) -> None:
+        """Resize, and say so: the log, ``scale_events.jsonl`` in the run dir, ``rollout/scale_events``."""
+        old = self.num_workers
+        logger.info("%s: %d -> %d rollout workers (%s)", source, old, n, reason)
+        self.set_num_workers(n)
+        self.scale_events += 1
+        if self._events_path is not None:
+            event = {"time": time.time(), "source": source, "from": old, "to": n, "reason": reason,
+                     "policy_version": self.version, **({"signals": signals} if signals else {})}
+            try:
+                with open(self._events_path, "a") as f:
+                    f.write(json.dumps(event) + "\n")
+            except OSError as e:  # the decision stands; only its record is lost
+                logger.warning("could not record the scale event in %s: %s", self._events_path, e)
 
     def metrics(self) -> dict[str, float]:
-        """Per-role throughput, queue depth, policy lag and restarts since start (reset lag window)."""
+        """Per-role throughput, queue depth, policy lag, restarts, scaling (lag and wait: since the last call)."""
         out = self.pool.metrics() if self.pool is not None else {}
+        now = time.monotonic()
         if self._lag_n:
             out["rollout/policy_lag_mean"] = self._lag_sum / self._lag_n
             out["rollout/policy_lag_max"] = float(self._lag_max)
-        self._lag_sum, self._lag_n, self._lag_max = 0.0, 0, 0
+        out["learner/wait_fraction"] = self._wait_s / max(now - self._window_start, 1e-9)
+        self._lag_sum, self._lag_n, self._lag_max, self._wait_s, self._window_start = 0.0, 0, 0, 0.0, now
+        out["rollout/scale_events"] = float(self.scale_events)
+        out["rollout/target_workers"] = float(self.pool.target_workers) if self.pool is not None else 0.0
+        if self.autoscaler is not None:
+            out["autoscale/enabled"] = float(self.autoscaler.enabled)
+            if self.autoscaler.last_signals is not None:
+                sig = self.autoscaler.last_signals
+                out["autoscale/wait_fraction"] = sig.wait_fraction
+                out["autoscale/queue_per_worker"] = sig.queue_per_worker
         out["rollout/time_s"] = time.monotonic() - self.pool.stats.started_at if self.pool is not None else 0.0
         return out

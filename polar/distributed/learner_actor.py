@@ -1,0 +1,260 @@
+"""The learner as a Ray actor, and the driver that starts, watches and restarts it.
+
+With ``distribution.backend: ray``, ``polar run`` / ``polar resume`` do not learn in their own
+process. ``RayLearnerDriver`` joins the cluster, checks that the learner and the rollout workers can
+be placed, and starts one ``LearnerActor`` with ``distribution.learner_resources``. The actor runs the
+ordinary ``OnPolicyTrainer`` loop (same algorithms, config, run directory); its Ray backend creates
+the rollout actors from inside the learner actor, so fragments go rollout actor -> learner actor
+through the object store and never pass through the driver.
+
+The driver only relays progress (``progress()``, polled every ``poll_interval_s``, feeds the CLI
+progress bar / ``on_iteration``) and waits. If the learner actor dies (its process or its node), the
+driver starts a new one that resumes from the last checkpoint in the run directory, up to
+``distribution.max_learner_restarts`` times, counted as ``learner/restarts`` in the metrics. Its
+rollout actors die with it (Ray fate-shares actors with their owner) and the new learner makes new
+ones. ``run.json`` records where each learner ran (``learner``, ``learner_history``).
+
+The learner writes checkpoints and metrics into the run directory itself, so on a multi-machine
+cluster the run directory must be on a filesystem the learner's node shares with the driver, or the
+learner must be pinned to the driver's machine (``learner_resources.resources``); an actor that
+cannot see the run directory fails at start with that message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from polar.distributed.cluster import RoleRequest, connect, ray_options, wait_ready
+from polar.errors import DistributedError, PolarError
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_ROWS = 10_000  # metrics rows the actor keeps for the driver to relay (one per iteration)
+
+
+class LearnerActor:
+    """Runs ``OnPolicyTrainer`` in a Ray actor; ``train`` blocks, ``progress`` answers meanwhile (threaded actor)."""
+
+    def __init__(self, cfg_data: dict[str, Any], config_dir: str | None, run_dir: str, resume: bool,
+                 learner_restarts: int = 0, log_level: int = logging.INFO) -> None:
+        import ray
+        import torch
+
+        from polar.config import validate
+        from polar.config.run import RunConfig
+        from polar.trainers.on_policy import OnPolicyTrainer
+        from polar.trainers.run_dir import META, RunDir
+
+        torch.set_num_threads(1)
+        _configure_logging(log_level)
+        ctx = ray.get_runtime_context()
+        self.info = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                     "actor_id": ctx.get_actor_id()}
+        if not (Path(run_dir) / META).is_file():
+            raise DistributedError(
+                f"the learner actor on node {self.info['node_ip']} cannot see the run directory {run_dir}. The "
+                "learner writes checkpoints and metrics there: put runs on a filesystem every node shares "
+                "(NFS, ...), or pin the learner to the driver's machine with "
+                "distribution.learner_resources.resources (a custom resource only that node has)."
+            )
+        cfg = validate(RunConfig, cfg_data, source="config (learner actor)")
+        if config_dir:
+            cfg._config_dir = Path(config_dir)
+        self._lock = threading.Lock()
+        self._rows: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PROGRESS_ROWS)
+        self._seq = 0
+
+        def backend_factory(cfg, fragment_steps, seed, config_dir=None):
+            from polar.rollout.backends.ray_backend import RayBackend
+
+            # after a crash the cluster may have lost a node: start with what fits, place the rest later
+            return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, partial_start=learner_restarts > 0)
+
+        self.trainer = OnPolicyTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
+                                       backend_factory=backend_factory,
+                                       extra_metrics={"learner/restarts": learner_restarts})
+
+    def ready(self) -> dict[str, Any]:
+        return dict(self.info)
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        with self._lock:
+            self._seq += 1
+            self._rows.append((self._seq, dict(metrics)))
+
+    def progress(self, since: int) -> tuple[int, list[dict[str, Any]]]:
+        """``(last_seq, rows)``: the metrics rows recorded after sequence number ``since``."""
+        with self._lock:
+            return self._seq, [m for seq, m in self._rows if seq > since]
+
+    def train(self) -> dict[str, Any]:
+        return self.trainer.train()
+
+    def rollout_actors(self) -> dict[int, Any]:
+        """The rollout actors this learner owns right now (for operators and tests)."""
+        pool = getattr(getattr(self.trainer, "backend", None), "pool", None)
+        return {} if pool is None else dict(pool.actors())
+
+
+def _configure_logging(level: int) -> None:
+    """Ray forwards the actor's stderr to the driver; polar's INFO lines (scaling decisions) should reach it."""
+    log = logging.getLogger("polar")
+    log.setLevel(level)
+    if not log.handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        log.addHandler(h)
+        log.propagate = False
+
+
+class _LearnerDied(Exception):
+    pass
+
+
+class RayLearnerDriver:
+    """Starts the learner actor, relays its progress, restarts it from the last checkpoint if it dies."""
+
+    def __init__(self, cfg, run_dir, resume: bool = False,
+                 on_iteration: Callable[[dict[str, Any]], None] | None = None, poll_interval_s: float = 0.2) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.resume = resume
+        self.on_iteration = on_iteration
+        self.poll_interval_s = poll_interval_s
+        self.actor = None
+        self.learner_info: dict[str, Any] | None = None
+        self.learner_restarts = 0
+        self._history: list[dict[str, Any]] = []
+
+    def role_requests(self) -> list[RoleRequest]:
+        d = self.cfg.distribution
+        return [
+            RoleRequest.of("learner", 1, d.learner_resources, "distribution.learner_resources"),
+            RoleRequest.of("rollout", d.rollout_workers, d.rollout_resources, "distribution.rollout_resources"),
+        ]
+
+    # ------------------------------------------------------------------ run
+    def train(self) -> dict[str, Any]:
+        from polar.config.loader import dump_config
+
+        d = self.cfg.distribution
+        if d.rollout_workers < 1:
+            from polar.errors import ConfigError
+
+            raise ConfigError(
+                "distribution.rollout_workers: the ray backend runs envs in rollout actors, so it needs at least 1 "
+                "(got 0). Set rollout_workers >= 1, or use backend: local to step envs in the learner."
+            )
+        if not self.resume:
+            self.run_dir.write_config(dump_config(self.cfg))
+        cluster = connect(d.coordinator_address, d.connect_timeout_s, self.role_requests())
+        try:
+            return self._supervise()
+        finally:
+            self._kill()
+            if cluster.started_local:
+                cluster.shutdown()
+
+    def _supervise(self) -> dict[str, Any]:
+        from polar.trainers.checkpoint import CheckpointManager
+
+        d = self.cfg.distribution
+        resume = self.resume
+        while True:
+            self._start(resume)
+            try:
+                result = self._wait()
+            except _LearnerDied as e:
+                self._kill()
+                if self.learner_restarts >= d.max_learner_restarts:
+                    raise DistributedError(
+                        f"the learner actor died ({e}) and was already restarted {self.learner_restarts} times "
+                        f"(distribution.max_learner_restarts={d.max_learner_restarts}); giving up. "
+                        f"`polar resume {self.run_dir.path}` continues from the last checkpoint."
+                    ) from None
+                self.learner_restarts += 1
+                resume = CheckpointManager(self.run_dir.checkpoints_dir).latest() is not None
+                logger.warning(
+                    "the learner actor died (%s); restart %d of %d, %s", e, self.learner_restarts,
+                    d.max_learner_restarts, "from the last checkpoint" if resume else "from scratch (no checkpoint yet)",
+                )
+                continue
+            self.run_dir.update_meta(learner_restarts=self.learner_restarts)
+            result["learner_restarts"] = self.learner_restarts
+            return result
+
+    def _start(self, resume: bool) -> None:
+        import ray
+
+        d = self.cfg.distribution
+        cls = ray.remote(LearnerActor).options(**ray_options(d.learner_resources), max_restarts=0, max_concurrency=4)
+        self.actor = cls.remote(
+            self.cfg.model_dump(mode="json"), str(self.cfg.config_dir), str(Path(self.run_dir.path).resolve()), resume,
+            self.learner_restarts, logging.getLogger("polar").getEffectiveLevel(),
+        )
+        wait_ready([self.actor.ready.remote()], max(d.connect_timeout_s, 120.0), "learner actor")
+        self.learner_info = ray.get(self.actor.ready.remote(), timeout=60)
+        entry = {**self.learner_info, "driver_pid": os.getpid(), "restarts": self.learner_restarts,
+                 "resumed": resume, "started_at": time.time()}
+        self._history.append(entry)
+        logger.info("learner actor on node %s (pid %d)%s", entry["node_ip"], entry["pid"],
+                    f", restart {self.learner_restarts}" if self.learner_restarts else "")
+        # the actor only writes run.json from inside train(), which has not been called yet: no race
+        self.run_dir.update_meta(learner=entry, learner_history=self._history, learner_restarts=self.learner_restarts)
+
+    def _wait(self) -> dict[str, Any]:
+        import ray
+
+        ref = self.actor.train.remote()
+        since = 0
+        while True:
+            done, _ = ray.wait([ref], timeout=self.poll_interval_s)
+            since = self._relay(since)
+            if done:
+                break
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise _LearnerDied(type(e).__name__) from None
+        except ray.exceptions.RayTaskError as e:  # the trainer raised: polar's own errors surface as they are
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, PolarError):
+                raise cause from None
+            raise DistributedError(f"the learner actor failed: {e}") from None
+
+    def _relay(self, since: int) -> int:
+        """Hand the learner's new metrics rows to ``on_iteration``; a dead actor is noticed by ``_wait``."""
+        import ray
+
+        try:
+            last, rows = ray.get(self.actor.progress.remote(since), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return since
+        if self.on_iteration is not None:
+            for row in rows:
+                self.on_iteration(row)
+        return last
+
+    def _kill(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            try:
+                ray.kill(self.actor, no_restart=True)  # its rollout actors go with it
+            except Exception:  # already gone with its node
+                pass
+            self.actor = None
+
+    # ------------------------------------------------------------------ introspection
+    def rollout_actors(self) -> dict[int, Any]:
+        """The current learner's rollout actors (worker id -> actor handle)."""
+        import ray
+
+        return ray.get(self.actor.rollout_actors.remote(), timeout=60)
