@@ -88,6 +88,12 @@ def _display_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> list[Any]:
             current = current.model_fields[str(part)].annotation
             continue
         is_model = isinstance(current, type) and issubclass(current, BaseModel)
+        optional = _optional_model(current) if current is not None and not is_model else None
+        if optional is not None:  # ``Model | None``: pydantic puts no tag in the location; this part is a key
+            out.append(part)
+            field = optional.model_fields.get(str(part))
+            current = field.annotation if field is not None else None
+            continue
         member = _union_member(current, str(part)) if current is not None and not is_model else None
         if member is not None and not isinstance(part, int):
             current = member  # a union tag, not a key the user wrote
@@ -95,6 +101,18 @@ def _display_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> list[Any]:
         out.append(part)
         current = None
     return out
+
+
+def _optional_model(annotation: Any) -> Any:
+    """The model of a ``Model | None`` annotation, else None."""
+    from typing import get_args
+
+    args = get_args(annotation)
+    if len(args) == 2 and type(None) in args:
+        other = args[0] if args[1] is type(None) else args[1]
+        if isinstance(other, type) and issubclass(other, BaseModel):
+            return other
+    return None
 
 
 def _owner_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
