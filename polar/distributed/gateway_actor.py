@@ -3,18 +3,23 @@ rollout service and kept alive by heartbeats, so sessions spread over the nodes 
 
 Each actor starts a ``GatewayServer`` on its Ray node, registers ``{node_id, url}`` with the rollout
 service (``POST /nodes/register``) and heartbeats its load report. The service's registry sends new
-sessions to the least-loaded healthy node; a node that dies stops heartbeating and is skipped after
-the registry's ``heartbeat_timeout_s``. :class:`RayGatewayNodes` replaces dead node actors.
+sessions to the least-loaded healthy node. A node that dies stops heartbeating (and refuses connections):
+after the registry's ``heartbeat_timeout_s`` at the latest, the sessions in flight on it are stopped and
+re-dispatched to the other nodes (see :mod:`polar.agentic.pipeline`). :class:`RayGatewayNodes` replaces
+dead node actors and deregisters the dead ones, which re-dispatches their sessions at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from polar.distributed.cluster import wait_ready
 
@@ -95,7 +100,7 @@ class RayGatewayNodes:
         return self._ray.get([a.ready.remote() for a in self.actors.values()], timeout=60)
 
     def check(self) -> list[str]:
-        """Replace node actors that died; returns the ids of the replacements."""
+        """Replace node actors that died (deregistering them first); returns the ids of the replacements."""
         new = []
         for node_id, actor in list(self.actors.items()):
             try:
@@ -103,9 +108,20 @@ class RayGatewayNodes:
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
                 log.warning("gateway node %s is gone; starting a replacement", node_id)
                 self.actors.pop(node_id)
+                self._deregister(node_id)
+                with contextlib.suppress(Exception):  # a hung actor must not keep its resources
+                    self._ray.kill(actor, no_restart=True)
                 self.restarts += 1
                 new.append(self._spawn())
         return new
+
+    def _deregister(self, node_id: str) -> None:
+        """Tell the rollout service the node is gone, so its sessions are re-dispatched without waiting
+        for the heartbeat timeout. Best effort: the heartbeat timeout catches it anyway."""
+        try:
+            httpx.delete(f"{self._args[0]}/nodes/{node_id}", timeout=10.0)
+        except httpx.HTTPError as e:
+            log.warning("could not deregister gateway node %s: %s", node_id, e)
 
     def kill(self, node_id: str) -> None:
         self._ray.kill(self.actors[node_id], no_restart=True)

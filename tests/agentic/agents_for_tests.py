@@ -56,13 +56,14 @@ def smolagents_calculator(base_url, task, api_key, model):
 
 
 async def calc_or_stall(base_url, task, api_key, session_id):
-    """The calculator example agent, except on the gateway at ``task["stall_on"]``: there it makes one
-    call, leaves a marker file named after the session, and hangs (as a harness stuck on a dead node does)."""
+    """The calculator example agent (its own entry point, SDK retries included), except on the gateway at
+    ``task["stall_on"]``: there it makes one call, leaves a marker file named after the session, and hangs
+    (as a harness stuck on a dead node does). ``crash`` and ``hang_s`` make it fail in its own ways."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "agentic"))
-    from calculator_agent import arun
+    from calculator_agent import agent
 
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=30) as client:
         if task.get("stall_on") and base_url.startswith(task["stall_on"]):
@@ -76,7 +77,7 @@ async def calc_or_stall(base_url, task, api_key, session_id):
             raise RuntimeError("the agent crashed")
         if task.get("hang_s"):
             await asyncio.sleep(float(task["hang_s"]))
-        return await arun(client, task["prompt"], "tiny")
+    return await agent(base_url, task, api_key, "tiny")
 
 
 def calc_verifier(task, output):
