@@ -243,6 +243,8 @@ class SessionPipeline:
         assert live.node is not None
         node_id = live.node.node_id
         live.lost_nodes.append({"node_id": node_id, "reason": reason})
+        if live.cancel.is_set():
+            return self._result(live, SessionStatus.CANCELLED, error="cancelled")
         retries = self.settings.max_node_retries
         why = None
         if live.attempts > retries:
