@@ -1,4 +1,6 @@
-"""The autoscaling rule on synthetic signals (no Ray), and its config checks."""
+"""The autoscaling rule on synthetic signals (no Ray), its config checks, and one run that it resizes."""
+
+import json
 
 import pytest
 
@@ -6,6 +8,8 @@ from polar.config import RunConfig, validate
 from polar.config.sections import AutoscaleConfig
 from polar.distributed.autoscale import Autoscaler, ScaleSignals, decide
 from polar.errors import ConfigError
+from polar.trainers.on_policy import build_trainer
+from polar.trainers.run_dir import RunDir
 
 RULE = AutoscaleConfig(min_rollout_workers=1, max_rollout_workers=4, interval_s=10, step=1,
                        scale_up_wait_fraction=0.2, scale_down_queue_per_worker=1.0)
@@ -64,6 +68,7 @@ def test_autoscaler_windows_signals_and_decides_once_per_interval():
     now[0] += 5.0
     assert a.due()
     n, reason, s = a.step(workers=2, room_for_one=True)
+    assert "waited 40%" in reason
     assert (n, s.learner_wait_s, s.window_s) == (3, 4.0, 10.0) and s.policy_lag_mean == 1.0
     assert not a.due() and a.wait_s == 0.0  # a fresh interval
     a.enabled = False
@@ -92,3 +97,46 @@ def test_autoscale_config_defaults():
                                                          "autoscale": {"max_rollout_workers": 3}}})
     a = cfg.distribution.autoscale
     assert (a.min_rollout_workers, a.max_rollout_workers, a.step) == (1, 3, 1)
+
+
+@pytest.mark.ray
+def test_autoscale_rule_adds_workers_and_polar_scale_overrides_it(ray_cluster, tmp_path):
+    """Slow envs starve the learner, so the rule scales up; a `polar scale` request then wins."""
+    from polar.distributed.control import request_scale
+
+    cfg = validate(RunConfig, {
+        "name": "autoscale",
+        "harness": {"type": "gymnasium", "id": "tests.distributed.slow_env:SlowCartPole-v0"},
+        "policy": {"type": "appo", "kwargs": {"n_steps": 32, "n_epochs": 1, "batch_size": 64}},
+        "distribution": {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_workers": 1,
+                         "envs_per_worker": 2, "rollout_resources": {"num_cpus": 0.5},
+                         "autoscale": {"min_rollout_workers": 1, "max_rollout_workers": 3, "interval_s": 2.0}},
+        "total_env_steps": 200_000,
+        "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
+        "eval": {"at_end": False},
+    })
+    run = RunDir.create("autoscale", tmp_path / "run")
+    rows = []
+
+    def watch(m):
+        rows.append(m)
+        if m["rollout/workers"] >= 2 and "asked" not in watch.__dict__:
+            watch.asked = True
+            request_scale(run.path, 1)  # a person overrides the rule
+        if "asked" in watch.__dict__ and m["rollout/workers"] == 1 and m.get("autoscale/enabled") == 0:
+            raise _Done
+
+    with pytest.raises(_Done):
+        build_trainer(cfg, run, on_iteration=watch).train()
+    workers = [r["rollout/workers"] for r in rows]
+    assert workers[0] == 1 and max(workers) >= 2
+    events = [json.loads(line) for line in (run.path / "scale_events.jsonl").read_text().splitlines()]
+    auto = [e for e in events if e["source"] == "autoscale"]
+    assert auto and auto[0]["from"] == 1 and auto[0]["to"] == 2
+    assert "empty fragment queue" in auto[0]["reason"] and auto[0]["signals"]["wait_fraction"] > 0.2
+    assert events[-1]["source"] == "request" and events[-1]["to"] == 1
+    assert rows[-1]["rollout/scale_events"] == len(events)
+
+
+class _Done(Exception):
+    """Raised from the progress callback to end a run early once the test saw what it needed."""

@@ -1,7 +1,9 @@
-"""Does it learn through the Ray backend, and does it survive losing actors, a node, and the driver?
+"""Does it learn through the Ray backend (learner actor + rollout actors), and does it survive losing
+rollout actors, the learner, a node, and the driver? Does the autoscaling rule resize a running run?
 
 Runs on local multi-node clusters (``ray.cluster_utils.Cluster``). These are long learning runs on a
-2-core machine, so they are ``slow``; the contract tests in test_ray_backend.py stay in the default suite.
+2-core machine, so they are ``slow``; the contract tests in test_ray_backend.py and test_learner_actor.py
+stay in the default suite.
 """
 
 import os
@@ -13,7 +15,8 @@ import time
 import pytest
 
 from polar.config import RunConfig, validate
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.metrics.logger import read_metrics
+from polar.trainers.on_policy import build_trainer
 from polar.trainers.run_dir import RunDir
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -23,38 +26,51 @@ PPO_ZOO = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "
 APPO = {"n_steps": 64, "learning_rate": 1e-3, "n_epochs": 2, "batch_size": 256}
 
 
-def run_cfg(address, policy, workers=2, envs=4, total=300_000, **extra):
+def run_cfg(address, policy, workers=2, envs=4, total=300_000, checkpoint_freq=0, dist=None, **extra):
     return validate(RunConfig, {
         "name": "ray-test",
         "harness": {"type": "gymnasium", "id": "CartPole-v1"},
         "policy": policy,
         "distribution": {"backend": "ray", "coordinator_address": address, "rollout_workers": workers,
-                         "envs_per_worker": envs, "rollout_resources": {"num_cpus": 1}},
+                         "envs_per_worker": envs, "rollout_resources": {"num_cpus": 1}, **(dist or {})},
         "total_env_steps": total,
         "stop_reward": 475,
-        "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
+        "logging": {"checkpoint_freq": checkpoint_freq, "tensorboard": False, "progress_bar": False},
         "eval": {"episodes": 5, "num_envs": 5},
         **extra,
     })
 
 
+def assert_learner_was_an_actor(run: RunDir):
+    import ray
+
+    learner = run.read_meta()["learner"]
+    assert learner["pid"] != os.getpid() and learner["driver_pid"] == os.getpid()
+    assert learner["node_id"] in {n["NodeID"] for n in ray.nodes()}
+    return learner
+
+
 def test_appo_learns_cartpole_on_ray(ray_cluster, tmp_path):
     cfg = run_cfg(ray_cluster.address, {"type": "appo", "kwargs": APPO}, total=400_000)
-    result = OnPolicyTrainer(cfg, RunDir.create("appo", tmp_path / "run")).train()
+    run = RunDir.create("appo", tmp_path / "run")
+    result = build_trainer(cfg, run).train()
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475
     assert result["eval"]["return_mean"] >= 400
+    assert_learner_was_an_actor(run)
 
 
 @pytest.fixture
 def fragile_cluster():
-    """Its own cluster: the head and one worker node this test may kill."""
+    """Its own cluster: a head that holds the learner (custom resource ``learner_box``) and one worker node
+    this test may kill."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
     args = {"num_cpus": 2, "object_store_memory": 150 * 1024**2}
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**args, "include_dashboard": False, "resources": {"learner_box": 1}})
     worker = cluster.add_node(**args)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="WARNING")
@@ -69,33 +85,68 @@ def test_ppo_learns_through_a_killed_actor_and_a_killed_node(fragile_cluster, tm
     import ray
 
     cluster, worker_node = fragile_cluster
-    # 3 actors x 1 CPU on two 2-CPU nodes: at least one lives on the node we kill
-    cfg = run_cfg(cluster.address, {"type": "ppo", "kwargs": PPO_ZOO}, workers=3, envs=3)
+    # the learner (1 CPU) is pinned to the head; 3 rollout actors x 1 CPU: two live on the node we kill
+    cfg = run_cfg(cluster.address, {"type": "ppo", "kwargs": PPO_ZOO}, workers=3, envs=3,
+                  dist={"learner_resources": {"num_cpus": 1, "resources": {"learner_box": 1}}})
     events = {}
-    trainer = None
+    driver = None
 
     def chaos(metrics):
-        pool = trainer.backend.pool
         if metrics["iteration"] == 5:
-            wid, actor = next(iter(pool.actors().items()))
+            wid, actor = next(iter(driver.rollout_actors().items()))
             ray.kill(actor, no_restart=True)
             events["killed_actor"] = wid
         if metrics["iteration"] == 25:
-            on_node = [w for w, a in pool.actors().items()
+            on_node = [w for w, a in driver.rollout_actors().items()
                        if ray.get(a.ready.remote(), timeout=30)["node_id"] == worker_node.node_id]
             assert on_node, "expected a rollout actor on the worker node"
             events["actors_on_node"] = len(on_node)
             cluster.remove_node(worker_node, allow_graceful=False)
         events["last"] = metrics
 
-    trainer = OnPolicyTrainer(cfg, RunDir.create("ppo", tmp_path / "run"), on_iteration=chaos)
-    result = trainer.train()
+    run = RunDir.create("ppo", tmp_path / "run")
+    driver = build_trainer(cfg, run, on_iteration=chaos)
+    result = driver.train()
     last = events["last"]
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475
     # one restart for the killed actor, one per actor lost with its node; each lost fragment counted
     assert last["rollout/restarts"] >= 1 + events["actors_on_node"]
     assert last["rollout/dropped_fragments"] == last["rollout/restarts"]
     assert last["rollout/dropped_episodes"] == 3 * last["rollout/restarts"]
+    # the learner lived on the head the whole time
+    assert result["learner_restarts"] == 0 and last["learner/restarts"] == 0
+    assert assert_learner_was_an_actor(run)["node_id"] != worker_node.node_id
+
+
+def test_killed_learner_restarts_from_the_last_checkpoint_and_reaches_the_target(ray_cluster, tmp_path):
+    import ray
+
+    cfg = run_cfg(ray_cluster.address, {"type": "ppo", "kwargs": PPO_ZOO}, checkpoint_freq=5)
+    run = RunDir.create("ppo", tmp_path / "run")
+    seen = []
+    killed = []
+    driver = None
+
+    def kill_learner_once(metrics):
+        seen.append(metrics)
+        if metrics["iteration"] == 12 and not killed:
+            killed.append(driver.learner_info["actor_id"])
+            ray.kill(driver.actor, no_restart=True)
+
+    driver = build_trainer(cfg, run, on_iteration=kill_learner_once)
+    result = driver.train()
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475
+    assert result["learner_restarts"] == 1 and seen[-1]["learner/restarts"] == 1
+    meta = run.read_meta()
+    first, second = meta["learner_history"]
+    assert first["actor_id"] == killed[0] != second["actor_id"] and second["resumed"] and second["restarts"] == 1
+    assert meta["learner_restarts"] == 1
+    # the second learner went on from a checkpoint (every 5 iterations, at least the 10th), not from scratch
+    rows = read_metrics(run.metrics_path)
+    restart_at = next(i for i in range(1, len(rows)) if rows[i]["iteration"] <= rows[i - 1]["iteration"])
+    resumed_from = rows[restart_at]["iteration"] - 1
+    assert resumed_from >= 10 and resumed_from % 5 == 0 and rows[restart_at]["learner/restarts"] == 1
+    assert all(r["learner/restarts"] == 0 for r in rows[:restart_at])
 
 
 def test_driver_crash_then_resume_from_the_last_checkpoint(ray_cluster, tmp_path):
@@ -128,8 +179,7 @@ def test_driver_crash_then_resume_from_the_last_checkpoint(ray_cluster, tmp_path
 
     saved = CheckpointManager(ckpts).load_latest()
     run, cfg = load_run(run_dir)
-    trainer = OnPolicyTrainer(cfg, run, resume=True)
-    result = trainer.train()
+    result = build_trainer(cfg, run, resume=True).train()
     assert int(saved["iteration"]) >= 10
     assert result["iterations"] > int(saved["iteration"]) and result["env_steps"] > int(saved["env_steps"])
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475
