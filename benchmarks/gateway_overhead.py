@@ -69,8 +69,10 @@ def serve_upstream(port: int) -> None:
     app.state.standin.requests = _NoLog()  # do not grow a request log for the whole benchmark
     ids = engine.token_ids
 
+    import orjson
+
     async def chat(request: Request) -> Response:
-        body = json.loads(await request.body())
+        body = orjson.loads(await request.body())
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": "Paris is the capital of France, of course."},
@@ -84,7 +86,7 @@ def serve_upstream(port: int) -> None:
             "choices": [choice],
             "usage": {"prompt_tokens": 32, "completion_tokens": len(ids), "total_tokens": 32 + len(ids)},
         }
-        return Response(json.dumps(out), media_type="application/json")
+        return Response(orjson.dumps(out), media_type="application/json")
 
     app.router.routes.append(Route("/v1/chat/completions", chat, methods=["POST"]))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=60,
@@ -164,7 +166,8 @@ async def load(url: str, concurrency: int, n_requests: int, warmup: int, cap_s: 
     remaining = warmup + n_requests
     done_warmup = asyncio.Event()
     counter = 0
-    body = json.dumps(BODY).encode()
+    # every request is distinct (a counter in the user message), so no path can answer from a cache
+    head, tail = json.dumps(BODY).encode().split(b"one short sentence.", 1)
     t_start = 0.0
 
     async def worker(i: int) -> None:
@@ -174,6 +177,7 @@ async def load(url: str, concurrency: int, n_requests: int, warmup: int, cap_s: 
         async with httpx.AsyncClient(limits=limits, timeout=60, headers={**headers, "content-type": "application/json"}) as c:
             while remaining > 0:
                 remaining -= 1
+                body = b"%sone short sentence. (request %d of worker %d)%s" % (head, remaining, i, tail)
                 t0 = time.perf_counter()
                 try:
                     r = await c.post(target, content=body)

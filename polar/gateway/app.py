@@ -35,10 +35,15 @@ DEFAULT_SESSION = "default"
 
 
 class SessionPrefix:
-    """ASGI wrapper: ``/s/{session_id}/rest`` -> ``/rest`` with the id kept in the scope."""
+    """ASGI wrapper: ``/s/{session_id}/rest`` -> ``/rest`` with the id kept in the scope.
 
-    def __init__(self, app: Any) -> None:
+    ``POST`` to an exact model-call path (``fast_routes``) goes straight to its endpoint; everything
+    else goes through the Starlette router. The endpoints catch every exception themselves, so the
+    short path loses none of the router's error handling and saves its per-request cost."""
+
+    def __init__(self, app: Any, fast_routes: dict[str, Callable[[Request], Awaitable[Response]]] | None = None) -> None:
         self.app = app
+        self.fast_routes = fast_routes or {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -47,9 +52,16 @@ class SessionPrefix:
                 sid, sep, rest = path[3:].partition("/")
                 if sid:
                     scope = dict(scope)
-                    scope["path"] = "/" + rest if sep else "/"
-                    scope["raw_path"] = scope["path"].encode()
+                    scope["path"] = path = "/" + rest if sep else "/"
+                    scope["raw_path"] = path.encode()
                     scope["polar_session"] = sid
+            endpoint = self.fast_routes.get(path) if scope["method"] == "POST" else None
+            if endpoint is not None:
+                scope.setdefault("app", self.app)
+                scope.setdefault("path_params", {})
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
@@ -117,10 +129,13 @@ class GatewayApp:
         self.core = GatewayCore(engine, self.store, self.gate, config.default_max_tokens)
         self.model_names = [engine.model_name, *[a for a in config.model_aliases if a != engine.model_name]]
         self._swap_lock: asyncio.Lock | None = None
+        fast_routes = {
+            "/v1/chat/completions": self._provider(openai_chat),
+            "/v1/responses": self._provider(openai_responses),
+            "/v1/messages": self._provider(anthropic),
+        }
         routes = [
-            Route("/v1/chat/completions", self._provider(openai_chat), methods=["POST"]),
-            Route("/v1/responses", self._provider(openai_responses), methods=["POST"]),
-            Route("/v1/messages", self._provider(anthropic), methods=["POST"]),
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in fast_routes.items()),
             Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/{version:str}/models/{target:str}", self._provider(gemini), methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
@@ -135,7 +150,7 @@ class GatewayApp:
             Route("/admin/weights", self.admin_weights, methods=["POST"]),
         ]
         self.starlette = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
-        self.asgi = SessionPrefix(self.starlette)
+        self.asgi = SessionPrefix(self.starlette, fast_routes)
 
     # ---- helpers -------------------------------------------------------------------------------
 

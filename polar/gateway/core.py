@@ -237,10 +237,17 @@ class Call:
         return msg
 
     def finish_record(self, error: BaseException | None = None) -> None:
-        """Write this call's record once: complete only when it ended normally with token data."""
+        """Record this call once: complete only when it ended normally with token data.
+
+        The record is built after the response has gone out (next loop turn), or earlier the moment
+        anything reads the session: ``SessionStore.defer`` keeps that order."""
         if self._recorded:
             return
         self._recorded = True
+        ended_at, total_s = time.time(), time.perf_counter() - self._t0
+        self.core.store.defer(lambda: self._record(error, ended_at, total_s))
+
+    def _record(self, error: BaseException | None, ended_at: float, total_s: float) -> CallRecord:
         out = self.output
         err_text = None
         if error is not None:
@@ -256,7 +263,7 @@ class Call:
             "prompt_reuse": self.prompt.reuse if self.prompt else {},
             "timings": {
                 "ttft_s": self.first_token_s,
-                "total_s": time.perf_counter() - self._t0,
+                "total_s": total_s,
             },
             "sampling": {
                 "temperature": self.req.temperature,
@@ -285,13 +292,10 @@ class Call:
             finish_reason=finish,
             policy_version=self.policy_version,
             started_at=self.started_at,
-            ended_at=time.time(),
+            ended_at=ended_at,
             error=err_text,
             complete=complete,
             tools=self.tools,
             metadata=meta,
         )
-        try:
-            self.core.store.append(rec)
-        except OSError:
-            log.exception("could not persist the record of %s call %d", self.session_id, self.call_index)
+        return rec

@@ -50,7 +50,7 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
 def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Config:
     return uvicorn.Config(
         app, host=config.host, port=config.port, lifespan="off", access_log=False, log_level="warning",
-        timeout_keep_alive=60, backlog=2048, **kwargs,
+        timeout_keep_alive=60, backlog=2048, proxy_headers=False, server_header=False, **kwargs,
     )
 
 
@@ -76,6 +76,7 @@ def serve_forever(config: GatewayConfig, engine: Any = None, on_listen: Any = No
         pass
     finally:
         sock.close()
+        app.store.close()
     closer = new_event_loop()
     try:
         closer.run_until_complete(app.engine.close())
@@ -142,6 +143,8 @@ class GatewayServer:
             log.exception("gateway server stopped with an error")
         except BaseException:  # uvloop raises Ctrl-C in this thread too; the owner's stop() cleans up
             log.debug("gateway loop interrupted", exc_info=True)
+        finally:
+            self.app.store.close()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._server is not None:
@@ -187,3 +190,7 @@ class GatewayServer:
 
     def records(self, session_id: str) -> list[CallRecord]:
         return self.app.store.records(session_id)
+
+    def flush(self) -> None:
+        """Write every record still waiting for its loop turn (they are already readable via ``records``)."""
+        self.app.store.flush()

@@ -1,7 +1,10 @@
 """Per-session call records: append-only JSONL files in the run directory, plus an in-memory index.
 
-Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line, appended (and flushed) when a
-call ends, so a crash loses at most the calls still in flight. The file id is the session id when it
+Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line. A record enters the in-memory
+index the moment its call ends (so the session's next call and ``GET /sessions/{id}`` see it at once)
+and reaches its file on the next turn of the event loop, after the response has gone out: the write is
+off the request's critical path, and a crash loses at most the calls of that one loop turn. With
+``fsync=True`` every record is written and fsynced before the call returns. The file id is the session id when it
 is filename-safe, otherwise a hash of it (API keys used as session ids are never written as names).
 A gateway restarted on the same directory reloads a session lazily, so call indices and token reuse
 continue where they stopped.
@@ -12,14 +15,17 @@ session's records.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from polar.gateway import _json
 from polar.types import CallRecord
@@ -52,7 +58,12 @@ class SessionStore:
         self.fsync = fsync
         self.max_sessions_in_memory = max_sessions_in_memory
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._deferred: list[Callable[[], CallRecord]] = []
+        self._pending: dict[Path, list[bytes]] = {}
+        self._flush_scheduled = False
+        self._files: OrderedDict[Path, Any] = OrderedDict()  # open append handles, least recently used first
+        self.max_open_files = 128
 
     def _get(self, session_id: str) -> _Session:
         s = self._sessions.get(session_id)
@@ -72,6 +83,8 @@ class SessionStore:
         if self.dir is None:
             return []
         path = self.dir / f"{file_id(session_id)}.jsonl"
+        if path in self._pending:  # an evicted session's last records may not be on disk yet
+            self._write(path, self._pending.pop(path))
         if not path.exists():
             return []
         out = []
@@ -99,6 +112,7 @@ class SessionStore:
 
     def next_call_index(self, session_id: str) -> int:
         with self._lock:
+            self._run_deferred()
             s = self._get(session_id)
             i = s.next_index
             s.next_index += 1
@@ -106,23 +120,88 @@ class SessionStore:
 
     def lookup(self, session_id: str, key: bytes) -> CallRecord | None:
         with self._lock:
+            self._run_deferred()
             return self._get(session_id).by_reuse_key.get(key)
 
     def append(self, rec: CallRecord) -> None:
-        line = _json.dumps_record(rec) + b"\n"
+        """Index ``rec`` now; write it now (``fsync``, or no event loop) or on the loop's next turn."""
         with self._lock:
-            s = self._get(rec.session_id)
-            self._index(s, rec)
-            if self.dir is not None:
-                path = self.dir / f"{file_id(rec.session_id)}.jsonl"
-                with path.open("ab") as f:
-                    f.write(line)
-                    if self.fsync:
-                        f.flush()
-                        os.fsync(f.fileno())
+            self._add(rec)
+            self._schedule()
+
+    def defer(self, build: Callable[[], CallRecord]) -> None:
+        """Build and append a record later: on the loop's next turn (after the response went out), or as
+        soon as anything reads or indexes the store, whichever comes first. So the session's next call
+        always sees it."""
+        with self._lock:
+            self._deferred.append(build)
+            self._schedule()
+
+    def _add(self, rec: CallRecord) -> None:
+        s = self._get(rec.session_id)
+        self._index(s, rec)
+        if self.dir is not None:
+            path = self.dir / f"{file_id(rec.session_id)}.jsonl"
+            self._pending.setdefault(path, []).append(_json.dumps_record(rec) + b"\n")
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            build = self._deferred.pop(0)
+            try:
+                self._add(build())
+            except Exception:  # a bug building one record must not lose the others or break the caller
+                log.exception("could not build a call record")
+
+    def _schedule(self) -> None:
+        if self._flush_scheduled:
+            return
+        try:
+            loop = None if self.fsync else asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self.flush()
+        else:
+            self._flush_scheduled = True
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Build deferred records and write every pending one to its session file (append-only)."""
+        with self._lock:
+            self._flush_scheduled = False
+            self._run_deferred()
+            pending, self._pending = self._pending, {}
+            for path, lines in pending.items():
+                try:
+                    self._write(path, lines)
+                except OSError:
+                    log.exception("could not persist %d record(s) to %s", len(lines), path)
+
+    def _write(self, path: Path, lines: list[bytes]) -> None:
+        f = self._files.pop(path, None)
+        if f is None:
+            f = open(path, "ab", buffering=0)
+        try:
+            f.write(b"".join(lines))
+            if self.fsync:
+                os.fsync(f.fileno())
+        except BaseException:
+            f.close()
+            raise
+        self._files[path] = f
+        while len(self._files) > self.max_open_files:
+            self._files.popitem(last=False)[1].close()
+
+    def close(self) -> None:
+        """Write what is pending and close the open files (the store stays usable; files reopen on demand)."""
+        with self._lock:
+            self.flush()
+            while self._files:
+                self._files.popitem()[1].close()
 
     def records(self, session_id: str) -> list[CallRecord]:
         with self._lock:
+            self._run_deferred()
             if session_id not in self._sessions and not self._exists(session_id):
                 return []
             return sorted(self._get(session_id).records, key=lambda r: r.call_index)
@@ -133,6 +212,7 @@ class SessionStore:
     def session_ids(self) -> list[str]:
         """Sessions with records (in memory; on disk too when the ids are readable from the files)."""
         with self._lock:
+            self.flush()
             ids = {k for k, s in self._sessions.items() if s.records}
             if self.dir is not None:
                 ids |= {p.stem for p in self.dir.glob("*.jsonl") if not p.stem.startswith("h-")}

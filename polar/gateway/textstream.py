@@ -49,6 +49,10 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is left at the end, even an incomplete character."""
+        if self._prefix == self._read:  # nothing shown yet from here on (e.g. a non-streamed call): one decode
+            text = self._decode(self.ids[self._prefix :])
+            self._prefix = self._read = len(self.ids)
+            return text
         prefix_text = self._decode(self.ids[self._prefix : self._read])
         new_text = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)

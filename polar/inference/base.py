@@ -149,9 +149,18 @@ class Engine(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; in-flight streams end with ``finish_reason="abort"``."""
 
+    @property
+    def vocab_size(self) -> int:
+        """``len(tokenizer)``, cached: transformers recomputes it on every call. Tokens are never added
+        to a served tokenizer, so the first answer stays right."""
+        size = self.__dict__.get("_vocab_size")
+        if size is None or size <= 0:
+            size = self.__dict__["_vocab_size"] = len(self.tokenizer)
+        return size
+
     def check_prompt(self, request: GenerationRequest) -> int:
         """Validate ``request`` and return the clamped max_tokens (room left in the context window)."""
-        request.validate(len(self.tokenizer))
+        request.validate(self.vocab_size)
         room = self.context_length - len(request.prompt_ids)
         if room < 1:
             raise ContextLengthExceeded(len(request.prompt_ids), self.context_length)

@@ -22,7 +22,6 @@ Run one in its own process with ``python -m polar.inference.standin --api vllm -
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import threading
 import time
@@ -30,9 +29,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse as _StarletteJSONResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.inference.base import (
@@ -74,8 +75,19 @@ class FixedEngine(Engine):
                 return
 
 
+class JSONResponse(_StarletteJSONResponse):
+    """orjson-rendered, as the real servers' own fast paths are: the stand-in should cost little."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+async def _json_body(request: Request) -> Any:
+    return orjson.loads(await request.body())
+
+
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 _DONE = b"data: [DONE]\n\n"
@@ -121,7 +133,7 @@ class _Standin:
 
     async def vllm_completions(self, request: Request) -> Response:
         try:
-            body = await request.json()
+            body = await _json_body(request)
         except ValueError:
             return self.vllm_error("request body is not valid JSON")
         self.requests.append({"api": "vllm", "replica": self.name, "body": body})
@@ -220,7 +232,7 @@ class _Standin:
 
     async def sglang_generate(self, request: Request) -> Response:
         try:
-            body = await request.json()
+            body = await _json_body(request)
         except ValueError:
             return JSONResponse({"error": {"message": "request body is not valid JSON"}}, 400)
         self.requests.append({"api": "sglang", "replica": self.name, "body": body})

@@ -1,0 +1,91 @@
+"""Tokenization by segment, with a cache: the same ids as encoding the whole prompt, computed once per segment.
+
+A Hugging Face tokenizer cuts its input at added tokens (``<|im_start|>``, ``<|im_end|>``, ...) before
+it normalizes or pre-tokenizes anything, and encodes the text between them independently. So a rendered
+chat prompt encodes to the concatenation of its segments' encodings, and a harness that resends the
+same system prompt and history on every call (they all do) only pays for its new segments. For a coding
+CLI with a 10k-token system prompt that is most of the tokenizer's work per call.
+
+The split is used only where it is exact: no normalizer that could change the text around an added
+token, no added token that strips neighbouring whitespace or must stand alone as a word, and a probe
+check at start-up against whole-text encoding. Otherwise ``build`` returns ``None`` and the caller
+encodes whole prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_PROBES = (
+    "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\n  Hi  there\n\n<|im_end|>\n<|im_start|>assistant\n",
+    "a<|im_end|>b <|im_start|> c\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>  end ",
+    "<|endoftext|><|endoftext|>x  <|im_end|>\t\ny\u00e9\u4e2d ",
+)
+
+
+class SegmentEncoder:
+    """``encode(text)`` = whole-text encoding, from cached per-segment encodings."""
+
+    def __init__(self, encode: Callable[[str], list[int]], added: dict[str, int], max_chars: int = 8_000_000) -> None:
+        self._encode = encode
+        self._added = added
+        names = sorted(added, key=len, reverse=True)  # longest first, as the tokenizer matches them
+        self._split = re.compile("(" + "|".join(re.escape(n) for n in names) + ")").split
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self.max_chars = max_chars  # the cache's size bound: total characters of the cached segments
+        self._chars = 0
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def build(cls, tokenizer: Any, encode: Callable[[str], list[int]], **kwargs: Any) -> SegmentEncoder | None:
+        """A segment encoder for ``tokenizer``, or ``None`` where segment-wise encoding might differ."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        added = getattr(tokenizer, "added_tokens_decoder", None)
+        if backend is None or not added or backend.normalizer is not None:
+            return None
+        if any(t.lstrip or t.rstrip or t.single_word for t in added.values()):
+            return None
+        enc = cls(encode, {t.content: int(i) for i, t in added.items()}, **kwargs)
+        names = list(enc._added)
+        probes = [*_PROBES, "".join(f"{n}x {n} " for n in names)]
+        for probe in probes:
+            if enc.encode(probe) != list(encode(probe)):
+                log.info("segment-wise tokenization differs from whole-text tokenization; not caching segments")
+                return None
+        enc._cache.clear()
+        enc._chars = enc.hits = enc.misses = 0
+        return enc
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        parts = self._split(text)
+        for i, part in enumerate(parts):
+            if i % 2:  # the split's odd parts are the added tokens themselves
+                ids.append(self._added[part])
+            elif part:
+                ids.extend(self._segment(part))
+        return ids
+
+    def _segment(self, text: str) -> tuple[int, ...] | list[int]:
+        if len(text) > self.max_chars // 4:
+            return self._encode(text)
+        cached = self._cache.get(text)
+        if cached is not None:
+            self.hits += 1
+            self._cache.move_to_end(text)
+            return cached
+        self.misses += 1
+        ids = tuple(self._encode(text))
+        self._cache[text] = ids
+        self._chars += len(text)
+        while self._chars > self.max_chars:
+            old, _ = self._cache.popitem(last=False)
+            self._chars -= len(old)
+        return ids
