@@ -149,6 +149,43 @@ def test_killed_learner_restarts_from_the_last_checkpoint_and_reaches_the_target
     assert all(r["learner/restarts"] == 0 for r in rows[:restart_at])
 
 
+def test_losing_the_learners_node_restarts_the_learner_on_another_node(tmp_path):
+    """The learner is pinned (custom resource) to a node that dies; a replacement node joins, the driver
+    starts a new learner there from the last checkpoint, and the run still reaches the target."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    args = {"num_cpus": 2, "object_store_memory": 150 * 1024**2}
+    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    doomed = cluster.add_node(**args, resources={"learner_box": 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        cfg = run_cfg(cluster.address, {"type": "ppo", "kwargs": PPO_ZOO}, checkpoint_freq=5,
+                      dist={"learner_resources": {"num_cpus": 1, "resources": {"learner_box": 1}}})
+        run = RunDir.create("ppo", tmp_path / "run")
+        replacement = []
+        rows = []
+
+        def lose_the_learners_node(metrics):
+            rows.append(metrics)
+            if metrics["iteration"] == 12 and not replacement:
+                cluster.remove_node(doomed, allow_graceful=False)
+                replacement.append(cluster.add_node(**args, resources={"learner_box": 1}))
+
+        result = build_trainer(cfg, run, on_iteration=lose_the_learners_node).train()
+        assert result["stopped_early"] and result["episode_reward_mean"] >= 475
+        assert result["learner_restarts"] == 1 and rows[-1]["learner/restarts"] == 1
+        first, second = run.read_meta()["learner_history"]
+        assert first["node_id"] == doomed.node_id and second["node_id"] == replacement[0].node_id
+        assert second["resumed"]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def test_driver_crash_then_resume_from_the_last_checkpoint(ray_cluster, tmp_path):
     """SIGKILL the driver (`polar run`) after its first checkpoint; `polar resume` goes on from there."""
     cfg_path = tmp_path / "ppo.yaml"
