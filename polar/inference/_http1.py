@@ -42,7 +42,8 @@ class Http1Pool:
                 writer.close()
                 continue
             try:
-                return await asyncio.wait_for(self._exchange(reader, writer, request), timeout_s)
+                async with asyncio.timeout(timeout_s):  # no extra task per call, unlike wait_for
+                    return await self._exchange(reader, writer, request)
             except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 writer.close()
                 break  # the server closed this idle connection: retry once on a fresh one
@@ -62,7 +63,8 @@ class Http1Pool:
         except (OSError, asyncio.TimeoutError) as exc:
             raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc!r}") from exc
         try:
-            return await asyncio.wait_for(self._exchange(reader, writer, request), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await self._exchange(reader, writer, request)
         except (
             OSError,
             ValueError,
@@ -121,5 +123,8 @@ class Http1Pool:
 
     def close(self) -> None:
         for _, writer in self._idle:
-            writer.close()
+            try:
+                writer.close()
+            except RuntimeError:  # its event loop is already closed: the socket went with it
+                pass
         self._idle.clear()
