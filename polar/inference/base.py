@@ -59,6 +59,14 @@ class UpstreamUnavailable(EngineError):
     """No upstream replica answered (all failed or timed out)."""
 
 
+def _ids_within(ids: list[int], vocab_size: int) -> bool:
+    """The fast check (C-level min/max); anything odd (non-ints) goes to the slow, precise one."""
+    try:
+        return all(type(t) is int for t in ids[:1]) and min(ids) >= 0 and max(ids) < vocab_size
+    except TypeError:
+        return False
+
+
 @dataclass
 class GenerationRequest:
     """One generation call, in token ids. ``session_id`` lets upstream engines route stickily."""
@@ -79,8 +87,8 @@ class GenerationRequest:
         """Raise ``EngineError`` naming the bad field; engines call this before queueing."""
         if not self.prompt_ids:
             raise EngineError("GenerationRequest.prompt_ids is empty; render at least one token")
-        if vocab_size is not None:
-            bad = [t for t in self.prompt_ids if not (0 <= int(t) < vocab_size)]
+        if vocab_size is not None and not _ids_within(self.prompt_ids, vocab_size):
+            bad = [t for t in self.prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
             if bad:
                 raise EngineError(
                     f"GenerationRequest.prompt_ids has ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
