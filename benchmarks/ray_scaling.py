@@ -101,7 +101,9 @@ def child_sample(args) -> dict:
 
 
 def child_train(args) -> dict:
-    from polar.trainers.on_policy import OnPolicyTrainer
+    # build_trainer: as `polar run` does; on the ray backend the learner is an actor and fragments go
+    # rollout actor -> learner actor through the object store (this process only relays progress)
+    from polar.trainers.on_policy import build_trainer
     from polar.trainers.run_dir import RunDir
 
     kwargs = json.loads(args.policy_kwargs) if args.policy_kwargs else (dict(PPO_KWARGS) if args.algo == "ppo" else {})
@@ -113,7 +115,7 @@ def child_train(args) -> dict:
         last.update(m, t_wall=time.time())
 
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = OnPolicyTrainer(cfg, RunDir.create("bench", Path(tmp) / "run"), on_iteration=on_iteration)
+        trainer = build_trainer(cfg, RunDir.create("bench", Path(tmp) / "run"), on_iteration=on_iteration)
         result = trainer.train()
     t_end = last.get("t_wall", time.time())
     t_first = _first_step_time(os.environ["POLAR_BENCH_FIRST_STEP_FILE"]) or T_PROCESS_START
@@ -126,6 +128,7 @@ def child_train(args) -> dict:
         "env_steps_per_s": round(result["env_steps"] / from_first, 1),
         "startup": {"first_step_s": round(t_first - T_PROCESS_START, 2)},
         "restarts": last.get("rollout/restarts"), "policy_lag_mean": last.get("rollout/policy_lag_mean"),
+        "learner_wait_fraction": last.get("learner/wait_fraction"),
     }
 
 

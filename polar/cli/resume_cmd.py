@@ -1,4 +1,8 @@
-"""``polar resume RUN_DIR``: continue a run from its last checkpoint, with its resolved config."""
+"""``polar resume RUN_DIR``: continue a run from its last checkpoint, with its resolved config.
+
+A Ray run resumes the same way ``polar run`` starts one: this process starts a learner actor that
+loads the checkpoint (``polar.distributed.learner_actor``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""``polar scale RUN_DIR --rollout-workers N``: resize a running Ray run's rollout workers."""
+"""``polar scale RUN_DIR --rollout-workers N``: resize a running Ray run's rollout workers.
+
+A request wins over the ``distribution.autoscale`` rule: the count applies even outside the rule's
+range, and the rule stays off for the rest of that run (docs/distributed.md, "Autoscaling").
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Run-directory control files: how ``polar scale`` talks to a running driver without a network port.
 
 ``polar scale RUN_DIR --rollout-workers N`` writes ``RUN_DIR/control/scale.json`` atomically; the
-driver polls its mtime between fragments, applies it, and answers in ``scale.applied.json``.
+learner (in the learner actor, or in the process that embeds the trainer) polls its mtime between
+fragments, applies it, and answers in ``scale.applied.json``. A request wins over the
+``distribution.autoscale`` rule: it turns the rule off for the rest of the run.
 Both files are small JSON documents (never pickle), validated on read.
 """
 

@@ -43,7 +43,8 @@ class LearnerActor:
     """Runs ``OnPolicyTrainer`` in a Ray actor; ``train`` blocks, ``progress`` answers meanwhile (threaded actor)."""
 
     def __init__(self, cfg_data: dict[str, Any], config_dir: str | None, run_dir: str, resume: bool,
-                 learner_restarts: int = 0, log_level: int = logging.INFO) -> None:
+                 learner_restarts: int = 0, log_level: int = logging.INFO, rollout_workers: int | None = None,
+                 autoscale: bool = True) -> None:
         import ray
         import torch
 
@@ -75,7 +76,8 @@ class LearnerActor:
             from polar.rollout.backends.ray_backend import RayBackend
 
             # after a crash the cluster may have lost a node: start with what fits, place the rest later
-            return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, partial_start=learner_restarts > 0)
+            return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, partial_start=learner_restarts > 0,
+                              rollout_workers=rollout_workers, autoscale=autoscale)
 
         self.trainer = OnPolicyTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
                                        backend_factory=backend_factory,
@@ -100,7 +102,14 @@ class LearnerActor:
     def rollout_actors(self) -> dict[int, Any]:
         """The rollout actors this learner owns right now (for operators and tests)."""
         pool = getattr(getattr(self.trainer, "backend", None), "pool", None)
-        return {} if pool is None else dict(pool.actors())
+        if pool is None:
+            return {}
+        for _ in range(10):  # the training thread may resize the pool while this thread reads it
+            try:
+                return dict(pool.actors())
+            except RuntimeError:
+                time.sleep(0.01)
+        return dict(pool.actors())
 
 
 def _configure_logging(level: int) -> None:
@@ -132,6 +141,7 @@ class RayLearnerDriver:
         self.learner_info: dict[str, Any] | None = None
         self.learner_restarts = 0
         self._history: list[dict[str, Any]] = []
+        self._last_row: dict[str, Any] = {}  # the newest metrics row: a restarted learner keeps its scale
 
     def role_requests(self) -> list[RoleRequest]:
         d = self.cfg.distribution
@@ -195,9 +205,11 @@ class RayLearnerDriver:
 
         d = self.cfg.distribution
         cls = ray.remote(LearnerActor).options(**ray_options(d.learner_resources), max_restarts=0, max_concurrency=4)
+        workers = self._last_row.get("rollout/target_workers")
         self.actor = cls.remote(
             self.cfg.model_dump(mode="json"), str(self.cfg.config_dir), str(Path(self.run_dir.path).resolve()), resume,
             self.learner_restarts, logging.getLogger("polar").getEffectiveLevel(),
+            int(workers) if workers else None, self._last_row.get("autoscale/enabled", 1.0) != 0,
         )
         wait_ready([self.actor.ready.remote()], max(d.connect_timeout_s, 120.0), "learner actor")
         self.learner_info = ray.get(self.actor.ready.remote(), timeout=60)
@@ -237,6 +249,8 @@ class RayLearnerDriver:
             last, rows = ray.get(self.actor.progress.remote(since), timeout=30)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return since
+        if rows:
+            self._last_row = rows[-1]
         if self.on_iteration is not None:
             for row in rows:
                 self.on_iteration(row)

@@ -7,6 +7,8 @@
       tb/                   TensorBoard event files
       checkpoints/          ckpt_<iteration>.pt + LATEST
       eval/                 evaluation results as JSON
+      control/              ray: `polar scale` requests (scale.json) and their answers (scale.applied.json)
+      scale_events.jsonl    ray: every rollout-worker resize, by the autoscale rule or a request, with its reason
 """
 
 from __future__ import annotations

@@ -51,11 +51,14 @@ def assert_learner_was_an_actor(run: RunDir):
 
 
 def test_appo_learns_cartpole_on_ray(ray_cluster, tmp_path):
-    cfg = run_cfg(ray_cluster.address, {"type": "appo", "kwargs": APPO}, total=400_000)
+    # steps to 475 vary 220k-400k over seeds/timing (the same with the learner in the driver): a 600k cap
+    cfg = run_cfg(ray_cluster.address, {"type": "appo", "kwargs": APPO}, total=600_000)
     run = RunDir.create("appo", tmp_path / "run")
-    result = build_trainer(cfg, run).train()
-    assert result["stopped_early"] and result["episode_reward_mean"] >= 475
-    assert result["eval"]["return_mean"] >= 400
+    rows = []
+    result = build_trainer(cfg, run, on_iteration=rows.append).train()
+    why = {k: v for k, v in rows[-1].items() if k.startswith(("rollout/", "learner/", "episode_", "stale"))}
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475, (result, why)
+    assert result["eval"]["return_mean"] >= 400, (result["eval"], why)
     assert_learner_was_an_actor(run)
 
 

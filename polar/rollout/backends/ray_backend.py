@@ -37,9 +37,12 @@ logger = logging.getLogger(__name__)
 class RayBackend:
     """Rollout workers as Ray actors; see the module docstring."""
 
-    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir=None, partial_start: bool = False) -> None:
+    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir=None, partial_start: bool = False,
+                 rollout_workers: int | None = None, autoscale: bool = True) -> None:
         """``partial_start``: start once one rollout actor is up and place the rest as resources free up
-        (a learner restarted after losing a node may find a smaller cluster than the run asked for)."""
+        (a learner restarted after losing a node may find a smaller cluster than the run asked for).
+        ``rollout_workers`` / ``autoscale``: where a restarted learner takes over from its predecessor
+        (the count it had scaled to; whether a ``polar scale`` request had turned the rule off)."""
         from polar.harness import make_vector_env
 
         dist = cfg.distribution
@@ -54,7 +57,7 @@ class RayBackend:
         self.seed = seed
         self.config_dir = config_dir if config_dir is not None else getattr(cfg, "config_dir", None)
         self.envs_per_worker = dist.envs_per_runner
-        self.num_workers = dist.rollout_workers
+        self.num_workers = rollout_workers or dist.rollout_workers
         self.num_envs = self.num_workers * self.envs_per_worker
         probe = make_vector_env(cfg.harness, 1, seed=seed, config_dir=self.config_dir)  # spaces, and bad ids fail here
         self.observation_space = probe.single_observation_space
@@ -67,6 +70,8 @@ class RayBackend:
         self._watcher = ScaleWatcher(None)
         self._events_path: Path | None = None
         self.autoscaler = Autoscaler(dist.autoscale) if dist.autoscale is not None else None
+        if self.autoscaler is not None:
+            self.autoscaler.enabled = autoscale
         self.scale_events = 0
         self._lag_sum = 0.0
         self._lag_n = 0
