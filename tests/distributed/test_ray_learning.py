@@ -124,6 +124,8 @@ def test_ppo_learns_through_a_killed_actor_and_a_killed_node(fragile_cluster, tm
 def test_killed_learner_restarts_from_the_last_checkpoint_and_reaches_the_target(ray_cluster, tmp_path):
     import ray
 
+    from polar.distributed.control import request_scale
+
     cfg = run_cfg(ray_cluster.address, {"type": "ppo", "kwargs": PPO_ZOO}, checkpoint_freq=5)
     run = RunDir.create("ppo", tmp_path / "run")
     seen = []
@@ -132,7 +134,9 @@ def test_killed_learner_restarts_from_the_last_checkpoint_and_reaches_the_target
 
     def kill_learner_once(metrics):
         seen.append(metrics)
-        if metrics["iteration"] == 12 and not killed:
+        if metrics["iteration"] == 6 and not killed:
+            request_scale(run.path, 3)  # the new learner must keep this count
+        if metrics["iteration"] >= 12 and metrics["rollout/workers"] == 3 and not killed:
             killed.append(driver.learner_info["actor_id"])
             ray.kill(driver.actor, no_restart=True)
 
@@ -149,6 +153,7 @@ def test_killed_learner_restarts_from_the_last_checkpoint_and_reaches_the_target
     restart_at = next(i for i in range(1, len(rows)) if rows[i]["iteration"] <= rows[i - 1]["iteration"])
     resumed_from = rows[restart_at]["iteration"] - 1
     assert resumed_from >= 10 and resumed_from % 5 == 0 and rows[restart_at]["learner/restarts"] == 1
+    assert rows[restart_at]["rollout/target_workers"] == 3 and rows[-1]["rollout/workers"] == 3
     assert all(r["learner/restarts"] == 0 for r in rows[:restart_at])
 
 
