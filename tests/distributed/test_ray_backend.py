@@ -65,3 +65,27 @@ def test_impossible_rollout_resources_fail_at_start(ray_cluster):
     backend = make_backend(cfg, fragment_steps=8, seed=0)
     with pytest.raises(DistributedError, match=r"distribution\.rollout_resources"):
         backend.start(policy_for(cfg).state_dict())
+
+
+def test_partial_start_runs_with_what_fits_and_keeps_the_rest_pending(ray_cluster):
+    """A restarted learner on a cluster that lost a node: start once one rollout actor is up."""
+    from polar.rollout.backends.ray_backend import RayBackend
+
+    # 3 x 1.5 CPU: one fits on each 2-CPU node, the third fits nowhere while those two live
+    cfg = ray_cfg(ray_cluster.address, rollout_workers=3, rollout_resources={"num_cpus": 1.5})
+    with pytest.raises(DistributedError, match="in all"):
+        make_backend(cfg, fragment_steps=8, seed=0).start(policy_for(cfg).state_dict())
+    backend = RayBackend(cfg, fragment_steps=8, seed=0, partial_start=True)
+    backend.start(policy_for(cfg).state_dict())
+    try:
+        import time
+
+        workers, deadline = set(), time.monotonic() + 90
+        while len(workers) < 2 and time.monotonic() < deadline:  # the second one may still be starting
+            workers.add(backend.next_fragment(timeout_s=60).worker_id)
+        workers |= {backend.next_fragment(timeout_s=60).worker_id for _ in range(8)}
+        m = backend.metrics()
+        assert m["rollout/workers"] == 3 and m["rollout/pending_workers"] == 1
+        assert len(workers) == 2  # fragments come from the two that were placed, the third waits
+    finally:
+        backend.close()
