@@ -73,6 +73,7 @@ class RayBackend:
         if self.autoscaler is not None:
             self.autoscaler.enabled = autoscale
         self.scale_events = 0
+        self._blocked = False
         self._lag_sum = 0.0
         self._lag_n = 0
         self._lag_max = 0
@@ -179,7 +180,12 @@ class RayBackend:
                 "wait_fraction": round(sig.wait_fraction, 4), "queue_per_worker": round(sig.queue_per_worker, 4),
                 "policy_lag_mean": round(sig.policy_lag_mean, 4), "window_s": round(sig.window_s, 3)})
         else:
-            logger.debug("autoscale: %d rollout workers (%s)", n, reason)
+            blocked = not reason.startswith("hold")  # wanted more workers but could not add them
+            if blocked and not self._blocked:
+                logger.info("autoscale: stays at %d rollout workers (%s)", n, reason)
+            else:
+                logger.debug("autoscale: %d rollout workers (%s)", n, reason)
+            self._blocked = blocked
 
     def _scale(self, n: int, reason: str, source: str, signals: dict | None = None) -> None:
         """Resize, and say so: the log, ``scale_events.jsonl`` in the run dir, ``rollout/scale_events``."""
