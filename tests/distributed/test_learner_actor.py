@@ -77,3 +77,21 @@ def test_learner_that_cannot_see_the_run_dir_says_so(ray_cluster, tmp_path):
         cfg.model_dump(mode="json"), None, str(tmp_path / "elsewhere"), False)
     with pytest.raises(ray.exceptions.RayActorError, match="cannot see the run directory"):
         ray.get(actor.ready.remote(), timeout=120)
+
+
+def test_learner_deaths_beyond_max_learner_restarts_fail_the_run_with_a_message(ray_cluster, tmp_path):
+    import ray
+
+    cfg = cfg_for(ray_cluster.address, max_learner_restarts=0)
+    cfg = cfg.model_copy(update={"total_env_steps": 10**7})
+    run = RunDir.create("x", tmp_path / "run")
+    driver = None
+
+    def kill(metrics):
+        if metrics["iteration"] == 2:
+            ray.kill(driver.actor, no_restart=True)
+
+    driver = build_trainer(cfg, run, on_iteration=kill)
+    with pytest.raises(DistributedError, match=r"max_learner_restarts=0.*polar resume"):
+        driver.train()
+    assert run.read_meta()["learner"]["restarts"] == 0 and len(run.read_meta()["learner_history"]) == 1
