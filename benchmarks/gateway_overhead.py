@@ -16,6 +16,8 @@ Processes (all on 127.0.0.1, each its own interpreter):
   token ids from the upstream's ``/v1/completions``, detokenizes, and appends a record per call;
 - polar-inproc: the same gateway around a zero-cost in-process engine (16 fixed ids): the gateway's
   own cost (HTTP, parsing, template, tokenizer, detokenizer, record) without the upstream client;
+- bare-proxy: uvicorn + a raw ASGI app forwarding the body to the upstream's chat endpoint over the same
+  keep-alive client polar uses, doing nothing else: the cost of one Python proxy hop on this machine;
 - litellm: the LiteLLM proxy CLI (defaults: 1 worker, master key set as it requires);
 - load: closed-loop async httpx clients in this process, one connection per worker.
 
@@ -104,6 +106,36 @@ def serve_polar_in_process_engine(port: int, records: str) -> None:
     engine.tokenizer, engine.model_name, engine.default_stop_token_ids = build_tiny_tokenizer(), "tiny", []
     server = GatewayServer(GatewayConfig(port=port), engine=engine, records_dir=records).start()
     server._thread.join()
+
+
+def serve_bare_proxy(port: int, upstream_port: int) -> None:
+    """The floor of any Python proxy hop: uvicorn + a raw ASGI app that forwards the body to the upstream's
+    chat endpoint over polar's keep-alive client, with no parsing, templating, tokenizing or recording."""
+    import uvicorn
+
+    from polar.inference._http1 import Http1Pool
+
+    pool = Http1Pool(f"http://127.0.0.1:{upstream_port}", {})
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":  # liveness, for the start-up wait
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        status, data = await pool.post("/v1/chat/completions", b"".join(chunks), 60, 5)
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": data})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, proxy_headers=False,
+                lifespan="off", timeout_keep_alive=60, backlog=2048)
 
 
 class _NoLog(list):
@@ -214,6 +246,7 @@ def main() -> int:
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-polar-fixed", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--records", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-bare-proxy", type=int, nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--requests", type=int, nargs="+", default=[1000, 2000, 3000], help="per concurrency level")
@@ -229,10 +262,13 @@ def main() -> int:
     if args.serve_polar_fixed:
         serve_polar_in_process_engine(args.serve_polar_fixed, args.records)
         return 0
+    if args.serve_bare_proxy:
+        serve_bare_proxy(*args.serve_bare_proxy)
+        return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     py = sys.executable
-    up_port, gw_port, ll_port, fx_port = free_port(), free_port(), free_port(), free_port()
+    up_port, gw_port, ll_port, fx_port, bp_port = free_port(), free_port(), free_port(), free_port(), free_port()
     procs: dict[str, subprocess.Popen] = {}
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     try:
@@ -244,10 +280,13 @@ def main() -> int:
         procs["polar-inproc"] = start([py, __file__, "--serve-polar-fixed", str(fx_port), "--records", str(tmp / "records-inproc")],
                                       env, tmp / "polar-inproc.log")
         wait_http(f"http://127.0.0.1:{fx_port}/health", 180)
+        procs["bare-proxy"] = start([py, __file__, "--serve-bare-proxy", str(bp_port), str(up_port)], env, tmp / "bare.log")
+        wait_http(f"http://127.0.0.1:{bp_port}/", 60)
         targets = {
             "direct": (f"http://127.0.0.1:{up_port}/v1/chat/completions", {}, False),
             "polar": (f"http://127.0.0.1:{gw_port}/s/{{sid}}/v1/chat/completions", {}, True),
             "polar-inproc": (f"http://127.0.0.1:{fx_port}/s/{{sid}}/v1/chat/completions", {}, True),
+            "bare-proxy": (f"http://127.0.0.1:{bp_port}/v1/chat/completions", {}, False),
         }
         litellm_start_s = None
         if not args.skip_litellm:
@@ -305,7 +344,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, polar_s: flo
     summary: dict[tuple[int, str], dict[str, float]] = {}
     for conc in args.concurrency:
         direct = [r for r in results if r["concurrency"] == conc and r["target"] == "direct"]
-        for name in ("direct", "polar", "polar-inproc", "litellm"):
+        for name in ("direct", "polar", "polar-inproc", "bare-proxy", "litellm"):
             rows = [r for r in results if r["concurrency"] == conc and r["target"] == name]
             if not rows:
                 continue
