@@ -90,4 +90,4 @@ def grpo_loss(
         clip_frac = ((ratio - 1.0).abs() > clip_range).float()[m].mean().item() if m.any() else 0.0
         ratio_mean = ratio[m].mean().item() if m.any() else 1.0
         pol = (-torch.minimum(unclipped, clipped) * mask).sum().item() / n
-    return GRPOLossOutput(loss, pol, float(kl_val), clip_frac, ratio_mean)
+    return GRPOLossOutput(loss, pol, float(kl_val.detach()), clip_frac, ratio_mean)
