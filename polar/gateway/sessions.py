@@ -1,10 +1,11 @@
 """Per-session call records: append-only JSONL files in the run directory, plus an in-memory index.
 
-Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line. A record enters the in-memory
-index the moment its call ends (so the session's next call and ``GET /sessions/{id}`` see it at once)
-and reaches its file on the next turn of the event loop, after the response has gone out: the write is
-off the request's critical path, and a crash loses at most the calls of that one loop turn. With
-``fsync=True`` every record is written and fsynced before the call returns. The file id is the session id when it
+Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line. A record is built, indexed and
+written on the next turn of the event loop after its call ends, once the response has gone out, so none
+of that work is on the request's critical path. Anything that reads the store first (the session's next
+call, ``GET /sessions/{id}``, ``records``) builds pending records before it reads, so no reader misses
+one. A crash loses at most the calls of that one loop turn; with ``fsync=True`` every record is written
+and fsynced before the call returns. The file id is the session id when it
 is filename-safe, otherwise a hash of it (API keys used as session ids are never written as names).
 A gateway restarted on the same directory reloads a session lazily, so call indices and token reuse
 continue where they stopped.
@@ -145,8 +146,8 @@ class SessionStore:
             self._pending.setdefault(path, []).append(_json.dumps_record(rec) + b"\n")
 
     def _run_deferred(self) -> None:
-        while self._deferred:
-            build = self._deferred.pop(0)
+        builds, self._deferred = self._deferred, []
+        for build in builds:
             try:
                 self._add(build())
             except Exception:  # a bug building one record must not lose the others or break the caller

@@ -60,9 +60,9 @@ class UpstreamUnavailable(EngineError):
 
 
 def _ids_within(ids: list[int], vocab_size: int) -> bool:
-    """The fast check (C-level min/max); anything odd (non-ints) goes to the slow, precise one."""
+    """The fast check (C-level min/max); anything that cannot be compared goes to the slow, precise one."""
     try:
-        return all(type(t) is int for t in ids[:1]) and min(ids) >= 0 and max(ids) < vocab_size
+        return min(ids) >= 0 and max(ids) < vocab_size
     except TypeError:
         return False
 
