@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from polar.agentic.local import LocalStack
@@ -16,13 +17,24 @@ from polar.trajectory import build
 from tests.agentic.helpers import EXAMPLES
 
 
-def test_builders_train_to_the_same_loss(tmp_path):
+@pytest.fixture(scope="module")
+def session_records(tmp_path_factory):
     engine = ScriptedEngine.tiny(lambda req, i: f"note {i % 5} kept.")
     runner = CallableRunner("multi_turn_agent:agent", EXAMPLES)
-    with LocalStack(engine, runner, NoVerifier(), PipelineSettings(workspace_root=str(tmp_path))) as stack:
+    # one session at a time, so which session gets which scripted replies does not depend on scheduling
+    settings = PipelineSettings(workspace_root=str(tmp_path_factory.mktemp("ws")), max_init_workers=1,
+                                max_run_workers=1)
+    with LocalStack(engine, runner, NoVerifier(), settings) as stack:
         groups = stack.run_groups([({"prompt": "Take a note.", "turns": 4}, 3, {})], timeout_s=600)
         records = {r.session_id: stack.gateway.records(r.session_id) for r in groups[0]}
-    advantage = {sid: a for sid, a in zip(records, [1.0, -0.5, -0.5], strict=True)}
+    return engine, records
+
+
+@pytest.mark.parametrize("rewarded", [0, 1, 2])
+def test_builders_train_to_the_same_loss(session_records, rewarded):
+    engine, records = session_records
+    advantages = [1.0 if i == rewarded else -0.5 for i in range(len(records))]
+    advantage = dict(zip(records, advantages, strict=True))
 
     losses = {}
     counts = {}
@@ -34,10 +46,11 @@ def test_builders_train_to_the_same_loss(tmp_path):
         advs = [advantage[s.session_id] for s in samples]
         policy = LLMPolicy(copy.deepcopy(engine.model), engine.tokenizer)
         torch.manual_seed(0)
-        learner = GRPOLearner(policy, GRPOKwargs(learning_rate=1e-4, micro_batch_size=2, group_size=3))
+        learner = GRPOLearner(policy, GRPOKwargs(learning_rate=3e-5, micro_batch_size=2, group_size=3))
         losses[builder] = [learner.update(samples, advs)["policy_loss"] for _ in range(3)]
     assert counts == {"per_request": 12, "prefix_merging": 3}
     # same tokens, same contexts, same token-level normalization: the same loss at every step
     for a, b in zip(losses["per_request"], losses["prefix_merging"], strict=True):
-        assert abs(a - b) < 1e-4 * max(1.0, abs(a)), losses
-    assert losses["prefix_merging"][1] < losses["prefix_merging"][0], losses  # and the first step improves it
+        assert abs(a - b) < 1e-6, losses
+    # and every step lowers it (a learning rate small enough that Adam's first sign-like step does not overshoot)
+    assert losses["prefix_merging"][2] < losses["prefix_merging"][1] < losses["prefix_merging"][0], losses
