@@ -27,10 +27,10 @@ def main(args: argparse.Namespace) -> int:
         from polar.trainers.agentic_run import run_from_cli
 
         return run_from_cli(cfg, args)
-    if cfg.policy.type not in ("ppo", "appo"):
+    if cfg.policy.type not in ("ppo", "appo", "dqn", "sac"):
         from polar.errors import ConfigError
 
-        raise ConfigError(f"policy.type {cfg.policy.type!r}: `polar run` trains 'ppo' or 'appo' for env harnesses in this build")
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: env harnesses train with 'ppo', 'appo', 'dqn' or 'sac'")
     run_dir = RunDir.create(cfg.name, args.run_dir, config_dir=cfg.config_dir)
     return train(cfg, run_dir, resume=False, progress=not args.no_progress)
 

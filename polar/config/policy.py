@@ -12,8 +12,10 @@ from pydantic import Field
 
 from polar.config.appo import APPOKwargs
 from polar.config.base import StrictModel
+from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.ppo import PPOKwargs
+from polar.config.sac import SACKwargs
 
 
 class PPOPolicyConfig(StrictModel):
@@ -36,4 +38,17 @@ class SFTPolicyConfig(StrictModel):
     kwargs: SFTKwargs = Field(default_factory=SFTKwargs)
 
 
-PolicyConfig = Annotated[PPOPolicyConfig | APPOPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
+class DQNPolicyConfig(StrictModel):
+    type: Literal["dqn"] = "dqn"
+    kwargs: DQNKwargs = Field(default_factory=DQNKwargs)
+
+
+class SACPolicyConfig(StrictModel):
+    type: Literal["sac"] = "sac"
+    kwargs: SACKwargs = Field(default_factory=SACKwargs)
+
+
+PolicyConfig = Annotated[
+    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig,
+    Field(discriminator="type"),
+]

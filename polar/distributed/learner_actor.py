@@ -50,7 +50,7 @@ class LearnerActor:
 
         from polar.config import validate
         from polar.config.run import RunConfig
-        from polar.trainers.on_policy import OnPolicyTrainer
+        from polar.trainers.on_policy import trainer_class
         from polar.trainers.run_dir import META, RunDir
 
         torch.set_num_threads(1)
@@ -79,7 +79,7 @@ class LearnerActor:
             return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, partial_start=learner_restarts > 0,
                               rollout_workers=rollout_workers, autoscale=autoscale)
 
-        self.trainer = OnPolicyTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
+        self.trainer = trainer_class(cfg)(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
                                        backend_factory=backend_factory,
                                        extra_metrics={"learner/restarts": learner_restarts})
 

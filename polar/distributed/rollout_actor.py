@@ -29,7 +29,7 @@ class RolloutWorker:
         from polar.config.run import RunConfig
         from polar.harness import make_vector_env
         from polar.models.policy import build_policy
-        from polar.rollout.runner import EnvRunner
+        from polar.rollout.runner import EnvRunner, runner_options
 
         cfg = validate(RunConfig, cfg_data, source="config (rollout worker)")
         cdir = Path(config_dir) if config_dir else None
@@ -37,12 +37,7 @@ class RolloutWorker:
         env = make_vector_env(cfg.harness, num_envs, seed=seed, config_dir=cdir)
         self.policy = build_policy(cfg, env.single_observation_space, env.single_action_space, cdir)
         self.policy.eval()
-        kw = cfg.policy.kwargs
-        self.runner = EnvRunner(
-            env, self.policy, seed=seed, gamma=getattr(kw, "gamma", 0.99),
-            normalize_obs=bool(getattr(kw, "normalize_obs", False)),
-            normalize_reward=bool(getattr(kw, "normalize_reward", False)),
-        )
+        self.runner = EnvRunner(env, self.policy, seed=seed, **runner_options(cfg))
         self.version = -1
 
     def ready(self) -> dict[str, Any]:

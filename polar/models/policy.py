@@ -27,6 +27,10 @@ class Policy(nn.Module):
 
 def build_policy(cfg, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> Policy:
     """The policy a RunConfig describes (agent + optional obs normalizer)."""
+    if cfg.policy.type in ("dqn", "sac"):
+        from polar.models.off_policy import build_off_policy_agent
+
+        return Policy(build_off_policy_agent(cfg, observation_space, action_space))
     agent = build_agent(cfg.agent, observation_space, action_space, config_dir)
     kw = getattr(cfg.policy, "kwargs", None)
     norm = ObsNormalizer(observation_space, kw.clip_obs) if kw is not None and getattr(kw, "normalize_obs", False) else None

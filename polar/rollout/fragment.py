@@ -22,6 +22,9 @@ class Fragment:
       adds ``gamma * trunc_values`` to the reward so truncation bootstraps instead of looking terminal.
     - ``last_values`` is V(obs after the last step), for GAE/V-trace bootstrapping.
     - ``initial_state``: the agent's internal state at step 0 (recurrent agents), as numpy, batch first.
+    - ``next_obs[t]`` (off-policy runs only, else None): the observation after step t, and where an
+      episode ended at step t its *final* observation, not the reset one, so a truncated step can be
+      bootstrapped from the state it really reached.
     """
 
     obs: Any
@@ -43,6 +46,7 @@ class Fragment:
     connector_restarts: int = 0
     obs_moments: Any = None  # raw-obs (mean, var, count) per key, when normalize_obs is on
     return_moments: tuple | None = None  # discounted-return (mean, var, count), when normalize_reward is on
+    next_obs: Any = None
 
     @property
     def num_steps(self) -> int:

@@ -15,6 +15,17 @@ from polar.agents import check_act_output, map_state, reset_state
 from polar.errors import AgentError
 from polar.rollout.fragment import Fragment
 
+OFF_POLICY = ("dqn", "sac")
+
+
+def runner_options(cfg) -> dict:
+    """``EnvRunner`` keyword arguments for a run config (what its algorithm needs from collection)."""
+    kw = cfg.policy.kwargs
+    return {"gamma": float(getattr(kw, "gamma", 0.99)),
+            "normalize_obs": bool(getattr(kw, "normalize_obs", False)),
+            "normalize_reward": bool(getattr(kw, "normalize_reward", False)),
+            "keep_next_obs": cfg.policy.type in OFF_POLICY}
+
 
 def obs_to_tensor(obs):
     if isinstance(obs, dict):
@@ -38,7 +49,7 @@ class EnvRunner:
     """Collects fragments of ``T`` steps from ``vec_env`` with ``policy`` (a ``polar.models.Policy``)."""
 
     def __init__(self, vec_env: gym.vector.VectorEnv, policy, seed: int | None = None, gamma: float = 0.99,
-                 normalize_obs: bool = False, normalize_reward: bool = False) -> None:
+                 normalize_obs: bool = False, normalize_reward: bool = False, keep_next_obs: bool = False) -> None:
         self.env = vec_env
         self.policy = policy
         self.num_envs = vec_env.num_envs
@@ -49,6 +60,7 @@ class EnvRunner:
         self.gamma = gamma
         self.normalize_obs = normalize_obs
         self.normalize_reward = normalize_reward
+        self.keep_next_obs = keep_next_obs  # off-policy: record next_obs (final obs where episodes end)
         self.agent_name = type(policy.agent).__name__
         obs, _ = vec_env.reset(seed=seed)
         self.obs = obs
@@ -124,6 +136,7 @@ class EnvRunner:
         restarts = 0
         raw_obs_batches = [] if self.normalize_obs else None
         disc_rets = np.empty((T, N), np.float64) if self.normalize_reward else None
+        next_buf = None
         for t in range(T):
             obs = self.obs
             if raw_obs_batches is not None:
@@ -156,6 +169,8 @@ class EnvRunner:
                 disc_rets[t] = self.disc_ret
             done = np.logical_or(term, trunc)
             state = new_state
+            if self.keep_next_obs:
+                next_buf = self._record_next_obs(next_buf, t, T, next_obs, done, infos)
             if done.any():
                 idx = np.flatnonzero(done)
                 final_info = infos.get("final_info", {})
@@ -192,13 +207,35 @@ class EnvRunner:
             terminated=terminated, truncated=truncated, episode_starts=starts, trunc_values=trunc_values,
             last_values=last_values, initial_state=initial_state, policy_version=policy_version, worker_id=worker_id,
             episode_returns=ep_returns, episode_lengths=ep_lengths, episode_successes=ep_successes,
-            connector_restarts=restarts,
+            connector_restarts=restarts, next_obs=next_buf,
         )
         if raw_obs_batches is not None:
             frag.obs_moments = _obs_moments(raw_obs_batches)
         if disc_rets is not None:
             frag.return_moments = (float(disc_rets.mean()), float(disc_rets.var()), int(disc_rets.size))
         return frag
+
+    def _record_next_obs(self, buf, t: int, T: int, next_obs, done: np.ndarray, infos: dict):
+        """Write the observation after step t into ``buf`` [T, N, ...], final observations where episodes ended."""
+        if buf is None:
+            buf = ({k: np.empty((T, *np.shape(v)), np.asarray(v).dtype) for k, v in next_obs.items()}
+                   if isinstance(next_obs, dict) else np.empty((T, *np.shape(next_obs)), np.asarray(next_obs).dtype))
+        if isinstance(buf, dict):
+            for k in buf:
+                buf[k][t] = next_obs[k]
+        else:
+            buf[t] = next_obs
+        if done.any():
+            for i in np.flatnonzero(done):
+                final = infos["final_obs"][i]
+                if final is None:  # unknown (a connector restarted mid-episode): the step is marked ended anyway
+                    continue
+                if isinstance(buf, dict):
+                    for k in buf:
+                        buf[k][t, i] = final[k]
+                else:
+                    buf[t, i] = final
+        return buf
 
     def close(self) -> None:
         self.env.close()

@@ -31,6 +31,10 @@ def fragment_arrays(frag: Fragment) -> dict[str, np.ndarray]:
         out.update({f"obs/{k}": v for k, v in frag.obs.items()})
     else:
         out["obs"] = frag.obs
+    if isinstance(frag.next_obs, dict):
+        out.update({f"next_obs/{k}": v for k, v in frag.next_obs.items()})
+    elif frag.next_obs is not None:
+        out["next_obs"] = frag.next_obs
     st = frag.initial_state
     if st is not None:
         parts = st if isinstance(st, (tuple, list)) else (st,)
@@ -42,12 +46,14 @@ def fragment_arrays(frag: Fragment) -> dict[str, np.ndarray]:
 def fragment_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Fragment:
     obs_keys = [k for k in arrays if k.startswith("obs/")]
     obs = {k[4:]: arrays[k] for k in obs_keys} if obs_keys else arrays["obs"]
+    next_keys = [k for k in arrays if k.startswith("next_obs/")]
+    next_obs = {k[9:]: arrays[k] for k in next_keys} if next_keys else arrays.get("next_obs")
     state = None
     state_keys = sorted((k for k in arrays if k.startswith("state/")), key=lambda k: int(k[6:]))
     if state_keys:
         parts = [arrays[k] for k in state_keys]
         state = tuple(parts) if bool(arrays["state_is_tuple"]) else parts[0]
-    return Fragment(obs=obs, initial_state=state, **{k: arrays[k] for k in ARRAY_FIELDS}, **meta)
+    return Fragment(obs=obs, initial_state=state, next_obs=next_obs, **{k: arrays[k] for k in ARRAY_FIELDS}, **meta)
 
 
 def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: int, fragment_steps: int,
@@ -61,7 +67,7 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
         from polar.config.run import RunConfig
         from polar.harness import make_vector_env
         from polar.models.policy import build_policy
-        from polar.rollout.runner import EnvRunner
+        from polar.rollout.runner import EnvRunner, runner_options
 
         cfg = validate(RunConfig, cfg_data, source="run config (worker)")
         cdir = Path(config_dir) if config_dir else None
@@ -69,9 +75,7 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
         n = cfg.distribution.envs_per_runner
         env = make_vector_env(cfg.harness, n, seed=seed, config_dir=cdir)
         policy = build_policy(cfg, env.single_observation_space, env.single_action_space, cdir)
-        kw = cfg.policy.kwargs
-        runner = EnvRunner(env, policy, seed=seed, gamma=kw.gamma, normalize_obs=kw.normalize_obs,
-                           normalize_reward=kw.normalize_reward)
+        runner = EnvRunner(env, policy, seed=seed, **runner_options(cfg))
         local_version = -1
         slots: list[dict[str, torch.Tensor]] | None = None
         while not stop.is_set():

@@ -43,22 +43,34 @@ def build_trainer(cfg, run_dir: RunDir, resume: bool = False,
         from polar.distributed.learner_actor import RayLearnerDriver
 
         return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
-    return OnPolicyTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+    return trainer_class(cfg)(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+
+
+def trainer_class(cfg) -> type[OnPolicyTrainer]:
+    """``OffPolicyTrainer`` for DQN/SAC, else this module's ``OnPolicyTrainer`` (PPO/APPO)."""
+    if cfg.policy.type in ("dqn", "sac"):
+        from polar.trainers.off_policy import OffPolicyTrainer
+
+        return OffPolicyTrainer
+    return OnPolicyTrainer
 
 
 class OnPolicyTrainer:
-    """PPO on any env harness. ``on_iteration(metrics)`` is called after every update (progress bars).
+    """PPO and APPO on any env harness. ``on_iteration(metrics)`` is called after every update (progress bars).
 
     ``backend_factory`` (default ``make_backend``) and ``extra_metrics`` (constants logged every
     iteration) let the Ray learner actor run this same loop with its own backend options and counters.
     """
 
+    ALGORITHMS: tuple[str, ...] = ("ppo", "appo")
+
     def __init__(self, cfg, run_dir: RunDir, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None,
                  backend_factory: Callable[..., Any] | None = None,
                  extra_metrics: dict[str, Any] | None = None) -> None:
-        if cfg.policy.type not in ("ppo", "appo"):
-            raise ConfigError(f"policy.type: the on-policy trainer runs 'ppo' or 'appo', got {cfg.policy.type!r}")
+        if cfg.policy.type not in self.ALGORITHMS:
+            raise ConfigError(f"policy.type: {type(self).__name__} runs {' or '.join(map(repr, self.ALGORITHMS))}, "
+                              f"got {cfg.policy.type!r}")
         self.cfg = cfg
         self.kw = cfg.policy.kwargs
         self.run_dir = run_dir
@@ -90,14 +102,12 @@ class OnPolicyTrainer:
         self.checkpoints = CheckpointManager(self.run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints)
         state = self.checkpoints.load_latest() if self.resume else None
         seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)  # fresh env seeds on resume
-        self.backend = self.backend_factory(cfg, self.kw.n_steps, seed, config_dir=cfg.config_dir)
+        self.backend = self.backend_factory(cfg, self._fragment_steps(), seed, config_dir=cfg.config_dir)
         try:
             self.policy = build_policy(cfg, self.backend.observation_space, self.backend.action_space, cfg.config_dir)
-            if cfg.policy.type == "appo":
-                self.learner = APPOLearner(self.policy.agent, self.kw)
-            else:
-                self.learner = PPOLearner(self.policy.agent, self.kw, cfg.total_env_steps)
-            self.reward_norm = RunningNorm((), self.kw.clip_reward) if self.kw.normalize_reward else None
+            self.learner = self._make_learner()
+            normalize_reward = getattr(self.kw, "normalize_reward", False)
+            self.reward_norm = RunningNorm((), self.kw.clip_reward) if normalize_reward else None
             if state is not None:
                 self._load_state(state)
             if hasattr(self.backend, "attach_run_dir"):  # ray: `polar scale RUN_DIR` resizes while running
@@ -107,6 +117,15 @@ class OnPolicyTrainer:
             self.backend.close()
             raise
         self.logger = MetricsLogger(self.run_dir.metrics_path, self.run_dir.tensorboard_dir if cfg.logging.tensorboard else None)
+
+    def _fragment_steps(self) -> int:
+        """Steps per env in one fragment."""
+        return self.kw.n_steps
+
+    def _make_learner(self):
+        if self.cfg.policy.type == "appo":
+            return APPOLearner(self.policy.agent, self.kw)
+        return PPOLearner(self.policy.agent, self.kw, self.cfg.total_env_steps)
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -146,62 +165,14 @@ class OnPolicyTrainer:
             self.run_dir.write_config(dump_config(cfg))
         self._setup()
         self.run_dir.update_meta(status="running")
-        last_t, last_steps = self._elapsed(), self.env_steps
+        self._last_t, self._last_steps = self._elapsed(), self.env_steps
         stopped_early = False
         try:
             while self.env_steps < cfg.total_env_steps:
-                # APPO learns from each fragment as it arrives (V-trace corrects the lag); PPO waits for a
-                # batch of one fragment per worker (read each time: the Ray backend resizes while running)
-                n_frags = 1 if cfg.policy.type == "appo" else max(1, self.backend.num_workers)
-                frags = [self.backend.next_fragment() for _ in range(n_frags)]
-                t_update = time.perf_counter()
-                for f in frags:
-                    self.env_steps += f.env_steps
-                    self.window.add(f.episode_returns, f.episode_lengths, f.episode_successes)
-                    self.connector_restarts += f.connector_restarts
-                    if self.policy.obs_norm is not None and f.obs_moments is not None:
-                        self.policy.obs_norm.update_from_moments(f.obs_moments)
-                    if self.reward_norm is not None and f.return_moments is not None:
-                        self.reward_norm.update(*f.return_moments)
-                scale, clip = 1.0, None
-                if self.reward_norm is not None:
-                    scale = 1.0 / math.sqrt(float(self.reward_norm.var) + 1e-8)
-                    clip = self.kw.clip_reward
-                if cfg.policy.type == "appo":
-                    stats = self.learner.update_fragment(frags[0], self.version, scale, clip) or {}
-                else:
-                    buf = RolloutBuffer(frags)
-                    buf.compute_advantages(self.kw.gamma, self.kw.gae_lambda, scale, clip)
-                    stats = self.learner.update(buf, progress=min(1.0, self.env_steps / cfg.total_env_steps))
-                self.version += 1
-                self.iteration += 1
-                self.backend.publish_weights(self.policy.state_dict(), self.version)
-                update_s = time.perf_counter() - t_update
-                now = self._elapsed()
-                metrics = {"iteration": self.iteration, "env_steps": self.env_steps, "time_s": now,
-                           "fps": (self.env_steps - last_steps) / max(1e-9, now - last_t),
-                           **self.window.summary(), **stats,
-                           "policy_lag": float(np.mean([self.version - 1 - f.policy_version for f in frags])),
-                           "connector_restarts": self.connector_restarts,
-                           "learner/samples_per_s": sum(f.env_steps for f in frags) / max(1e-9, update_s),
-                           **self.extra_metrics}
-                if hasattr(self.backend, "metrics"):  # optional hook (ray: per-role throughput, queue depth, lag, restarts)
-                    metrics.update(self.backend.metrics())
-                last_t, last_steps = now, self.env_steps
-                if self.iteration % cfg.logging.log_interval == 0:
-                    self.logger.log(metrics, self.env_steps)
-                if self.on_iteration is not None:
-                    self.on_iteration(metrics)
-                if cfg.logging.checkpoint_freq and self.iteration % cfg.logging.checkpoint_freq == 0:
-                    self.checkpoints.save(self.iteration, self._state())
-                if cfg.eval.every_n_iterations and self.iteration % cfg.eval.every_n_iterations == 0:
-                    self.evaluate(tag=f"iter_{self.iteration:08d}")
-                mean = metrics["episode_reward_mean"]
-                if cfg.stop_reward is not None and self.window.full and mean is not None and mean >= cfg.stop_reward:
+                if self._iterate():
                     stopped_early = True
-                    log.info("stop_reward %.4g reached at %d env steps", cfg.stop_reward, self.env_steps)
                     break
-            self.checkpoints.save(self.iteration, self._state())
+            self._save_checkpoint()
         finally:
             self.backend.close()
             self.logger.close()
@@ -211,6 +182,75 @@ class OnPolicyTrainer:
             result["eval"] = self.evaluate(tag="final")
         self.run_dir.update_meta(status="finished", result={k: v for k, v in result.items() if k != "eval"})
         return result
+
+    def _absorb(self, f) -> None:
+        """Count a fragment's steps and episodes, and fold its normalizer moments in."""
+        self.env_steps += f.env_steps
+        self.window.add(f.episode_returns, f.episode_lengths, f.episode_successes)
+        self.connector_restarts += f.connector_restarts
+        if self.policy.obs_norm is not None and f.obs_moments is not None:
+            self.policy.obs_norm.update_from_moments(f.obs_moments)
+        if self.reward_norm is not None and f.return_moments is not None:
+            self.reward_norm.update(*f.return_moments)
+
+    def _iterate(self) -> bool:
+        """One learner iteration: collect, update, publish, report. True when stop_reward was reached."""
+        # APPO learns from each fragment as it arrives (V-trace corrects the lag); PPO waits for a
+        # batch of one fragment per worker (read each time: the Ray backend resizes while running)
+        n_frags = 1 if self.cfg.policy.type == "appo" else max(1, self.backend.num_workers)
+        frags = [self.backend.next_fragment() for _ in range(n_frags)]
+        t_update = time.perf_counter()
+        for f in frags:
+            self._absorb(f)
+        scale, clip = 1.0, None
+        if self.reward_norm is not None:
+            scale = 1.0 / math.sqrt(float(self.reward_norm.var) + 1e-8)
+            clip = self.kw.clip_reward
+        if self.cfg.policy.type == "appo":
+            stats = self.learner.update_fragment(frags[0], self.version, scale, clip) or {}
+        else:
+            buf = RolloutBuffer(frags)
+            buf.compute_advantages(self.kw.gamma, self.kw.gae_lambda, scale, clip)
+            stats = self.learner.update(buf, progress=min(1.0, self.env_steps / self.cfg.total_env_steps))
+        self.version += 1
+        self.backend.publish_weights(self.policy.state_dict(), self.version)
+        return self._end_iteration(frags, stats, time.perf_counter() - t_update)
+
+    def _end_iteration(self, frags: list, stats: dict[str, Any], update_s: float, policy_lag: float | None = None) -> bool:
+        """Metrics, logs, checkpoint and eval after an update; True when stop_reward was reached.
+
+        ``policy_lag`` defaults to the lag of ``frags`` against the one update just made."""
+        cfg = self.cfg
+        self.iteration += 1
+        if policy_lag is None:
+            policy_lag = float(np.mean([self.version - 1 - f.policy_version for f in frags]))
+        now = self._elapsed()
+        metrics = {"iteration": self.iteration, "env_steps": self.env_steps, "time_s": now,
+                   "fps": (self.env_steps - self._last_steps) / max(1e-9, now - self._last_t),
+                   **self.window.summary(), **stats,
+                   "policy_lag": policy_lag,
+                   "connector_restarts": self.connector_restarts,
+                   "learner/samples_per_s": sum(f.env_steps for f in frags) / max(1e-9, update_s),
+                   **self.extra_metrics}
+        if hasattr(self.backend, "metrics"):  # optional hook (ray: per-role throughput, queue depth, lag, restarts)
+            metrics.update(self.backend.metrics())
+        self._last_t, self._last_steps = now, self.env_steps
+        if self.iteration % cfg.logging.log_interval == 0:
+            self.logger.log(metrics, self.env_steps)
+        if self.on_iteration is not None:
+            self.on_iteration(metrics)
+        if cfg.logging.checkpoint_freq and self.iteration % cfg.logging.checkpoint_freq == 0:
+            self._save_checkpoint()
+        if cfg.eval.every_n_iterations and self.iteration % cfg.eval.every_n_iterations == 0:
+            self.evaluate(tag=f"iter_{self.iteration:08d}")
+        mean = metrics["episode_reward_mean"]
+        if cfg.stop_reward is not None and self.window.full and mean is not None and mean >= cfg.stop_reward:
+            log.info("stop_reward %.4g reached at %d env steps", cfg.stop_reward, self.env_steps)
+            return True
+        return False
+
+    def _save_checkpoint(self) -> None:
+        self.checkpoints.save(self.iteration, self._state())
 
     def evaluate(self, tag: str = "final", episodes: int | None = None) -> dict[str, Any]:
         from polar.trainers.evaluation import evaluate_policy

@@ -58,14 +58,12 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ protocol
     def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy=None) -> None:
-        kw = self.cfg.policy.kwargs
         if self.num_workers == 0:
-            from polar.rollout.runner import EnvRunner
+            from polar.rollout.runner import EnvRunner, runner_options
 
             if policy is None:
                 raise ValueError("LocalBackend with rollout_workers=0 needs the learner's policy object")
-            self.runner = EnvRunner(self.env, policy, seed=self.seed, gamma=kw.gamma,
-                                    normalize_obs=kw.normalize_obs, normalize_reward=kw.normalize_reward)
+            self.runner = EnvRunner(self.env, policy, seed=self.seed, **runner_options(self.cfg))
             self.version = version
             return
         from polar.rollout.worker import worker_main

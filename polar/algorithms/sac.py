@@ -1,0 +1,127 @@
+"""SAC (Haarnoja et al. 2018, with the learned temperature of the follow-up paper).
+
+Twin Q critics with Polyak-averaged targets; the actor maximizes ``min(Q1, Q2)(s, a~pi) - alpha * log pi``;
+with ``ent_coef: auto`` alpha is learned so the policy's entropy tracks ``target_entropy``. The order
+of the three updates in one gradient step follows SB3: temperature, critics, actor.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from polar.algorithms.dqn import polyak_update
+from polar.algorithms.optim import Adam
+from polar.algorithms.ppo import schedule_value
+from polar.models.off_policy import QCritic
+
+
+class SACLearner:
+    """Owns the critics, their targets, the temperature and the three optimizers."""
+
+    def __init__(self, agent, kwargs, observation_space, action_space, network: tuple[list[int], str, list[int]],
+                 total_env_steps: int) -> None:
+        self.agent = agent
+        self.kw = kwargs
+        self.total_env_steps = max(1, int(total_env_steps))
+        hidden, activation, channels = network
+        self.critics = nn.ModuleList([QCritic(observation_space, action_space, hidden, activation, channels)
+                                      for _ in range(2)])
+        self.critic_target = copy.deepcopy(self.critics)  # before the optimizers re-point parameters
+        self.critic_target.requires_grad_(False)
+        self.actor_optimizer = Adam(agent.parameters(), lr=kwargs.learning_rate)
+        self.critic_optimizer = Adam(self.critics.parameters(), lr=kwargs.learning_rate)
+        action_dim = int(np.prod(action_space.shape))
+        self.target_entropy = -float(action_dim) if kwargs.target_entropy == "auto" else float(kwargs.target_entropy)
+        self.log_ent_coef: torch.Tensor | None = None
+        self.ent_coef_optimizer: Adam | None = None
+        if isinstance(kwargs.ent_coef, str):
+            init = float(kwargs.ent_coef.split("_", 1)[1]) if "_" in kwargs.ent_coef else 1.0
+            self.log_ent_coef = nn.Parameter(torch.tensor([math.log(init)]))
+            self.ent_coef_optimizer = Adam([self.log_ent_coef], lr=kwargs.learning_rate)
+        self.n_updates = 0
+
+    def progress(self, env_steps: int) -> float:
+        return min(1.0, env_steps / self.total_env_steps)
+
+    def set_exploration(self, env_steps: int) -> None:
+        """Uniform-random actions until ``learning_starts``, then samples from the policy."""
+        self.agent.explore_uniform.fill_(1.0 if env_steps < self.kw.learning_starts else 0.0)
+
+    def _step(self, optimizer: Adam, loss: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss.backward()
+        if self.kw.max_grad_norm is not None:
+            optimizer.clip_grad_norm_(self.kw.max_grad_norm)
+        optimizer.step()
+
+    def train(self, replay, gradient_steps: int, env_steps: int) -> dict[str, Any]:
+        kw = self.kw
+        agent = self.agent
+        lr = schedule_value(kw.learning_rate, kw.lr_schedule, self.progress(env_steps))
+        for opt in (self.actor_optimizer, self.critic_optimizer, self.ent_coef_optimizer):
+            if opt is not None:
+                opt.lr = lr
+        sums: dict[str, float] = {"actor_loss": 0.0, "critic_loss": 0.0, "ent_coef": 0.0, "entropy": 0.0, "q_mean": 0.0}
+        for _ in range(gradient_steps):
+            batch = replay.sample(kw.batch_size)
+            actions_pi, log_pi = agent.sample(batch.obs)
+            if self.log_ent_coef is not None:
+                ent_coef = self.log_ent_coef.detach().exp()
+                ent_loss = -(self.log_ent_coef * (log_pi + self.target_entropy).detach()).mean()
+                self._step(self.ent_coef_optimizer, ent_loss)
+            else:
+                ent_coef = torch.tensor(float(kw.ent_coef))
+
+            with torch.no_grad():
+                next_actions, next_log_pi = agent.sample(batch.next_obs)
+                next_q = torch.min(*(c(batch.next_obs, next_actions) for c in self.critic_target))
+                next_q = next_q - ent_coef * next_log_pi
+                target_q = batch.rewards + (1.0 - batch.terminated) * kw.gamma * next_q
+            q1, q2 = (c(batch.obs, batch.actions) for c in self.critics)
+            critic_loss = 0.5 * (nn.functional.mse_loss(q1, target_q) + nn.functional.mse_loss(q2, target_q))
+            self._step(self.critic_optimizer, critic_loss)
+
+            q_pi = torch.min(*(c(batch.obs, actions_pi) for c in self.critics))
+            actor_loss = (ent_coef * log_pi - q_pi).mean()
+            self._step(self.actor_optimizer, actor_loss)
+
+            self.n_updates += 1
+            if self.n_updates % kw.target_update_interval == 0:
+                polyak_update(self.critic_target, self.critics, kw.tau)
+            sums["actor_loss"] += float(actor_loss.detach())
+            sums["critic_loss"] += float(critic_loss.detach())
+            sums["ent_coef"] += float(ent_coef)
+            sums["entropy"] += float(-log_pi.detach().mean())
+            sums["q_mean"] += float(q1.detach().mean())
+        stats: dict[str, Any] = {"n_updates": self.n_updates, "learning_rate": lr}
+        if gradient_steps > 0:
+            stats.update({k: v / gradient_steps for k, v in sums.items()})
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "critics": self.critics.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "log_ent_coef": None if self.log_ent_coef is None else self.log_ent_coef.detach().clone(),
+            "ent_coef_optimizer": None if self.ent_coef_optimizer is None else self.ent_coef_optimizer.state_dict(),
+            "n_updates": self.n_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critics.load_state_dict(state["critics"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if self.log_ent_coef is not None and state.get("log_ent_coef") is not None:
+            with torch.no_grad():
+                self.log_ent_coef.copy_(state["log_ent_coef"])
+            self.ent_coef_optimizer.load_state_dict(state["ent_coef_optimizer"])
+        self.n_updates = int(state["n_updates"])

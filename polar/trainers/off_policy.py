@@ -1,0 +1,113 @@
+"""The off-policy loop (DQN, SAC): collect a fragment -> add it to the replay buffer -> gradient steps on
+replayed batches -> publish weights -> log -> checkpoint -> (eval).
+
+It is the on-policy trainer's loop with a replay buffer between collection and the update: same
+backends (envs in the learner, worker processes, or Ray actors), run directory, metrics, checkpoints
+and ``polar resume``. One fragment is ``train_freq`` steps of every env, so a training phase follows
+every ``train_freq`` steps, as in SB3. An *iteration* groups training phases until at least
+``iteration_env_steps`` transitions were collected, so logging, checkpoint and eval intervals
+(counted in iterations) mean about the same as for PPO, whatever ``train_freq`` is.
+
+The replay buffer is saved next to each checkpoint (``save_replay_buffer``), so a resumed run
+continues with the data it had, not an empty buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.sac import SACLearner
+from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from polar.errors import CheckpointError
+from polar.models.off_policy import network_settings
+from polar.trainers.on_policy import OnPolicyTrainer
+
+log = logging.getLogger(__name__)
+
+ITERATION_ENV_STEPS = 1000
+
+
+class OffPolicyTrainer(OnPolicyTrainer):
+    """DQN / SAC on any env harness; the constructor is ``OnPolicyTrainer``'s."""
+
+    ALGORITHMS = ("dqn", "sac")
+
+    def _fragment_steps(self) -> int:
+        return self.kw.train_freq
+
+    def _make_learner(self):
+        cfg, agent = self.cfg, self.policy.agent
+        space = self.backend.observation_space
+        if cfg.policy.type == "dqn" and self.kw.prioritized_replay:
+            self.replay = PrioritizedReplayBuffer(self.kw.buffer_size, space, self.backend.action_space, seed=cfg.seed,
+                                                  alpha=self.kw.prioritized_replay_alpha,
+                                                  eps=self.kw.prioritized_replay_eps)
+        else:
+            self.replay = ReplayBuffer(self.kw.buffer_size, space, self.backend.action_space, seed=cfg.seed)
+        if cfg.policy.type == "dqn":
+            learner = DQNLearner(agent, self.kw, cfg.total_env_steps)
+        else:
+            learner = SACLearner(agent, self.kw, space, self.backend.action_space, network_settings(cfg),
+                                 cfg.total_env_steps)
+        learner.set_exploration(0)
+        return learner
+
+    def _iterate(self) -> bool:
+        """Training phases until ``ITERATION_ENV_STEPS`` transitions arrived (or the run is done)."""
+        kw = self.kw
+        frags, lags, stats, update_s = [], [], {}, 0.0
+        target = min(self.cfg.total_env_steps, self.env_steps + ITERATION_ENV_STEPS)
+        while self.env_steps < target:
+            frag = self.backend.next_fragment()
+            t_update = time.perf_counter()
+            self._absorb(frag)
+            self.replay.add_fragment(frag)
+            frags.append(frag)
+            lags.append(self.version - frag.policy_version)  # updates made since the weights that acted
+            # a resumed run whose checkpoint had no buffer waits until a batch's worth arrived again
+            if self.env_steps >= kw.learning_starts and len(self.replay) >= min(kw.batch_size, max(1, kw.learning_starts)):
+                steps = frag.env_steps if kw.gradient_steps < 0 else kw.gradient_steps
+                stats = self.learner.train(self.replay, steps, self.env_steps) or stats
+            self.learner.set_exploration(self.env_steps)
+            self.version += 1
+            self.backend.publish_weights(self.policy.state_dict(), self.version)
+            update_s += time.perf_counter() - t_update
+        stats = {**stats, "replay_size": len(self.replay)}
+        return self._end_iteration(frags, stats, update_s, policy_lag=sum(lags) / len(lags))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _replay_path(self, iteration: int) -> Path:
+        return self.checkpoints.dir / f"replay_{iteration:08d}.npz"
+
+    def _save_checkpoint(self) -> None:
+        """The replay buffer first, then the checkpoint that names it; older replay files are removed."""
+        replay_file = None
+        if self.kw.save_replay_buffer:
+            path = self._replay_path(self.iteration)
+            self.replay.save(path)
+            replay_file = path.name
+        state = self._state()
+        state["replay_file"] = replay_file
+        self.checkpoints.save(self.iteration, state)
+        for old in self.checkpoints.dir.glob("replay_*.npz"):
+            if old.name != replay_file:
+                old.unlink(missing_ok=True)
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        super()._load_state(state)
+        name = state.get("replay_file")
+        if not name:
+            log.warning("this checkpoint has no replay buffer (save_replay_buffer was off): training resumes with an "
+                        "empty buffer and waits for batch_size transitions")
+            return
+        path = self.checkpoints.dir / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint names replay buffer {path}, which is missing; restore the file, or "
+                                  "resume from an earlier checkpoint")
+        self.replay.load(path)
+        self.learner.set_exploration(self.env_steps)
+        log.info("replay buffer restored: %d transitions", len(self.replay))
