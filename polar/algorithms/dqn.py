@@ -27,15 +27,18 @@ def linear_schedule(start: float, end: float, fraction: float, progress: float) 
     return start + (end - start) * progress / fraction
 
 
-@torch.no_grad()
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- (1 - tau) * target + tau * online, parameters and buffers alike (tau = 1: hard copy)."""
-    t_params = list(target.parameters()) + list(target.buffers())
-    o_params = list(online.parameters()) + list(online.buffers())
+    polyak_update_tensors(list(target.parameters()) + list(target.buffers()),
+                          list(online.parameters()) + list(online.buffers()), tau)
+
+
+@torch.no_grad()
+def polyak_update_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor], tau: float) -> None:
     if tau >= 1.0:
-        torch._foreach_copy_(t_params, o_params)
+        torch._foreach_copy_(targets, sources)
     else:
-        torch._foreach_lerp_(t_params, o_params, tau)
+        torch._foreach_lerp_(targets, sources, tau)
 
 
 class DQNLearner:
@@ -91,14 +94,21 @@ class DQNLearner:
             losses.append(float(loss.detach()))
             q_means.append(float(q.detach().mean()))
             self.n_updates += 1
-        if env_steps - self.last_target_update >= kw.target_update_interval:
-            polyak_update(self.target, agent.q_net, kw.tau)
-            self.last_target_update = env_steps
+        self.update_target(env_steps)
         stats: dict[str, Any] = {"exploration_rate": float(agent.epsilon), "n_updates": self.n_updates,
                                  "learning_rate": self.optimizer.lr}
         if losses:
             stats.update(loss=float(np.mean(losses)), q_mean=float(np.mean(q_means)), grad_norm=grad_norm)
         return stats
+
+    def update_target(self, env_steps: int) -> None:
+        """The target updates SB3 makes every ``target_update_interval`` env steps, made at once after a
+        training phase: k due updates of coefficient tau compound to one of 1 - (1 - tau)^k."""
+        due = (env_steps - self.last_target_update) // self.kw.target_update_interval
+        if due <= 0:
+            return
+        polyak_update(self.target, self.agent.q_net, 1.0 - (1.0 - self.kw.tau) ** due)
+        self.last_target_update += due * self.kw.target_update_interval
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "target": self.target.state_dict(),

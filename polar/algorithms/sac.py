@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from polar.algorithms.dqn import polyak_update
+from polar.algorithms.dqn import polyak_update_tensors
 from polar.algorithms.optim import Adam
 from polar.algorithms.ppo import schedule_value
 from polar.models.off_policy import QCritic
@@ -34,6 +34,9 @@ class SACLearner:
                                       for _ in range(2)])
         self.critic_target = copy.deepcopy(self.critics)  # before the optimizers re-point parameters
         self.critic_target.requires_grad_(False)
+        self._critic_params = list(self.critics.parameters())
+        self._target_pairs = (list(self.critic_target.parameters()) + list(self.critic_target.buffers()),
+                              list(self.critics.parameters()) + list(self.critics.buffers()))
         self.actor_optimizer = Adam(agent.parameters(), lr=kwargs.learning_rate)
         self.critic_optimizer = Adam(self.critics.parameters(), lr=kwargs.learning_rate)
         action_dim = int(np.prod(action_space.shape))
@@ -87,13 +90,17 @@ class SACLearner:
             critic_loss = 0.5 * (nn.functional.mse_loss(q1, target_q) + nn.functional.mse_loss(q2, target_q))
             self._step(self.critic_optimizer, critic_loss)
 
+            for p in self._critic_params:  # the actor loss needs dQ/da, not the critics' weight gradients
+                p.requires_grad_(False)
             q_pi = torch.min(*(c(batch.obs, actions_pi) for c in self.critics))
             actor_loss = (ent_coef * log_pi - q_pi).mean()
             self._step(self.actor_optimizer, actor_loss)
+            for p in self._critic_params:
+                p.requires_grad_(True)
 
             self.n_updates += 1
             if self.n_updates % kw.target_update_interval == 0:
-                polyak_update(self.critic_target, self.critics, kw.tau)
+                polyak_update_tensors(*self._target_pairs, kw.tau)
             sums["actor_loss"] += float(actor_loss.detach())
             sums["critic_loss"] += float(critic_loss.detach())
             sums["ent_coef"] += float(ent_coef)

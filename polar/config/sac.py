@@ -37,6 +37,8 @@ class SACKwargs(StrictModel):
     def _ent_coef_form(cls, v: float | str) -> float | str:
         if isinstance(v, str) and not _AUTO.match(v):
             raise ValueError(f"ent_coef must be a number, 'auto' or 'auto_<initial value>' (e.g. auto_0.1); got {v!r}")
+        if isinstance(v, str) and "_" in v and float(v.split("_", 1)[1]) <= 0:
+            raise ValueError(f"ent_coef {v!r}: the initial value after 'auto_' must be > 0 (it is learned in log space)")
         if isinstance(v, (int, float)) and v <= 0:
             raise ValueError(f"a fixed ent_coef must be > 0; got {v}")
         return v

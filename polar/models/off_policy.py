@@ -85,7 +85,10 @@ class SquashedGaussianAgent(AgentBase):
         return self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterized action (env scale) and its log-probability, tanh-corrected, for the learner."""
+        """A reparameterized action (env scale) and the log-probability of its squashed form in [-1, 1]^d.
+
+        The density is that of the tanh-squashed action, before scaling to the Box bounds (SB3's
+        convention), so ``target_entropy: auto`` = -dim(A) means the same whatever the bounds."""
         mu, log_std = self._dist_params(obs)
         std = log_std.exp()
         u = mu + std * torch.randn_like(mu)
@@ -93,7 +96,6 @@ class SquashedGaussianAgent(AgentBase):
         log_prob = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
         # log|d tanh(u)/du| = log(1 - tanh(u)^2), in the numerically stable form 2(log 2 - u - softplus(-2u))
         log_prob = log_prob - (2.0 * (np.log(2.0) - u - nn.functional.softplus(-2.0 * u))).sum(-1)
-        log_prob = log_prob - torch.log(self.action_scale).sum()
         return self._to_env(squashed), log_prob
 
     def _to_env(self, squashed: torch.Tensor) -> torch.Tensor:

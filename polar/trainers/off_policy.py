@@ -69,14 +69,17 @@ class OffPolicyTrainer(OnPolicyTrainer):
             frags.append(frag)
             lags.append(self.version - frag.policy_version)  # updates made since the weights that acted
             # a resumed run whose checkpoint had no buffer waits until a batch's worth arrived again
-            if self.env_steps >= kw.learning_starts and len(self.replay) >= min(kw.batch_size, max(1, kw.learning_starts)):
+            if self.env_steps > kw.learning_starts and len(self.replay) >= min(kw.batch_size, max(1, kw.learning_starts)):
                 steps = frag.env_steps if kw.gradient_steps < 0 else kw.gradient_steps
                 stats = self.learner.train(self.replay, steps, self.env_steps) or stats
             self.learner.set_exploration(self.env_steps)
             self.version += 1
-            self.backend.publish_weights(self.policy.state_dict(), self.version)
+            # envs stepped in the learner act with its own tensors: no state dict to build per phase
+            self.backend.publish_weights(self.policy.state_dict() if self.backend.num_workers else {}, self.version)
             update_s += time.perf_counter() - t_update
         stats = {**stats, "replay_size": len(self.replay)}
+        if self.cfg.policy.type == "dqn":  # also during the warm-up, before the first training phase
+            stats["exploration_rate"] = float(self.policy.agent.explore_uniform.clamp(min=self.policy.agent.epsilon))
         return self._end_iteration(frags, stats, update_s, policy_lag=sum(lags) / len(lags))
 
     # ------------------------------------------------------------------ checkpoints
