@@ -21,7 +21,7 @@ from polar.models.encoders import build_encoder
 _ACT_FNS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
 
 
-def _plain_layers(*modules: nn.Module):
+def plain_layers(*modules: nn.Module):
     """[(weight, bias, activation)] when ``modules`` are only Linear layers and tanh/relu, else None.
 
     Calling ``F.linear`` on these directly skips ``nn.Module.__call__`` (hooks, dispatch): for a
@@ -88,7 +88,7 @@ class ActorCriticAgent(AgentBase):
         self._categorical = isinstance(self._dist, CategoricalDist)
         self._fast = None
         if not self.recurrent and self.vf_encoder is not None:
-            pi, vf = _plain_layers(self.pi_encoder, self.pi_head), _plain_layers(self.vf_encoder, self.vf_head)
+            pi, vf = plain_layers(self.pi_encoder, self.pi_head), plain_layers(self.vf_encoder, self.vf_head)
             if pi is not None and vf is not None:
                 self._fast = (pi, vf)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from polar.agents import AgentBase
 from polar.errors import ConfigError
+from polar.models.actor_critic import plain_layers
 from polar.models.encoders import Flatten, build_encoder, flat_dim, is_image_space
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SB3 / the SAC paper's clamp on the actor's log std
@@ -45,8 +46,37 @@ class QNetworkAgent(AgentBase):
         self.register_buffer("explore_uniform", torch.tensor(1.0))  # 1 until learning_starts: random actions
         self.bind_spaces(observation_space, action_space)
 
+        self._fast = plain_layers(*self.q_net)  # Linear/activation stack over flat vectors, else None
+
     def q_values(self, obs) -> torch.Tensor:
         return self.q_net(obs)
+
+    # --- numpy rollout path (see ActorCriticAgent.act_numpy): one env step costs a few numpy calls
+    def supports_act_numpy(self) -> bool:
+        return self._fast is not None
+
+    def act_numpy(self, obs: np.ndarray, deterministic: bool = False):
+        """(actions, log_probs, values) for a float32 batch, epsilon-greedy on the live weights."""
+        key = self._fast[0][0].data_ptr()
+        cache = self.__dict__.get("_np_cache")
+        if cache is None or cache[0] != key:  # the optimizer re-pointed the parameters: new numpy views
+            layers = [(w.detach().numpy().T, b.detach().numpy(), f) for w, b, f in self._fast]
+            rng = cache[2] if cache is not None else np.random.default_rng(int(torch.randint(0, 2**31 - 1, (1,))))
+            cache = (key, layers, rng)
+            self.__dict__["_np_cache"] = cache
+        _, layers, rng = cache
+        q = obs
+        for wt, b, f in layers:
+            q = q @ wt + b
+            if f is not None:
+                q = np.tanh(q) if f is torch.tanh else np.maximum(q, 0)
+        action = q.argmax(-1)
+        if not deterministic:
+            eps = 1.0 if float(self.explore_uniform) > 0 else float(self.epsilon)
+            if eps > 0:
+                explore = rng.random(action.shape[0]) < eps
+                action = np.where(explore, rng.integers(self.n_actions, size=action.shape[0]), action)
+        return action, np.zeros(action.shape[0], np.float32), q.max(-1).astype(np.float32)
 
     def act(self, observation, internal_state=None, deterministic: bool = False):
         q = self.q_values(observation)

@@ -93,7 +93,7 @@ class OnPolicyTrainer:
                 log.warning("distribution.num_gpus=%s but no GPU is available here; the learner runs on CPU.",
                             cfg.distribution.num_gpus)
             else:
-                log.info("distribution.num_gpus=%s: the PPO learner runs on CPU (its small networks are faster there).",
+                log.info("distribution.num_gpus=%s: the learner runs on CPU (its small networks are faster there).",
                          cfg.distribution.num_gpus)
         torch.set_num_threads(1)
         random.seed(cfg.seed)

@@ -262,3 +262,29 @@ def test_prioritized_replay_priorities_follow_abs_td_error_and_weights_enter_the
     for slot in untouched:
         assert replay.priorities[slot] == pytest.approx(before[slot])
     assert replay.total_priority == pytest.approx(float((replay.priorities[:4] ** 0.6).sum()))
+
+
+def test_numpy_rollout_path_acts_like_the_torch_agent():
+    """EnvRunner steps flat-vector envs through act_numpy: greedy actions and values must equal act()'s,
+    epsilon 0 must be greedy, epsilon 1 uniform, and weights changed by the optimizer must be seen."""
+    agent = make_agent(3)
+    assert agent.supports_act_numpy()
+    obs = np.random.default_rng(0).uniform(-1, 1, size=(4000, 2)).astype(np.float32)
+    greedy, _, info = agent.act(torch.from_numpy(obs), deterministic=True)
+    a_np, logp_np, v_np = agent.act_numpy(obs, deterministic=True)
+    np.testing.assert_array_equal(a_np, greedy.numpy())
+    np.testing.assert_allclose(v_np, info["values"].detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert logp_np.shape == (4000,)
+
+    agent.explore_uniform.fill_(0.0)
+    agent.epsilon.fill_(0.0)
+    np.testing.assert_array_equal(agent.act_numpy(obs)[0], greedy.numpy())
+    agent.epsilon.fill_(1.0)
+    counts = np.bincount(agent.act_numpy(obs)[0], minlength=3)
+    assert np.all(np.abs(counts / 4000 - 1 / 3) < 0.04), counts
+
+    learner = DQNLearner(agent, make_kwargs(), total_env_steps=1000)  # re-points parameters into a flat buffer
+    set_constant_q(agent.q_net, [0.0, 7.0, 0.0])
+    agent.epsilon.fill_(0.0)
+    assert learner.optimizer is not None
+    assert set(agent.act_numpy(obs)[0].tolist()) == {1}
