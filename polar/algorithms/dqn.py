@@ -1,6 +1,7 @@
 """DQN (Mnih et al. 2015), with optional Double DQN (van Hasselt et al. 2016) and prioritized replay.
 
-The loss is the Huber loss between Q(s, a) and ``r + gamma * (1 - terminated) * max_a' Q_target(s', a')``.
+The loss is the Huber loss between Q(s, a) and ``r + gamma^m * (1 - terminated) * max_a' Q_target(s', a')``
+(m = 1, or the steps an n-step transition spans).
 Truncated steps are not terminal: their ``next_obs`` is the episode's final observation, so they
 bootstrap. Exploration is epsilon-greedy with epsilon decaying linearly over
 ``exploration_fraction * total_env_steps``; the learner writes it into the agent, which carries it to
@@ -82,7 +83,7 @@ class DQNLearner:
                     next_q = next_q_target.gather(1, next_actions).squeeze(1)
                 else:
                     next_q = next_q_target.max(-1).values
-                target = batch.rewards + (1.0 - batch.terminated) * kw.gamma * next_q
+                target = batch.rewards + (1.0 - batch.terminated) * kw.gamma ** batch.steps * next_q
             q = agent.q_values(batch.obs).gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
             loss = (batch.weights * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
             self.optimizer.zero_grad()

@@ -85,7 +85,7 @@ class SACLearner:
                 next_actions, next_log_pi = agent.sample(batch.next_obs)
                 next_q = torch.min(*(c(batch.next_obs, next_actions) for c in self.critic_target))
                 next_q = next_q - ent_coef * next_log_pi
-                target_q = batch.rewards + (1.0 - batch.terminated) * kw.gamma * next_q
+                target_q = batch.rewards + (1.0 - batch.terminated) * kw.gamma ** batch.steps * next_q
             q1, q2 = (c(batch.obs, batch.actions) for c in self.critics)
             critic_loss = 0.5 * (nn.functional.mse_loss(q1, target_q) + nn.functional.mse_loss(q2, target_q))
             self._step(self.critic_optimizer, critic_loss)

@@ -24,7 +24,7 @@ import torch
 
 from polar.errors import CheckpointError, ConfigError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-transition ``steps`` (n-step returns)
 _OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
 
 
@@ -38,6 +38,7 @@ class ReplayBatch:
     next_obs: torch.Tensor | dict[str, torch.Tensor]
     terminated: torch.Tensor
     weights: torch.Tensor
+    steps: torch.Tensor  # [B] float32: env steps the transition spans; the bootstrap discount is gamma ** steps
     indices: np.ndarray
 
 
@@ -93,6 +94,7 @@ class ReplayBuffer:
         self._actions = np.zeros((cap, *act_shape), act_dtype)
         self._rewards = np.zeros(cap, np.float32)
         self._terminated = np.zeros(cap, np.float32)
+        self._steps = np.zeros(cap, np.float32)
         self.pos = 0  # next slot to write
         self.size = 0
         self.rng = np.random.default_rng(seed)
@@ -108,7 +110,7 @@ class ReplayBuffer:
         for name, store in (("obs", self._obs), ("next_obs", self._next_obs)):
             for k, arr in store.items():
                 out[f"{name}:{k}" if self._is_dict else name] = arr
-        out.update(actions=self._actions, rewards=self._rewards, terminated=self._terminated)
+        out.update(actions=self._actions, rewards=self._rewards, terminated=self._terminated, steps=self._steps)
         return out
 
     def _split_obs(self, obs: Any, name: str) -> dict[str, Any]:
@@ -121,10 +123,15 @@ class ReplayBuffer:
             raise ValueError(f"{name} is a dict but the observation space is {self.observation_space}")
         return {name: obs}
 
-    def add(self, obs, actions, rewards, next_obs, terminated) -> None:
-        """Append B transitions (first axis B); ``obs``/``next_obs`` are dicts of arrays for Dict spaces."""
+    def add(self, obs, actions, rewards, next_obs, terminated, steps=None) -> None:
+        """Append B transitions (first axis B); ``obs``/``next_obs`` are dicts of arrays for Dict spaces.
+
+        ``steps`` (default 1 each): how many env steps a transition spans, for n-step returns, where
+        ``rewards`` is the discounted sum over those steps and ``next_obs`` the observation after them."""
+        if steps is None:
+            steps = np.ones(np.shape(rewards)[:1], np.float32)
         given = {**self._split_obs(obs, "obs"), **self._split_obs(next_obs, "next_obs"),
-                 "actions": actions, "rewards": rewards, "terminated": terminated}
+                 "actions": actions, "rewards": rewards, "terminated": terminated, "steps": steps}
         stores = self._fields()
         batch = {}
         n = None
@@ -208,6 +215,7 @@ class ReplayBuffer:
             terminated=torch.from_numpy(self._terminated[indices]),
             weights=torch.from_numpy(weights),
             indices=indices,
+            steps=torch.from_numpy(self._steps[indices]),
         )
 
     # ---- save / load -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ class DQNKwargs(StrictModel):
     batch_size: int = Field(32, ge=1)
     tau: float = Field(1.0, gt=0, le=1, description="target update coefficient: 1 = hard copy")
     gamma: float = Field(0.99, ge=0, le=1)
+    n_steps: int = Field(1, ge=1, description="n-step returns: rewards summed over up to n steps, bootstrap * gamma**n")
     train_freq: int = Field(4, ge=1, description="steps per env between training phases (the fragment length)")
     gradient_steps: int = Field(1, ge=-1, description="gradient steps per training phase; -1 = one per transition collected")
     target_update_interval: int = Field(10_000, ge=1, description="env steps between target-network updates")

@@ -24,6 +24,7 @@ class SACKwargs(StrictModel):
     batch_size: int = Field(256, ge=1)
     tau: float = Field(0.005, gt=0, le=1, description="Polyak coefficient of the target critics")
     gamma: float = Field(0.99, ge=0, le=1)
+    n_steps: int = Field(1, ge=1, description="n-step returns: rewards summed over up to n steps, bootstrap * gamma**n")
     train_freq: int = Field(1, ge=1, description="steps per env between training phases (the fragment length)")
     gradient_steps: int = Field(1, ge=-1, description="gradient steps per training phase; -1 = one per transition collected")
     target_update_interval: int = Field(1, ge=1, description="gradient steps between target-critic updates")

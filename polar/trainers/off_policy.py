@@ -21,6 +21,7 @@ from typing import Any
 
 from polar.algorithms.dqn import DQNLearner
 from polar.algorithms.sac import SACLearner
+from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.errors import CheckpointError
 from polar.models.off_policy import network_settings
@@ -53,6 +54,7 @@ class OffPolicyTrainer(OnPolicyTrainer):
         else:
             learner = SACLearner(agent, self.kw, space, self.backend.action_space, network_settings(cfg),
                                  cfg.total_env_steps)
+        self.nstep = NStepTransitions(self.kw.n_steps, self.kw.gamma) if self.kw.n_steps > 1 else None
         learner.set_exploration(0)
         return learner
 
@@ -65,7 +67,10 @@ class OffPolicyTrainer(OnPolicyTrainer):
             frag = self.backend.next_fragment()
             t_update = time.perf_counter()
             self._absorb(frag)
-            self.replay.add_fragment(frag)
+            if self.nstep is None:
+                self.replay.add_fragment(frag)
+            elif (transitions := self.nstep(frag)) is not None:
+                self.replay.add(**transitions)
             frags.append(frag)
             lags.append(self.version - frag.policy_version)  # updates made since the weights that acted
             # a resumed run whose checkpoint had no buffer waits until a batch's worth arrived again

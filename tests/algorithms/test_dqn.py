@@ -288,3 +288,22 @@ def test_numpy_rollout_path_acts_like_the_torch_agent():
     agent.epsilon.fill_(0.0)
     assert learner.optimizer is not None
     assert set(agent.act_numpy(obs)[0].tolist()) == {1}
+
+
+def test_n_step_transitions_bootstrap_with_gamma_to_the_steps_they_span():
+    """An n-step transition's target discounts the bootstrap by gamma ** steps, not gamma."""
+    agent = make_agent()
+    learner = DQNLearner(agent, make_kwargs(n_steps=3), total_env_steps=1000)
+    set_constant_q(agent.q_net, ONLINE_Q)
+    set_constant_q(learner.target, TARGET_Q)
+    replay = RecordingReplay(100, OBS_SPACE, ACTION_SPACE, seed=0)
+    obs = np.array([[0.1, 0.2], [0.3, 0.4]], np.float32)
+    replay.add(obs, np.array([0, 1]), np.array([1.5, 0.5], np.float32), -obs, np.zeros(2, np.float32),
+               steps=np.array([3.0, 2.0], np.float32))
+    stats = learner.train(replay, gradient_steps=1, env_steps=500)
+    batch = replay.last
+    steps = batch.steps.numpy()
+    target = batch.rewards.numpy() + GAMMA ** steps * max(TARGET_Q)
+    td = target - np.array(ONLINE_Q)[batch.actions.numpy()]
+    assert set(steps.tolist()) == {2.0, 3.0}
+    assert stats["loss"] == pytest.approx(float(huber(td).mean()), rel=1e-5)

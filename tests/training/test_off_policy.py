@@ -325,6 +325,20 @@ def test_runs_with_two_worker_processes_fill_the_replay_from_both(algo, tmp_path
         assert len(np.unique(stored)) > 10 and stored.max() == pytest.approx(trainer.replay.max_priority)
 
 
+def test_n_step_run_with_two_workers_stores_n_step_transitions(tmp_path):
+    """n_steps: 3 through worker processes: every transition but the last 2 per env stream reaches the
+    buffer, spanning 3 steps unless its episode ended sooner."""
+    cfg = off_policy_cfg("dqn", total=1000, workers=2, n_steps=3)
+    result, trainer = train(cfg, tmp_path / "run")
+    streams = 2 * 2  # workers x envs_per_worker
+    held = streams * (3 - 1)
+    assert result["env_steps"] - held <= len(trainer.replay) <= result["env_steps"]
+    steps = trainer.replay._steps[:len(trainer.replay)]
+    assert set(np.unique(steps).tolist()) <= {1.0, 2.0, 3.0} and (steps == 3.0).mean() > 0.8
+    assert (steps < 3.0).any()  # CartPole episodes end inside windows
+    assert trainer.learner.n_updates > 0
+
+
 # ------------------------------------------------------------------ resume
 
 
