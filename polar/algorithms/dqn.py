@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from polar.algorithms.optim import Adam
+from polar.algorithms.optim import Adam, polyak_update
 from polar.algorithms.ppo import schedule_value
 
 
@@ -26,20 +26,6 @@ def linear_schedule(start: float, end: float, fraction: float, progress: float) 
     if fraction <= 0 or progress >= fraction:
         return end
     return start + (end - start) * progress / fraction
-
-
-def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) * target + tau * online, parameters and buffers alike (tau = 1: hard copy)."""
-    polyak_update_tensors(list(target.parameters()) + list(target.buffers()),
-                          list(online.parameters()) + list(online.buffers()), tau)
-
-
-@torch.no_grad()
-def polyak_update_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor], tau: float) -> None:
-    if tau >= 1.0:
-        torch._foreach_copy_(targets, sources)
-    else:
-        torch._foreach_lerp_(targets, sources, tau)
 
 
 class DQNLearner:

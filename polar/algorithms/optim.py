@@ -1,4 +1,4 @@
-"""A lean Adam over one flat parameter buffer, and a grad-norm clip.
+"""A lean Adam over one flat parameter buffer, a grad-norm clip, and Polyak target updates.
 
 Same math as ``torch.optim.Adam`` (no weight decay, no amsgrad) and ``torch.nn.utils.clip_grad_norm_``.
 Two reasons not to use torch.optim here:
@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 
 class Adam:
@@ -102,3 +103,17 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     torch._foreach_mul_(grads, coef)
     return total
+
+
+def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * online, parameters and buffers alike (tau = 1: hard copy)."""
+    polyak_update_tensors(list(target.parameters()) + list(target.buffers()),
+                          list(online.parameters()) + list(online.buffers()), tau)
+
+
+@torch.no_grad()
+def polyak_update_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor], tau: float) -> None:
+    if tau >= 1.0:
+        torch._foreach_copy_(targets, sources)
+    else:
+        torch._foreach_lerp_(targets, sources, tau)

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from polar.algorithms.dqn import polyak_update_tensors
-from polar.algorithms.optim import Adam
+from polar.algorithms.optim import Adam, polyak_update_tensors
 from polar.algorithms.ppo import schedule_value
 from polar.models.off_policy import QCritic
 

@@ -74,11 +74,10 @@ class NStepTransitions:
         open_ = np.ones((ready, N), bool)
         for k in range(self.n):  # t0 + k < T for every window: only the first T - (n - 1) steps are ready
             t = t0 + k
-            take = open_
-            rewards += np.where(take, (self.gamma ** k) * s["rewards"][t, env], 0.0).astype(np.float32)
-            steps += take
-            last = np.where(take, t, last)
-            open_ = take & ~s["done"][t, env]
+            rewards += np.where(open_, (self.gamma ** k) * s["rewards"][t, env], 0.0).astype(np.float32)
+            steps += open_
+            last = np.where(open_, t, last)
+            open_ = open_ & ~s["done"][t, env]
 
         def rows(x):
             return x.reshape(ready * N, *x.shape[2:])

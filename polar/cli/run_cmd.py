@@ -27,7 +27,9 @@ def main(args: argparse.Namespace) -> int:
         from polar.trainers.agentic_run import run_from_cli
 
         return run_from_cli(cfg, args)
-    if cfg.policy.type not in ("ppo", "appo", "dqn", "sac"):
+    from polar.config.policy import OFF_POLICY, ON_POLICY
+
+    if cfg.policy.type not in ON_POLICY + OFF_POLICY:
         from polar.errors import ConfigError
 
         raise ConfigError(f"policy.type {cfg.policy.type!r}: env harnesses train with 'ppo', 'appo', 'dqn' or 'sac'")

@@ -48,6 +48,9 @@ class SACPolicyConfig(StrictModel):
     kwargs: SACKwargs = Field(default_factory=SACKwargs)
 
 
+ON_POLICY = ("ppo", "appo")  # env harnesses, polar.trainers.on_policy
+OFF_POLICY = ("dqn", "sac")  # env harnesses, polar.trainers.off_policy (replay buffer, next_obs in fragments)
+
 PolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig,
     Field(discriminator="type"),

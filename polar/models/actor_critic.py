@@ -46,6 +46,20 @@ def _run_layers(layers, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def numpy_views(layers) -> list:
+    """``plain_layers`` as numpy views of the live parameters: [(weight.T, bias, activation)]."""
+    return [(w.detach().numpy().T, b.detach().numpy(), f) for w, b, f in layers]
+
+
+def run_numpy(layers, x: np.ndarray) -> np.ndarray:
+    """Forward ``numpy_views`` layers over a batch (tanh/relu activations)."""
+    for wt, b, f in layers:
+        x = x @ wt + b
+        if f is not None:
+            x = np.tanh(x) if f is torch.tanh else np.maximum(x, 0)
+    return x
+
+
 def _ortho_init(module: nn.Module, gain: float) -> None:
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
@@ -101,11 +115,10 @@ class ActorCriticAgent(AgentBase):
         key = self._fast[0][0][0].data_ptr()
         cache = self.__dict__.get("_np_cache")
         if cache is None or cache[0] != key:
-            conv = lambda layers: [(w.detach().numpy().T, b.detach().numpy(), f) for w, b, f in layers]  # noqa: E731
             log_std = self.log_std.detach().numpy() if self.gaussian else None
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # follows the torch seed: reproducible
             rng = cache[4] if cache is not None else np.random.default_rng(seed)
-            cache = (key, conv(self._fast[0]), conv(self._fast[1]), log_std, rng)
+            cache = (key, numpy_views(self._fast[0]), numpy_views(self._fast[1]), log_std, rng)
             self.__dict__["_np_cache"] = cache
         return cache
 
@@ -115,16 +128,8 @@ class ActorCriticAgent(AgentBase):
         Same function as ``act``; for tiny MLPs numpy's per-call cost is a fraction of torch's, which
         matters once per env step."""
         _, pi, vf, log_std, rng = self._numpy_layers()
-        x = obs
-        for wt, b, f in pi:
-            x = x @ wt + b
-            if f is not None:
-                x = np.tanh(x) if f is torch.tanh else np.maximum(x, 0)
-        v = obs
-        for wt, b, f in vf:
-            v = v @ wt + b
-            if f is not None:
-                v = np.tanh(v) if f is torch.tanh else np.maximum(v, 0)
+        x = run_numpy(pi, obs)
+        v = run_numpy(vf, obs)
         if self._categorical:
             z = x - x.max(-1, keepdims=True)
             logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))

@@ -16,8 +16,8 @@ from torch import nn
 
 from polar.agents import AgentBase
 from polar.errors import ConfigError
-from polar.models.actor_critic import plain_layers
-from polar.models.encoders import Flatten, build_encoder, flat_dim, is_image_space
+from polar.models.actor_critic import numpy_views, plain_layers, run_numpy
+from polar.models.encoders import Flatten, build_encoder, flat_dim, is_image_space, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SB3 / the SAC paper's clamp on the actor's log std
 
@@ -60,16 +60,12 @@ class QNetworkAgent(AgentBase):
         key = self._fast[0][0].data_ptr()
         cache = self.__dict__.get("_np_cache")
         if cache is None or cache[0] != key:  # the optimizer re-pointed the parameters: new numpy views
-            layers = [(w.detach().numpy().T, b.detach().numpy(), f) for w, b, f in self._fast]
+            layers = numpy_views(self._fast)
             rng = cache[2] if cache is not None else np.random.default_rng(int(torch.randint(0, 2**31 - 1, (1,))))
             cache = (key, layers, rng)
             self.__dict__["_np_cache"] = cache
         _, layers, rng = cache
-        q = obs
-        for wt, b, f in layers:
-            q = q @ wt + b
-            if f is not None:
-                q = np.tanh(q) if f is torch.tanh else np.maximum(q, 0)
+        q = run_numpy(layers, obs)
         action = q.argmax(-1)
         if not deterministic:
             eps = 1.0 if float(self.explore_uniform) > 0 else float(self.epsilon)
@@ -103,10 +99,7 @@ class SquashedGaussianAgent(AgentBase):
         self.trunk = encoder
         self.mu = nn.Linear(dim, self.action_dim)
         self.log_std = nn.Linear(dim, self.action_dim)
-        low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
-        self.register_buffer("action_scale", (high - low) / 2.0)
-        self.register_buffer("action_bias", (high + low) / 2.0)
+        register_box_scale(self, action_space)
         self.register_buffer("explore_uniform", torch.tensor(1.0))  # 1 until learning_starts: uniform actions
         self.bind_spaces(observation_space, action_space)
 
@@ -142,6 +135,14 @@ class SquashedGaussianAgent(AgentBase):
         return self._to_env(squashed), None, {"values": _zeros(batch), "log_prob": _zeros(batch)}
 
 
+def register_box_scale(module: nn.Module, action_space: gym.spaces.Box) -> None:
+    """Buffers ``action_scale`` and ``action_bias``: env action = squashed * scale + bias, for squashed in [-1, 1]."""
+    low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
+    high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
+    module.register_buffer("action_scale", (high - low) / 2.0)
+    module.register_buffer("action_bias", (high + low) / 2.0)
+
+
 class QCritic(nn.Module):
     """Q(s, a) for Box actions; actions are rescaled to [-1, 1] before they enter the network."""
 
@@ -155,18 +156,9 @@ class QCritic(nn.Module):
         else:  # as SB3: the whole MLP sees [flat observation, action]
             self.encoder, dim = Flatten(observation_space), flat_dim(observation_space)
             rest = hidden_sizes
-        action_dim = int(np.prod(action_space.shape))
-        layers: list[nn.Module] = []
-        in_dim = dim + action_dim
-        for h in rest:
-            layers += [nn.Linear(in_dim, h), nn.ReLU() if activation == "relu" else nn.Tanh()]
-            in_dim = h
-        layers.append(nn.Linear(in_dim, 1))
-        self.head = nn.Sequential(*layers)
-        low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
-        self.register_buffer("action_scale", (high - low) / 2.0)
-        self.register_buffer("action_bias", (high + low) / 2.0)
+        body, out = mlp(dim + int(np.prod(action_space.shape)), rest, activation)
+        self.head = nn.Sequential(body, nn.Linear(out, 1))
+        register_box_scale(self, action_space)
 
     def forward(self, obs, action: torch.Tensor) -> torch.Tensor:
         a = (action.reshape(action.shape[0], -1) - self.action_bias) / self.action_scale

@@ -8,6 +8,7 @@ import gymnasium as gym
 from torch import nn
 
 from polar.agents import AgentBase
+from polar.config.policy import OFF_POLICY
 from polar.models.loader import build_agent
 from polar.models.normalization import ObsNormalizer
 
@@ -27,7 +28,7 @@ class Policy(nn.Module):
 
 def build_policy(cfg, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> Policy:
     """The policy a RunConfig describes (agent + optional obs normalizer)."""
-    if cfg.policy.type in ("dqn", "sac"):
+    if cfg.policy.type in OFF_POLICY:
         from polar.models.off_policy import build_off_policy_agent
 
         return Policy(build_off_policy_agent(cfg, observation_space, action_space))

@@ -12,10 +12,9 @@ import numpy as np
 import torch
 
 from polar.agents import check_act_output, map_state, reset_state
+from polar.config.policy import OFF_POLICY
 from polar.errors import AgentError
 from polar.rollout.fragment import Fragment
-
-OFF_POLICY = ("dqn", "sac")
 
 
 def runner_options(cfg) -> dict:

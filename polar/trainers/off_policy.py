@@ -23,6 +23,7 @@ from polar.algorithms.dqn import DQNLearner
 from polar.algorithms.sac import SACLearner
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from polar.config.policy import OFF_POLICY
 from polar.errors import CheckpointError
 from polar.models.off_policy import network_settings
 from polar.trainers.on_policy import OnPolicyTrainer
@@ -35,7 +36,7 @@ ITERATION_ENV_STEPS = 1000
 class OffPolicyTrainer(OnPolicyTrainer):
     """DQN / SAC on any env harness; the constructor is ``OnPolicyTrainer``'s."""
 
-    ALGORITHMS = ("dqn", "sac")
+    ALGORITHMS = OFF_POLICY
 
     def _fragment_steps(self) -> int:
         return self.kw.train_freq

@@ -23,6 +23,7 @@ from polar.algorithms.appo import APPOLearner
 from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.loader import dump_config
+from polar.config.policy import OFF_POLICY, ON_POLICY
 from polar.errors import ConfigError
 from polar.metrics.logger import EpisodeWindow, MetricsLogger
 from polar.models.normalization import RunningNorm
@@ -48,7 +49,7 @@ def build_trainer(cfg, run_dir: RunDir, resume: bool = False,
 
 def trainer_class(cfg) -> type[OnPolicyTrainer]:
     """``OffPolicyTrainer`` for DQN/SAC, else this module's ``OnPolicyTrainer`` (PPO/APPO)."""
-    if cfg.policy.type in ("dqn", "sac"):
+    if cfg.policy.type in OFF_POLICY:
         from polar.trainers.off_policy import OffPolicyTrainer
 
         return OffPolicyTrainer
@@ -62,7 +63,7 @@ class OnPolicyTrainer:
     iteration) let the Ray learner actor run this same loop with its own backend options and counters.
     """
 
-    ALGORITHMS: tuple[str, ...] = ("ppo", "appo")
+    ALGORITHMS: tuple[str, ...] = ON_POLICY
 
     def __init__(self, cfg, run_dir: RunDir, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None,
