@@ -65,13 +65,22 @@ def serve_forever(config: GatewayConfig, engine: Any = None, on_listen: Any = No
     except OSError as e:
         sock.close()
         raise GatewayError(f"cannot listen on {config.host}:{config.port}: {e}; pick another port") from None
+    sock.listen(2048)  # clients that connect before uvicorn's first accept wait in the backlog, not refused
     host = config.host if config.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    if on_listen is not None:
-        on_listen(f"http://{host}:{sock.getsockname()[1]}")
+    url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn_config(app.asgi, config))
+
+    async def serve_and_announce() -> None:
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if server.started and on_listen is not None:
+            on_listen(url)  # only once uvicorn accepts: a script may connect the moment it reads the line
+        await serving
+
     loop = new_event_loop()
     try:
-        loop.run_until_complete(server.serve(sockets=[sock]))
+        loop.run_until_complete(serve_and_announce())
     except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
         pass
     finally:
