@@ -123,7 +123,7 @@ def test_refused_calls_move_the_session_to_a_live_node(oracle_engine, tmp_path, 
 
 
 def test_failures_that_are_not_the_nodes_are_not_retried(oracle_engine, tmp_path):
-    settings = PipelineSettings(agent_timeout_s=2, workspace_root=str(tmp_path / "ws"), max_node_retries=2)
+    settings = PipelineSettings(agent_timeout_s=10, workspace_root=str(tmp_path / "ws"), max_node_retries=2)
     task = calc_tasks(1)[0]
     groups = [(dict(task, crash=True), 1, {}), (dict(task, break_verifier=True), 1, {}),
               (dict(task, hang_s=60), 1, {}), (task, 1, {})]

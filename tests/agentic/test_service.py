@@ -50,16 +50,18 @@ def test_submit_poll_callback_list_and_events(stack):
     sink = HTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     events = []
+    subscribed = threading.Event()
 
     def follow():
         with httpx.stream("GET", f"{url}/events", params={"max_events": 14}, timeout=120) as r:
             for line in r.iter_lines():
+                subscribed.set()  # the server's opening comment: the subscription exists
                 if line.startswith("data: "):
                     events.append(json.loads(line[6:]))
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
-    time.sleep(0.5)  # let the subscription open before submitting (ordering, not a timing assertion)
+    assert subscribed.wait(60), "the event stream did not open"
     with httpx.Client(timeout=60) as http:
         task = {"id": "q1", "prompt": "What is 2 + 3?", "answer": "5"}
         r = http.post(f"{url}/tasks", json={"task": task, "num_samples": 3, "metadata": {"group_id": "g1", "policy_version": 0},

@@ -71,7 +71,7 @@ def test_sigkill_mid_episode_is_recovered_without_losing_completed_episodes(tmp_
 def test_hung_connector_is_killed_and_restarted(tmp_path):
     log = tmp_path / "episodes.log"
     config = {"length": LENGTH, "log": str(log), "hang_once_at": 8, "hang_flag": str(tmp_path / "hung")}
-    spec = make_spec("CountingConnector", config=config, call_timeout_s=1.0)
+    spec = make_spec("CountingConnector", config=config, call_timeout_s=3.0)
     envs = ConnectorVectorEnv(spec, N, config_dir=CONNECTORS_DIR)
     try:
         envs.reset(seed=[0, 1, 2])
