@@ -69,7 +69,9 @@ def test_killed_node_sessions_are_redispatched_to_the_survivor(tmp_path, no_left
                                 model_name="tiny", max_node_retries=2, node_wait_s=30)
     markers = tmp_path / "markers"
     markers.mkdir()
-    with RolloutServer(runner(), verifier(), settings, heartbeat_timeout_s=3.0) as server, \
+    # heartbeats every 0.2 s; 10 s of silence is the killed node's, never a live node's on a loaded machine
+    # (a spurious loss of n1 would re-dispatch its sessions too and change every count below)
+    with RolloutServer(runner(), verifier(), settings, heartbeat_timeout_s=10.0) as server, \
             concurrent.futures.ThreadPoolExecutor(1) as pool:
         procs = {nid: start_node(server.url, nid, tmp_path) for nid in ("n0", "n1")}
         try:

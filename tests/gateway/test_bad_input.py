@@ -76,15 +76,15 @@ def test_bad_requests_get_provider_errors_and_the_server_survives(provider, gate
     gw = gateway(scripted(lambda req, i: "ok"), max_body_bytes=4096)
     for name, body, status, needle in bad_cases(provider):
         kw = {"content": body} if isinstance(body, bytes) else {"json": body}
-        r = httpx.post(gw.url + PATHS[provider], headers={"content-type": "application/json"}, **kw)
+        r = httpx.post(gw.url + PATHS[provider], headers={"content-type": "application/json"}, **kw, timeout=60)
         assert r.status_code == status, (name, r.text)
         assert needle in error_message(provider, r), (name, r.text)
     if provider == "gemini":
-        r = httpx.post(f"{gw.url}/v1beta/models/gemini-99:generateContent", json=good(provider))
+        r = httpx.post(f"{gw.url}/v1beta/models/gemini-99:generateContent", json=good(provider), timeout=60)
         assert r.status_code == 404 and "gemini-99" in error_message(provider, r)
-    r = httpx.post(gw.url + PATHS[provider], json=good(provider))
+    r = httpx.post(gw.url + PATHS[provider], json=good(provider), timeout=60)
     assert r.status_code == 200, r.text
-    assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"
+    assert httpx.get(f"{gw.url}/health", timeout=60).json()["status"] == "ok"
 
 
 def test_context_length_maps_to_each_sdks_error(gateway, scripted):
@@ -121,22 +121,22 @@ def test_engine_failure_is_a_provider_shaped_5xx(gateway, scripted):
 
     gw = gateway(scripted(explode))
     for provider, path in PATHS.items():
-        r = httpx.post(gw.url + path, json=good(provider))
+        r = httpx.post(gw.url + path, json=good(provider), timeout=60)
         assert r.status_code == 500, r.text
         assert "GPU fell off the bus" in error_message(provider, r)
-    r = httpx.post(gw.url + PATHS["openai_chat"], json={**good("openai_chat"), "stream": True})
+    r = httpx.post(gw.url + PATHS["openai_chat"], json={**good("openai_chat"), "stream": True}, timeout=60)
     assert r.status_code == 500  # failures before the first token are still a proper status, not a 200 stream
-    assert httpx.get(f"{gw.url}/health").status_code == 200
+    assert httpx.get(f"{gw.url}/health", timeout=60).status_code == 200
 
 
 def test_unsupported_features_are_explicit(gateway, scripted):
     gw = gateway(scripted(lambda req, i: "ok"))
-    r = httpx.post(gw.url + "/v1/responses", json={"model": "tiny", "input": "x", "previous_response_id": "resp_1"})
+    r = httpx.post(gw.url + "/v1/responses", json={"model": "tiny", "input": "x", "previous_response_id": "resp_1"}, timeout=60)
     assert r.status_code == 400 and "previous_response_id" in r.json()["error"]["message"]
-    r = httpx.post(gw.url + "/v1/chat/completions", json={**good("openai_chat"), "n": 2})
+    r = httpx.post(gw.url + "/v1/chat/completions", json={**good("openai_chat"), "n": 2}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
-    r = httpx.post(gw.url + "/v1beta/models/tiny:streamGenerateContent", json=good("gemini"))
+    r = httpx.post(gw.url + "/v1beta/models/tiny:streamGenerateContent", json=good("gemini"), timeout=60)
     assert r.status_code == 400 and "alt=sse" in r.json()["error"]["message"]
-    r = httpx.post(gw.url + "/s/x/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    r = httpx.post(gw.url + "/s/x/v1/completions", json={"model": "tiny", "prompt": "hi"}, timeout=60)
     assert r.status_code == 404 and "/v1/chat/completions" in r.json()["error"]["message"]
-    assert httpx.get(gw.url + "/v1/chat/completions").status_code == 405
+    assert httpx.get(gw.url + "/v1/chat/completions", timeout=60).status_code == 405

@@ -91,33 +91,33 @@ def test_admin_endpoints_need_the_token_and_reject_mode_sends_429(gateway, own_m
     engine = ScriptedEngine(tok, lambda req, i: "ok", model=model, model_name="tiny")
     gw = gateway(engine, admin_token="s3cret", pause_mode="reject", retry_after_s=2)
     admin = {"x-polar-admin-token": "s3cret"}
-    assert httpx.post(f"{gw.url}/admin/pause").status_code == 401
-    assert httpx.post(f"{gw.url}/admin/pause", headers={"x-polar-admin-token": "wrong"}).status_code == 401
-    assert httpx.post(f"{gw.url}/admin/pause", headers=admin).json()["drained"] is True
-    r = httpx.post(f"{gw.url}/v1/messages", json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]})
+    assert httpx.post(f"{gw.url}/admin/pause", timeout=60).status_code == 401
+    assert httpx.post(f"{gw.url}/admin/pause", headers={"x-polar-admin-token": "wrong"}, timeout=60).status_code == 401
+    assert httpx.post(f"{gw.url}/admin/pause", headers=admin, timeout=60).json()["drained"] is True
+    r = httpx.post(f"{gw.url}/v1/messages", json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}, timeout=60)
     assert r.status_code == 429 and r.headers["retry-after"] == "2" and r.json()["error"]["type"] == "rate_limit_error"
     with pytest.raises(openai.RateLimitError):
         openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}])
-    assert httpx.post(f"{gw.url}/admin/resume", headers=admin).json()["paused"] is False
+    assert httpx.post(f"{gw.url}/admin/resume", headers=admin, timeout=60).json()["paused"] is False
 
     path = tmp_path / "w.safetensors"
     save_file(_perturbed(model), str(path))
-    r = httpx.post(f"{gw.url}/admin/weights", json={"path": str(path), "policy_version": 7}, headers=admin)
+    r = httpx.post(f"{gw.url}/admin/weights", json={"path": str(path), "policy_version": 7}, headers=admin, timeout=60)
     assert r.status_code == 200 and r.json()["policy_version"] == 7
-    bad = httpx.post(f"{gw.url}/admin/weights", json={"path": str(tmp_path / "none.safetensors"), "policy_version": 8}, headers=admin)
+    bad = httpx.post(f"{gw.url}/admin/weights", json={"path": str(tmp_path / "none.safetensors"), "policy_version": 8}, headers=admin, timeout=60)
     assert bad.status_code == 400 and "cannot read weights" in bad.json()["error"]["message"]
 
     oa = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-test-A", max_retries=0)
     oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "mine"}])
     assert gw.records("sk-test-A")[0].policy_version == 7
     # only the session itself (or the admin) may read its records
-    assert httpx.get(f"{gw.url}/sessions/sk-test-A", headers={"authorization": "Bearer sk-test-B"}).status_code == 403
-    assert httpx.get(f"{gw.url}/sessions/sk-test-A/trajectory", headers={"authorization": "Bearer sk-test-B"}).status_code == 403
-    own = httpx.get(f"{gw.url}/sessions/sk-test-A", headers={"authorization": "Bearer sk-test-A"}).json()
+    assert httpx.get(f"{gw.url}/sessions/sk-test-A", headers={"authorization": "Bearer sk-test-B"}, timeout=60).status_code == 403
+    assert httpx.get(f"{gw.url}/sessions/sk-test-A/trajectory", headers={"authorization": "Bearer sk-test-B"}, timeout=60).status_code == 403
+    own = httpx.get(f"{gw.url}/sessions/sk-test-A", headers={"authorization": "Bearer sk-test-A"}, timeout=60).json()
     assert [r["messages"][-1]["content"] for r in own["records"]] == ["mine"]
-    assert httpx.get(f"{gw.url}/sessions/sk-test-A", headers=admin).status_code == 200
-    assert httpx.get(f"{gw.url}/sessions").status_code == 401
-    assert httpx.get(f"{gw.url}/sessions", headers=admin).json() == {"sessions": ["sk-test-A"]}
+    assert httpx.get(f"{gw.url}/sessions/sk-test-A", headers=admin, timeout=60).status_code == 200
+    assert httpx.get(f"{gw.url}/sessions", timeout=60).status_code == 401
+    assert httpx.get(f"{gw.url}/sessions", headers=admin, timeout=60).json() == {"sessions": ["sk-test-A"]}
     # an "sk-" API key is never written as a file name
     assert [p.name.startswith("h-") for p in gw.app.store.dir.glob("*.jsonl")] == [True]

@@ -190,4 +190,4 @@ def test_models_endpoint_and_health(gw):
 
     models = OpenAI(base_url=f"{gw.url}/v1", api_key="x").models.list()
     assert [m.id for m in models.data] == ["tiny", "gpt-test", "claude-test", "gemini-test"]
-    assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"
+    assert httpx.get(f"{gw.url}/health", timeout=60).json()["status"] == "ok"

@@ -91,8 +91,8 @@ def test_trajectories_over_http_with_a_prefix_break(gateway, embedded, tiny):
     client.chat.completions.create(model="tiny", messages=compacted, max_tokens=6)
 
     recs = gw.records("traj")
-    per = httpx.get(f"{gw.url}/sessions/traj/trajectory", params={"builder": "per_request"}).json()
-    merged = httpx.get(f"{gw.url}/sessions/traj/trajectory", params={"builder": "prefix_merging"}).json()
+    per = httpx.get(f"{gw.url}/sessions/traj/trajectory", params={"builder": "per_request"}, timeout=60).json()
+    merged = httpx.get(f"{gw.url}/sessions/traj/trajectory", params={"builder": "prefix_merging"}, timeout=60).json()
     assert len(per["samples"]) == 4
     assert len(merged["samples"]) == 2 and merged["stats"]["prefix_breaks"] == 1
     chain = merged["samples"][0]
@@ -109,8 +109,8 @@ def test_trajectories_over_http_with_a_prefix_break(gateway, embedded, tiny):
             for pos, (m, lp) in enumerate(zip(s["loss_mask"], s["logprobs"], strict=True)):
                 if m:
                     assert abs(recomputed[pos - 1] - lp) < 1e-4
-    assert httpx.get(f"{gw.url}/sessions/traj/trajectory", params={"builder": "nope"}).status_code == 400
-    assert httpx.get(f"{gw.url}/sessions/nobody").status_code == 404
+    assert httpx.get(f"{gw.url}/sessions/traj/trajectory", params={"builder": "nope"}, timeout=60).status_code == 400
+    assert httpx.get(f"{gw.url}/sessions/nobody", timeout=60).status_code == 404
 
 
 def test_records_survive_a_restart_and_reuse_continues(gateway, tiny, tmp_path):

@@ -4,6 +4,7 @@ up mid-stream leaves an incomplete record (never a trainable one)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -14,20 +15,26 @@ from polar.inference.base import Engine, GenerationRequest
 
 
 class Tracked(Engine):
-    """Delegates to another engine and notes when its stream has produced its last token."""
+    """Delegates to another engine and notes when its stream has produced its last token.
 
-    def __init__(self, inner: Engine) -> None:
+    With ``hold_last`` (a threading.Event) the last token waits until the test sets it (at most 60 s), so
+    "the engine has not finished yet" does not depend on how fast a loaded machine schedules the client."""
+
+    def __init__(self, inner: Engine, hold_last: threading.Event | None = None) -> None:
         self.inner = inner
         self.tokenizer, self.model_name = inner.tokenizer, inner.model_name
         self.context_length, self.default_stop_token_ids = inner.context_length, inner.default_stop_token_ids
         self.finished = threading.Event()
         self.closed_early = threading.Event()
+        self.hold_last = hold_last
 
     async def generate(self, request: GenerationRequest):
         self.finished.clear()
         done = False
         try:
             async for ev in self.inner.generate(request):
+                if ev.finish_reason and self.hold_last is not None:
+                    await asyncio.to_thread(self.hold_last.wait, 60)
                 yield ev
                 if ev.finish_reason:
                     done = True
@@ -40,7 +47,11 @@ class Tracked(Engine):
 def test_tokens_reach_the_client_before_the_engine_finishes(gateway, scripted):
     from openai import OpenAI
 
-    engine = Tracked(scripted(lambda req, i: "one two three four five six seven eight nine ten", token_delay_s=0.05))
+    # the engine holds its last token until the client has seen the first text (a buffering gateway never
+    # shows it early: the engine then finishes after 60 s, before the client sees anything, and this fails)
+    client_saw_text = threading.Event()
+    engine = Tracked(scripted(lambda req, i: "one two three four five six seven eight nine ten", token_delay_s=0.05),
+                     hold_last=client_saw_text)
     gw = gateway(engine)
     stream = OpenAI(base_url=f"{gw.url}/v1", api_key="x").chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "count"}], stream=True)
@@ -48,6 +59,7 @@ def test_tokens_reach_the_client_before_the_engine_finishes(gateway, scripted):
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             seen_before_end.append(not engine.finished.is_set())
+            client_saw_text.set()
     assert seen_before_end[0] is True and len(seen_before_end) > 3
 
 
@@ -112,7 +124,7 @@ def test_client_hanging_up_mid_stream_leaves_an_incomplete_record(gateway, scrip
     engine = Tracked(scripted(lambda req, i: "word " * 200, token_delay_s=0.02))
     gw = gateway(engine)
     body = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "go"}]}
-    with httpx.stream("POST", f"{gw.url}/s/gone/v1/chat/completions", json=body) as r:
+    with httpx.stream("POST", f"{gw.url}/s/gone/v1/chat/completions", json=body, timeout=60) as r:
         data_lines = (line for line in r.iter_lines() if line.startswith("data:"))
         next(data_lines), next(data_lines), next(data_lines)  # the role chunk and two content chunks
         # leaving the block hangs up mid-stream
@@ -122,4 +134,4 @@ def test_client_hanging_up_mid_stream_leaves_an_incomplete_record(gateway, scrip
     (rec,) = gw.records("gone")
     assert not rec.complete and "disconnected" in rec.error
     assert 0 < len(rec.sampled_ids) < 200 and engine.closed_early.is_set()
-    assert httpx.get(f"{gw.url}/health").json()["inflight"] == 0
+    assert httpx.get(f"{gw.url}/health", timeout=60).json()["inflight"] == 0

@@ -85,7 +85,8 @@ def test_cli_past_its_budget_times_out_and_leaves_no_process(scripted_gateway: A
     marker = f"{3000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
     # a child in its own session (escapes a plain process-group kill) and a foreground sleep
     fake = script(tmp_path, f'echo "thinking hard" ; setsid sleep {marker} & sleep {marker}')
-    result = run_session(scripted_gateway, "pi", swe_tasks["median"], {"bin": fake}, agent_timeout_s=4)
+    # the CLI sleeps ~3000 s; the budget leaves a loaded machine time to start the sandbox and print the line
+    result = run_session(scripted_gateway, "pi", swe_tasks["median"], {"bin": fake}, agent_timeout_s=20)
     assert result.status == SessionStatus.TIMEOUT
     assert "timed out" in result.error and "thinking hard" in result.error
     assert survivors(marker) == []
