@@ -23,6 +23,7 @@ class DrainGate:
         self.retry_after_s = retry_after_s
         self.paused = False
         self.inflight = 0
+        self.waiting = 0  # calls held at the gate until resume (pause_mode: wait)
         self._resumed: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
 
@@ -45,10 +46,13 @@ class DrainGate:
         if self.paused:
             if self.mode == "reject":
                 raise self._busy()
+            self.waiting += 1
             try:
                 await asyncio.wait_for(resumed.wait(), self.wait_s)
             except asyncio.TimeoutError:
                 raise self._busy() from None
+            finally:
+                self.waiting -= 1
         self.inflight += 1
         idle.clear()
 
@@ -75,7 +79,8 @@ class DrainGate:
         return self.status()
 
     def status(self) -> dict[str, object]:
-        return {"paused": self.paused, "inflight": self.inflight, "drained": self.paused and self.inflight == 0}
+        return {"paused": self.paused, "inflight": self.inflight, "waiting": self.waiting,
+                "drained": self.paused and self.inflight == 0}
 
 
 def retry_after_header(seconds: float | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 import httpx
 import pytest
@@ -54,7 +55,7 @@ def test_update_weights_drains_in_flight_calls_and_stamps_the_new_version(gatewa
     assert first_chunk.wait(60)
     status = gw.update_weights(_perturbed(model), version=1, timeout_s=60)
     t.join(60)
-    assert status == {"paused": False, "inflight": 0, "drained": False, "policy_version": 1}
+    assert status == {"paused": False, "inflight": 0, "waiting": 0, "drained": False, "policy_version": 1}
     assert result == {"finish": "stop", "text": REPLY}  # the in-flight call finished, it was not aborted
     client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "after"}])
     before, after = gw.records("drain")
@@ -68,14 +69,18 @@ def test_paused_calls_wait_for_resume(gateway, scripted):
     from openai import OpenAI
 
     gw = gateway(scripted(lambda req, i: "ok"), pause_mode="wait", pause_wait_s=60)
-    assert gw.pause(timeout_s=5) == {"paused": True, "inflight": 0, "drained": True}
+    assert gw.pause(timeout_s=5) == {"paused": True, "inflight": 0, "waiting": 0, "drained": True}
     out: dict = {}
     client = OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
     t = threading.Thread(target=lambda: out.setdefault("r", client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}])))
     t.start()
-    t.join(1.0)
-    assert t.is_alive() and not gw.records("x")  # held at the gate, nothing generated
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{gw.url}/health", timeout=60).json()["waiting"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    health = httpx.get(f"{gw.url}/health", timeout=60).json()
+    assert (health["waiting"], health["inflight"]) == (1, 0), health  # held at the gate, not generating
+    assert t.is_alive() and not gw.records("x")
     gw.resume()
     t.join(60)
     assert out["r"].choices[0].message.content == "ok"
