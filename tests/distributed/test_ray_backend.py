@@ -38,8 +38,17 @@ def test_contract_versions_lag_and_scale_from_the_run_dir(ray_cluster, tmp_path)
         first = backend.next_fragment(timeout_s=60)
         assert first.policy_version == 0 and first.rewards.shape == (8, 2)
         backend.publish_weights(policy.state_dict(), version=1)
-        versions = [backend.next_fragment(timeout_s=60).policy_version for _ in range(6)]
-        assert versions[-1] == 1 and all(v in (0, 1) for v in versions)
+        frags = [backend.next_fragment(timeout_s=60) for _ in range(6)]
+        # Each worker has at most 2 calls queued with version 0 when version 1 is published, and runs its calls
+        # in order: per worker, versions never go back, and at most 2 fragments per worker are stale. Which
+        # worker's fragment comes next is up to their speed (a slow node's stale fragments may come last).
+        by_worker: dict[int, list[int]] = {}
+        for f in frags:
+            by_worker.setdefault(f.worker_id, []).append(f.policy_version)
+        versions = [f.policy_version for f in frags]
+        assert set(versions) <= {0, 1} and 1 in versions
+        for seen in by_worker.values():
+            assert seen == sorted(seen) and seen.count(0) <= 2, by_worker
         m = backend.metrics()
         assert m["rollout/workers"] == 2 and m["rollout/restarts"] == 0 and 0 <= m["rollout/policy_lag_mean"] <= 1
         request_scale(tmp_path, 3)
