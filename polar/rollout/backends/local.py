@@ -5,7 +5,9 @@
 - ``rollout_workers: K``: K worker processes (forkserver), each stepping ``envs_per_worker`` copies
   with one batched forward. Weights live in shared-memory tensors guarded by a lock and a version
   counter; each worker hands fragments back through two shared-memory slots, so the learner takes
-  the first-ready fragment and a slow worker never holds the others up.
+  the first-ready fragment and a slow worker never holds the others up. ``start()`` returns once
+  every worker is up (its envs built, a first fragment collected), so a worker that starts slowly
+  still takes part from the first update, and one that cannot start fails the run at start.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import multiprocessing as mp
 import queue
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -41,6 +44,7 @@ class LocalBackend:
         self.num_envs = dist.num_envs
         self.runner = None
         self._procs: list = []
+        self._unread: deque[tuple] = deque()  # fragment messages that arrived while start() waited for the others
         self._closed = False
         if self.num_workers == 0:
             self.env = make_vector_env(cfg.harness, self.envs_per_worker, seed=seed, config_dir=self.config_dir)
@@ -90,7 +94,25 @@ class LocalBackend:
                                   self._lock, self._out_q, free_q, self._stop))
             p.start()
             self._procs.append(p)
+        try:
+            self._wait_until_all_started(self.cfg.distribution.worker_timeout_s)
+        except BaseException:
+            self.close()
+            raise
         log.info("started %d rollout workers x %d envs", self.num_workers, self.envs_per_worker)
+
+    def _wait_until_all_started(self, timeout_s: float) -> None:
+        """Every worker announces its shared-memory slots once its first fragment is collected. Fragments
+        that arrive meanwhile wait unread, holding their slots, so a fast worker runs at most 2 ahead."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._slots) < self.num_workers:
+            missing = self.num_workers - len(self._slots)
+            msg = self._next_message(deadline, timeout_s, f"the start of {missing} of {self.num_workers} rollout "
+                                     "workers (envs built, first fragment collected)")
+            if msg[0] == "fragment":
+                self._unread.append(msg)
+            else:
+                self._read(msg)
 
     def publish_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.num_workers == 0:
@@ -104,36 +126,47 @@ class LocalBackend:
     def next_fragment(self, timeout_s: float | None = None) -> Fragment:
         if self.num_workers == 0:
             return self.runner.collect(self.fragment_steps, self.version, 0)
+        if self._unread:
+            return self._read(self._unread.popleft())
         timeout_s = timeout_s if timeout_s is not None else self.cfg.distribution.worker_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
+            msg = self._next_message(deadline, timeout_s, f"a rollout fragment from any of {self.num_workers} workers")
+            frag = self._read(msg)
+            if frag is not None:
+                return frag
+
+    def _next_message(self, deadline: float, timeout_s: float, what: str) -> tuple:
+        while True:
             try:
-                msg = self._out_q.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                return self._out_q.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
             except queue.Empty:
                 self._check_alive()
                 if time.monotonic() > deadline:
                     raise HarnessError(
-                        f"no rollout fragment from any of {self.num_workers} workers in {timeout_s:.0f}s; a worker or its "
-                        "env is stuck (raise distribution.worker_timeout_s if steps are really this slow)."
+                        f"no sign of {what} within {timeout_s:.0f}s; a worker or its env is stuck "
+                        "(raise distribution.worker_timeout_s if steps are really this slow)."
                     ) from None
-                continue
-            kind = msg[0]
-            if kind == "slots":
-                self._slots[msg[1]] = msg[2]
-            elif kind == "fragment":
-                _, wid, slot, meta = msg
-                from polar.rollout.worker import fragment_from_arrays
 
-                arrays = {k: t.numpy().copy() for k, t in self._slots[wid][slot].items()}
-                self._free_qs[wid].put(slot)
-                return fragment_from_arrays(arrays, meta)
-            elif kind == "error":
-                _, wid, etype, message, tb = msg
-                cls = getattr(errors, etype, None)
-                text = f"rollout worker {wid} failed: {message}"
-                if isinstance(cls, type) and issubclass(cls, PolarError):
-                    raise cls(text)
-                raise HarnessError(f"rollout worker {wid} failed with {etype}: {message}\n{tb}")
+    def _read(self, msg: tuple) -> Fragment | None:
+        """A worker's message: a fragment (its slot freed for the next one), None for its slots, or its error."""
+        kind = msg[0]
+        if kind == "slots":
+            self._slots[msg[1]] = msg[2]
+            return None
+        if kind == "fragment":
+            _, wid, slot, meta = msg
+            from polar.rollout.worker import fragment_from_arrays
+
+            arrays = {k: t.numpy().copy() for k, t in self._slots[wid][slot].items()}
+            self._free_qs[wid].put(slot)
+            return fragment_from_arrays(arrays, meta)
+        _, wid, etype, message, tb = msg  # "error"
+        cls = getattr(errors, etype, None)
+        text = f"rollout worker {wid} failed: {message}"
+        if isinstance(cls, type) and issubclass(cls, PolarError):
+            raise cls(text)
+        raise HarnessError(f"rollout worker {wid} failed with {etype}: {message}\n{tb}")
 
     def _check_alive(self) -> None:
         for i, p in enumerate(self._procs):
