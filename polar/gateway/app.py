@@ -9,6 +9,7 @@ client sends can crash the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -75,6 +76,32 @@ def api_key(request: Request) -> str | None:
 def session_of(request: Request) -> str:
     """URL prefix, then the ``x-polar-session`` header, then the API key."""
     return request.scope.get("polar_session") or request.headers.get(SESSION_HEADER) or api_key(request) or DEFAULT_SESSION
+
+
+async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Run ``work`` unless the client hangs up first; then cancel it and return ``None``.
+
+    A non-streaming call has no body being sent to notice a disconnect by, so this listens for the
+    ASGI ``http.disconnect`` message (the request body has been read by now) and cancels the call: the
+    engine stops generating for nobody, and the call's record says ``complete=false``."""
+    task = asyncio.ensure_future(work)
+
+    async def hung_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
 
 
 class SSEResponse(Response):
@@ -219,8 +246,10 @@ class GatewayApp:
                 if req.stream:
                     call = await self.core.start(req, sid)
                     return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
-                call = await self.core.start(req, sid)
-                out = await self.core.finish(call)
+                done = await until_disconnect(request, self._call(req, sid))
+                if done is None:  # the client hung up: generation was cancelled, the record says so
+                    return Response(status_code=499)
+                call, out = done
                 return self._json(provider.response(req, call, out))
             except ApiError as e:
                 return self._error(provider, e)
@@ -229,6 +258,10 @@ class GatewayApp:
                 return self._error(provider, engine_error(e))
 
         return endpoint
+
+    async def _call(self, req: Any, sid: str) -> tuple[Any, Any]:
+        call = await self.core.start(req, sid)
+        return call, await self.core.finish(call)
 
     async def count_tokens(self, request: Request) -> Response:
         try:

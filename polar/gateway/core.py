@@ -251,7 +251,7 @@ class Call:
         out = self.output
         err_text = None
         if error is not None:
-            err_text = "client disconnected before the end of the stream" if not isinstance(error, Exception) else (
+            err_text = "client disconnected before the call ended" if not isinstance(error, Exception) else (
                 getattr(error, "message", None) or f"{type(error).__name__}: {error}"
             )
         elif out is not None and out.finish == "abort":
