@@ -24,6 +24,8 @@ Messages say what was wrong, where, and how to fix it. The CLI prints them as on
 
 from __future__ import annotations
 
+import errno
+
 
 class PolarError(Exception):
     """Base class for every error polar raises deliberately."""
@@ -87,3 +89,10 @@ class GatewayError(PolarError):
 
 class DistributedError(PolarError):
     """The Ray backend could not start, reach its cluster, or place its actors."""
+
+
+def os_cause(e: OSError) -> str:
+    """'No space left on device (ENOSPC)': the OS's words and the errno name, for one-line errors."""
+    name = errno.errorcode.get(e.errno or 0)
+    words = e.strerror or type(e).__name__
+    return f"{words} ({name})" if name else words

@@ -8,6 +8,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from polar.errors import RunDirError, os_cause
+
 
 def _clean(v: Any):
     if hasattr(v, "item"):
@@ -18,23 +20,33 @@ def _clean(v: Any):
 
 
 class MetricsLogger:
-    """Append-only JSONL plus optional TensorBoard scalars (imported lazily: it is slow to import)."""
+    """Append-only JSONL plus optional TensorBoard scalars (imported lazily: it is slow to import).
 
-    def __init__(self, jsonl_path: str | Path, tensorboard_dir: str | Path | None = None) -> None:
+    ``purge_step``: a resumed run passes its checkpoint's step + 1, and TensorBoard drops the events a run
+    that died after that checkpoint had written from that step on, so its steps never go back
+    (``RunDir.cut_metrics_after`` does the same for ``metrics.jsonl``).
+    """
+
+    def __init__(self, jsonl_path: str | Path, tensorboard_dir: str | Path | None = None,
+                 purge_step: int | None = None) -> None:
         self.path = Path(jsonl_path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", buffering=1)
         self._tb_dir = tensorboard_dir
         self._tb = None
+        self._purge_step = purge_step
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         row = {k: _clean(v) for k, v in metrics.items()}
-        self._f.write(json.dumps(row) + "\n")
+        try:
+            self._f.write(json.dumps(row) + "\n")
+        except OSError as e:  # disk full, the run directory gone: one line, not a traceback from deep inside
+            raise RunDirError(f"cannot write metrics to {self.path}: {os_cause(e)}") from None
         if self._tb_dir is not None:
             if self._tb is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self._tb_dir))
+                self._tb = SummaryWriter(str(self._tb_dir), purge_step=self._purge_step)
             for k, v in row.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, step)

@@ -7,6 +7,8 @@ loads. ``load_checkpoint`` uses ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 import re
@@ -16,23 +18,57 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar.errors import CheckpointError
+from polar.errors import CheckpointError, os_cause
 from polar.trainers.run_dir import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 LATEST = "LATEST"
 _NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` atomically. A failed write (disk full, read-only directory) removes its temp file and
+    raises one ``CheckpointError`` naming the path and the cause; earlier checkpoints are untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    out = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            out = _RecordingWriter(f)
+            torch.save(state, out)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        cause = out.error if out is not None and out.error is not None else e
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if not isinstance(cause, OSError):
+            raise
+        raise CheckpointError(f"cannot write checkpoint {path}: {os_cause(cause)}; earlier checkpoints are intact. "
+                              "Free disk space or make the run directory writable, then `polar resume` it") from None
     return path
+
+
+class _RecordingWriter:
+    """A file wrapper that keeps the first ``OSError`` of a write: ``torch.save`` turns it into a RuntimeError
+    ("unexpected pos ...") that no longer says the disk is full or the directory read-only."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -42,7 +78,23 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); it may be truncated or not a polar checkpoint") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable: {_load_reason(e)}") from None
+
+
+def _load_reason(e: Exception) -> str:
+    """Why ``torch.load`` refused a file, in one clause, without PyTorch's advice to load with weights_only=False
+    (that would run whatever code the file holds)."""
+    text = str(e)
+    if "GLOBAL" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        what = found.group(1) if found else "a Python object"
+        return (f"it holds {what}, not just tensors and plain values; polar never unpickles objects, since that "
+                "can run code. Use a checkpoint polar wrote")
+    keep = [line.strip() for line in text.splitlines()
+            if line.strip() and not any(w in line for w in ("weights_only", "Weights only", "torch.load", "file an issue"))]
+    detail = keep[0].removeprefix("WeightsUnpickler error:").strip() if keep else type(e).__name__
+    detail = detail.split(". This is an internal")[0].rstrip(".")[:160] or type(e).__name__
+    return f"{detail}; it is truncated, corrupt or not a polar checkpoint"
 
 
 class CheckpointManager:
@@ -72,10 +124,29 @@ class CheckpointManager:
         return files[-1] if files else None
 
     def load_latest(self) -> dict[str, Any]:
-        path = self.latest()
-        if path is None:
+        return self.load_newest()[1]
+
+    def load_newest(self) -> tuple[Path, dict[str, Any]]:
+        """(path, state) of the newest checkpoint that loads. An unreadable newer one (torn by a crash, corrupt)
+        is named in a warning and skipped, so a run resumes from the one before it."""
+        latest = self.latest()
+        if latest is None:
             raise CheckpointError(f"no checkpoint in {self.dir}; the run stopped before its first checkpoint")
-        return load_checkpoint(path)
+        candidates = [latest] + [p for p in reversed(self.all()) if p != latest]
+        unreadable: list[Path] = []
+        for path in candidates:
+            try:
+                state = load_checkpoint(path)
+            except CheckpointError as e:
+                log.warning("%s", e)
+                unreadable.append(path)
+                continue
+            if unreadable:
+                log.warning("using checkpoint %s instead: the newer %s unreadable", path,
+                            " and ".join(p.name for p in unreadable) + (" is" if len(unreadable) == 1 else " are"))
+            return path, state
+        raise CheckpointError(f"no readable checkpoint in {self.dir}: {', '.join(p.name for p in unreadable)} "
+                              "are all unreadable (see the warnings above)")
 
     def _prune(self) -> None:
         files = self.all()

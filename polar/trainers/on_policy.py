@@ -101,7 +101,9 @@ class OnPolicyTrainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints)
-        state = self.checkpoints.load_latest() if self.resume else None
+        ckpt, state = self.checkpoints.load_newest() if self.resume else (None, None)
+        if ckpt is not None:
+            log.info("resuming from checkpoint %s", ckpt)
         seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)  # fresh env seeds on resume
         self.backend = self.backend_factory(cfg, self._fragment_steps(), seed, config_dir=cfg.config_dir)
         try:
@@ -117,7 +119,12 @@ class OnPolicyTrainer:
         except BaseException:
             self.backend.close()
             raise
-        self.logger = MetricsLogger(self.run_dir.metrics_path, self.run_dir.tensorboard_dir if cfg.logging.tensorboard else None)
+        # a resumed run continues from its checkpoint's step: rows and TensorBoard events logged after it
+        # (by a run that died before its next checkpoint) are cut, so no step appears twice
+        if state is not None:
+            self.run_dir.cut_metrics_after("env_steps", self.env_steps)
+        self.logger = MetricsLogger(self.run_dir.metrics_path, self.run_dir.tensorboard_dir if cfg.logging.tensorboard else None,
+                                    purge_step=None if state is None else self.env_steps + 1)
 
     def _fragment_steps(self) -> int:
         """Steps per env in one fragment."""

@@ -13,26 +13,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from polar.errors import RunDirError
+from polar.errors import RunDirError, os_cause
+
+log = logging.getLogger(__name__)
 
 META = "run.json"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory + fsync + os.replace: readers see old or new, never half."""
+    """Write via a temp file in the same directory + fsync + os.replace: readers see old or new, never half.
+
+    A failed write (disk full, read-only directory) removes the temp file and raises one ``RunDirError``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise RunDirError(f"cannot write {path}: {os_cause(e)}") from None
 
 
 class RunDir:
@@ -114,6 +125,32 @@ class RunDir:
         meta = self.read_meta()
         meta.update(changes)
         self.write_meta(meta)
+
+    def cut_metrics_after(self, step_key: str, last_step: int) -> int:
+        """Cut the rows whose ``step_key`` is past ``last_step`` (and torn lines) from ``metrics.jsonl``; returns
+        how many. A resumed run calls it with its checkpoint's step: a run that died after that checkpoint had
+        logged rows the resumed run logs again. Rows without ``step_key`` (another phase's) stay. Atomic: a
+        truncated copy replaces the file."""
+        path = self.metrics_path
+        if not path.is_file():
+            return 0
+        kept, cut = [], 0
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                cut += 1
+                continue
+            step = row.get(step_key) if isinstance(row, dict) else None
+            if isinstance(step, (int, float)) and step > last_step:
+                cut += 1
+                continue
+            kept.append(line)
+        if cut:
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
+            log.info("resume: cut %d metrics rows logged after the checkpoint (%s %d) from %s", cut, step_key,
+                     last_step, path)
+        return cut
 
     def write_config(self, text: str) -> None:
         atomic_write_text(self.config_path, text)

@@ -55,7 +55,8 @@ def test_sigkill_then_resume_reaches_the_target(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = _rows(run / "metrics.jsonl")
-    resumed = rows[len(rows_before):]
+    assert rows[:ckpt_iter] == rows_before[:ckpt_iter]  # rows after the checkpoint were cut, not repeated
+    resumed = rows[ckpt_iter:]
     assert resumed[0]["iteration"] == ckpt_iter + 1  # continued from the checkpoint, not from scratch
     assert resumed[0]["env_steps"] == (ckpt_iter + 1) * 256
     meta = json.loads((run / "run.json").read_text())
