@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from polar.errors import PolarError
+from polar.errors import PolarError, ProtocolError
 
 SUPPORTED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict)
 
@@ -214,8 +214,12 @@ def check_env(env: gym.Env, steps: int = 300, seed: int = 0, target: str | None 
             except Exception as e:
                 name = {"spaces": "spaces", "reset_and_step": "reset/step", "determinism": "seeding"}[check.__name__]
                 text = str(e).splitlines()[0] if isinstance(e, PolarError) else f"{type(e).__name__}: {e}"
-                checker.fail(name, "reset/step to follow the env contract", text,
-                             "change the env so the message above no longer applies")
+                if isinstance(e, ProtocolError):  # a connector's reply broke the wire protocol
+                    checker.fail(name, "connector replies as docs/connector-protocol.md specifies", text,
+                                 "make the connector send the field the message names in the documented shape")
+                else:
+                    checker.fail(name, "reset/step to follow the env contract", text,
+                                 "change the env so the message above no longer applies")
                 raise _Stop from None
     except _Stop:
         pass

@@ -34,7 +34,7 @@ from polar.errors import (
     EnvContractError,
     ProtocolError,
 )
-from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
+from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
@@ -176,7 +176,8 @@ class ConnectorProcess:
         self._conn = FrameSocket(sock, self.spec.max_frame_bytes)
         hello = self._recv(self.spec.start_timeout_s)
         if not isinstance(hello, dict) or hello.get("type") != "hello":
-            raise ConnectorStartError(f"{self.name}: the first frame must be a hello map, got {hello!r:.200}")
+            raise ConnectorStartError(f"{self.name} {NOT_POLAR}: its first frame must be a hello map "
+                                      f"({{'type': 'hello', ...}}), got {hello!r:.200}")
         if not secrets.compare_digest(str(hello.get("token", "")), self.token):
             sock.close()
             raise ConnectorStartError(f"{self.name}: a connector connected with a wrong token; check connector_spec.token")
@@ -275,7 +276,13 @@ class ConnectorProcess:
         except OSError as e:
             raise ProcessFailed(f"receiving failed ({e})") from None
         self.last_io = time.monotonic()
-        return self.codec.unpack(data)
+        try:
+            return self.codec.unpack(data)
+        except ProtocolError as e:  # the frame arrived whole, so the stream is still in step
+            if self._conn.frames_received == 1:  # not a polar peer: nothing it says will make sense
+                self.kill()
+                raise ProtocolError(f"{self.name} {NOT_POLAR}: its first frame, the hello, cannot be decoded: {e}") from None
+            raise ProtocolError(f"{self.name}: its reply to {self._op!r} cannot be decoded: {e}") from None
 
     def receive(self, timeout_s: float | None = None) -> dict:
         reply = self._recv(self.spec.call_timeout_s if timeout_s is None else timeout_s)

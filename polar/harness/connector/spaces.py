@@ -102,6 +102,44 @@ def conform(obs: Any, space: spaces.Space) -> Any:
     return arr if dtype is None or arr.dtype == dtype else arr.astype(dtype)
 
 
+def shape_mismatch(obs: Any, space: spaces.Space, n: int | None = None) -> str | None:
+    """Why ``obs`` is not ``n`` observations of ``space`` batched on a leading axis (one when ``n`` is None).
+
+    Shapes and kinds only, no per-element work: this runs on every connector reply, and it is what
+    turns a wrong shape into a message naming the shapes instead of a numpy error further down.
+    Returns None when the shapes fit; otherwise a phrase like ``has shape (4, 8), expected (4, 5)``.
+    """
+    if isinstance(space, spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"is a {type(obs).__name__}, expected a map with keys {sorted(space.spaces)}"
+        for key, sub in space.spaces.items():
+            if key not in obs:
+                return f"lacks the key {key!r} of its Dict space (keys {sorted(space.spaces)})"
+            why = shape_mismatch(obs[key], sub, n)
+            if why is not None:
+                return f"[{key!r}] {why}"
+        return None
+    return array_mismatch(obs, space.shape if n is None else (n, *space.shape))
+
+
+def array_mismatch(value: Any, want: tuple[int, ...]) -> str | None:
+    """Why ``value`` is not an array of numbers or bools of shape ``want`` (None when it is)."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif value is None:
+        return f"is nil, expected an ndarray of shape {want}"
+    else:  # plain msgpack numbers or lists (a connector may skip the ndarray ext)
+        try:
+            arr = np.asarray(value)
+        except ValueError:  # ragged lists
+            return f"is a ragged {type(value).__name__}, expected an ndarray of shape {want}"
+    if arr.shape != want:
+        return f"has shape {arr.shape}, expected {want}"
+    if arr.dtype.kind not in "biuf":
+        return f"has dtype {arr.dtype}, expected numbers or bools"
+    return None
+
+
 def stack(items: list[Any]) -> Any:
     """Stack per-env observations into one batched structure (one array per Dict key)."""
     first = items[0]

@@ -22,9 +22,16 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from polar.errors import EnvContractError, PolarError
+from polar.errors import EnvContractError, PolarError, ProtocolError
 from polar.harness.connector.process import ConnectorProcess, ProcessFailed
-from polar.harness.connector.spaces import conform, index, infer_space, space_from_wire
+from polar.harness.connector.spaces import (
+    array_mismatch,
+    conform,
+    index,
+    infer_space,
+    shape_mismatch,
+    space_from_wire,
+)
 
 log = logging.getLogger("polar.connector")
 RESTART_KEY = "polar/connector_restart"
@@ -62,6 +69,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         self._pending_seed = seed
         self._first_reset = True
         self._last_obs: Any = None
+        self._warned_no_final_obs = False
         self.closed = False
         try:
             for j, n in enumerate(sizes):
@@ -148,6 +156,8 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 if error is not None:
                     raise error
                 pending = failed
+        for j, r in enumerate(replies):
+            self._check_obs(j, "reset", r)
         obs = conform(_concat([r["obs"] for r in replies]), self.single_observation_space)
         infos = [info for j, r in enumerate(replies) for info in (r.get("infos") or [{}] * self._size(j))]
         self._last_obs = obs
@@ -224,6 +234,8 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 replies[j] = self._restart(j, reason)
             if error is not None:
                 raise error
+        for j, r in enumerate(replies):
+            self._check_step(j, r)
         if single:
             r = replies[0]
             obs = conform(r["obs"], self.single_observation_space)
@@ -240,12 +252,77 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
             if any(r.get("final_obs") for r in replies):
                 final_obs = [o for j, r in enumerate(replies) for o in (r.get("final_obs") or [None] * self._size(j))]
                 final_infos = [o for j, r in enumerate(replies) for o in (r.get("final_infos") or [None] * self._size(j))]
+        if terminated.any() or truncated.any():
+            final_obs, final_infos = self._fill_finals(obs, terminated, truncated, final_obs, final_infos)
         self._last_obs = obs
         return obs, rewards, terminated, truncated, infos or [{}] * self.num_envs, final_obs, final_infos
 
     def _size(self, j: int) -> int:
         lo, hi = self._bounds[j]
         return hi - lo
+
+    # ------------------------------------------------------------------------------- reply checks
+    # Replies are checked against the declared spaces where they arrive: shapes and kinds only (a few
+    # attribute compares per field, nothing per element), so a wrong shape is a ProtocolError naming
+    # the field, both shapes and the copies, not a numpy error deep inside a learner.
+    def _bad_reply(self, j: int, op: str, field: str, why: str, copy: int | None = None) -> ProtocolError:
+        lo, hi = self._bounds[j]
+        copies = f"copy {lo + copy}" if copy is not None else f"copy {lo}" if hi - lo == 1 else f"copies {lo}-{hi - 1}"
+        return ProtocolError(f"{self.procs[j].name} ({self.procs[j].label}, {copies}): the {op} reply's {field} {why} "
+                             "(see docs/connector-protocol.md)")
+
+    def _check_obs(self, j: int, op: str, reply: dict) -> None:
+        n = self._size(j)
+        why = shape_mismatch(reply["obs"], self.single_observation_space, n)
+        if why is not None:
+            raise self._bad_reply(j, op, "'obs'", f"{why}: {n} observation(s) of {self.single_observation_space}")
+        infos = reply.get("infos")
+        if infos is not None and (not isinstance(infos, list) or len(infos) != n):
+            got = f"{len(infos)} entries" if isinstance(infos, list) else f"a {type(infos).__name__}"
+            raise self._bad_reply(j, op, "'infos'", f"is {got}, expected a list of {n} maps (one per copy)")
+
+    def _check_step(self, j: int, reply: dict) -> None:
+        """Check a step reply's shapes and make its flags bool arrays (in place)."""
+        self._check_obs(j, "step", reply)
+        n = self._size(j)
+        for key in ("rewards", "terminated", "truncated"):
+            value = reply[key]
+            why = array_mismatch(value, (n,))
+            if why is not None:
+                raise self._bad_reply(j, "step", repr(key), f"{why} (one per copy)")
+            reply[key] = np.asarray(value, dtype=np.float64 if key == "rewards" else bool)  # no copy when it is one
+        for key in ("final_obs", "final_infos"):
+            value = reply.get(key)
+            if value is not None and (not isinstance(value, list) or len(value) != n):
+                got = f"{len(value)} entries" if isinstance(value, list) else f"a {type(value).__name__}"
+                raise self._bad_reply(j, "step", repr(key), f"is {got}, expected a list of {n} (one per copy, nil if not ended)")
+        final_obs = reply.get("final_obs")
+        if final_obs is not None:
+            for i, fo in enumerate(final_obs):
+                if fo is not None:
+                    why = shape_mismatch(fo, self.single_observation_space)
+                    if why is not None:
+                        raise self._bad_reply(j, "step", f"'final_obs'[{i}]", f"{why}: one observation of "
+                                              f"{self.single_observation_space}", copy=i)
+
+    def _fill_finals(self, obs: Any, terminated: np.ndarray, truncated: np.ndarray, final_obs: list | None,
+                     final_infos: list | None) -> tuple[list, list]:
+        """``final_obs`` and ``final_infos`` are optional on the wire: a copy that ended without them gets
+        its reported ``obs`` and ``{}``. A terminated episode never bootstraps, so that is exact; a
+        truncated one then bootstraps from the next episode's first observation (warned once)."""
+        final_obs = list(final_obs) if final_obs is not None else [None] * self.num_envs
+        final_infos = list(final_infos) if final_infos is not None else [None] * self.num_envs
+        for i in np.flatnonzero(np.logical_or(terminated, truncated)).tolist():
+            if final_obs[i] is None:
+                final_obs[i] = index(obs, i)
+                if truncated[i] and not terminated[i] and not self._warned_no_final_obs:
+                    self._warned_no_final_obs = True
+                    log.warning("%s: copy %d was truncated without a final_obs; learners bootstrap from its reported obs "
+                                "(the next episode's first); send final_obs for truncated copies "
+                                "(docs/connector-protocol.md, step)", self.procs[0].name, i)
+            if final_infos[i] is None:
+                final_infos[i] = {}
+        return final_obs, final_infos
 
     def _restart(self, j: int, reason: str) -> dict:
         """Restart process ``j`` and describe the step as: every episode it hosted was truncated."""

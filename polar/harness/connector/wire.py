@@ -33,8 +33,17 @@ _HEADER = struct.Struct(">I")
 _ALLOWED_KINDS = set("biufc")  # bool, int, uint, float, complex: no object/void/str arrays
 
 
+NOT_POLAR = "does not speak the polar connector protocol"
+_QUOTE_BYTES = 16  # how much of an unreadable frame an error quotes
+
+
 class ConnectionClosed(ProtocolError):
     """The peer closed the socket (usually: the connector process died)."""
+
+
+def _looks_like_text(data: bytes) -> bool:
+    """Printable ASCII or whitespace: somebody wrote text (a log line, a traceback, HTTP) where a frame belongs."""
+    return bool(data) and all(32 <= b < 127 or b in (9, 10, 13) for b in data)
 
 
 # ----------------------------------------------------------------------------------------- arrays
@@ -197,8 +206,11 @@ class Codec:
             return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True)
         except ProtocolError:
             raise
-        except Exception as e:  # msgpack raises several unrelated types for garbage input
-            raise ProtocolError(f"malformed msgpack frame: {e}") from None
+        except Exception as e:  # msgpack raises several unrelated types for garbage input, some with no text
+            detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise ProtocolError(
+                f"malformed msgpack frame of {len(data)} bytes starting {bytes(data[:_QUOTE_BYTES])!r} ({detail})"
+            ) from None
 
 
 # ----------------------------------------------------------------------------------------- frames
@@ -209,6 +221,7 @@ class FrameSocket:
         self.sock = sock
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
+        self.frames_received = 0
 
     def send(self, body: bytes) -> None:
         if len(body) > self.max_frame_bytes:
@@ -245,14 +258,31 @@ class FrameSocket:
         self._fill(4, deadline)
         (n,) = _HEADER.unpack_from(self._buf)
         if n > self.max_frame_bytes:
-            raise ProtocolError(
-                f"incoming frame of {n} bytes exceeds max_frame_bytes={self.max_frame_bytes}; "
-                "raise connector_spec.max_frame_bytes or enable connector_spec.compression"
-            )
+            raise ProtocolError(self._oversized(n))
         self._fill(4 + n, deadline)
         body = bytes(self._buf[4 : 4 + n])
         del self._buf[: 4 + n]
+        self.frames_received += 1
         return body
+
+    def _oversized(self, n: int) -> str:
+        """Why a frame header announcing ``n`` bytes (over the cap) arrived: garbage, or a frame that is too big.
+
+        The first frame is a hello or an init of a few hundred bytes, so an oversized one means the peer is
+        not a polar connector at all; so does text where a header belongs. Either way, quote the bytes.
+        """
+        head = bytes(self._buf[:_QUOTE_BYTES])
+        if self.frames_received == 0:
+            return (f"the peer {NOT_POLAR}: its first bytes are {head!r} (read as a frame header: incoming frame of "
+                    f"{n} bytes exceeds max_frame_bytes={self.max_frame_bytes}, where a hello takes a few hundred). "
+                    "A frame is a 4-byte big-endian length, then a msgpack map; check that the connector implements "
+                    "docs/connector-protocol.md")
+        if _looks_like_text(head[:4]):
+            return (f"the peer wrote bytes that are not a polar frame: {head!r} (read as a frame header they announce "
+                    f"{n} bytes, over max_frame_bytes={self.max_frame_bytes}); a connector writes only frames to its "
+                    "socket and prints to stdout or stderr")
+        return (f"incoming frame of {n} bytes exceeds max_frame_bytes={self.max_frame_bytes} (it starts {head!r}); "
+                "raise connector_spec.max_frame_bytes or enable connector_spec.compression")
 
     def close(self) -> None:
         try:
