@@ -1,4 +1,8 @@
-"""``polar resume RUN_DIR``: continue a run from its last checkpoint, with its resolved config.
+"""``polar resume RUN_DIR [-o key.path=value ...]``: continue a run from its last checkpoint, with its resolved config.
+
+Overrides change the resolved config for the rest of the run (``-o total_env_steps=N`` trains longer,
+``-o distribution.rollout_workers=N`` resizes a local run); they are validated like ``polar run -o`` and
+written to ``config.resolved.yaml``, so a later resume keeps them.
 
 A Ray run resumes the same way ``polar run`` starts one: this process starts a learner actor that
 loads the checkpoint (``polar.distributed.learner_actor``).
@@ -7,20 +11,30 @@ loads the checkpoint (``polar.distributed.learner_actor``).
 from __future__ import annotations
 
 import argparse
+import logging
 
 HELP = "continue a run from its last checkpoint"
+
+log = logging.getLogger("polar.resume")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a directory `polar run` created")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="change a config value for the rest of the run, e.g. -o total_env_steps=200000 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
 
 
 def main(args: argparse.Namespace) -> int:
     from polar.cli.run_cmd import train
     from polar.trainers.loading import load_run
 
-    run_dir, cfg = load_run(args.run_dir)
+    run_dir, cfg = load_run(args.run_dir, args.override)
+    if args.override:
+        from polar.config import dump_config
+
+        run_dir.write_config(dump_config(cfg))
+        log.info("resume overrides written to %s: %s", run_dir.config_path, " ".join(args.override))
     if cfg.harness.type == "agent":  # GRPO/SFT on an agent harness: continue from its last checkpoint
         from polar.trainers.agentic_run import train_agentic
 

@@ -46,8 +46,8 @@ def main(args: argparse.Namespace) -> int:
         raise RunDirError(f"{run_dir}: no config.resolved.yaml here; is this a polar run directory?")
     if backend != "ray":
         raise RunDirError(
-            f"{run_dir}: distribution.backend is {backend!r}; only the ray backend resizes while running. "
-            "Resume it with a new distribution.rollout_workers instead."
+            f"{run_dir}: distribution.backend is {backend!r}; only the ray backend resizes while running. Stop the "
+            f"run and continue it with `polar resume {run_dir} -o distribution.rollout_workers={args.rollout_workers}`"
         )
     req = request_scale(run_dir, args.rollout_workers)
     console.print(f"asked {run_dir} for {args.rollout_workers} rollout workers")

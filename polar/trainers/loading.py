@@ -8,14 +8,17 @@ from polar.errors import RunDirError
 from polar.trainers.run_dir import RunDir
 
 
-def load_run(path: str | Path):
-    """(RunDir, RunConfig) for an existing run; user modules resolve where the original config lived."""
+def load_run(path: str | Path, overrides: list[str] | None = None):
+    """(RunDir, RunConfig) for an existing run; user modules resolve where the original config lived.
+
+    ``overrides`` (``polar resume -o key.path=value``) apply to the resolved config and are validated by the
+    same models as ``polar run -o``."""
     from polar.config import load_config
 
     run_dir = RunDir.open(path)
     if not run_dir.config_path.is_file():
         raise RunDirError(f"{run_dir.path} has no config.resolved.yaml; it was not started by `polar run`.")
-    cfg = load_config(run_dir.config_path)
+    cfg = load_config(run_dir.config_path, overrides)
     meta = run_dir.read_meta()
     if meta.get("config_dir"):
         cfg._config_dir = Path(meta["config_dir"])

@@ -213,3 +213,20 @@ def test_a_write_that_fails_mid_file_gives_one_line_and_no_temp_file(tmp_path):
     assert rc == 1, stderr[-3000:]
     _assert_one_line_error(stderr, str(run / "checkpoints" / "ckpt_"), "File too large (EFBIG)")
     _assert_earlier_checkpoints_intact(run, before)
+
+
+def test_resume_with_an_override_trains_longer_and_keeps_it(tmp_path):
+    run = tmp_path / "longer"
+    p = polar("run", "--config", CARTPOLE, "--run-dir", run, "--no-progress", *FOREVER, "-o", "total_env_steps=512")
+    assert p.returncode == 0, p.stderr[-3000:]
+    resolved = (run / "config.resolved.yaml").read_text()
+
+    for bad, words in ((["-o", "total_env_steps=many"], "total_env_steps"), (["-o", "total_env_step=2"], "did you mean")):
+        p = polar("resume", run, "--no-progress", *bad)
+        assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+        assert (run / "config.resolved.yaml").read_text() == resolved  # a rejected override changes nothing
+
+    p = polar("resume", run, "--no-progress", "-o", "total_env_steps=1024")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r["iteration"] for r in rows_of(run)] == [1, 2, 3, 4]
+    assert yaml.safe_load((run / "config.resolved.yaml").read_text())["total_env_steps"] == 1024

@@ -38,3 +38,25 @@ def test_watcher_ignores_malformed_requests(tmp_path, text):
     (tmp_path / "control").mkdir()
     (tmp_path / "control" / "scale.json").write_text(text)
     assert watcher.poll() is None
+
+
+def test_the_resume_command_scale_recommends_for_a_local_run_works(tmp_path):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    cartpole = Path(__file__).resolve().parents[2] / "examples" / "cartpole_ppo.yaml"
+    run = tmp_path / "local"
+    r = polar("run", "--config", cartpole, "--run-dir", run, "--no-progress", "-o", "total_env_steps=256",
+              "-o", "eval.at_end=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = polar("scale", run, "--rollout-workers", 2)
+    assert r.returncode == 1
+    recommended = re.search(r"`(polar resume [^`]+)`", " ".join(r.stderr.split()))
+    assert recommended, r.stderr
+    words = recommended.group(1).split()
+    assert words[:3] == ["polar", "resume", str(run)]
+    r = polar(*words[1:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert yaml.safe_load((run / "config.resolved.yaml").read_text())["distribution"]["rollout_workers"] == 2
