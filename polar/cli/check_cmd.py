@@ -74,6 +74,10 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"    expected: {v.expected}", markup=False, highlight=False)
         console.print(f"    received: {v.received}", markup=False, highlight=False)
         console.print(f"    fix:      {v.fix}", markup=False, highlight=False)
+        if v.details:  # the connector's traceback and last output lines, as `polar run` shows them
+            console.print("    connector output:", markup=False, highlight=False)
+            for line in v.details.splitlines():
+                console.print(f"      {line}", markup=False, highlight=False, soft_wrap=True)
     if report.ok:
         console.print(f"[bold green]{escape(report.target)} conforms[/] ({len(report.passed)} checks passed)", highlight=False)
         return 0

@@ -34,7 +34,7 @@ class RolloutWorker:
         cfg = validate(RunConfig, cfg_data, source="config (rollout worker)")
         cdir = Path(config_dir) if config_dir else None
         self.worker_id = worker_id
-        env = make_vector_env(cfg.harness, num_envs, seed=seed, config_dir=cdir)
+        env = make_vector_env(cfg.harness, num_envs, seed=seed, config_dir=cdir, worker_index=worker_id + 1)
         self.policy = build_policy(cfg, env.single_observation_space, env.single_action_space, cdir)
         self.policy.eval()
         self.runner = EnvRunner(env, self.policy, seed=seed, **runner_options(cfg))

@@ -18,8 +18,12 @@ from typing import Any
 import gymnasium as gym
 
 
-def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None):
-    """Build ``num_envs`` copies of a harness as one SAME_STEP-autoreset vector env."""
+def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
+                    worker_index: int = 0):
+    """Build ``num_envs`` copies of a harness as one SAME_STEP-autoreset vector env.
+
+    ``worker_index`` says which rollout worker hosts them (0: the learner, evaluation, checks; 1..N:
+    rollout workers); connector copies see it, with their own seed, in their config."""
     if harness_cfg.type == "gymnasium":
         from polar.harness.gymnasium_adapter import make_gymnasium_vector_env
 
@@ -31,7 +35,8 @@ def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, co
     if harness_cfg.type == "custom":
         from polar.harness.connector.vector_env import ConnectorVectorEnv
 
-        return ConnectorVectorEnv(harness_cfg.connector_spec, num_envs, seed=seed, config_dir=config_dir)
+        return ConnectorVectorEnv(harness_cfg.connector_spec, num_envs, seed=seed, config_dir=config_dir,
+                                  worker_index=worker_index)
     raise NotImplementedError(f"harness type {harness_cfg.type!r} has no vector env")
 
 

@@ -27,9 +27,22 @@ class Violation:
     expected: str
     received: str
     fix: str
+    details: str = ""  # e.g. the connector's traceback and last output lines, printed below the violation
 
     def __str__(self) -> str:
-        return f"[{self.check}] expected {self.expected}; received {self.received}. Fix: {self.fix}"
+        text = f"[{self.check}] expected {self.expected}; received {self.received}. Fix: {self.fix}"
+        return f"{text}\n{self.details}" if self.details else text
+
+
+def _split_error(e: BaseException) -> tuple[str, str]:
+    """(first line, the rest): a connector error's first line says what failed; the rest is the
+    connector's traceback and last output lines, which the report keeps (``polar run`` shows them too)."""
+    lines = str(e).splitlines() or [type(e).__name__]
+    rest = "\n".join(lines[1:]).strip("\n")
+    tb = getattr(e, "remote_traceback", "") or ""
+    if tb and tb.strip() not in rest:
+        rest = f"{rest}\n{tb}".strip("\n")
+    return lines[0], rest
 
 
 @dataclass
@@ -94,8 +107,8 @@ class _Checker:
     def __init__(self, report: CheckReport, env: gym.Env, steps: int, seed: int) -> None:
         self.report, self.env, self.steps, self.seed = report, env, steps, seed
 
-    def fail(self, check: str, expected: str, received: str, fix: str, stop: bool = False) -> None:
-        self.report.violations.append(Violation(check, expected, received, fix))
+    def fail(self, check: str, expected: str, received: str, fix: str, stop: bool = False, details: str = "") -> None:
+        self.report.violations.append(Violation(check, expected, received, fix, details))
         if stop:
             raise _Stop
 
@@ -169,6 +182,17 @@ class _Checker:
         return why is None
 
     def determinism(self, n: int = 30) -> None:
+        if getattr(self.env, "reset_accepts_seed", True) is False:  # a connector whose reset() takes no seed
+            name = getattr(self.env, "connector_name", type(self.env).__name__)
+            self.report.warnings.append(
+                f"{name}.reset() takes no seed, so reset(seed=s) cannot replay an episode: evaluation seeds and "
+                "`polar check --seed` do not choose its episodes, and a run repeats only as a whole, from "
+                "connector_spec.config.seed (each copy gets its own seed derived from it; without that key its "
+                "copies may play identical episodes). To replay episodes, accept the seed: "
+                "def reset(self, seed=None), reseeding the game's RNG when seed is not None"
+            )
+            return
+
         def rollout(seed: int) -> list:
             trace = [self._reset(seed)]
             self.env.action_space.seed(seed)
@@ -213,13 +237,14 @@ def check_env(env: gym.Env, steps: int = 300, seed: int = 0, target: str | None 
                 raise
             except Exception as e:
                 name = {"spaces": "spaces", "reset_and_step": "reset/step", "determinism": "seeding"}[check.__name__]
-                text = str(e).splitlines()[0] if isinstance(e, PolarError) else f"{type(e).__name__}: {e}"
+                text, details = _split_error(e) if isinstance(e, PolarError) else (f"{type(e).__name__}: {e}", "")
                 if isinstance(e, ProtocolError):  # a connector's reply broke the wire protocol
                     checker.fail(name, "connector replies as docs/connector-protocol.md specifies", text,
-                                 "make the connector send the field the message names in the documented shape")
+                                 "make the connector send the field the message names in the documented shape",
+                                 details=details)
                 else:
                     checker.fail(name, "reset/step to follow the env contract", text,
-                                 "change the env so the message above no longer applies")
+                                 "change the env so the message above no longer applies", details=details)
                 raise _Stop from None
     except _Stop:
         pass
@@ -237,8 +262,9 @@ def check_harness(harness_cfg: Any, config_dir: Path | None = None, steps: int =
         env = make_env(harness_cfg, config_dir=config_dir)
     except PolarError as e:
         report = CheckReport(target)
-        report.violations.append(Violation("construct", "the harness to start", str(e).splitlines()[0],
-                                           "fix the harness config or the connector class named in the message"))
+        text, details = _split_error(e)
+        report.violations.append(Violation("construct", "the harness to start", text,
+                                           "fix the harness config or the connector class named in the message", details))
         return report
     return check_env(env, steps=steps, seed=seed, target=target)
 

@@ -43,7 +43,8 @@ class Fragment:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     episode_successes: list[float] = field(default_factory=list)  # only for episodes whose env reported info["success"]
-    connector_restarts: int = 0
+    connector_process_restarts: int = 0  # connector processes restarted while collecting this fragment
+    connector_copies_restarted: int = 0  # episodes cut by those restarts (one per copy the process hosted)
     obs_moments: Any = None  # raw-obs (mean, var, count) per key, when normalize_obs is on
     return_moments: tuple | None = None  # discounted-return (mean, var, count), when normalize_reward is on
     next_obs: Any = None

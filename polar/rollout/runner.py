@@ -70,6 +70,7 @@ class EnvRunner:
         self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
         self.disc_ret = np.zeros(self.num_envs, dtype=np.float64)
         self.env_steps = 0
+        self._process_restarts_seen = 0  # connector process restarts already reported in a fragment
         # numpy fast path: built-in feed-forward MLP agents on float32 vector observations, no obs normalizer
         act_numpy = getattr(policy.agent, "act_numpy", None)
         space = self.obs_space
@@ -132,7 +133,7 @@ class EnvRunner:
         trunc_values = np.zeros((T, N), np.float32)
         initial_state = map_state(lambda s: s.numpy().copy(), self.state)
         ep_returns, ep_lengths, ep_successes = [], [], []
-        restarts = 0
+        copies_restarted = 0
         raw_obs_batches = [] if self.normalize_obs else None
         disc_rets = np.empty((T, N), np.float64) if self.normalize_reward else None
         next_buf = None
@@ -182,7 +183,7 @@ class EnvRunner:
                     if succ is not None and (succ_mask is None or succ_mask[i]):
                         ep_successes.append(float(bool(succ[i])))
                     if rst is not None and bool(rst[i]):
-                        restarts += 1
+                        copies_restarted += 1
                 self.ep_ret[idx] = 0.0
                 self.ep_len[idx] = 0
                 self.disc_ret[idx] = 0.0
@@ -206,13 +207,20 @@ class EnvRunner:
             terminated=terminated, truncated=truncated, episode_starts=starts, trunc_values=trunc_values,
             last_values=last_values, initial_state=initial_state, policy_version=policy_version, worker_id=worker_id,
             episode_returns=ep_returns, episode_lengths=ep_lengths, episode_successes=ep_successes,
-            connector_restarts=restarts, next_obs=next_buf,
+            connector_copies_restarted=copies_restarted, connector_process_restarts=self._take_process_restarts(),
+            next_obs=next_buf,
         )
         if raw_obs_batches is not None:
             frag.obs_moments = _obs_moments(raw_obs_batches)
         if disc_rets is not None:
             frag.return_moments = (float(disc_rets.mean()), float(disc_rets.var()), int(disc_rets.size))
         return frag
+
+    def _take_process_restarts(self) -> int:
+        """Connector process restarts since the last fragment (0 for envs that are not connectors)."""
+        total = int(getattr(self.env, "restarts", 0) or 0)
+        new, self._process_restarts_seen = total - self._process_restarts_seen, total
+        return new
 
     def _record_next_obs(self, buf, t: int, T: int, next_obs, done: np.ndarray, infos: dict):
         """Write the observation after step t into ``buf`` [T, N, ...], final observations where episodes ended."""

@@ -21,7 +21,7 @@ from polar.rollout.fragment import Fragment
 ARRAY_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
                 "trunc_values", "last_values")
 META_FIELDS = ("policy_version", "worker_id", "episode_returns", "episode_lengths", "episode_successes",
-               "connector_restarts", "obs_moments", "return_moments")
+               "connector_process_restarts", "connector_copies_restarted", "obs_moments", "return_moments")
 
 
 def fragment_arrays(frag: Fragment) -> dict[str, np.ndarray]:
@@ -73,7 +73,7 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
         cdir = Path(config_dir) if config_dir else None
         cfg._config_dir = cdir
         n = cfg.distribution.envs_per_runner
-        env = make_vector_env(cfg.harness, n, seed=seed, config_dir=cdir)
+        env = make_vector_env(cfg.harness, n, seed=seed, config_dir=cdir, worker_index=worker_id + 1)
         policy = build_policy(cfg, env.single_observation_space, env.single_action_space, cdir)
         runner = EnvRunner(env, policy, seed=seed, **runner_options(cfg))
         local_version = -1

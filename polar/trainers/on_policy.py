@@ -84,7 +84,8 @@ class OnPolicyTrainer:
         self.version = 0
         self.time_offset_s = 0.0
         self.window = EpisodeWindow(100)
-        self.connector_restarts = 0
+        self.connector_process_restarts = 0
+        self.connector_copies_restarted = 0
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -195,7 +196,8 @@ class OnPolicyTrainer:
         """Count a fragment's steps and episodes, and fold its normalizer moments in."""
         self.env_steps += f.env_steps
         self.window.add(f.episode_returns, f.episode_lengths, f.episode_successes)
-        self.connector_restarts += f.connector_restarts
+        self.connector_process_restarts += f.connector_process_restarts
+        self.connector_copies_restarted += f.connector_copies_restarted
         if self.policy.obs_norm is not None and f.obs_moments is not None:
             self.policy.obs_norm.update_from_moments(f.obs_moments)
         if self.reward_norm is not None and f.return_moments is not None:
@@ -237,7 +239,8 @@ class OnPolicyTrainer:
                    "fps": (self.env_steps - self._last_steps) / max(1e-9, now - self._last_t),
                    **self.window.summary(), **stats,
                    "policy_lag": policy_lag,
-                   "connector_restarts": self.connector_restarts,
+                   "connector/process_restarts": self.connector_process_restarts,
+                   "connector/copies_restarted": self.connector_copies_restarted,
                    "learner/samples_per_s": sum(f.env_steps for f in frags) / max(1e-9, update_s),
                    **self.extra_metrics}
         if hasattr(self.backend, "metrics"):  # optional hook (ray: per-role throughput, queue depth, lag, restarts)

@@ -12,8 +12,10 @@ import atexit
 import collections
 import ipaddress
 import logging
+import numbers
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -25,6 +27,8 @@ import time
 import weakref
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from polar.errors import (
     ConnectorCrashed,
@@ -38,7 +42,13 @@ from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, Con
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
-HEALTHY_STEPS = 100  # a process that served this many steps since its (re)start has recovered
+# A restarted process that served this many env steps (steps x the copies it hosts) has recovered, and
+# its earlier failures stop counting as "in a row". Counted in env steps, not process steps: a game that
+# crashes once every few hundred steps per copy crashes K times as often in a process hosting K copies.
+# Small on purpose: with fresh seeds per restart, a crash that rare gives up with a probability of about
+# (1 - exp(-10 / few hundred)) ** (max_restarts + 1), i.e. never, however long the run.
+HEALTHY_ENV_STEPS = 10
+SEED_KEY = "seed"
 REPLY_KEYS = {"init": ("action_space",), "reset": ("obs",), "step": ("obs", "rewards", "terminated", "truncated")}
 
 
@@ -58,6 +68,26 @@ class ProcessFailed(Exception):
     """Internal: the process died or hung; the caller restarts it."""
 
 
+def derive_seed(*parts: int) -> int:
+    """A seed in [0, 2**32) mixed from ``parts`` by numpy's ``SeedSequence`` (each part taken mod 2**64).
+
+    Used for the per-copy ``config["seed"]`` and for the reset seeds after a restart; the rule is
+    documented in docs/connector-protocol.md ("Copies and seeds") so a user can recompute any copy's seed.
+    """
+    return int(np.random.SeedSequence([int(x) % 2**64 for x in parts]).generate_state(1)[0])
+
+
+def copy_seed(config_seed: int, run_seed: int | None, worker_index: int, vector_index: int, restarts: int) -> int:
+    """The ``config["seed"]`` copy ``vector_index`` of rollout worker ``worker_index`` gets after ``restarts`` restarts."""
+    return derive_seed(config_seed, 0 if run_seed is None else run_seed, worker_index, vector_index, restarts)
+
+
+def command_label(command: list[str]) -> str:
+    """How a ``command:`` connector is named until it says its class name: its command line, shortened."""
+    text = shlex.join(command)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -70,14 +100,20 @@ def is_loopback(host: str) -> bool:
 class ConnectorProcess:
     """A connector process hosting ``num_envs`` copies, with restart-on-failure bookkeeping."""
 
-    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, index: int = 0) -> None:
+    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, index: int = 0, *,
+                 worker_index: int = 0, vector_offset: int = 0, seed: int | None = None) -> None:
         self.spec = spec
         self.index = index
         label = f"connector-{index}"
         self.num_envs = num_envs
         self.config_dir = Path(config_dir) if config_dir else Path.cwd()
         self.label = label
-        self.name = spec.class_name or (Path(spec.command[0]).name if spec.command else "connector")
+        # until the connector names itself (hello ``name``, then init's ``class_name``)
+        self.name = spec.class_name or (command_label(spec.command) if spec.command else "connector")
+        self.worker_index = worker_index  # which rollout worker hosts this process (0: the learner / a check)
+        self.vector_offset = vector_offset  # vector index of this process's first copy
+        self.run_seed = seed
+        self._warned_seed = False
         self.codec = Codec()
         self.restarts = 0
         self.consecutive_failures = 0
@@ -145,10 +181,32 @@ class ConnectorProcess:
         self.steps_since_start = 0
 
     def mark_healthy_step(self) -> None:
-        """Count a good step; after HEALTHY_STEPS in one incarnation, past failures stop counting."""
-        self.steps_since_start += 1
-        if self.steps_since_start >= HEALTHY_STEPS:
+        """Count a good step; after HEALTHY_ENV_STEPS in one incarnation, past failures stop counting."""
+        self.steps_since_start += self.num_envs
+        if self.steps_since_start >= HEALTHY_ENV_STEPS:
             self.consecutive_failures = 0
+
+    def copies(self) -> list[dict]:
+        """What each copy is told in ``init``: where it runs and, when the config has a seed, its own seed.
+
+        Like RLlib's ``EnvContext``: copy ``i`` of this process is vector index ``vector_offset + i`` of
+        rollout worker ``worker_index``. A restarted process's copies get seeds they never had, so a game
+        whose crash is determined by its seed does not crash at the same step again.
+        """
+        config_seed = self.spec.config.get(SEED_KEY)
+        seeded = isinstance(config_seed, numbers.Integral) and not isinstance(config_seed, bool)
+        if SEED_KEY in self.spec.config and config_seed is not None and not seeded and not self._warned_seed:
+            self._warned_seed = True
+            log.warning("%s: connector_spec.config.seed is %r, not an integer: every copy gets it unchanged and may "
+                        "play identical episodes; give an integer to get one seed per copy", self.name, config_seed)
+        out = []
+        for i in range(self.num_envs):
+            v = self.vector_offset + i
+            entry = {"worker_index": self.worker_index, "vector_index": v, "restarts": self.restarts}
+            if seeded:
+                entry[SEED_KEY] = copy_seed(int(config_seed), self.run_seed, self.worker_index, v, self.restarts)
+            out.append(entry)
+        return out
 
     def _drain(self, proc: subprocess.Popen) -> None:
         for raw in iter(proc.stdout.readline, b""):
@@ -181,6 +239,8 @@ class ConnectorProcess:
         if not secrets.compare_digest(str(hello.get("token", "")), self.token):
             sock.close()
             raise ConnectorStartError(f"{self.name}: a connector connected with a wrong token; check connector_spec.token")
+        if isinstance(hello.get("name"), str) and hello["name"]:
+            self.name = hello["name"]  # optional in the hello: lets errors before init name the connector
         if hello.get("protocol") != PROTOCOL_VERSION:
             raise ConnectorStartError(f"{self.name}: speaks protocol {hello.get('protocol')!r}; polar speaks {PROTOCOL_VERSION}")
         options = {
@@ -188,8 +248,10 @@ class ConnectorProcess:
             "compress_min_bytes": self.spec.compress_min_bytes,
             "max_frame_bytes": self.spec.max_frame_bytes,
         }
-        self.describe = self.call({"op": "init", "config": self.spec.config, "num_envs": self.num_envs, "options": options},
-                                  self.spec.start_timeout_s)
+        self.describe = self.call({"op": "init", "config": self.spec.config, "num_envs": self.num_envs, "copies": self.copies(),
+                                   "options": options}, self.spec.start_timeout_s)
+        if isinstance(self.describe.get("class_name"), str) and self.describe["class_name"]:
+            self.name = self.describe["class_name"]  # errors name the class the connector declared, not its launcher
         return self.describe
 
     def start(self) -> dict:
@@ -324,7 +386,8 @@ class ConnectorProcess:
     def recover(self, reason: str) -> None:
         """Kill, back off, start again; give up with ConnectorCrashed after ``max_restarts`` in a row.
 
-        Failures are "in a row" unless the process served HEALTHY_STEPS steps in between.
+        Failures are "in a row" unless the process served HEALTHY_ENV_STEPS env steps in between. The
+        restarted process gets ``restarts`` one higher in ``init``, so its copies get fresh seeds.
         """
         while True:
             self.consecutive_failures += 1
@@ -335,7 +398,7 @@ class ConnectorProcess:
                     f"{reason}; gave up after max_restarts={self.spec.max_restarts}.{self.tail_text()}"
                 )
             backoff = min(self.spec.restart_backoff_s * 2 ** (self.consecutive_failures - 1), self.spec.max_backoff_s)
-            log.warning("%s: %s; restart %d in %.2fs", self.label, reason, self.restarts + 1, backoff)
+            log.warning("%s (%s): %s; restart %d in %.2fs", self.name, self.label, reason, self.restarts + 1, backoff)
             time.sleep(backoff)
             self.restarts += 1
             try:

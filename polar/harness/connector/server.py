@@ -95,20 +95,36 @@ def _sanitize_info(info: Any, where: str) -> dict:
     return info
 
 
+def copy_config(config: dict, copy: dict | None, vector_index: int) -> Any:
+    """Copy ``vector_index``'s config: ``config`` with its own ``seed`` when polar sent one (init ``copies``)."""
+    from polar.harness.connector import ConnectorConfig
+
+    copy = copy or {}
+    out = ConnectorConfig(config, worker_index=int(copy.get("worker_index", 0)),
+                          vector_index=int(copy.get("vector_index", vector_index)), restarts=int(copy.get("restarts", 0)))
+    if "seed" in copy:
+        out["seed"] = copy["seed"]
+    return out
+
+
 class Host:
     """K copies of one connector class, stepped together with SAME_STEP autoreset."""
 
-    def __init__(self, cls: type, config: dict, num_envs: int) -> None:
+    def __init__(self, cls: type, config: dict, num_envs: int, copies: list | None = None) -> None:
         self.name = cls.__name__
         self.envs = []
-        for _ in range(num_envs):
+        copies = copies if isinstance(copies, list) and len(copies) == num_envs else [None] * num_envs
+        for i in range(num_envs):
             try:
-                self.envs.append(cls(dict(config)))
+                self.envs.append(cls(copy_config(config, copies[i], i)))
             except Exception as e:
                 raise UserError("start", f"{self.name}.__init__ raised {type(e).__name__}: {e}", traceback.format_exc()) from None
         self.seedable = _accepts_seed(self.envs[0].reset)
-        if num_envs > 1 and not self.seedable:
-            log.warning("%s.reset() takes no seed: its %d copies may play identical episodes", self.name, num_envs)
+        own_seeds = all(c is not None and "seed" in c for c in copies)
+        if num_envs > 1 and not self.seedable and not own_seeds:
+            log.warning("%s.reset() takes no seed and connector_spec.config has no integer seed: its %d copies may play "
+                        "identical episodes. Accept `seed` in reset(self, seed=None), or add a seed to "
+                        "connector_spec.config (each copy then gets its own).", self.name, num_envs)
         self.obs_space = getattr(self.envs[0], "observation_space", None)
         self.act_space = getattr(self.envs[0], "action_space", None)
 
@@ -213,7 +229,8 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn = FrameSocket(sock)
     codec = Codec()
-    conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": token, "pid": os.getpid(), "language": "python"}))
+    conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": token, "pid": os.getpid(), "language": "python",
+                            "name": class_name}))
     host: Host | None = None
     while True:
         try:
@@ -230,7 +247,7 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
                 codec = Codec(opts.get("compression"), int(opts.get("compress_min_bytes", 4096)))
                 conn.max_frame_bytes = int(opts.get("max_frame_bytes", conn.max_frame_bytes))
                 cls = load_class(module, class_name, search_path)
-                host = Host(cls, msg.get("config") or {}, int(msg.get("num_envs", 1)))
+                host = Host(cls, msg.get("config") or {}, int(msg.get("num_envs", 1)), msg.get("copies"))
                 reply = host.describe()
             elif op == "ping":
                 reply = {}

@@ -23,7 +23,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from polar.errors import EnvContractError, PolarError, ProtocolError
-from polar.harness.connector.process import ConnectorProcess, ProcessFailed
+from polar.harness.connector.process import ConnectorProcess, ProcessFailed, derive_seed
 from polar.harness.connector.spaces import (
     array_mismatch,
     conform,
@@ -56,7 +56,8 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, spec: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None) -> None:
+    def __init__(self, spec: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
+                 worker_index: int = 0) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         per = spec.copies_per_process or num_envs
@@ -67,13 +68,16 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pending_seed = seed
+        self._run_seed = seed  # per-copy config seeds and post-restart reset seeds derive from it
+        self.worker_index = worker_index
         self._first_reset = True
         self._last_obs: Any = None
         self._warned_no_final_obs = False
         self.closed = False
         try:
             for j, n in enumerate(sizes):
-                self.procs.append(ConnectorProcess(spec, n, config_dir, index=j))
+                self.procs.append(ConnectorProcess(spec, n, config_dir, index=j, worker_index=worker_index,
+                                                   vector_offset=self._bounds[j][0], seed=seed))
             for p in self.procs:  # boot them in parallel
                 p.spawn()
             for p in self.procs:
@@ -109,6 +113,11 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
     def restarts(self) -> int:
         """Connector process restarts so far (all processes)."""
         return sum(p.restarts for p in self.procs)
+
+    @property
+    def copies_restarted(self) -> int:
+        """Env copies whose process was restarted, summed over restarts (a 4-copy process restarted 3 times: 12)."""
+        return sum(p.restarts * p.num_envs for p in self.procs)
 
     @property
     def pids(self) -> list[int | None]:
@@ -332,8 +341,11 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         p.recover(reason)
         seeds = None
         if p.describe.get("reset_accepts_seed"):  # fresh, distinct streams: not all copies replaying the config seed
-            base = int(np.random.SeedSequence().generate_state(1)[0])
-            seeds = [base + i for i in range(n)]
+            if self._run_seed is None:
+                base = int(np.random.SeedSequence().generate_state(1)[0])
+                seeds = [base + i for i in range(n)]
+            else:  # reproducible: the run's seed, the copy and how often its process restarted
+                seeds = [derive_seed(self._run_seed, self.worker_index, lo + i, p.restarts) for i in range(n)]
         while True:
             try:
                 reply = p.call({"op": "reset", "seeds": seeds, "env_ids": None})
@@ -423,6 +435,15 @@ class ConnectorEnv(gym.Env):
     @property
     def restarts(self) -> int:
         return self.vec.restarts
+
+    @property
+    def reset_accepts_seed(self) -> bool:
+        """False for a connector whose ``reset()`` takes no seed: ``reset(seed=s)`` cannot replay an episode."""
+        return bool(self.vec.procs[0].describe.get("reset_accepts_seed", True))
+
+    @property
+    def connector_name(self) -> str:
+        return self.vec.name
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         super().reset(seed=seed)

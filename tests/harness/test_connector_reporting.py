@@ -1,0 +1,74 @@
+"""What polar says about a failing connector: its own name, its last output, restarts counted per process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from polar.cli.main import main as polar_main
+from polar.errors import ConnectorCrashed
+from polar.harness.connector.vector_env import ConnectorVectorEnv
+
+from .conftest import CONNECTORS_DIR, make_spec
+
+
+def test_check_quotes_the_last_output_lines_of_a_connector_that_keeps_dying(capsys, monkeypatch):
+    monkeypatch.chdir(CONNECTORS_DIR)
+    code = polar_main(["check", "sample_connectors:CountingConnector", "--steps", "20",
+                       "-o", "harness.connector_spec.config.exit_at=1", "-o", "harness.connector_spec.max_restarts=0"])
+    assert code == 1
+    out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
+    assert "failed 1 times in a row" in out and "Its last output lines:" in out
+    after = out.split("Its last output lines:", 1)[1]
+    assert "fatal: reactor core breach" in after  # the line the connector printed before it died
+
+
+def test_check_quotes_the_output_of_a_command_connector_that_fails_to_start(tmp_path, capsys):
+    script = "print('loading assets.pak', flush=True); raise SystemExit('assets.pak is missing')"
+    harness = tmp_path / "harness.yaml"
+    harness.write_text(f"harness:\n  type: custom\n  connector_spec:\n    command: [{sys.executable}, -c, \"{script}\"]\n")
+    assert polar_main(["check", str(harness)]) == 1
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert "failed to start: the process exited with code 1 before connecting" in flat
+    assert "connector output:" in out and "loading assets.pak" in out and "assets.pak is missing" in out
+
+
+def _command_spec(**config):
+    """CountingConnector behind a ``command:`` launcher: polar sees only an executable until the connector speaks."""
+    command = [sys.executable, "-m", "polar.harness.connector.server", "--module", "sample_connectors",
+               "--class-name", "CountingConnector", "--search-path", str(CONNECTORS_DIR)]
+    return make_spec(None, module=None, command=command, config=config, max_restarts=0)
+
+
+def test_errors_name_the_class_the_connector_declared_not_its_launcher():
+    envs = ConnectorVectorEnv(_command_spec(exit_at=2), 1, config_dir=CONNECTORS_DIR)
+    try:
+        assert envs.name == "CountingConnector"
+        envs.reset()
+        envs.step(np.array([0]))
+        with pytest.raises(ConnectorCrashed) as e:
+            envs.step(np.array([0]))
+    finally:
+        envs.close()
+    msg = str(e.value)
+    assert msg.startswith("CountingConnector (connector-0) failed 1 times in a row"), msg
+    assert os.path.basename(sys.executable) not in msg.splitlines()[0]
+
+
+def test_process_restarts_and_restarted_copies_are_counted_apart():
+    spec = make_spec("CountingConnector", config={"length": 50}, copies_per_process=2)
+    envs = ConnectorVectorEnv(spec, 4, config_dir=CONNECTORS_DIR)
+    try:
+        envs.reset()
+        for _ in range(3):  # the second process (copies 2 and 3) dies three times
+            os.kill(envs.pids[1], signal.SIGKILL)
+            _, _, _, trunc, _ = envs.step(np.zeros(4, dtype=np.int64))
+            assert trunc.tolist() == [False, False, True, True]
+        assert envs.restarts == 3 and envs.copies_restarted == 6
+    finally:
+        envs.close()
