@@ -196,7 +196,14 @@ function serve(EnvClass) {
     switch (msg.op) {
       case 'init': {
         if (msg.options && msg.options.max_frame_bytes) maxFrame = msg.options.max_frame_bytes;
-        envs = Array.from({ length: msg.num_envs }, () => new EnvClass(msg.config || {}));
+        // copy i's config: the shared one, with copy i's own seed when polar sent one; its place
+        // (worker_index, vector_index, restarts) is the second argument (docs/connector-protocol.md, 4.1)
+        const copies = Array.isArray(msg.copies) ? msg.copies : [];
+        envs = Array.from({ length: msg.num_envs }, (_, i) => {
+          const copy = copies[i] || {};
+          const config = Object.assign({}, msg.config || {}, 'seed' in copy ? { seed: copy.seed } : {});
+          return new EnvClass(config, copy);
+        });
         return { class_name: EnvClass.name, observation_space: EnvClass.observationSpace,
           action_space: EnvClass.actionSpace, reset_accepts_seed: true };
       }
@@ -226,7 +233,7 @@ function serve(EnvClass) {
     }
   };
   sock.on('connect', () => send({ type: 'hello', protocol: 1, token: process.env.POLAR_CONNECTOR_TOKEN || '',
-    pid: process.pid, language: 'javascript' }));
+    pid: process.pid, language: 'javascript', name: EnvClass.name }));
   let pending = Buffer.alloc(0);
   sock.on('data', (chunk) => {
     pending = Buffer.concat([pending, chunk]);

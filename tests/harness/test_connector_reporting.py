@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from polar.cli.main import main as polar_main
+from polar.config import load_config
 from polar.errors import ConnectorCrashed
+from polar.harness import make_vector_env
 from polar.harness.connector.vector_env import ConnectorVectorEnv
 
 from .conftest import CONNECTORS_DIR, make_spec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_check_quotes_the_last_output_lines_of_a_connector_that_keeps_dying(capsys, monkeypatch):
@@ -72,3 +78,19 @@ def test_process_restarts_and_restarted_copies_are_counted_apart():
         assert envs.restarts == 3 and envs.copies_restarted == 6
     finally:
         envs.close()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_a_node_connector_is_named_by_its_class_not_by_node():
+    cfg = load_config(ROOT / "examples" / "node_connector" / "line_walk.yaml",
+                      overrides=["harness.connector_spec.max_restarts=0"])
+    envs = make_vector_env(cfg.harness, 2, config_dir=cfg.config_dir)
+    try:
+        assert envs.procs[0].name == "LineWalk"
+        envs.reset()
+        os.kill(envs.pids[0], signal.SIGKILL)
+        with pytest.raises(ConnectorCrashed) as e:
+            envs.step(np.ones(2, dtype=np.int64))
+    finally:
+        envs.close()
+    assert str(e.value).startswith("LineWalk (connector-0) failed 1 times in a row")
