@@ -36,8 +36,9 @@ def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineS
     )
 
 
-def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None) -> LocalStack:
-    """Engine + gateway + rollout service for ``cfg`` (not started)."""
+def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None) -> LocalStack:
+    """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
+    (default: the run's ``gateway/sessions/``)."""
     from polar.inference import load_engine
 
     if cfg.harness.type != "agent":
@@ -48,8 +49,66 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None) -> LocalStack:
     runner = build_runner(cfg.harness, cfg.config_dir)
     verifier = build_verifier(cfg.verifier, cfg.config_dir)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
-    return LocalStack(engine, runner, verifier, settings, records_dir=run_dir_path / "gateway" / "sessions",
+    return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
                       gateway_config=cfg.gateway)
+
+
+def heldout_success(stack: Any, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
+    """``samples`` sessions of every held-out task with the engine's current weights; success rate and counts."""
+    from polar.trainers.llm_trainer import success_rate
+
+    return success_rate(stack.run_groups([(t, samples, {"eval": tag}) for t in eval_tasks]))
+
+
+def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, samples: int | None = None,
+                       engine: Any = None) -> dict[str, Any]:
+    """``polar eval`` for an agent run: its ``eval_tasks`` with the weights of ``checkpoint`` (default: the
+    latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``."""
+    from polar.errors import RunDirError
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+    from polar.trainers.llm_policy import LLMPolicy
+
+    if not cfg.eval_tasks:
+        raise ConfigError(
+            f"{run_dir.path} has no eval_tasks, so nothing is held out to evaluate; add 'eval_tasks: FILE.jsonl' "
+            f"to {run_dir.config_path} and run `polar eval {run_dir.path}` again"
+        )
+    eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir)
+    ckpt = checkpoint or CheckpointManager(run_dir.checkpoints_dir).latest()
+    if ckpt is None:
+        raise RunDirError(f"{run_dir.path} has no checkpoint yet; nothing to evaluate.")
+    state = load_checkpoint(ckpt)
+    if "model" not in state:
+        raise RunDirError(f"checkpoint {ckpt} holds no LLM weights ('model'); it was not written by an agent run")
+    kw = cfg.policy.kwargs
+    samples = samples or getattr(kw, "eval_samples", 1)
+    tag = f"eval_{Path(ckpt).stem}_{time.strftime('%Y%m%d-%H%M%S')}"
+    # this evaluation's calls go to a folder of their own, never into the training records
+    records = run_dir.eval_dir / "sessions" / tag
+    n = 1
+    while records.exists():
+        n += 1
+        records = run_dir.eval_dir / "sessions" / f"{tag}-{n}"
+    with build_stack(cfg, run_dir.path, engine, records_dir=records) as stack:
+        policy = LLMPolicy.from_engine(stack.engine, getattr(kw, "lora", None))
+        policy.load_state_dict(state["model"])
+        stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
+        res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
+    res.update(checkpoint=str(ckpt), step=int(state.get("step", 0)), samples_per_task=samples,
+               policy_version=int(state.get("policy_version", 0)), records=str(records))
+    return res
+
+
+def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
+    """The held-out success table ``polar run`` and ``polar eval`` print, one row per evaluated stage."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("stage", "success", "sessions", "errors"):
+        table.add_column(col)
+    for stage, e in rows.items():
+        table.add_row(stage, f"{e['success']:.3f}", str(e["sessions"]), str(e["errors"]))
+    return table
 
 
 def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
@@ -82,9 +141,7 @@ def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = No
         def evaluate(tag: str, samples: int = 1) -> dict[str, Any]:
             if not eval_tasks:
                 return {}
-            from polar.trainers.llm_trainer import success_rate
-
-            res = success_rate(stack.run_groups([(t, samples, {"eval": tag}) for t in eval_tasks]))
+            res = heldout_success(stack, eval_tasks, samples, tag)
             run_dir.write_json(f"eval/{tag}.json", res)
             log.info("held-out success (%s): %.3f over %d sessions", tag, res["success"], res["sessions"])
             return res
@@ -134,7 +191,6 @@ def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = No
 def run_from_cli(cfg: Any, args: Any) -> int:
     """``polar run`` for agent harnesses: create the run dir, train, print the held-out numbers."""
     from rich.console import Console
-    from rich.table import Table
 
     from polar.trainers.run_dir import RunDir
 
@@ -147,12 +203,11 @@ def run_from_cli(cfg: Any, args: Any) -> int:
     run_dir = RunDir.create(cfg.name, args.run_dir, kind=f"agentic-{cfg.policy.type}", config_dir=cfg.config_dir)
     console.print(f"[bold]run dir[/]: {run_dir.path}")
     summary = train_agentic(cfg, run_dir)
-    table = Table(title=f"{cfg.name}: held-out success")
-    for col in ("stage", "success", "sessions", "errors"):
-        table.add_column(col)
-    for key in ("eval_before", "eval_after", "eval_final"):
-        if summary.get(key):
-            e = summary[key]
-            table.add_row(key.removeprefix("eval_"), f"{e['success']:.3f}", str(e["sessions"]), str(e["errors"]))
-    console.print(table)
+    rows = {key.removeprefix("eval_"): summary[key] for key in ("eval_before", "eval_after", "eval_final")
+            if summary.get(key)}
+    if rows:
+        console.print(heldout_table(f"{cfg.name}: held-out success", rows))
+    else:
+        console.print("no held-out tasks: the config sets no eval_tasks, so held-out success was not measured "
+                      "(add 'eval_tasks: FILE.jsonl' to measure it)")
     return 0

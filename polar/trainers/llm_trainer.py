@@ -6,7 +6,9 @@ The GRPO loop (one optimizer step per iteration)::
     filter   drop ERROR/CANCELLED sessions and groups older than max_off_policy_steps versions
     learn    group-relative advantages; clipped ratio vs the engine's recorded logprobs; KL to reference;
              gradient accumulation over micro-batches (token-level normalization over the whole batch)
-    publish  weights → engine through the gateway's drain (pause, wait in-flight, swap, resume, version+1)
+    publish  weights → engine through the gateway's drain (pause, wait in-flight, swap, resume, version+1);
+             a step with no usable group (all filtered, or equal rewards in every group) updates nothing,
+             publishes nothing and is logged with ``update_skipped: 1``
     checkpoint
 
 With ``max_off_policy_steps >= 1`` the next batch is collected while this one trains (asynchronous
@@ -222,11 +224,15 @@ class GRPOTrainer:
             samples, advs, counts = group_batch(groups, self.version, kw.max_off_policy_steps, kw.advantage)
             t_learn = time.monotonic()
             upd = self.learner.update(samples, advs) if samples else {}
-            self.sync_weights()
+            if samples:  # a step with no usable group changed no weight: no swap, no new version
+                self.sync_weights()
+            else:
+                log.info("GRPO step %d: no usable group (%s); the weights and policy version stay",
+                         self.step + 1, ", ".join(f"{k} {int(v)}" for k, v in counts.items() if k.startswith("groups_")))
             self.step += 1
             rewards = [r.reward for g in groups for r in g if r.reward is not None]
             row = {"step": self.step, "policy_version": self.version, "reward_mean": sum(rewards) / max(1, len(rewards)),
-                   "samples": len(samples), "collect_wait_s": round(wait_s, 3),
+                   "samples": len(samples), "update_skipped": int(not samples), "collect_wait_s": round(wait_s, 3),
                    "learn_s": round(time.monotonic() - t_learn, 3), "time_s": round(time.monotonic() - t0, 3),
                    **counts, **upd}
             if kw.eval_every and self.step % kw.eval_every == 0 and self.step < kw.total_steps:

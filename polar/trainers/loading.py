@@ -25,12 +25,8 @@ def load_run(path: str | Path, overrides: list[str] | None = None):
     return run_dir, cfg
 
 
-def load_policy_for_eval(target: Path):
-    """(run_dir, cfg, policy, checkpoint_path, state) for a run dir or a checkpoint file inside one."""
-    from polar.harness import make_vector_env
-    from polar.models.policy import build_policy
-    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
-
+def resolve_target(target: Path):
+    """(run_dir, cfg, checkpoint or None) for a run dir, or a checkpoint file inside one."""
     target = Path(target)
     if target.is_file():
         ckpt = target
@@ -39,6 +35,16 @@ def load_policy_for_eval(target: Path):
         run_path = target
         ckpt = None
     run_dir, cfg = load_run(run_path)
+    return run_dir, cfg, ckpt
+
+
+def load_policy_for_eval(target: Path):
+    """(run_dir, cfg, policy, checkpoint_path, state) for a run dir or a checkpoint file inside one."""
+    from polar.harness import make_vector_env
+    from polar.models.policy import build_policy
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+
+    run_dir, cfg, ckpt = resolve_target(target)
     if ckpt is None:
         ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
         if ckpt is None:
