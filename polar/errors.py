@@ -15,6 +15,7 @@
     ├── AgentError             an agent's act() returned the wrong shapes or types
     ├── RunDirError            a run directory is missing, foreign, or already used
     ├── CheckpointError        a checkpoint is missing or unreadable
+    ├── NonFiniteError         NaN or inf in observations, rewards or losses (names the source)
     ├── GatewayError           the model-API gateway or an inference engine failed
     └── DistributedError       the Ray backend could not start or reach its cluster
 
@@ -81,6 +82,10 @@ class RunDirError(PolarError):
 
 class CheckpointError(PolarError):
     """A checkpoint is missing, incomplete, or unreadable."""
+
+
+class NonFiniteError(PolarError):
+    """An observation, reward or loss was NaN or infinite; the message names where it came from."""
 
 
 class GatewayError(PolarError):

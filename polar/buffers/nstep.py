@@ -40,6 +40,10 @@ class NStepTransitions:
         self.gamma = float(gamma)
         self._held: dict[int, dict[str, Any]] = {}  # worker_id -> the last n - 1 steps, time-major
 
+    def forget(self, worker_id: int) -> None:
+        """Drop the steps held for ``worker_id``: its next fragment does not continue them (one was dropped)."""
+        self._held.pop(worker_id, None)
+
     def __call__(self, frag) -> dict[str, Any] | None:
         """The transitions now complete, as keyword arguments for ``ReplayBuffer.add`` (None if none)."""
         new = {"obs": frag.obs, "next_obs": frag.next_obs,

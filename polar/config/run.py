@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, PrivateAttr
 
@@ -27,6 +28,9 @@ class RunConfig(StrictModel):
     total_env_steps: int = Field(100_000, ge=1)
     seed: int = 0
     stop_reward: float | None = Field(None, description="stop early once the 100-episode training mean return reaches this")
+    nonfinite: Literal["fail", "skip"] = Field(
+        "fail", description="NaN/inf in observations or rewards: fail naming the source, or skip the fragment and "
+        "count it (nonfinite_skipped_fragments); a non-finite loss always fails")
 
     # agentic runs (harness.type == agent)
     tasks: str | None = None

@@ -65,7 +65,7 @@ class OffPolicyTrainer(OnPolicyTrainer):
         frags, lags, stats, update_s = [], [], {}, 0.0
         target = min(self.cfg.total_env_steps, self.env_steps + ITERATION_ENV_STEPS)
         while self.env_steps < target:
-            frag = self.backend.next_fragment()
+            frag = self._next_fragment()
             t_update = time.perf_counter()
             self._absorb(frag)
             if self.nstep is None:
@@ -89,6 +89,10 @@ class OffPolicyTrainer(OnPolicyTrainer):
         return self._end_iteration(frags, stats, update_s, policy_lag=sum(lags) / len(lags))
 
     # ------------------------------------------------------------------ checkpoints
+    def _dropped(self, frag) -> None:
+        if self.nstep is not None:  # its steps never reach the replay: later ones must not join the held ones
+            self.nstep.forget(frag.worker_id)
+
     def _replay_path(self, iteration: int) -> Path:
         return self.checkpoints.dir / f"replay_{iteration:08d}.npz"
 

@@ -30,6 +30,7 @@ from polar.models.normalization import RunningNorm
 from polar.models.policy import build_policy
 from polar.rollout.backends.base import make_backend
 from polar.trainers.checkpoint import CheckpointManager, rng_state, set_rng_state
+from polar.trainers.finite import FiniteGuard, check_losses, harness_name
 from polar.trainers.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class OnPolicyTrainer:
         self.version = 0
         self.time_offset_s = 0.0
         self.window = EpisodeWindow(100)
+        self.finite = FiniteGuard(cfg.nonfinite, harness_name(cfg.harness))  # NaN/inf: fail or skip
         self.connector_process_restarts = 0
         self.connector_copies_restarted = 0
 
@@ -192,6 +194,18 @@ class OnPolicyTrainer:
         self.run_dir.update_meta(status="finished", result={k: v for k, v in result.items() if k != "eval"})
         return result
 
+    def _next_fragment(self):
+        """The backend's next fragment with finite observations and rewards (``nonfinite: fail`` raises on
+        the first other one, naming its source; ``skip`` drops it and counts it)."""
+        while True:
+            frag = self.backend.next_fragment()
+            if self.finite.accept(frag):
+                return frag
+            self._dropped(frag)
+
+    def _dropped(self, frag) -> None:
+        """Hook for a fragment ``nonfinite: skip`` dropped (the off-policy trainer's n-step windows forget it)."""
+
     def _absorb(self, f) -> None:
         """Count a fragment's steps and episodes, and fold its normalizer moments in."""
         self.env_steps += f.env_steps
@@ -208,7 +222,7 @@ class OnPolicyTrainer:
         # APPO learns from each fragment as it arrives (V-trace corrects the lag); PPO waits for a
         # batch of one fragment per worker (read each time: the Ray backend resizes while running)
         n_frags = 1 if self.cfg.policy.type == "appo" else max(1, self.backend.num_workers)
-        frags = [self.backend.next_fragment() for _ in range(n_frags)]
+        frags = [self._next_fragment() for _ in range(n_frags)]
         t_update = time.perf_counter()
         for f in frags:
             self._absorb(f)
@@ -231,6 +245,7 @@ class OnPolicyTrainer:
 
         ``policy_lag`` defaults to the lag of ``frags`` against the one update just made."""
         cfg = self.cfg
+        check_losses(stats, self.iteration + 1, self.env_steps)  # before its weights are checkpointed
         self.iteration += 1
         if policy_lag is None:
             policy_lag = float(np.mean([self.version - 1 - f.policy_version for f in frags]))
@@ -239,6 +254,7 @@ class OnPolicyTrainer:
                    "fps": (self.env_steps - self._last_steps) / max(1e-9, now - self._last_t),
                    **self.window.summary(), **stats,
                    "policy_lag": policy_lag,
+                   "nonfinite_skipped_fragments": self.finite.skipped,
                    "connector/process_restarts": self.connector_process_restarts,
                    "connector/copies_restarted": self.connector_copies_restarted,
                    "learner/samples_per_s": sum(f.env_steps for f in frags) / max(1e-9, update_s),
