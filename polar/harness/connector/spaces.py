@@ -46,7 +46,8 @@ def space_from_wire(desc: Any, where: str = "space") -> spaces.Space:
             return spaces.MultiDiscrete(np.asarray(desc["nvec"], dtype=np.int64))
         if kind == "MultiBinary":
             n = desc["n"]
-            return spaces.MultiBinary(n if isinstance(n, int) else list(n))
+            n = n if isinstance(n, int) else list(n)
+            return spaces.MultiBinary(int(n[0]) if len(n) == 1 and isinstance(n[0], (int, np.integer)) else n)  # [3]: (3)
         if kind == "Dict":
             return spaces.Dict({k: space_from_wire(v, f"{where}.{k}") for k, v in desc["spaces"].items()})
     except (KeyError, TypeError, ValueError) as e:
