@@ -240,7 +240,7 @@ def check_env(env: gym.Env, steps: int = 300, seed: int = 0, target: str | None 
                 text, details = _split_error(e) if isinstance(e, PolarError) else (f"{type(e).__name__}: {e}", "")
                 if isinstance(e, ProtocolError):  # a connector's reply broke the wire protocol
                     checker.fail(name, "connector replies as docs/connector-protocol.md specifies", text,
-                                 "make the connector send the field the message names in the documented shape",
+                                 "make the connector reply as documented there; the message names the reply and what broke",
                                  details=details)
                 else:
                     checker.fail(name, "reset/step to follow the env contract", text,
