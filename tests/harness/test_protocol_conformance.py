@@ -133,6 +133,8 @@ SHAPE_FAULTS = {
                      "(one per copy)" + DOCS,
     "final_obs_shape": "RawWalk (connector-0, copy 1): the step reply's 'final_obs'[1] has shape (3,), expected (5,): "
                        f"one observation of {BOX}" + DOCS,
+    "final_obs_short": "RawWalk (connector-0, copies 0-1): the step reply's 'final_obs' has 1 entries, expected a list "
+                       "of 2 (one per copy, nil if not ended)" + DOCS,
 }
 
 

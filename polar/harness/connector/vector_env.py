@@ -287,8 +287,8 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
             raise self._bad_reply(j, op, "'obs'", f"{why}: {n} observation(s) of {self.single_observation_space}")
         infos = reply.get("infos")
         if infos is not None and (not isinstance(infos, list) or len(infos) != n):
-            got = f"{len(infos)} entries" if isinstance(infos, list) else f"a {type(infos).__name__}"
-            raise self._bad_reply(j, op, "'infos'", f"is {got}, expected a list of {n} maps (one per copy)")
+            got = f"has {len(infos)} entries" if isinstance(infos, list) else f"is a {type(infos).__name__}"
+            raise self._bad_reply(j, op, "'infos'", f"{got}, expected a list of {n} maps (one per copy)")
 
     def _check_step(self, j: int, reply: dict) -> None:
         """Check a step reply's shapes and make its flags bool arrays (in place)."""
@@ -303,8 +303,8 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         for key in ("final_obs", "final_infos"):
             value = reply.get(key)
             if value is not None and (not isinstance(value, list) or len(value) != n):
-                got = f"{len(value)} entries" if isinstance(value, list) else f"a {type(value).__name__}"
-                raise self._bad_reply(j, "step", repr(key), f"is {got}, expected a list of {n} (one per copy, nil if not ended)")
+                got = f"has {len(value)} entries" if isinstance(value, list) else f"is a {type(value).__name__}"
+                raise self._bad_reply(j, "step", repr(key), f"{got}, expected a list of {n} (one per copy, nil if not ended)")
         final_obs = reply.get("final_obs")
         if final_obs is not None:
             for i, fo in enumerate(final_obs):

@@ -10,6 +10,7 @@ one deviation from docs/connector-protocol.md; without it the connector is corre
 - ``reset_obs_shape``: the same, in the reset reply;
 - ``rewards_short``: a rewards array one entry short;
 - ``final_obs_shape``: the final observation of the last copy has shape (3,);
+- ``final_obs_short``: the ``final_obs`` list is one entry short;
 - ``garbage_step``: from step ``RAW_FAULT_AT`` on, a frame whose body is not msgpack;
 - ``text_step``: from step ``RAW_FAULT_AT`` on, text written to the socket with no frame header.
 
@@ -101,6 +102,8 @@ def main() -> int:
                 reply["final_infos"] = [{"steps": int(steps)} if done[i] else None for i in range(k)]
                 if FAULT == "final_obs_shape" and done[k - 1]:
                     reply["final_obs"][k - 1] = np.zeros(3, dtype=np.float32)
+                if FAULT == "final_obs_short":
+                    reply["final_obs"].pop()
         elif op == "close":
             conn.send(codec.pack(reply))
             return 0
