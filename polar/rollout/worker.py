@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import traceback
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,19 @@ def fragment_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
 
 
 def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: int, fragment_steps: int,
-                weights: dict[str, torch.Tensor], version, lock, out_q, free_q, stop) -> None:
-    """Entry point of one worker process. Reports any failure on ``out_q`` and exits."""
+                weights: dict[str, torch.Tensor], version, lock, out_q, free_q, stop, learner_alive) -> None:
+    """Entry point of one worker process. Reports any failure on ``out_q`` and exits.
+
+    ``learner_alive`` is the read end of a pipe only the learner writes to: its EOF means the learner is
+    gone (even SIGKILLed), and the worker then kills its connectors and exits. Ctrl-C reaches the whole
+    foreground process group, so the worker ignores SIGINT: the learner decides when workers stop
+    (``stop``), after it has written its final checkpoint.
+    """
+    from polar.harness.connector.process import _kill_leftovers
+    from polar.lifetime import exit_when_closed
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_when_closed(learner_alive, before_exit=_kill_leftovers, name="polar-learner-watch")
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runner = None

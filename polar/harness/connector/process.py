@@ -39,6 +39,7 @@ from polar.errors import (
     ProtocolError,
 )
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
+from polar.lifetime import popen_tied
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
@@ -172,7 +173,8 @@ class ConnectorProcess:
         if self.spec.command and shutil.which(cmd[0], path=env.get("PATH")) is None and not Path(self.config_dir, cmd[0]).exists():
             raise ConnectorStartError(f"connector_spec.command: executable {cmd[0]!r} not found on PATH; install it or fix the command")
         self._tail.clear()
-        self._proc = subprocess.Popen(
+        # dies with this process even when it is SIGKILLed (no atexit then): see polar.lifetime
+        self._proc = popen_tied(
             cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

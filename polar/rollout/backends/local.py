@@ -79,6 +79,8 @@ class LocalBackend:
         self._lock = ctx.Lock()
         self._stop = ctx.Event()
         self._out_q = ctx.Queue()
+        # only this process holds the write end: its EOF tells the workers the learner is gone (polar.lifetime)
+        learner_alive, self._alive_w = ctx.Pipe(duplex=False)
         self._free_qs = []
         self._slots: dict[int, list] = {}
         cfg_data = self.cfg.model_dump(mode="json")
@@ -91,9 +93,10 @@ class LocalBackend:
             seed = self.seed + 7919 * (w + 1)
             p = ctx.Process(target=worker_main, name=f"polar-rollout-{w}", daemon=True,
                             args=(w, cfg_data, cdir, seed, self.fragment_steps, self._weights, self._version,
-                                  self._lock, self._out_q, free_q, self._stop))
+                                  self._lock, self._out_q, free_q, self._stop, learner_alive))
             p.start()
             self._procs.append(p)
+        learner_alive.close()
         try:
             self._wait_until_all_started(self.cfg.distribution.worker_timeout_s)
         except BaseException:
@@ -194,4 +197,5 @@ class LocalBackend:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2.0)
+        self._alive_w.close()
         self._out_q.cancel_join_thread()
