@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from rich.console import Console
@@ -15,16 +17,27 @@ from rich.progress import (
 )
 from rich.table import Table
 
+log = logging.getLogger("polar.progress")
+
 
 class TrainingProgress:
-    def __init__(self, total_env_steps: int, start_steps: int = 0, enabled: bool = True, metric_names: list[str] | None = None) -> None:
+    """A live bar on a terminal; otherwise (piped, nohup, CI, ``--no-progress``) a log line every ``log_every_s``.
+
+    fps is the last iteration's; ``avg`` is the run's (env steps over training time, across resumes)."""
+
+    def __init__(self, total_env_steps: int, start_steps: int = 0, enabled: bool = True, metric_names: list[str] | None = None,
+                 log_every_s: float = 30.0) -> None:
         self.console = Console(stderr=True)
         self.metric_names = metric_names or ["episode_reward_mean"]
+        self.total = total_env_steps
+        self.bar = enabled and self.console.is_terminal
+        self.log_every_s = log_every_s
+        self._last_log: float | None = None
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
             TextColumn("{task.fields[fps]:>7} fps"), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            console=self.console, disable=not enabled, transient=False,
+            console=self.console, disable=not self.bar, transient=False,
         )
         self.task = self.progress.add_task("train", total=total_env_steps, completed=start_steps, fps="-", info="")
 
@@ -41,7 +54,32 @@ class TrainingProgress:
             v = m.get(name)
             if v is not None:
                 parts.append(f"{name.replace('episode_', '').replace('_mean', '')} {v:.3g}")
-        self.progress.update(self.task, completed=m["env_steps"], fps=f"{m['fps']:.0f}", info="  ".join(parts))
+        avg = m["env_steps"] / m["time_s"] if m.get("time_s") else m["fps"]
+        fps = f"{m['fps']:.0f} (avg {avg:.0f})"
+        if self.bar:
+            self.progress.update(self.task, completed=m["env_steps"], fps=fps, info="  ".join(parts))
+            return
+        now = time.monotonic()
+        if self._last_log is not None and now - self._last_log < self.log_every_s:
+            return
+        self._last_log = now
+        steps = m["env_steps"]
+        eta = f", ETA {_duration((self.total - steps) / avg)}" if avg > 0 and steps < self.total else ""
+        log.info("%s/%s env steps (%.0f%%), %.0f fps (avg %.0f)%s%s", f"{steps:,}", f"{self.total:,}",
+                 100 * steps / self.total, m["fps"], avg, "".join(f", {p}" for p in parts), eta)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def fmt_number(v: Any) -> str:
+    """A float for a summary line: 4 significant digits; None as 'n/a'."""
+    if v is None:
+        return "n/a"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def print_eval(result: dict[str, Any], title: str = "evaluation") -> None:

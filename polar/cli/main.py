@@ -13,6 +13,7 @@ import sys
 
 from rich.console import Console
 
+from polar import __version__
 from polar.errors import PolarError
 
 # name -> module; add a line here when adding a subcommand
@@ -32,6 +33,7 @@ console = Console(stderr=True)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar", description="Reinforcement learning on any harness, at scale.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"polar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
         try:

@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="change a config value for the rest of the run, e.g. -o total_env_steps=200000 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument("--log-every-s", type=float, default=30.0, metavar="S",
+                   help="without a progress bar (no terminal, --no-progress): a progress log line every S seconds")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,4 +42,4 @@ def main(args: argparse.Namespace) -> int:
 
         train_agentic(cfg, run_dir, resume=True)
         return 0
-    return train(cfg, run_dir, resume=True, progress=not args.no_progress)
+    return train(cfg, run_dir, resume=True, progress=not args.no_progress, log_every_s=args.log_every_s)

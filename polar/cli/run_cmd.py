@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config value, e.g. -o policy.kwargs.learning_rate=1e-3 (repeatable)")
     p.add_argument("--run-dir", default=None, help="write the run here instead of runs/<name>-<timestamp>/")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument("--log-every-s", type=float, default=30.0, metavar="S",
+                   help="without a progress bar (no terminal, --no-progress): a progress log line every S seconds")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,23 +36,23 @@ def main(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"policy.type {cfg.policy.type!r}: env harnesses train with 'ppo', 'appo', 'dqn' or 'sac'")
     run_dir = RunDir.create(cfg.name, args.run_dir, config_dir=cfg.config_dir)
-    return train(cfg, run_dir, resume=False, progress=not args.no_progress)
+    return train(cfg, run_dir, resume=False, progress=not args.no_progress, log_every_s=args.log_every_s)
 
 
-def train(cfg, run_dir, resume: bool, progress: bool = True) -> int:
+def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float = 30.0) -> int:
     from rich.console import Console
 
-    from polar.cli._progress import TrainingProgress, print_eval
+    from polar.cli._progress import TrainingProgress, fmt_number, print_eval
     from polar.trainers.on_policy import build_trainer
 
     Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
-    with TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics) as bar:
+    with TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics, log_every_s) as bar:
         # local: the learner runs here; ray: in a learner actor this process starts and watches
         trainer = build_trainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()
     log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
-             result.get("episode_reward_mean"))
+             fmt_number(result.get("episode_reward_mean")))
     if "eval" in result:
         print_eval(result["eval"], title=f"evaluation ({run_dir.path.name})")
     return 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from polar.config.base import validate
+from polar.config.base import format_validation_error, validate
 from polar.errors import ConfigError
 
 
@@ -42,6 +42,10 @@ def parse_yaml(text: str, source: str = "config") -> Any:
 
 def read_yaml_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        found = sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml"))
+        hint = f"one of its YAML files, e.g. --config {found[0]}" if found else "a YAML file"
+        raise ConfigError(f"{p} is a directory, not a config file. Pass {hint}.")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}. Pass an existing YAML file to --config.")
     data = parse_yaml(p.read_text(), source=str(p))
@@ -74,13 +78,54 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | None, source: s
     return data
 
 
+def _number_texts(overrides: list[str] | None) -> dict[tuple[str, ...], str]:
+    """Key path -> the text of each override whose value YAML reads as a number (``env.PORT=400``, ``tag=007``)."""
+    out = {}
+    for item in overrides or []:
+        key, _, raw = item.partition("=")
+        parts = tuple(p for p in key.strip().split(".") if p)
+        try:
+            value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
+        except yaml.YAMLError:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[parts] = raw.strip()
+    return out
+
+
+def validate_with_overrides(model: Any, data: dict[str, Any], overrides: list[str] | None, source: str) -> Any:
+    """``validate``, where an override that YAML read as a number lands on a field the schema says is a
+    string: that field gets the text as typed (``-o harness.connector_spec.env.PORT=400`` is ``"400"``,
+    and ``007`` stays ``"007"``), as a YAML file would with quotes."""
+    from pydantic import ValidationError
+
+    from polar.config.base import _display_loc
+
+    texts = _number_texts(overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        fixed = False
+        for e in err.errors():
+            path = tuple(str(part) for part in _display_loc(model, tuple(e["loc"])))
+            if e["type"] == "string_type" and path in texts:
+                node = data
+                for part in path[:-1]:
+                    node = node[part]
+                node[path[-1]] = texts[path]
+                fixed = True
+        if not fixed:
+            raise ConfigError(format_validation_error(err, model, source)) from None
+    return validate(model, data, source=source)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None):
     """Load, override and strictly validate a run config. Module paths resolve next to the file."""
     from polar.config.run import RunConfig
 
     p = Path(path).resolve()
     data = apply_overrides(read_yaml_file(p), overrides)
-    cfg = validate(RunConfig, data, source=str(path))
+    cfg = validate_with_overrides(RunConfig, data, overrides, source=str(path))
     cfg._config_dir = p.parent
     return cfg
 

@@ -109,6 +109,11 @@ class OnPolicyTrainer:
             log.info("resuming from checkpoint %s", ckpt)
         seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)  # fresh env seeds on resume
         self.backend = self.backend_factory(cfg, self._fragment_steps(), seed, config_dir=cfg.config_dir)
+        rollout = self._fragment_steps() * cfg.distribution.num_envs
+        if cfg.policy.type == "ppo" and (getattr(self.kw, "batch_size", None) or 0) > rollout:
+            log.warning("policy.kwargs.batch_size %d is larger than one rollout (%d env steps: %d per env x %d envs): "
+                        "every minibatch is the whole rollout. Lower batch_size, or raise n_steps or the env count.",
+                        self.kw.batch_size, rollout, self._fragment_steps(), cfg.distribution.num_envs)
         try:
             self.policy = build_policy(cfg, self.backend.observation_space, self.backend.action_space, cfg.config_dir)
             self.learner = self._make_learner()
