@@ -84,6 +84,38 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
+def bwrap_unusable() -> str | None:
+    """Why bubblewrap cannot isolate sessions on this machine, or None when it can (tried once per binary)."""
+    found = bwrap_path()
+    if found is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install -y bubblewrap)"
+    if not _bwrap_works(found):
+        return (f"bubblewrap ({found}) cannot create namespaces here ({_BWRAP_ERR.get(found) or 'no reason given'}); "
+                "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone, "
+                "or the container's seccomp/AppArmor policy)")
+    return None
+
+
+def _bwrap_required(why: str) -> str:
+    return f"sandbox.runtime is 'bwrap' but {why}; fix that, or set sandbox.runtime: none to run the CLI unisolated"
+
+
+def check_runtime(options: SandboxOptions, cli: str) -> None:
+    """At the start of a run (once per runner): ``runtime: bwrap`` that cannot work fails here, before any
+    session; ``runtime: auto`` that falls back to no isolation says so once, since the CLIs run with their
+    permission checks off. ``cli`` names the CLI and its flag for that warning."""
+    if options.runtime == "none":
+        return
+    why = bwrap_unusable()
+    if why is None:
+        return
+    if options.runtime == "bwrap":
+        raise HarnessError(_bwrap_required(why))
+    log.warning("sandbox.runtime auto: %s, so %s runs with no isolation: it can read, change and reach whatever "
+                "this user can. Make bubblewrap work, or set harness.preset_options.sandbox.runtime: none to run "
+                "unisolated on purpose", why, cli)
+
+
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["git", "-c", "safe.directory=*", "-c", "user.name=polar", "-c", "user.email=polar@localhost",
@@ -207,25 +239,14 @@ class Sandbox:
         return sbx
 
     def _pick_runtime(self) -> bool:
-        rt = self.options.runtime
-        if rt == "none":
+        """bwrap when asked for or (``auto``) when it works; the run was told at start when it does not
+        (:func:`check_runtime`)."""
+        if self.options.runtime == "none":
             return False
-        found = bwrap_path()
-        if found is None:
-            if rt == "bwrap":
-                raise HarnessError(
-                    "sandbox.runtime is 'bwrap' but bubblewrap is not installed; install it "
-                    "(Debian/Ubuntu: apt-get install -y bubblewrap) or set sandbox.runtime: none"
-                )
-            return False
-        if not _bwrap_works(found):
-            if rt == "bwrap":
-                raise HarnessError(
-                    "bubblewrap is installed but cannot create namespaces here (user namespaces disabled?); "
-                    "enable unprivileged user namespaces or set sandbox.runtime: none"
-                )
-            return False
-        return True
+        why = bwrap_unusable()
+        if why is not None and self.options.runtime == "bwrap":
+            raise HarnessError(_bwrap_required(why))
+        return why is None
 
     def _pick_uid(self) -> int | None:
         if self.options.user == "current" or os.geteuid() != 0:
@@ -340,6 +361,7 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
 
 
 _BWRAP_OK: dict[str, bool] = {}
+_BWRAP_ERR: dict[str, str] = {}  # why a bwrap binary failed its trial run
 
 
 def _bwrap_works(bwrap: str) -> bool:
@@ -350,8 +372,8 @@ def _bwrap_works(bwrap: str) -> bool:
                                  capture_output=True, timeout=20)
             _BWRAP_OK[bwrap] = res.returncode == 0
             if res.returncode != 0:
-                log.warning("bubblewrap cannot create namespaces here (%s); sessions run without it",
-                            res.stderr.decode(errors="replace").strip())
-        except (OSError, subprocess.TimeoutExpired):
+                _BWRAP_ERR[bwrap] = res.stderr.decode(errors="replace").strip() or f"exit code {res.returncode}"
+        except (OSError, subprocess.TimeoutExpired) as e:
             _BWRAP_OK[bwrap] = False
+            _BWRAP_ERR[bwrap] = f"{type(e).__name__}: {e}"
     return _BWRAP_OK[bwrap]

@@ -88,6 +88,15 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 
 @pytest.fixture
+def scripted_gateway(gateway: Callable[..., Any], tiny: tuple[Any, Any]) -> Any:
+    """A started gateway whose engine answers every call with "ok"."""
+    from polar.inference.scripted import ScriptedEngine
+
+    model, tokenizer = tiny
+    return gateway(ScriptedEngine(tokenizer, lambda r, i: "ok", model=model, model_name="tiny"), default_max_tokens=16)
+
+
+@pytest.fixture
 def run_session(tmp_path: Path) -> Callable[..., Any]:
     """``run_session(gw, preset, task, options, agent_timeout_s)``: one session through the real pipeline
     (INIT → preset in its sandbox → gateway records → trajectory → swe_grader verifier)."""

@@ -35,14 +35,6 @@ def script(tmp_path: Path, body: str, shebang: str = "#!/bin/sh") -> str:
     return str(path)
 
 
-@pytest.fixture
-def scripted_gateway(gateway: Any, tiny: Any) -> Any:
-    from polar.inference.scripted import ScriptedEngine
-
-    model, tokenizer = tiny
-    return gateway(ScriptedEngine(tokenizer, lambda r, i: "ok", model=model, model_name="tiny"), default_max_tokens=16)
-
-
 def survivors(marker: str) -> list[int]:
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):

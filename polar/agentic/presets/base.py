@@ -125,6 +125,8 @@ class HarnessPreset:
     extra_model_names: ClassVar[tuple[str, ...]] = ()
     #: options a user may pass in ``preset_options`` (besides ``bin`` and ``extra_args``).
     option_names: ClassVar[tuple[str, ...]] = ()
+    #: the flag that turns the CLI's own permission prompts off (named when it runs without a sandbox).
+    permission_flag: ClassVar[str] = ""
 
     # -- resolution ---------------------------------------------------------------------------
     @classmethod

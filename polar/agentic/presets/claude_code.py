@@ -24,6 +24,7 @@ class ClaudeCodePreset(HarnessPreset):
     version = "2.1.197"
     binary = "claude"
     api = "anthropic"
+    permission_flag = "--dangerously-skip-permissions"
     option_names = ("max_turns", "effort", "append_system_prompt", "allowed_tools", "disallowed_tools", "max_thinking_tokens")
 
     def args(self, ctx: PresetContext) -> list[str]:

@@ -32,6 +32,7 @@ class CodexPreset(HarnessPreset):
     version = "0.171.0"
     binary = "codex"
     api = "openai_responses"
+    permission_flag = "--dangerously-bypass-approvals-and-sandbox"
     option_names = ("reasoning_effort", "context_window")
 
     def args(self, ctx: PresetContext) -> list[str]:

@@ -19,6 +19,7 @@ class GeminiCliPreset(HarnessPreset):
     version = "0.61.0"
     binary = "gemini"
     api = "gemini"
+    permission_flag = "--yolo"
     # Utility calls (routing, next-speaker and loop checks, compression) name these models on their
     # own; the settings below pin what can be pinned, the gateway aliases the rest.
     extra_model_names = (

@@ -24,6 +24,7 @@ class QwenCodePreset(HarnessPreset):
     version = "0.15.10"
     binary = "qwen"
     api = "openai_chat"
+    permission_flag = "--yolo"
     option_names = ("max_session_turns",)
 
     def args(self, ctx: PresetContext) -> list[str]:

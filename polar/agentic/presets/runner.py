@@ -23,7 +23,7 @@ from typing import Any
 from polar.agentic.presets.base import HarnessPreset, PresetContext, harnesses_dir, last_lines
 from polar.agentic.process import ProcessLimits, run_process
 from polar.agentic.runners import HarnessOutcome, HarnessRunner, SessionContext, task_prompt
-from polar.agentic.sandbox import Sandbox, SandboxOptions
+from polar.agentic.sandbox import Sandbox, SandboxOptions, check_runtime
 from polar.errors import HarnessError, PolarError
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ class PresetRunner(HarnessRunner):
         self.preset = preset
         options = dict(options or {})
         self.sandbox_options = SandboxOptions.from_dict(options.pop("sandbox", None))
+        # one runner per run: a sandbox that cannot work fails here; one that falls back says so, once
+        cli = preset.name + (f" ({preset.binary} {preset.permission_flag})" if preset.permission_flag
+                             else f" ({preset.binary}, which runs its tools without asking)")
+        check_runtime(self.sandbox_options, cli)
         self.options = options
         preset.check_options(options)
         # Node reserves far more address space than it uses; an RLIMIT_AS that suits Python kills it.
