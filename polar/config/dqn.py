@@ -34,4 +34,5 @@ class DQNKwargs(StrictModel):
     prioritized_replay_alpha: float = Field(0.6, ge=0)
     prioritized_replay_beta0: float = Field(0.4, ge=0, le=1, description="importance-weight exponent, annealed to 1")
     prioritized_replay_eps: float = Field(1e-6, gt=0)
-    save_replay_buffer: bool = Field(True, description="checkpoint the replay buffer too, so a resumed run continues exactly")
+    save_replay_buffer: bool = Field(True, description="checkpoint the replay buffer too, so a resumed run continues "
+                                     "exactly (one file per kept checkpoint: keep_checkpoints copies on disk)")

@@ -31,7 +31,8 @@ class SACKwargs(StrictModel):
     ent_coef: float | str = Field("auto", description="'auto', 'auto_<init>' or a fixed coefficient")
     target_entropy: float | Literal["auto"] = "auto"
     max_grad_norm: float | None = Field(None, gt=0, description="clip gradients of every network; None = off (SB3)")
-    save_replay_buffer: bool = Field(True, description="checkpoint the replay buffer too, so a resumed run continues exactly")
+    save_replay_buffer: bool = Field(True, description="checkpoint the replay buffer too, so a resumed run continues "
+                                     "exactly (one file per kept checkpoint: keep_checkpoints copies on disk)")
 
     @field_validator("ent_coef")
     @classmethod

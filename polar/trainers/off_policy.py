@@ -8,8 +8,9 @@ every ``train_freq`` steps, as in SB3. An *iteration* groups training phases unt
 ``iteration_env_steps`` transitions were collected, so logging, checkpoint and eval intervals
 (counted in iterations) mean about the same as for PPO, whatever ``train_freq`` is.
 
-The replay buffer is saved next to each checkpoint (``save_replay_buffer``), so a resumed run
-continues with the data it had, not an empty buffer.
+The replay buffer is saved next to each checkpoint (``save_replay_buffer``), one file per kept
+checkpoint, so a resumed run continues with the data it had, not an empty buffer, also when it
+resumes from an older checkpoint. The disk cost is ``keep_checkpoints`` copies of the buffer.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ class OffPolicyTrainer(OnPolicyTrainer):
         return self.checkpoints.dir / f"replay_{iteration:08d}.npz"
 
     def _save_checkpoint(self) -> None:
-        """The replay buffer first, then the checkpoint that names it; older replay files are removed."""
+        """The replay buffer first, then the checkpoint that names it. Every kept checkpoint keeps its own
+        replay file (a resume that falls back to an older checkpoint needs *its* buffer); a replay file goes
+        when its checkpoint is pruned (``logging.keep_checkpoints``)."""
         replay_file = None
         if self.kw.save_replay_buffer:
             path = self._replay_path(self.iteration)
@@ -106,8 +109,9 @@ class OffPolicyTrainer(OnPolicyTrainer):
         state = self._state()
         state["replay_file"] = replay_file
         self.checkpoints.save(self.iteration, state)
+        kept = {self._replay_path(int(p.stem.removeprefix("ckpt_"))).name for p in self.checkpoints.all()}
         for old in self.checkpoints.dir.glob("replay_*.npz"):
-            if old.name != replay_file:
+            if old.name not in kept:
                 old.unlink(missing_ok=True)
 
     def _load_state(self, state: dict[str, Any]) -> None:

@@ -236,7 +236,14 @@ class OnPolicyTrainer:
             scale = 1.0 / math.sqrt(float(self.reward_norm.var) + 1e-8)
             clip = self.kw.clip_reward
         if self.cfg.policy.type == "appo":
-            stats = self.learner.update_fragment(frags[0], self.version, scale, clip) or {}
+            stats = self.learner.update_fragment(frags[0], self.version, scale, clip)
+            if stats is None:
+                # a dropped stale fragment changed no weight: publishing a new version would count a
+                # non-update as policy lag for every fragment in flight and cascade into more drops
+                lag = float(self.version - frags[0].policy_version)
+                skipped = {"update_skipped": 1.0, "stale_dropped": float(self.learner.stale_dropped)}
+                return self._end_iteration(frags, skipped, time.perf_counter() - t_update, policy_lag=lag)
+            stats["update_skipped"] = 0.0
         else:
             buf = RolloutBuffer(frags)
             buf.compute_advantages(self.kw.gamma, self.kw.gae_lambda, scale, clip)

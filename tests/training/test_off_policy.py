@@ -227,10 +227,11 @@ def replay_header(path) -> dict:
         return json.loads(str(z["header"][()]))
 
 
-def assert_checkpointed_with_latest_replay_only(path, env_steps: int) -> dict:
+def assert_checkpointed_with_a_replay_per_checkpoint(path, env_steps: int) -> dict:
     ckpts = sorted(p.name for p in (path / "checkpoints").glob("ckpt_*.pt"))
     assert ckpts == ["ckpt_00000001.pt", "ckpt_00000002.pt"]
-    assert replay_files(path) == ["replay_00000002.npz"]  # the one of iteration 1 was removed
+    assert replay_files(path) == ["replay_00000001.npz", "replay_00000002.npz"]  # one per kept checkpoint
+    assert load_checkpoint(path / "checkpoints" / "ckpt_00000001.pt")["replay_file"] == "replay_00000001.npz"
     state = load_checkpoint(path / "checkpoints" / "ckpt_00000002.pt")
     assert state["replay_file"] == "replay_00000002.npz" and state["env_steps"] == env_steps
     assert replay_header(path / "checkpoints" / "replay_00000002.npz")["size"] == env_steps
@@ -267,7 +268,7 @@ def test_dqn_run_logs_metrics_and_checkpoints_its_replay_buffer(dqn_run):
     # exploration_fraction 0.1 of 2000 steps: epsilon reached its final value long before the first log
     assert rows[-1]["exploration_rate"] == pytest.approx(0.05)
     assert np.isfinite(rows[-1]["loss"])
-    state = assert_checkpointed_with_latest_replay_only(path, 2000)
+    state = assert_checkpointed_with_a_replay_per_checkpoint(path, 2000)
     assert state["learner"]["n_updates"] == DQN_UPDATES_AT[2000] == trainer.learner.n_updates
 
 
@@ -281,7 +282,7 @@ def test_sac_run_logs_metrics_and_resume_restores_critics_targets_and_temperatur
         assert all(r.get(key) is not None for r in rows), key
     assert [r["replay_size"] for r in rows] == [1008, 2000]
     assert 0 < rows[0]["ent_coef"] < 0.5  # learned from 0.5, lowered while entropy is above -dim(action)
-    assert_checkpointed_with_latest_replay_only(path, 2000)
+    assert_checkpointed_with_a_replay_per_checkpoint(path, 2000)
 
     again = OffPolicyTrainer(trainer.cfg.model_copy(update={"total_env_steps": 3000}), RunDir.open(path), resume=True)
     again._setup()
@@ -384,7 +385,8 @@ def test_resume_restores_replay_counters_target_and_optimizer(dqn_run, tmp_path,
     rows = read_metrics(path / "metrics.jsonl")
     assert [r["replay_size"] for r in rows] == [1000, 2000, 3000]
     assert [r["n_updates"] for r in rows][-1] == DQN_UPDATES_AT[2000] + 125
-    assert replay_files(path) == ["replay_00000003.npz"]
+    # keep_checkpoints 3: every checkpoint and its replay file are still there
+    assert replay_files(path) == ["replay_00000001.npz", "replay_00000002.npz", "replay_00000003.npz"]
 
 
 def test_resume_without_a_saved_replay_buffer_warns_and_refills(tmp_path, caplog):
