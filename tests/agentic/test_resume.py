@@ -74,7 +74,11 @@ def test_agentic_grpo_run_resumes_from_its_last_checkpoint(tmp_path):
     weights = {k: v for k, v in ckpt["model"].items() if k in resumed_at}
     assert weights and all(torch.equal(resumed_at[k], weights[k]) for k in weights)
     assert any(not torch.equal(fresh[k], resumed_at[k]) for k in weights)
-    assert engine.policy_version == ckpt["policy_version"] + 2
-    steps = [r["step"] for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
-    assert steps == [1, 2, 3, 4]  # the metrics file continues; no step is repeated or lost
+    rows = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # the metrics file continues; no step is repeated or lost
+    # every step that updated published one version; a step without a usable group published none
+    updated = [r["step"] for r in rows[2:] if not r["update_skipped"]]
+    assert engine.policy_version == ckpt["policy_version"] + len(updated)
+    assert [r["policy_version"] for r in rows[2:]] == [ckpt["policy_version"] + sum(s <= step for s in updated)
+                                                       for step in (3, 4)]
     assert sorted(p.name for p in run_dir.checkpoints_dir.glob("ckpt_*.pt"))[-1] == "ckpt_00000004.pt"
