@@ -267,7 +267,8 @@ class GatewayApp:
         try:
             req = anthropic.parse_request(await self._body(request), request, count_only=True)
             tools = [] if req.tool_choice == "none" else req.tools
-            ids = self.core.prompts.build(req.messages, tools, lambda key: None).ids
+            prompt = await asyncio.to_thread(self.core.prompts.build, req.messages, tools, lambda key: None)
+            ids = prompt.ids  # tokenized on a worker thread: a huge prompt must not hold up the event loop
             return self._json({"input_tokens": len(ids)})
         except ApiError as e:
             return self._error(anthropic, e)
@@ -315,7 +316,8 @@ class GatewayApp:
                 raise ApiError("not_found", f"session {sid!r} has no records")
         except ApiError as e:
             return self._error(openai_chat, e)
-        return self._json({"session_id": sid, "records": [r.to_dict() for r in recs]})
+        # serialized on a worker thread: a session of huge records must not hold up the event loop
+        return await asyncio.to_thread(lambda: self._json({"session_id": sid, "records": [r.to_dict() for r in recs]}))
 
     async def get_trajectory(self, request: Request) -> Response:
         from polar.gateway.trajectory_view import trajectory_response

@@ -9,6 +9,7 @@ engine error, client disconnect), so no call goes unrecorded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from typing import Any
 from polar.gateway.drain import DrainGate
 from polar.gateway.errors import ApiError
 from polar.gateway.normalized import CallOutput, ChatRequest
-from polar.gateway.prompt import Prompt, PromptBuilder, reuse_key
+from polar.gateway.prompt import Prompt, PromptBuilder, PromptTooLong, reuse_key, text_sha256
 from polar.gateway.sessions import SessionStore
 from polar.gateway.textstream import IncrementalDetokenizer, TextStream
 from polar.gateway.toolcalls import ParsedOutput, parse_hermes
@@ -39,7 +40,8 @@ def engine_error(e: BaseException) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, ContextLengthExceeded):
-        return ApiError("context_length", str(e), prompt_tokens=e.prompt_tokens, context_length=e.context_length)
+        return ApiError("context_length", str(e), prompt_tokens=e.prompt_tokens, context_length=e.context_length,
+                        prompt_tokens_at_least=e.at_least)
     if isinstance(e, UpstreamUnavailable):
         return ApiError("unavailable", f"inference upstream unavailable: {e}")
     if isinstance(e, EngineError):
@@ -103,7 +105,8 @@ class Call:
         self.first_token_s: float | None = None
         self.call_index = core.store.next_call_index(session_id)
         self.policy_version = int(getattr(core.engine, "policy_version", 0))
-        self.prompt: Prompt | None = None
+        self.prompt: Prompt | None = None  # set once the engine accepted it
+        self.rejected_prompt: dict[str, Any] | None = None  # count and hash of a prompt refused before generation
         self.sampled: list[int] = []
         self.logprobs: list[float] = []
         self.output: CallOutput | None = None
@@ -114,11 +117,28 @@ class Call:
         self._closed = False
 
     async def prepare(self) -> None:
+        core = self.core
+        self.prompt, greq = await asyncio.to_thread(self._prompt_request)
+        self._gen = core.engine.generate(greq)
+        try:
+            self._first = await self._gen.__anext__()
+        except StopAsyncIteration:
+            self._first = TokenEvent(None, None, "abort")
+
+    def _prompt_request(self) -> tuple[Prompt, GenerationRequest]:
+        """Render, tokenize and check the prompt. Runs on a worker thread: a prompt of megabytes takes
+        seconds to tokenize (the tokenizer releases the GIL), and the event loop keeps serving meanwhile.
+        A prompt refused here is recorded by its token count and hash, never by its ids."""
         core, req = self.core, self.req
         store, sid = core.store, self.session_id
-        self.prompt = core.prompts.build(req.messages, self.tools, lambda k: store.lookup(sid, k))
+        try:
+            prompt = core.prompts.build(req.messages, self.tools, lambda k: store.lookup(sid, k),
+                                        getattr(core.engine, "context_length", None))
+        except PromptTooLong as e:
+            self.rejected_prompt = {"tokens": e.prompt_tokens, "tokens_at_least": True, "sha256": e.prompt_sha256}
+            raise
         greq = GenerationRequest(
-            prompt_ids=self.prompt.ids,
+            prompt_ids=prompt.ids,
             max_tokens=req.max_tokens or core.default_max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
@@ -127,12 +147,12 @@ class Call:
             session_id=sid,
             stream=bool(req.stream),
         )
-        greq.max_tokens = core.engine.check_prompt(greq)
-        self._gen = core.engine.generate(greq)
         try:
-            self._first = await self._gen.__anext__()
-        except StopAsyncIteration:
-            self._first = TokenEvent(None, None, "abort")
+            greq.max_tokens = core.engine.check_prompt(greq)
+        except Exception:
+            self.rejected_prompt = {"tokens": len(prompt.ids), "tokens_at_least": False, "sha256": text_sha256(prompt.text)}
+            raise
+        return prompt, greq
 
     async def events(self) -> AsyncIterator[str | CallOutput]:
         """Text deltas as they become showable, then one ``CallOutput``. Records in ``finally``."""
@@ -273,6 +293,8 @@ class Call:
                 "seed": self.req.seed,
             },
         }
+        if self.rejected_prompt is not None:
+            meta["rejected_prompt"] = self.rejected_prompt
         if out is not None and out.stop_sequence:
             meta["stop_sequence"] = out.stop_sequence
         if out is not None and out.tool_parse_error:

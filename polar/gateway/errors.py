@@ -44,6 +44,7 @@ class ApiError(Exception):
         retry_after_s: float | None = None,
         prompt_tokens: int | None = None,
         context_length: int | None = None,
+        prompt_tokens_at_least: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -52,6 +53,7 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
+        self.prompt_tokens_at_least = prompt_tokens_at_least  # refused before it was fully tokenized
 
     @property
     def status(self) -> int:

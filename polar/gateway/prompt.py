@@ -23,7 +23,8 @@ from typing import Any
 
 from polar.gateway import _json
 from polar.gateway.normalized import Message
-from polar.gateway.tokencache import SegmentEncoder
+from polar.gateway.tokencache import SegmentEncoder, TooManyTokens
+from polar.inference.base import ContextLengthExceeded
 
 
 def message_key(m: Message) -> bytes:
@@ -55,6 +56,52 @@ class Prompt:
     ids: list[int]
     reuse: dict[str, Any]  # goes to CallRecord.metadata["prompt_reuse"]
     prefix_hashes: list[bytes]
+    text: str = ""  # the rendering the ids encode (hashed into the record when the engine rejects the prompt)
+
+
+def text_sha256(text: str) -> str:
+    """What identifies a rendered prompt in the record of a rejected call (its ids are not kept).
+
+    Hashed a megabyte at a time: ``update`` releases the GIL, so hashing a huge prompt on a worker
+    thread never holds up the event loop."""
+    h = hashlib.sha256()
+    step = 1 << 20
+    for i in range(0, len(text), step):
+        h.update(text[i : i + step].encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+class PromptTooLong(ContextLengthExceeded):
+    """The rendered prompt does not fit the context window. Raised before its ids become a Python list
+    (``at_least``: the count is a floor: tokenizing stopped, or never started, once the limit was
+    certainly passed). Carries the rendering's hash for the call's record."""
+
+    def __init__(self, prompt_tokens: int, context_length: int, *, at_least: bool, text: str) -> None:
+        super().__init__(prompt_tokens, context_length, at_least=at_least)
+        self.prompt_sha256 = text_sha256(text)
+
+
+def max_chars_per_token(tokenizer: Any) -> int | None:
+    """The most characters of rendered text one token can stand for, or ``None`` when no such bound is
+    certain. It lets a prompt that cannot fit be refused from its length alone, before tokenizing.
+
+    For a BPE model every token is one vocabulary piece, and a piece covers at most as many characters
+    of the (normalized) text as it has: byte-level pieces spell one character per byte, SentencePiece
+    pieces one per character, byte-fallback pieces (``<0x41>``) more. NFC/NFKC normalization can
+    compose at most 4 code points into one. Any other normalizer, a non-BPE model (WordPiece maps a
+    whole unknown word to one ``[UNK]``) or fused unknown pieces: no bound."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.model).__name__ != "BPE" or getattr(backend.model, "fuse_unk", False):
+        return None
+    normalizer = backend.normalizer
+    factor = 1 if normalizer is None else 4 if type(normalizer).__name__ in ("NFC", "NFKC") else None
+    if factor is None:
+        return None
+    try:
+        longest = max(len(piece) for piece in tokenizer.get_vocab())  # added tokens included
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return max(1, longest) * factor
 
 
 class PromptBuilder:
@@ -65,13 +112,8 @@ class PromptBuilder:
         self.stop_token_ids = [int(i) for i in stop_token_ids]
         self._eot_id = self.stop_token_ids[0] if self.stop_token_ids else None
         self._eot_strs = [s for s in tokenizer.convert_ids_to_tokens(self.stop_token_ids) if s]
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None and hasattr(backend, "encode_batch_fast"):  # same ids, no offsets: half the cost
-            self.encode = lambda text: backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
-        elif backend is not None:
-            self.encode = lambda text: backend.encode(text, add_special_tokens=False).ids
-        else:
-            self.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+        self.encode = _encoder(tokenizer)
+        self.max_chars_per_token = max_chars_per_token(tokenizer)
         self.segments = SegmentEncoder.build(tokenizer, self.encode)
         if self.segments is not None:
             self.encode = self.segments.encode
@@ -94,11 +136,30 @@ class PromptBuilder:
     def _mark(self, obj: Any) -> Any:
         return self._marking[0](obj) if self._marking else obj
 
-    def encode_rendered(self, text: str) -> list[int]:
-        """Tokenize a rendering of marked messages (the fast path when nothing was marked)."""
+    def encode_rendered(self, text: str, limit: int | None = None) -> list[int]:
+        """Tokenize a rendering of marked messages (the fast path when nothing was marked); past
+        ``limit`` tokens, ``TooManyTokens``: at once when the text is too long to fit whatever it holds."""
+        if limit is not None:
+            floor = self.min_tokens(text)
+            if floor > limit:
+                raise TooManyTokens(floor)
         if self._marking is None or self._marking[2] not in text:
-            return self.encode(text)
-        return list(self._marking[1](self.tokenizer, text))
+            return self.encode(text) if limit is None else self.encode(text, limit)
+        ids = list(self._marking[1](self.tokenizer, text))
+        if limit is not None and len(ids) > limit:
+            raise TooManyTokens(len(ids))
+        return ids
+
+    def min_tokens(self, text: str) -> int:
+        """A floor of the token count of a rendering, from its length alone (0 when there is no bound)."""
+        if self.max_chars_per_token is None:
+            return 0
+        chars = len(text)
+        if self._marking is not None and self._marking[2] in text:  # markers are dropped before encoding
+            from transformers.utils import chat_template_utils as ctu
+
+            chars -= text.count(ctu._CONTROL_TOKEN_START) + text.count(ctu._CONTROL_TOKEN_END)
+        return chars // self.max_chars_per_token
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], generation: bool) -> str:
         if self._compiled is not None:
@@ -141,24 +202,41 @@ class PromptBuilder:
         except Exception:  # any doubt: the slower, canonical path
             return None
 
-    def build(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], lookup: Any) -> Prompt:
-        """Token ids for ``messages``; ``lookup(reuse_key) -> CallRecord | None`` searches this session only."""
+    def build(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], lookup: Any,
+              context_length: int | None = None) -> Prompt:
+        """Token ids for ``messages``; ``lookup(reuse_key) -> CallRecord | None`` searches this session only.
+
+        With ``context_length``, a prompt that leaves no room to generate raises ``PromptTooLong`` as
+        early as that is certain: from the rendering's length before tokenizing, else as soon as the
+        tokenizer has passed the limit, before any id list is built. So an oversized request costs
+        neither the time to tokenize it nor the memory of its ids. Runs on a worker thread."""
         hashes = prefix_hashes(tools, messages)  # keys use the messages as sent; rendering uses marked copies
         marked, marked_tools = self._mark(list(messages)), self._mark(list(tools))
         full = self.render(marked, marked_tools, generation=True)
+        limit = None if context_length is None else context_length - 1  # room for one sampled token
+        try:
+            return self._build(messages, marked, marked_tools, full, hashes, lookup, limit)
+        except TooManyTokens as e:
+            raise PromptTooLong(e.count, context_length, at_least=True, text=full) from None  # type: ignore[arg-type]
+
+    def _build(self, messages: Sequence[Message], marked: Sequence[Message], marked_tools: Sequence[dict[str, Any]],
+               full: str, hashes: list[bytes], lookup: Any, limit: int | None) -> Prompt:
         for k in range(len(messages) - 1, -1, -1):
             if messages[k].get("role") != "assistant":
                 continue
             rec = lookup(reuse_key(hashes[k], messages[k]))
             if rec is None:
                 continue
-            spliced = self._splice(marked[: k + 1], marked_tools, full, rec)
+            spliced = self._splice(marked[: k + 1], marked_tools, full, rec, limit)
             if spliced is not None:
-                return Prompt(spliced, {"call_index": rec.call_index, "reused_ids": len(rec.prompt_ids) + len(rec.sampled_ids)}, hashes)
-            return Prompt(self.encode_rendered(full), {"call_index": rec.call_index, "broken": "template rewrote history"}, hashes)
-        return Prompt(self.encode_rendered(full), {}, hashes)
+                reuse = {"call_index": rec.call_index, "reused_ids": len(rec.prompt_ids) + len(rec.sampled_ids)}
+                return Prompt(spliced, reuse, hashes, full)
+            reuse = {"call_index": rec.call_index, "broken": "template rewrote history"}
+            return Prompt(self.encode_rendered(full, limit), reuse, hashes, full)
+        return Prompt(self.encode_rendered(full, limit), {}, hashes, full)
 
-    def _splice(self, upto: Sequence[Message], tools: Sequence[dict[str, Any]], full: str, rec: Any) -> list[int] | None:
+    def _splice(self, upto: Sequence[Message], tools: Sequence[dict[str, Any]], full: str, rec: Any,
+                limit: int | None = None) -> list[int] | None:
         head = self.render(upto, tools, generation=False)
         if not full.startswith(head):
             return None
@@ -169,5 +247,39 @@ class PromptBuilder:
         ids = list(rec.prompt_ids) + list(rec.sampled_ids)
         if self._eot_id is not None and (not rec.sampled_ids or rec.sampled_ids[-1] not in self.stop_token_ids):
             ids.append(self._eot_id)  # the turn was cut (length/stop string): close it as the template would
-        ids.extend(self.encode_rendered(tail))
+        try:
+            ids.extend(self.encode_rendered(tail, None if limit is None else max(0, limit - len(ids))))
+        except TooManyTokens as e:
+            raise TooManyTokens(len(ids) + e.count) from None
+        if limit is not None and len(ids) > limit:
+            raise TooManyTokens(len(ids))
         return ids
+
+
+def _encoder(tokenizer: Any) -> Any:
+    """``encode(text, limit=None) -> ids`` with the tokenizer's fastest exact path. Past ``limit`` tokens it
+    raises ``TooManyTokens`` from the encoding's length, before its ids become a Python list (turning
+    millions of ids into ints is what holds the GIL). The Rust tokenizer releases the GIL while encoding."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch_fast"):  # same ids, no offsets: half the cost
+        def encoding(text: str) -> Any:
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0]
+    elif backend is not None:
+        def encoding(text: str) -> Any:
+            return backend.encode_batch([text], add_special_tokens=False)[0]
+    else:
+        def encode_slow(text: str, limit: int | None = None) -> list[int]:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if limit is not None and len(ids) > limit:
+                raise TooManyTokens(len(ids))
+            return ids
+
+        return encode_slow
+
+    def encode(text: str, limit: int | None = None) -> list[int]:
+        enc = encoding(text)
+        if limit is not None and len(enc) > limit:
+            raise TooManyTokens(len(enc))
+        return enc.ids
+
+    return encode

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -29,10 +30,25 @@ _PROBES = (
 )
 
 
-class SegmentEncoder:
-    """``encode(text)`` = whole-text encoding, from cached per-segment encodings."""
+class TooManyTokens(Exception):
+    """An encoding went over its token limit; ``count`` is how many tokens it had at that point (a floor
+    of the whole text's count). Raised before the ids become a Python list, the costly part."""
 
-    def __init__(self, encode: Callable[[str], list[int]], added: dict[str, int], max_chars: int = 8_000_000) -> None:
+    def __init__(self, count: int) -> None:
+        super().__init__(f"{count} tokens")
+        self.count = count
+
+
+Encode = Callable[..., list[int]]  # encode(text, limit=None): ids, or TooManyTokens past ``limit``
+
+
+class SegmentEncoder:
+    """``encode(text)`` = whole-text encoding, from cached per-segment encodings.
+
+    Thread-safe: prompts are tokenized on worker threads, so the cache is only touched under a lock
+    (the encoding itself runs outside it)."""
+
+    def __init__(self, encode: Encode, added: dict[str, int], max_chars: int = 8_000_000) -> None:
         self._encode = encode
         self._added = added
         names = sorted(added, key=len, reverse=True)  # longest first, as the tokenizer matches them
@@ -42,9 +58,10 @@ class SegmentEncoder:
         self._chars = 0
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()
 
     @classmethod
-    def build(cls, tokenizer: Any, encode: Callable[[str], list[int]], **kwargs: Any) -> SegmentEncoder | None:
+    def build(cls, tokenizer: Any, encode: Encode, **kwargs: Any) -> SegmentEncoder | None:
         """A segment encoder for ``tokenizer``, or ``None`` where segment-wise encoding might differ."""
         backend = getattr(tokenizer, "backend_tokenizer", None)
         added = getattr(tokenizer, "added_tokens_decoder", None)
@@ -63,29 +80,46 @@ class SegmentEncoder:
         enc._chars = enc.hits = enc.misses = 0
         return enc
 
-    def encode(self, text: str) -> list[int]:
+    def _encode_within(self, text: str, limit: int | None) -> list[int]:
+        if limit is None:
+            return self._encode(text)
+        return self._encode(text, limit)
+
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """The whole text's ids; past ``limit`` tokens, ``TooManyTokens`` (no further segment is encoded)."""
         ids: list[int] = []
         parts = self._split(text)
         for i, part in enumerate(parts):
             if i % 2:  # the split's odd parts are the added tokens themselves
                 ids.append(self._added[part])
             elif part:
-                ids.extend(self._segment(part))
+                try:
+                    ids.extend(self._segment(part, None if limit is None else limit - len(ids)))
+                except TooManyTokens as e:
+                    raise TooManyTokens(len(ids) + e.count) from None
+            if limit is not None and len(ids) > limit:
+                raise TooManyTokens(len(ids))
         return ids
 
-    def _segment(self, text: str) -> tuple[int, ...] | list[int]:
+    def _segment(self, text: str, limit: int | None) -> tuple[int, ...] | list[int]:
         if len(text) > self.max_chars // 4:
-            return self._encode(text)
-        cached = self._cache.get(text)
+            return self._encode_within(text, limit)
+        with self._lock:
+            cached = self._cache.get(text)
+            if cached is not None:
+                self.hits += 1
+                self._cache.move_to_end(text)
         if cached is not None:
-            self.hits += 1
-            self._cache.move_to_end(text)
+            if limit is not None and len(cached) > limit:
+                raise TooManyTokens(len(cached))
             return cached
-        self.misses += 1
-        ids = tuple(self._encode(text))
-        self._cache[text] = ids
-        self._chars += len(text)
-        while self._chars > self.max_chars:
-            old, _ = self._cache.popitem(last=False)
-            self._chars -= len(old)
+        ids = tuple(self._encode_within(text, limit))
+        with self._lock:
+            self.misses += 1
+            if text not in self._cache:
+                self._cache[text] = ids
+                self._chars += len(text)
+            while self._chars > self.max_chars:
+                old, _ = self._cache.popitem(last=False)
+                self._chars -= len(old)
         return ids

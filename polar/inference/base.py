@@ -46,13 +46,14 @@ class EngineError(GatewayError):
 class ContextLengthExceeded(EngineError):
     """The prompt alone fills the engine's context window; carries both numbers for provider errors."""
 
-    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+    def __init__(self, prompt_tokens: int, context_length: int, *, at_least: bool = False) -> None:
         super().__init__(
-            f"prompt is {prompt_tokens} tokens but the model's context window is {context_length} tokens; "
-            "shorten the conversation or use a model with a longer context"
+            f"prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the model's context window "
+            f"is {context_length} tokens; shorten the conversation or use a model with a longer context"
         )
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
+        self.at_least = at_least  # the prompt was refused before it was fully tokenized
 
 
 class UpstreamUnavailable(EngineError):
@@ -82,17 +83,22 @@ class GenerationRequest:
     # hint: False when nobody watches tokens arrive, so upstream engines may fetch the whole result in one
     # non-streamed request (far less per-token overhead); engines may ignore it
     stream: bool = True
+    # (len(prompt_ids), vocab_size) of the last successful id check: a million ids take tens of ms to check
+    _checked: tuple[int, int | None] | None = field(default=None, repr=False, compare=False)
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ``EngineError`` naming the bad field; engines call this before queueing."""
         if not self.prompt_ids:
             raise EngineError("GenerationRequest.prompt_ids is empty; render at least one token")
-        if vocab_size is not None and not _ids_within(self.prompt_ids, vocab_size):
-            bad = [t for t in self.prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
-            if bad:
-                raise EngineError(
-                    f"GenerationRequest.prompt_ids has ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
-                )
+        # the ids are checked once: the gateway checks them off its event loop, the engine again on it
+        if self._checked != (len(self.prompt_ids), vocab_size):
+            if vocab_size is not None and not _ids_within(self.prompt_ids, vocab_size):
+                bad = [t for t in self.prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+                if bad:
+                    raise EngineError(
+                        f"GenerationRequest.prompt_ids has ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
+                    )
+            self._checked = (len(self.prompt_ids), vocab_size)
         for name in ("max_tokens", "temperature", "top_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):

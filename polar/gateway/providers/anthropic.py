@@ -40,7 +40,7 @@ _IGNORED_BLOCKS = ("thinking", "redacted_thinking")
 def error_body(err: ApiError) -> dict[str, Any]:
     message = err.message
     if err.kind == "context_length" and err.context_length:
-        message = f"prompt is too long: {err.prompt_tokens} tokens > {err.context_length} maximum"
+        message = f"prompt is too long: {'at least ' if err.prompt_tokens_at_least else ''}{err.prompt_tokens} tokens > {err.context_length} maximum"
     return {"type": "error", "error": {"type": ERROR_TYPES[err.kind], "message": message}}
 
 

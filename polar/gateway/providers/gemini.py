@@ -40,7 +40,7 @@ _IGNORED_PARTS = ("thought", "thoughtSignature")
 def error_body(err: ApiError) -> dict[str, Any]:
     message = err.message
     if err.kind == "context_length" and err.context_length:
-        message = (f"The input token count ({err.prompt_tokens}) exceeds the maximum number of tokens "
+        message = (f"The input token count ({'at least ' if err.prompt_tokens_at_least else ''}{err.prompt_tokens}) exceeds the maximum number of tokens "
                    f"allowed ({err.context_length}).")
     return {"error": {"code": err.status, "message": message, "status": STATUS_NAMES[err.kind]}}
 

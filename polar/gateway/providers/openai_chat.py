@@ -44,7 +44,7 @@ def error_body(err: ApiError) -> dict[str, Any]:
     if err.kind == "context_length" and err.context_length:
         message = (
             f"This model's maximum context length is {err.context_length} tokens. However, your messages "
-            f"resulted in {err.prompt_tokens} tokens. Please reduce the length of the messages."
+            f"resulted in {'at least ' if err.prompt_tokens_at_least else ''}{err.prompt_tokens} tokens. Please reduce the length of the messages."
         )
     return {"error": {"message": message, "type": etype, "param": err.param, "code": code}}
 
