@@ -19,6 +19,7 @@ from torch import nn
 
 from polar.algorithms.optim import Adam
 from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config.ppo import DEFAULT_BATCH_SIZE
 from polar.models.fused import fused_ppo_grads, supports_fused
 
 
@@ -111,16 +112,18 @@ class PPOLearner:
         self.fused = supports_fused(agent) and not getattr(kwargs, "disable_fused", False)
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
-        """Samples per minibatch (flat); for recurrent agents, env columns per minibatch."""
+        """Samples per minibatch (flat; ``num_minibatches``, else ``batch_size``, else 64 samples, so the
+        gradient steps per sample do not depend on the env count); for recurrent agents, env columns
+        per minibatch (``batch_size`` samples' worth, else ``num_minibatches`` or 4 minibatches)."""
         kw = self.kw
         if recurrent:
             if kw.batch_size is not None:
                 steps = batch_samples // num_columns
                 return max(1, min(num_columns, kw.batch_size // max(1, steps)))
             return max(1, num_columns // (kw.num_minibatches or min(4, num_columns)))
-        if kw.batch_size is not None:
-            return min(batch_samples, kw.batch_size)
-        return max(1, batch_samples // (kw.num_minibatches or 4))
+        if kw.num_minibatches is not None:
+            return max(1, batch_samples // kw.num_minibatches)
+        return min(batch_samples, kw.batch_size or DEFAULT_BATCH_SIZE)
 
     def update(self, buf: RolloutBuffer, progress: float) -> dict[str, float]:
         kw = self.kw

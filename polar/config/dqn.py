@@ -1,7 +1,10 @@
 """DQN hyperparameters (``policy: {type: dqn, kwargs: {...}}``). Names and defaults follow Stable-Baselines3.
 
 Counts are in env steps (transitions), whatever the number of envs: ``train_freq: 4`` with 8 envs
-collects 4 steps of each env (32 transitions) between training phases, as in SB3.
+collects 4 steps of each env (32 transitions) between training phases, as in SB3. SB3 then makes one
+gradient step (``gradient_steps=1``), so its 8-env run learns from 8x fewer updates per transition than
+its 1-env run; polar's default (``gradient_steps: None``) makes one per ``train_freq`` transitions in
+total (8 per phase here), SB3's single-env ratio whatever the env count.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ class DQNKwargs(StrictModel):
     gamma: float = Field(0.99, ge=0, le=1)
     n_steps: int = Field(1, ge=1, description="n-step returns: rewards summed over up to n steps, bootstrap * gamma**n")
     train_freq: int = Field(4, ge=1, description="steps per env between training phases (the fragment length)")
-    gradient_steps: int = Field(1, ge=-1, description="gradient steps per training phase; -1 = one per transition collected")
+    gradient_steps: int | None = Field(
+        None, ge=-1, description="gradient steps per training phase; None = one per train_freq transitions in total "
+        "(1 with 1 env, as in SB3; num_envs with more, so the ratio holds); -1 = one per transition collected"
+    )
     target_update_interval: int = Field(10_000, ge=1, description="env steps between target-network updates")
     exploration_fraction: float = Field(0.1, ge=0, le=1, description="share of total_env_steps over which epsilon decays")
     exploration_initial_eps: float = Field(1.0, ge=0, le=1)

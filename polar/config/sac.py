@@ -26,7 +26,10 @@ class SACKwargs(StrictModel):
     gamma: float = Field(0.99, ge=0, le=1)
     n_steps: int = Field(1, ge=1, description="n-step returns: rewards summed over up to n steps, bootstrap * gamma**n")
     train_freq: int = Field(1, ge=1, description="steps per env between training phases (the fragment length)")
-    gradient_steps: int = Field(1, ge=-1, description="gradient steps per training phase; -1 = one per transition collected")
+    gradient_steps: int | None = Field(
+        None, ge=-1, description="gradient steps per training phase; None = one per train_freq transitions in total "
+        "(1 with 1 env, as in SB3; num_envs with more, so the ratio holds); -1 = one per transition collected"
+    )
     target_update_interval: int = Field(1, ge=1, description="gradient steps between target-critic updates")
     ent_coef: float | str = Field("auto", description="'auto', 'auto_<init>' or a fixed coefficient")
     target_entropy: float | Literal["auto"] = "auto"

@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 ITERATION_ENV_STEPS = 1000
 
 
+def phase_gradient_steps(gradient_steps: int | None, train_freq: int, transitions: int) -> int:
+    """Gradient steps after a fragment of ``transitions``: ``gradient_steps``, -1 = one per transition,
+    None (the default) = one per ``train_freq`` transitions, so the updates per transition stay SB3's
+    single-env ratio however many envs filled the fragment."""
+    if gradient_steps is None:
+        return max(1, transitions // train_freq)
+    return transitions if gradient_steps < 0 else gradient_steps
+
+
 class OffPolicyTrainer(OnPolicyTrainer):
     """DQN / SAC on any env harness; the constructor is ``OnPolicyTrainer``'s."""
 
@@ -77,7 +86,7 @@ class OffPolicyTrainer(OnPolicyTrainer):
             lags.append(self.version - frag.policy_version)  # updates made since the weights that acted
             # a resumed run whose checkpoint had no buffer waits until a batch's worth arrived again
             if self.env_steps > kw.learning_starts and len(self.replay) >= min(kw.batch_size, max(1, kw.learning_starts)):
-                steps = frag.env_steps if kw.gradient_steps < 0 else kw.gradient_steps
+                steps = phase_gradient_steps(kw.gradient_steps, kw.train_freq, frag.env_steps)
                 stats = self.learner.train(self.replay, steps, self.env_steps) or stats
             self.learner.set_exploration(self.env_steps)
             self.version += 1

@@ -135,7 +135,9 @@ class OnPolicyTrainer:
                                     purge_step=None if state is None else self.env_steps + 1)
 
     def _fragment_steps(self) -> int:
-        """Steps per env in one fragment."""
+        """Steps per env in one fragment (PPO's default splits ``rollout_samples`` across the envs)."""
+        if self.cfg.policy.type == "ppo":
+            return self.kw.steps_per_env(self.cfg.distribution.num_envs)
         return self.kw.n_steps
 
     def _make_learner(self):

@@ -63,7 +63,8 @@ def test_checkpoint_holds_normalizers_optimizer_rng_and_counters(tmp_path):
     register()
     _res, trainer = train_in_process(tmp_path, {
         "name": "norm", "total_env_steps": 1024, "harness": {"type": "gymnasium", "id": "PolarReachTarget-v0"},
-        "policy": {"type": "ppo", "kwargs": {"n_steps": 64, "normalize_obs": True, "normalize_reward": True}},
+        "policy": {"type": "ppo", "kwargs": {"n_steps": 64, "n_epochs": 4, "num_minibatches": 4, "normalize_obs": True,
+                                             "normalize_reward": True}},
         "distribution": {"envs_per_worker": 4}, "logging": {"tensorboard": False, "checkpoint_freq": 1},
         "eval": {"at_end": False},
     })
