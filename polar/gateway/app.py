@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "x-polar-session"
 ADMIN_HEADER = "x-polar-admin-token"
 DEFAULT_SESSION = "default"
+HEALTH_TIMEOUT_S = 10.0  # the most /health waits for the engine's own report
 
 
 class SessionPrefix:
@@ -289,8 +290,19 @@ class GatewayApp:
                 "context_length": self.engine.context_length}
 
     async def health(self, request: Request) -> Response:
-        return self._json({"status": "ok", "model": self.engine.model_name,
-                           "policy_version": int(self.engine.policy_version), **self.gate.status()})
+        """The engine's state (each upstream replica's too) and the drain gate's counts; 503 when the
+        engine cannot serve. The engine answers within its probe timeout (upstreams cache a recent probe),
+        bounded here as well, so a hung upstream never hangs ``/health``."""
+        try:
+            engine = await asyncio.wait_for(self.engine.health(), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            engine = {"state": "unavailable", "error": f"the engine did not report its state within {HEALTH_TIMEOUT_S}s"}
+        except Exception as e:  # a broken engine is reported, not raised
+            engine = {"state": "unavailable", "error": f"{type(e).__name__}: {e}"}
+        state = engine.get("state", "unavailable")
+        body = {"status": state, "model": self.engine.model_name, "policy_version": int(self.engine.policy_version),
+                **self.gate.status(), "engine": engine}
+        return self._json(body, 503 if state == "unavailable" else 200)
 
     # ---- session reads -------------------------------------------------------------------------
 

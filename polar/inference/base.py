@@ -163,6 +163,14 @@ class Engine(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; in-flight streams end with ``finish_reason="abort"``."""
 
+    async def health(self) -> dict[str, Any]:
+        """Whether this engine can serve now: ``{"state": "ok" | "degraded" | "unavailable", ...}``.
+
+        ``degraded`` still serves (some upstream replicas are down); ``unavailable`` cannot. Must return
+        within a few seconds whatever the engine's state (``/health`` awaits it); engines that probe
+        something remote cache the answer briefly."""
+        return {"state": "ok"}
+
     @property
     def vocab_size(self) -> int:
         """``len(tokenizer)``, cached: transformers recomputes it on every call. Tokens are never added

@@ -184,6 +184,12 @@ class EmbeddedEngine(Engine):
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         await asyncio.to_thread(self._swap_weights, state_dict, int(version))
 
+    async def health(self) -> dict[str, Any]:
+        if self._closing:
+            return {"state": "unavailable", "error": "engine is closed"}
+        return {"state": "ok", "device": str(self.device), "active": len(self._active) + len(self._solo),
+                "queued": len(self._pending)}
+
     async def close(self) -> None:
         self._closing = True
         with self._cv:

@@ -117,3 +117,6 @@ class ScriptedEngine(Engine):
 
     async def close(self) -> None:
         self._closed = True
+
+    async def health(self) -> dict[str, Any]:
+        return {"state": "unavailable", "error": "engine is closed"} if self._closed else {"state": "ok"}

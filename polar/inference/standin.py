@@ -102,12 +102,14 @@ class _Standin:
         self.max_model_len = max_model_len or engine.context_length
         self.name = name
         self.requests: list[dict[str, Any]] = []
+        self.health_calls = 0
 
     def text(self, ids: list[int]) -> str:
         tok = self.engine.tokenizer
         return tok.decode(ids, skip_special_tokens=False) if tok is not None and ids else ""
 
     async def health(self, request: Request) -> Response:
+        self.health_calls += 1
         return Response(status_code=200)
 
     # ------------------------------------------------------------------ vLLM

@@ -78,6 +78,8 @@ class UpstreamConfig(StrictModel):
     connect_timeout_s: float = 5.0
     cooldown_s: float = 10.0
     api_key: str | None = None
+    health_timeout_s: float = Field(2.0, gt=0)  # each replica's GET /health probe
+    health_ttl_s: float = Field(2.0, ge=0)  # how long a probe's answer is reused by /health
 
 
 class _Replica:
@@ -114,6 +116,8 @@ class UpstreamEngine(Engine):
         self.replicas = [_Replica(u) for u in config.urls]
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._health: tuple[float, dict[str, Any]] | None = None  # (monotonic time, answer) of the last probe
+        self._probe: asyncio.Task[dict[str, Any]] | None = None
 
     @classmethod
     def from_config(cls, spec: Mapping[str, Any] | UpstreamConfig, **kwargs: Any) -> UpstreamEngine:
@@ -210,6 +214,43 @@ class UpstreamEngine(Engine):
             except RuntimeError:  # created on an event loop that is gone
                 pass
             self._client = None
+
+    async def health(self) -> dict[str, Any]:
+        """Each replica's ``GET /health``, probed concurrently with ``health_timeout_s`` each, the answer
+        reused for ``health_ttl_s``; concurrent callers share one probe. So ``/health`` on the gateway
+        costs the replicas at most one probe per TTL and never waits longer than one timeout."""
+        cached = self._health
+        if cached is not None and time.monotonic() - cached[0] < self.config.health_ttl_s:
+            return cached[1]
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._probe_replicas())
+        return await asyncio.shield(self._probe)
+
+    async def _probe_replicas(self) -> dict[str, Any]:
+        states = await asyncio.gather(*(self._probe_one(r) for r in self.replicas))
+        up = sum(s["state"] == "ok" for s in states)
+        state = "ok" if up == len(states) else "degraded" if up else "unavailable"
+        answer: dict[str, Any] = {"state": state, "kind": self.kind, "replicas": states}
+        if not up:
+            answer["error"] = f"no {self.kind} replica answered GET /health"
+        self._health = (time.monotonic(), answer)
+        return answer
+
+    async def _probe_one(self, replica: _Replica) -> dict[str, Any]:
+        timeout_s = self.config.health_timeout_s
+        out: dict[str, Any] = {"url": replica.url, "in_flight": replica.in_flight}
+        try:
+            resp = await self._http().get(f"{replica.url}/health", timeout=httpx.Timeout(timeout_s))
+        except httpx.TimeoutException:
+            return {**out, "state": "down", "error": f"no answer to GET /health within {timeout_s}s"}
+        except httpx.HTTPError as exc:
+            return {**out, "state": "down", "error": f"{type(exc).__name__}: {exc}"}
+        if resp.status_code != 200:
+            return {**out, "state": "down", "error": f"GET /health answered HTTP {resp.status_code}"}
+        cooling_s = replica.down_until - time.monotonic()
+        if cooling_s > 0:  # answers its probe, but a request failed on it moments ago
+            out["cooldown_s"] = round(cooling_s, 3)
+        return {**out, "state": "ok"}
 
     async def resolve_served_model(self) -> str:
         """vLLM needs the served model id; ask the first healthy replica's ``GET /v1/models`` once."""
