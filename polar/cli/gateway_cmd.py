@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="listen port (default: a free one)")
     parser.add_argument("--records-dir", metavar="DIR", help="where session records go (default runs/gateway-<time>/sessions)")
     parser.add_argument("--admin-token", metavar="TOKEN", help="require this token on /admin/* endpoints")
+    parser.add_argument("--resume-records", action="store_true", default=None,
+                        help="continue the sessions already in --records-dir (without it, a used directory is refused)")
 
 
 def load_config(args: argparse.Namespace) -> GatewayConfig:
@@ -32,7 +34,7 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
     if args.config:
         raw = read_yaml_file(args.config)
         data = dict(raw.get("gateway") or {}) if "gateway" in raw else raw
-    for key in ("model", "host", "port", "admin_token"):
+    for key in ("model", "host", "port", "admin_token", "resume_records"):
         value = getattr(args, key, None)
         if value is not None:
             data[key] = value

@@ -20,6 +20,7 @@ class GatewayConfig(StrictModel):
     accept_any_model: bool = Field(False, description="serve every model name (harnesses with fixed names)")
     records_dir: str | None = Field(None, description="where session JSONL records go; default <run dir>/gateway/sessions")
     fsync: bool = Field(False, description="fsync each record (survives power loss; slower)")
+    resume_records: bool = Field(False, description="continue the sessions already in records_dir (else refuse to start there)")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     default_max_tokens: int = Field(1024, ge=1, description="when a request sets none (clamped to the context)")
     pause_mode: Literal["wait", "reject"] = Field("wait", description="while paused: wait for resume, or 429 at once")

@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import anyio
 from starlette.applications import Starlette
@@ -25,8 +27,8 @@ from polar.gateway import _json
 from polar.gateway.core import GatewayCore, engine_error
 from polar.gateway.drain import DrainGate, retry_after_header
 from polar.gateway.errors import ApiError, bad
-from polar.gateway.providers import anthropic, gemini, openai_chat, openai_responses
-from polar.gateway.sessions import SessionStore
+from polar.gateway.providers import anthropic, gemini, openai_chat, openai_responses, schemas
+from polar.gateway.sessions import SessionStore, key_hash, key_session_id
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,14 @@ class SessionPrefix:
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith("/s/"):
-                sid, sep, rest = path[3:].partition("/")
+                # split the raw path, so an encoded '/' (%2F) stays inside the session id
+                raw: bytes = scope.get("raw_path") or path.encode()
+                sid_raw, sep, rest_raw = raw[3:].partition(b"/") if raw.startswith(b"/s/") else (b"", b"", b"")
+                sid = _unquote(sid_raw)
                 if sid:
                     scope = dict(scope)
-                    scope["path"] = path = "/" + rest if sep else "/"
-                    scope["raw_path"] = path.encode()
+                    scope["path"] = path = "/" + _unquote(rest_raw) if sep else "/"
+                    scope["raw_path"] = b"/" + rest_raw if sep else b"/"
                     scope["polar_session"] = sid
             endpoint = self.fast_routes.get(path) if scope["method"] == "POST" else None
             if endpoint is not None:
@@ -74,9 +79,23 @@ def api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or request.query_params.get("key")
 
 
+def _unquote(raw: bytes) -> str:
+    return unquote_to_bytes(raw).decode("utf-8", "replace")
+
+
 def session_of(request: Request) -> str:
-    """URL prefix, then the ``x-polar-session`` header, then the API key."""
-    return request.scope.get("polar_session") or request.headers.get(SESSION_HEADER) or api_key(request) or DEFAULT_SESSION
+    """URL prefix, then the ``x-polar-session`` header, then the API key (by its hash: keys never reach disk)."""
+    given = request.scope.get("polar_session") or request.headers.get(SESSION_HEADER)
+    if given:
+        return given
+    key = api_key(request)
+    return key_session_id(key) if key else DEFAULT_SESSION
+
+
+def caller_of(request: Request) -> str | None:
+    """The caller's identity for session ownership: its API key's hash (``None`` without a key)."""
+    key = api_key(request)
+    return key_hash(key) if key else None
 
 
 async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
@@ -152,7 +171,7 @@ class GatewayApp:
     def __init__(self, engine: Any, config: Any, records_dir: Any) -> None:
         self.engine = engine
         self.config = config
-        self.store = SessionStore(records_dir, fsync=config.fsync)
+        self.store = SessionStore(records_dir, fsync=config.fsync, resume=config.resume_records)
         self.gate = DrainGate(config.pause_mode, config.pause_wait_s, config.retry_after_s)
         self.core = GatewayCore(engine, self.store, self.gate, config.default_max_tokens)
         self.model_names = [engine.model_name, *[a for a in config.model_aliases if a != engine.model_name]]
@@ -170,8 +189,7 @@ class GatewayApp:
             Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/sessions", self.list_sessions, methods=["GET"]),
-            Route("/sessions/{session_id:str}", self.get_session, methods=["GET"]),
-            Route("/sessions/{session_id:str}/trajectory", self.get_trajectory, methods=["GET"]),
+            Route("/sessions/{session_path:path}", self.read_session, methods=["GET"]),  # ids may hold '/'
             Route("/admin/status", self.admin_status, methods=["GET"]),
             Route("/admin/pause", self.admin_pause, methods=["POST"]),
             Route("/admin/resume", self.admin_resume, methods=["POST"]),
@@ -183,11 +201,15 @@ class GatewayApp:
     # ---- helpers -------------------------------------------------------------------------------
 
     async def _no_route(self, request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 404)
-        err = ApiError("not_found", f"no route for {request.method} {request.url.path}; model calls go to "
-                       "/v1/chat/completions, /v1/responses, /v1/messages or /v1beta/models/{model}:generateContent")
-        body = gemini.error_body(err) if "/models/" in request.url.path else openai_chat.error_body(err)
-        return self._json(body, status)
+        path = request.url.path
+        if getattr(exc, "status_code", 404) == 405:
+            allowed = (getattr(exc, "headers", None) or {}).get("Allow", "another method")
+            err = ApiError("method_not_allowed", f"{request.method} is not allowed on {path}; use {allowed}")
+        else:
+            err = ApiError("not_found", f"no route for {request.method} {path}; model calls go to "
+                           "/v1/chat/completions, /v1/responses, /v1/messages or /v1beta/models/{model}:generateContent")
+        body = gemini.error_body(err) if "/models/" in path else openai_chat.error_body(err)
+        return self._json(body, err.status)
 
     def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
         return Response(_json.dumps(obj), status, headers=headers, media_type="application/json")
@@ -216,6 +238,7 @@ class GatewayApp:
             raise bad(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise bad(f"request body must be a JSON object (got {type(body).__name__})")
+        request.scope[schemas.RAW_BODY_KEY] = raw  # for schemas.validate: exact big integers in its messages
         return body
 
     def check_model(self, name: str) -> None:
@@ -226,6 +249,7 @@ class GatewayApp:
             f"model {name!r} is not served here; use one of {self.model_names} "
             "(or add it to gateway.model_aliases, or set gateway.accept_any_model)",
             param="model",
+            code="model_not_found",
         )
 
     def _is_admin(self, request: Request) -> bool:
@@ -244,6 +268,7 @@ class GatewayApp:
                 req = provider.parse_request(body, request)
                 self.check_model(req.model)
                 sid = session_of(request)
+                self._may_append(request, sid)
                 if req.stream:
                     call = await self.core.start(req, sid)
                     return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
@@ -306,40 +331,65 @@ class GatewayApp:
 
     # ---- session reads -------------------------------------------------------------------------
 
-    def _may_read(self, request: Request, session_id: str) -> None:
-        """With an admin token configured, only the admin or the session itself may read a session."""
+    # Ownership. The key of a session's first call owns it (the store records its hash). With
+    # ``admin_token`` set: only the owner appends to a session, only the owner or the admin reads it, and
+    # ``GET /sessions`` lists the caller's own sessions (the admin's: all). Without an admin token the
+    # gateway is open (loopback by default): every caller is the admin.
+
+    def _may_append(self, request: Request, session_id: str) -> None:
+        caller = caller_of(request)
+        owner = self.store.claim(session_id, caller)
+        if self.config.admin_token and owner != caller:
+            raise ApiError("permission", f"session {session_id!r} belongs to another API key; a call appends only "
+                           "to a session its own key created (name a new session, or use that session's key)")
+
+    def _readable(self, request: Request, session_id: str) -> str:
+        """The id to read (a key used as the id names its key's session), once the caller may read it."""
+        if not self.store.has_records(session_id) and self.store.has_records(key_session_id(session_id)):
+            session_id = key_session_id(session_id)  # GET /sessions/<an API key>: the session that key names
+        if not self.store.has_records(session_id):
+            raise ApiError("not_found", f"session {session_id!r} has no records (GET /sessions lists them)",
+                           code="session_not_found")
         if self._is_admin(request):
-            return
-        if session_of(request) == session_id:
-            return
-        raise ApiError("permission", f"this caller may not read session {session_id!r}; send the admin token")
+            return session_id
+        caller = caller_of(request)
+        if caller is None or self.store.owner(session_id) != caller:
+            raise ApiError("permission", f"session {session_id!r} belongs to another API key; read it with the key "
+                           f"that created it, or send the admin token in '{ADMIN_HEADER}'")
+        return session_id
 
     async def list_sessions(self, request: Request) -> Response:
-        if not self._is_admin(request):
-            return self._error(openai_chat, ApiError("authentication", "listing sessions needs the admin token"))
-        return self._json({"sessions": self.store.session_ids()})
+        if self._is_admin(request):
+            return self._json({"sessions": self.store.session_ids()})
+        caller = caller_of(request)
+        if caller is None:
+            return self._error(openai_chat, ApiError(
+                "authentication", f"listing sessions needs an API key (its own sessions) or the admin token in '{ADMIN_HEADER}'"))
+        return self._json({"sessions": self.store.session_ids(caller, everyone=False)})
 
-    async def get_session(self, request: Request) -> Response:
-        sid = request.path_params["session_id"]
+    async def read_session(self, request: Request) -> Response:
+        """``/sessions/{id}`` and ``/sessions/{id}/trajectory``; the id may hold '/' (sent as ``%2F`` or plain)."""
+        raw = (request.scope.get("raw_path") or request.url.path.encode()).split(b"?", 1)[0]
+        parts = raw.split(b"/sessions/", 1)[1].split(b"/")
+        trajectory = len(parts) > 1 and parts[-1] == b"trajectory"
+        sid = "/".join(_unquote(p) for p in (parts[:-1] if trajectory else parts))
+        return await (self.get_trajectory if trajectory else self.get_session)(request, sid)
+
+    async def get_session(self, request: Request, sid: str) -> Response:
         try:
-            self._may_read(request, sid)
+            sid = self._readable(request, sid)
             recs = self.store.records(sid)
-            if not recs:
-                raise ApiError("not_found", f"session {sid!r} has no records")
         except ApiError as e:
             return self._error(openai_chat, e)
         # serialized on a worker thread: a session of huge records must not hold up the event loop
         return await asyncio.to_thread(lambda: self._json({"session_id": sid, "records": [r.to_dict() for r in recs]}))
 
-    async def get_trajectory(self, request: Request) -> Response:
+    async def get_trajectory(self, request: Request, sid: str) -> Response:
         from polar.gateway.trajectory_view import trajectory_response
 
-        sid = request.path_params["session_id"]
         try:
-            self._may_read(request, sid)
+            sid = self._readable(request, sid)
             recs = self.store.records(sid)
-            if not recs:
-                raise ApiError("not_found", f"session {sid!r} has no records")
             return self._json(trajectory_response(sid, recs, request.query_params.get("builder", "per_request")))
         except ApiError as e:
             return self._error(openai_chat, e)
@@ -359,7 +409,10 @@ class GatewayApp:
         denied = self._admin_denied(request)
         if denied:
             return denied
-        timeout_s = _float_param(request, "timeout_s", 300.0)
+        try:
+            timeout_s = _timeout_param(request, 300.0)
+        except ApiError as e:
+            return self._error(openai_chat, e)
         return self._json(await self.gate.pause(timeout_s))
 
     async def admin_resume(self, request: Request) -> Response:
@@ -371,20 +424,17 @@ class GatewayApp:
         if denied:
             return denied
         try:
-            body = await self._body(request)
-            path = body.get("path")
-            version = body.get("policy_version")
-            if not isinstance(path, str) or not path.endswith(".safetensors"):
+            v = schemas.validate(schemas.AdminWeightsBody, await self._body(request), request)
+            path, version = v.path, v.policy_version
+            if not path.endswith(".safetensors"):
                 raise bad("'path' must name a .safetensors file on the gateway's machine", "path")
-            if not isinstance(version, int):
-                raise bad("'policy_version' must be an integer", "policy_version")
             from safetensors.torch import load_file
 
             try:
                 state = await asyncio.to_thread(load_file, path)
             except (OSError, ValueError) as e:
                 raise bad(f"cannot read weights from {path!r}: {e}", "path") from None
-            status = await self.update_weights(state, version, float(body.get("timeout_s", 300.0)))
+            status = await self.update_weights(state, version, v.timeout_s)
             return self._json(status)
         except ApiError as e:
             return self._error(openai_chat, e)
@@ -407,8 +457,15 @@ class GatewayApp:
         return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
 
 
-def _float_param(request: Request, name: str, default: float) -> float:
-    try:
-        return float(request.query_params.get(name, default))
-    except ValueError:
+def _timeout_param(request: Request, default: float) -> float:
+    """``?timeout_s=``: seconds, finite and >= 0; anything else is a 400 naming it (never a silent default)."""
+    raw = request.query_params.get("timeout_s")
+    if raw is None:
         return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise bad(f"'timeout_s' must be a number of seconds >= 0 (got {raw!r}); e.g. ?timeout_s=300", "timeout_s")
+    return value

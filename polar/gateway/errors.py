@@ -13,6 +13,7 @@ ErrorKind = Literal[
     "authentication",  # 401: admin token missing/wrong
     "permission",  # 403: reading another session's records
     "not_found",  # 404: unknown model, unknown session, unknown route
+    "method_not_allowed",  # 405: a known path with the wrong HTTP method
     "too_large",  # 413: body over max_body_bytes
     "rate_limited",  # 429: paused for a weight sync (with Retry-After)
     "server_error",  # 500: the engine failed
@@ -25,6 +26,7 @@ STATUS: dict[str, int] = {
     "authentication": 401,
     "permission": 403,
     "not_found": 404,
+    "method_not_allowed": 405,
     "too_large": 413,
     "rate_limited": 429,
     "server_error": 500,
@@ -33,7 +35,10 @@ STATUS: dict[str, int] = {
 
 
 class ApiError(Exception):
-    """A client-visible error: what was wrong, where (``param``), and how to fix it (in ``message``)."""
+    """A client-visible error: what was wrong, where (``param``), and how to fix it (in ``message``).
+
+    ``code`` names the error more precisely than ``kind`` where a provider's shape has a code field
+    (OpenAI's ``error.code``: ``model_not_found``, ``session_not_found``); else the kind's default."""
 
     def __init__(
         self,
@@ -44,6 +49,7 @@ class ApiError(Exception):
         retry_after_s: float | None = None,
         prompt_tokens: int | None = None,
         context_length: int | None = None,
+        code: str | None = None,
         prompt_tokens_at_least: bool = False,
     ) -> None:
         super().__init__(message)
@@ -54,6 +60,7 @@ class ApiError(Exception):
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
         self.prompt_tokens_at_least = prompt_tokens_at_least  # refused before it was fully tokenized
+        self.code = code
 
     @property
     def status(self) -> int:

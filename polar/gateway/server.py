@@ -24,6 +24,7 @@ import uvicorn
 from polar.config.gateway import GatewayConfig
 from polar.errors import GatewayError
 from polar.gateway.app import GatewayApp
+from polar.gateway.sessions import check_records_dir, key_session_id
 from polar.types import CallRecord
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,13 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path | None = None) -> GatewayApp:
     """The ASGI app around ``engine`` (built from ``config.model`` when not given)."""
+    records_dir = records_dir if records_dir is not None else config.records_dir
+    check_records_dir(records_dir, config.resume_records)  # before minutes of engine loading
     if engine is None:
         from polar.inference import load_engine
 
         engine = load_engine(config.model, **config.engine_kwargs)
-    return GatewayApp(engine, config, records_dir if records_dir is not None else config.records_dir)
+    return GatewayApp(engine, config, records_dir)
 
 
 def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Config:
@@ -198,7 +201,9 @@ class GatewayServer:
         return self.call(self.app.update_weights(state_dict, version, timeout_s), timeout_s + 600)
 
     def records(self, session_id: str) -> list[CallRecord]:
-        return self.app.store.records(session_id)
+        """The records of session ``session_id``, or of the session the API key ``session_id`` named."""
+        store = self.app.store
+        return store.records(session_id) or store.records(key_session_id(session_id))
 
     def flush(self) -> None:
         """Write every record still waiting for its loop turn (they are already readable via ``records``)."""

@@ -6,9 +6,15 @@ of that work is on the request's critical path. Anything that reads the store fi
 call, ``GET /sessions/{id}``, ``records``) builds pending records before it reads, so no reader misses
 one. A crash loses at most the calls of that one loop turn; with ``fsync=True`` every record is written
 and fsynced before the call returns. The file id is the session id when it
-is filename-safe, otherwise a hash of it (API keys used as session ids are never written as names).
-A gateway restarted on the same directory reloads a session lazily, so call indices and token reuse
-continue where they stopped.
+is filename-safe, otherwise a hash of it. An API key never reaches disk: a session named by a key gets
+the id ``key_session_id(key)`` (a hash), and its owner is recorded as ``key_hash(key)``.
+
+Ownership: the key of a session's first call owns it (``claim``); each record carries the owner's hash
+in ``metadata["owner"]``, so ownership survives a restart. The app decides who may read or append.
+
+A gateway restarted on a directory that already holds sessions refuses to start unless told to resume
+them (``resume=True``, ``polar gateway --resume-records``); then it indexes the sessions' ids and owners
+and reloads each session lazily, so call indices and token reuse continue where they stopped.
 
 Isolation: every lookup is keyed by the session id; the reuse index of one session never sees another
 session's records.
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polar.errors import GatewayError
 from polar.gateway import _json
 from polar.types import CallRecord
 
@@ -42,6 +49,28 @@ def file_id(session_id: str) -> str:
     return "h-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
 
 
+def key_hash(key: str) -> str:
+    """A one-way name for an API key (128 bits of SHA-256): what records hold instead of the key."""
+    return hashlib.sha256(b"polar-gateway-api-key\0" + key.encode()).hexdigest()[:32]
+
+
+def key_session_id(key: str) -> str:
+    """The id of the session an API key names when a call names no session otherwise."""
+    return "key-" + key_hash(key)
+
+
+def check_records_dir(records_dir: str | Path | None, resume: bool) -> None:
+    """Refuse to append to a directory that already holds sessions unless asked to resume them."""
+    if records_dir is None or resume:
+        return
+    path = Path(records_dir)
+    n = sum(1 for _ in path.glob("*.jsonl")) if path.is_dir() else 0
+    if n:
+        raise GatewayError(
+            f"records directory {path} already holds {n} session(s) from an earlier gateway; pass "
+            "--resume-records (gateway.resume_records: true) to continue them, or pick another --records-dir")
+
+
 @dataclass
 class _Session:
     records: list[CallRecord] = field(default_factory=list)
@@ -49,13 +78,20 @@ class _Session:
     next_index: int = 0
 
 
+_NO_OWNER = None  # a session whose first call carried no API key
+
+
 class SessionStore:
     """Thread-safe: the server loop writes, admin/in-process readers may read from other threads."""
 
-    def __init__(self, records_dir: str | Path | None, fsync: bool = False, max_sessions_in_memory: int = 4096) -> None:
+    def __init__(self, records_dir: str | Path | None, fsync: bool = False, max_sessions_in_memory: int = 4096,
+                 resume: bool = False) -> None:
+        check_records_dir(records_dir, resume)
         self.dir = Path(records_dir) if records_dir is not None else None
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
+        self._owners: dict[str, str | None] = {}  # every session id claimed or seen -> its owner's key hash
+        self._with_records: set[str] = set()  # ids of the sessions that have records (listed by session_ids)
         self.fsync = fsync
         self.max_sessions_in_memory = max_sessions_in_memory
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -65,6 +101,19 @@ class SessionStore:
         self._flush_scheduled = False
         self._files: OrderedDict[Path, Any] = OrderedDict()  # open append handles, least recently used first
         self.max_open_files = 128
+        if self.dir is not None and resume:
+            self._index_dir()
+
+    def _index_dir(self) -> None:
+        """Ids and owners of the sessions on disk, from each file's first record (one line per file)."""
+        for path in sorted(self.dir.glob("*.jsonl")):
+            try:
+                with path.open("rb") as f:
+                    first = _json.loads(f.readline())
+                self._owners.setdefault(first["session_id"], first.get("metadata", {}).get("owner"))
+                self._with_records.add(first["session_id"])
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                log.warning("%s: cannot read its first record; its session is not listed until it is used", path)
 
     def _get(self, session_id: str) -> _Session:
         s = self._sessions.get(session_id)
@@ -72,6 +121,9 @@ class SessionStore:
             s = _Session()
             for rec in self._load(session_id):
                 self._index(s, rec)
+            if s.records:
+                self._owners.setdefault(session_id, s.records[0].metadata.get("owner"))
+                self._with_records.add(session_id)
             self._sessions[session_id] = s
             # least recently used sessions leave memory; their files stay and reload on the next access
             while self.dir is not None and len(self._sessions) > self.max_sessions_in_memory:
@@ -119,6 +171,23 @@ class SessionStore:
             s.next_index += 1
             return i
 
+    def claim(self, session_id: str, owner: str | None) -> str | None:
+        """The session's owner: ``owner`` when this call creates the session, else whoever created it."""
+        with self._lock:
+            self._run_deferred()
+            if session_id not in self._owners:
+                self._get(session_id)  # a session on disk knows its owner from its records
+                self._owners.setdefault(session_id, owner)
+            return self._owners[session_id]
+
+    def owner(self, session_id: str) -> str | None:
+        """The owner's key hash of an existing session (``None``: created without a key, or unknown)."""
+        with self._lock:
+            self._run_deferred()
+            if session_id not in self._owners and self._exists(session_id):
+                self._get(session_id)
+            return self._owners.get(session_id)
+
     def lookup(self, session_id: str, key: bytes) -> CallRecord | None:
         with self._lock:
             self._run_deferred()
@@ -140,6 +209,10 @@ class SessionStore:
 
     def _add(self, rec: CallRecord) -> None:
         s = self._get(rec.session_id)
+        owner = self._owners.setdefault(rec.session_id, _NO_OWNER)
+        self._with_records.add(rec.session_id)
+        if owner is not None:
+            rec.metadata["owner"] = owner
         self._index(s, rec)
         if self.dir is not None:
             path = self.dir / f"{file_id(rec.session_id)}.jsonl"
@@ -207,14 +280,20 @@ class SessionStore:
                 return []
             return sorted(self._get(session_id).records, key=lambda r: r.call_index)
 
+    def has_records(self, session_id: str) -> bool:
+        with self._lock:
+            self._run_deferred()
+            s = self._sessions.get(session_id)
+            return bool(s.records) if s is not None else self._exists(session_id)
+
     def _exists(self, session_id: str) -> bool:
         return self.dir is not None and (self.dir / f"{file_id(session_id)}.jsonl").exists()
 
-    def session_ids(self) -> list[str]:
-        """Sessions with records (in memory; on disk too when the ids are readable from the files)."""
+    def session_ids(self, owner: str | None = None, everyone: bool = True) -> list[str]:
+        """Sessions with records; with ``everyone=False``, only those ``owner`` owns."""
         with self._lock:
             self.flush()
-            ids = {k for k, s in self._sessions.items() if s.records}
-            if self.dir is not None:
-                ids |= {p.stem for p in self.dir.glob("*.jsonl") if not p.stem.startswith("h-")}
+            ids = self._with_records
+            if not everyone:
+                return sorted(i for i in ids if owner is not None and self._owners.get(i) == owner)
             return sorted(ids)

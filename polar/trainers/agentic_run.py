@@ -49,8 +49,9 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
     runner = build_runner(cfg.harness, cfg.config_dir)
     verifier = build_verifier(cfg.verifier, cfg.config_dir)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
+    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True})  # the run's own records: resume, eval continue
     return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
-                      gateway_config=cfg.gateway)
+                      gateway_config=gateway_cfg)
 
 
 def heldout_success(stack: Any, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:

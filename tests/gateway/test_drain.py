@@ -11,6 +11,7 @@ import httpx
 import pytest
 import torch
 
+from polar.gateway.sessions import key_session_id
 from polar.inference.embedded import sequence_logprobs
 
 REPLY = "a reply long enough to still be streaming while the weights are swapped"
@@ -123,6 +124,7 @@ def test_admin_endpoints_need_the_token_and_reject_mode_sends_429(gateway, own_m
     assert [r["messages"][-1]["content"] for r in own["records"]] == ["mine"]
     assert httpx.get(f"{gw.url}/sessions/sk-test-A", headers=admin, timeout=60).status_code == 200
     assert httpx.get(f"{gw.url}/sessions", timeout=60).status_code == 401
-    assert httpx.get(f"{gw.url}/sessions", headers=admin, timeout=60).json() == {"sessions": ["sk-test-A"]}
-    # an "sk-" API key is never written as a file name
-    assert [p.name.startswith("h-") for p in gw.app.store.dir.glob("*.jsonl")] == [True]
+    # the session the key named is listed by its hashed id, never by the key
+    assert httpx.get(f"{gw.url}/sessions", headers=admin, timeout=60).json() == {"sessions": [key_session_id("sk-test-A")]}
+    # an API key is never written as a file name
+    assert [p.name for p in gw.app.store.dir.glob("*.jsonl")] == [f"{key_session_id('sk-test-A')}.jsonl"]

@@ -128,7 +128,7 @@ def test_records_survive_a_restart_and_reuse_continues(gateway, tiny, tmp_path):
         r = OpenAI(base_url=f"{gw.url}/s/dur/v1", api_key="x").chat.completions.create(model="tiny", messages=msgs, max_tokens=5)
         first = gw.records("dur")[0]
     msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "again"}]
-    with GatewayServer(GatewayConfig(), EmbeddedEngine(model, tok, model_name="tiny"), records) as gw:
+    with GatewayServer(GatewayConfig(resume_records=True), EmbeddedEngine(model, tok, model_name="tiny"), records) as gw:
         OpenAI(base_url=f"{gw.url}/s/dur/v1", api_key="x").chat.completions.create(model="tiny", messages=msgs, max_tokens=5)
         a, b = gw.records("dur")
     assert a.to_dict() == first.to_dict() and b.call_index == 1

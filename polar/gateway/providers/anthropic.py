@@ -9,17 +9,17 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, text_parts
+from polar.gateway.providers import schemas
 from polar.gateway.providers.common import (
     check_type,
     ignore_unhandled,
     new_id,
     note_ignored,
-    opt_int,
-    opt_number,
     require,
     sse,
     stop_list,
 )
+from polar.gateway.providers.schemas import validate
 
 NAME = "anthropic"
 STOP = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -29,6 +29,7 @@ ERROR_TYPES = {
     "authentication": "authentication_error",
     "permission": "permission_error",
     "not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
     "too_large": "request_too_large",
     "rate_limited": "rate_limit_error",
     "server_error": "api_error",
@@ -72,7 +73,7 @@ def parse_messages(raw: Any, system: Any) -> list[Message]:
         where = f"messages[{i}]"
         check_type(m, dict, where)
         role = require(m, "role", str, f"{where}.")
-        if role == "system":  # not in Anthropic's docs, but Claude Code sends mid-conversation system notes
+        if role == "system":  # anthropic-beta mid-conversation-system (Claude Code); validated by schemas
             out.append({"role": "system", "content": text_parts(m.get("content"), f"{where}.content", ("text",))})
             continue
         if role not in ("user", "assistant"):
@@ -122,7 +123,7 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
         out.append({"type": "function", "function": {
             "name": require(t, "name", str, f"tools[{i}]."),
             "description": t.get("description") or "",
-            "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+            "parameters": t["input_schema"] or {"type": "object", "properties": {}},  # validated by schemas
         }})
     return out
 
@@ -145,23 +146,28 @@ HANDLED = ("model", "messages", "system", "tools", "tool_choice", "max_tokens", 
            "stop_sequences", "stream")
 
 
+def _mid_conversation_system(request: Any) -> bool:
+    """Whether the client enabled system turns inside ``messages`` (``anthropic-beta`` header)."""
+    headers = getattr(request, "headers", None) or {}
+    return schemas.MID_CONVERSATION_SYSTEM_BETA in (headers.get("anthropic-beta") or "")
+
+
 def parse_request(body: dict[str, Any], request: Any, count_only: bool = False) -> ChatRequest:
-    model = require(body, "model", str)
+    v = validate(schemas.AnthropicBody, body, request, mid_conversation_system=_mid_conversation_system(request))
     ignore_unhandled(NAME, body, HANDLED)
-    max_tokens = opt_int(body, ("max_tokens",))
-    if max_tokens is None and not count_only:
+    if v.max_tokens is None and not count_only:
         raise bad("missing required field 'max_tokens'", "max_tokens")
     return ChatRequest(
         provider=NAME,
-        model=model,
-        messages=parse_messages(require(body, "messages", list), body.get("system")),
+        model=v.model,
+        messages=parse_messages(body["messages"], body.get("system")),
         tools=parse_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=max_tokens,
-        temperature=opt_number(body, "temperature", 0.0, 1.0, 1.0),
-        top_p=opt_number(body, "top_p", 1e-9, 1.0, 1.0),
-        stop=stop_list(body.get("stop_sequences"), "stop_sequences"),
-        stream=bool(body.get("stream", False)),
+        max_tokens=v.max_tokens,
+        temperature=1.0 if v.temperature is None else v.temperature,
+        top_p=1.0 if v.top_p is None else v.top_p,
+        stop=stop_list(v.stop_sequences, "stop_sequences"),
+        stream=bool(v.stream),
     )
 
 

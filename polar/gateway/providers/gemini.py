@@ -9,17 +9,17 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message
+from polar.gateway.providers import schemas
 from polar.gateway.providers.common import (
     check_type,
     ignore_unhandled,
     new_id,
     note_ignored,
-    opt_int,
-    opt_number,
     require,
     sse,
     stop_list,
 )
+from polar.gateway.providers.schemas import lower_types, validate
 
 NAME = "gemini"
 FINISH = {"stop": "STOP", "stop_sequence": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "abort": "OTHER"}
@@ -29,6 +29,7 @@ STATUS_NAMES = {
     "authentication": "UNAUTHENTICATED",
     "permission": "PERMISSION_DENIED",
     "not_found": "NOT_FOUND",
+    "method_not_allowed": "INVALID_ARGUMENT",
     "too_large": "INVALID_ARGUMENT",
     "rate_limited": "RESOURCE_EXHAUSTED",
     "server_error": "INTERNAL",
@@ -135,18 +136,9 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
             out.append({"type": "function", "function": {
                 "name": require(d, "name", str, f"tools[{i}].functionDeclarations[{j}]."),
                 "description": d.get("description") or "",
-                "parameters": _lower_types(params) if params else {"type": "object", "properties": {}},
+                "parameters": lower_types(params) if params else {"type": "object", "properties": {}},
             }})
     return out
-
-
-def _lower_types(schema: Any) -> Any:
-    """Gemini's OpenAPI subset spells types in capitals (``OBJECT``); JSON schema wants lower case."""
-    if isinstance(schema, dict):
-        return {k: (v.lower() if k == "type" and isinstance(v, str) else _lower_types(v)) for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [_lower_types(v) for v in schema]
-    return schema
 
 
 def _tool_choice(cfg: Any) -> str:
@@ -171,25 +163,26 @@ def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
                        ":streamGenerateContent")
     if method == "streamGenerateContent" and request.query_params.get("alt") != "sse":
         raise bad("streamGenerateContent is served as server-sent events only; add '?alt=sse' to the URL", "alt")
+    v = validate(schemas.GeminiBody, body, request)  # types, ranges and tool schemas; 400 naming the field
     gen = _g(body, "generationConfig", "generation_config") or {}
-    check_type(gen, dict, "generationConfig")
+    g = v.generationConfig or v.generation_config or schemas.GeminiGeneration()
     ignore_unhandled(NAME, body, HANDLED)
     ignore_unhandled(NAME, {f"generationConfig.{k}": v for k, v in gen.items()},
                      [f"generationConfig.{k}" for k in GEN_HANDLED])
     if (_g(gen, "candidateCount", "candidate_count") or 1) != 1:
         raise bad("'generationConfig.candidateCount' must be 1; send separate requests", "generationConfig.candidateCount")
+    temperature, top_p = g.temperature, g.topP if g.topP is not None else g.top_p
     return ChatRequest(
         provider=NAME,
         model=model.removeprefix("models/"),
-        messages=parse_contents(body.get("contents") if "contents" in body else require(body, "contents", list),
-                                _g(body, "systemInstruction", "system_instruction")),
+        messages=parse_contents(body["contents"], _g(body, "systemInstruction", "system_instruction")),
         tools=parse_tools(body.get("tools")),
         tool_choice=_tool_choice(_g(body, "toolConfig", "tool_config")),
-        max_tokens=opt_int(gen, ("maxOutputTokens", "max_output_tokens"), "generationConfig."),
-        temperature=opt_number(gen, "temperature", 0.0, 2.0, 1.0, "generationConfig."),
-        top_p=opt_number(gen, "topP", 1e-9, 1.0, opt_number(gen, "top_p", 1e-9, 1.0, 1.0), "generationConfig."),
+        max_tokens=g.maxOutputTokens or g.max_output_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
         stop=stop_list(_g(gen, "stopSequences", "stop_sequences"), "generationConfig.stopSequences"),
-        seed=opt_int(gen, ("seed",), "generationConfig.", minimum=-(2**31)),
+        seed=g.seed,
         stream=method == "streamGenerateContent",
     )
 

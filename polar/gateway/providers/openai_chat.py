@@ -9,18 +9,18 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
+from polar.gateway.providers import schemas
 from polar.gateway.providers.common import (
     check_type,
     ignore_unhandled,
     new_id,
     note_ignored,
     now,
-    opt_int,
-    opt_number,
     require,
     sse,
     stop_list,
 )
+from polar.gateway.providers.schemas import validate
 
 NAME = "openai_chat"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -30,7 +30,8 @@ ERROR_TYPES = {
     "context_length": ("invalid_request_error", "context_length_exceeded"),
     "authentication": ("invalid_request_error", "invalid_api_key"),
     "permission": ("invalid_request_error", "permission_denied"),
-    "not_found": ("invalid_request_error", "model_not_found"),
+    "not_found": ("invalid_request_error", "not_found"),
+    "method_not_allowed": ("invalid_request_error", "method_not_allowed"),
     "too_large": ("invalid_request_error", "request_too_large"),
     "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
     "server_error": ("server_error", None),
@@ -40,6 +41,7 @@ ERROR_TYPES = {
 
 def error_body(err: ApiError) -> dict[str, Any]:
     etype, code = ERROR_TYPES[err.kind]
+    code = err.code or code
     message = err.message
     if err.kind == "context_length" and err.context_length:
         message = (
@@ -120,27 +122,26 @@ HANDLED = ("model", "messages", "n", "stream", "stream_options", "tools", "tool_
            "max_completion_tokens", "temperature", "top_p", "stop", "seed", "logprobs")
 
 
-def parse(body: dict[str, Any]) -> ChatRequest:
-    model = require(body, "model", str)
+def parse(body: dict[str, Any], request: Any = None) -> ChatRequest:
+    v = validate(schemas.ChatBody, body, request)  # types, ranges and tool schemas; 400 naming the field
     ignore_unhandled(NAME, body, HANDLED)
-    n = body.get("n")
-    if n not in (None, 1):
+    if v.n not in (None, 1):
         raise bad("'n' must be 1: the gateway records one sample per call; send separate requests", "n")
-    stream_options = body.get("stream_options") or {}
+    stream_options = v.stream_options or {}
     return ChatRequest(
         provider=NAME,
-        model=model,
-        messages=parse_messages(require(body, "messages", list)),
+        model=v.model,
+        messages=parse_messages(body["messages"]),
         tools=parse_tools(body.get("tools")),
         tool_choice=tool_choice(body.get("tool_choice")),
-        max_tokens=opt_int(body, ("max_completion_tokens", "max_tokens")),
-        temperature=opt_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=opt_number(body, "top_p", 1e-9, 1.0, 1.0),
-        stop=stop_list(body.get("stop"), "stop"),
-        seed=opt_int(body, ("seed",), minimum=-(2**63)),
-        stream=bool(body.get("stream", False)),
-        logprobs=bool(body.get("logprobs", False)),
-        include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")),
+        max_tokens=v.max_completion_tokens or v.max_tokens,
+        temperature=1.0 if v.temperature is None else v.temperature,
+        top_p=1.0 if v.top_p is None else v.top_p,
+        stop=stop_list(v.stop, "stop"),
+        seed=v.seed,
+        stream=bool(v.stream),
+        logprobs=bool(v.logprobs),
+        include_usage=bool(stream_options.get("include_usage")),
     )
 
 
@@ -215,4 +216,4 @@ async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
 
 
 def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
-    return parse(body)
+    return parse(body, request)

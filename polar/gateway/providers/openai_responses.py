@@ -13,18 +13,18 @@ from polar.gateway import _json
 from polar.gateway.core import Call
 from polar.gateway.errors import bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
+from polar.gateway.providers import schemas
 from polar.gateway.providers.common import (
     check_type,
     ignore_unhandled,
     new_id,
     note_ignored,
     now,
-    opt_int,
-    opt_number,
     require,
     sse,
 )
 from polar.gateway.providers.openai_chat import error_body  # same error shape as Chat Completions
+from polar.gateway.providers.schemas import validate
 
 NAME = "openai_responses"
 __all__ = ["error_body", "parse_request", "response", "stream"]
@@ -110,24 +110,22 @@ HANDLED = ("model", "input", "instructions", "tools", "tool_choice", "max_output
 
 
 def parse_request(body: dict[str, Any], request: Any) -> ChatRequest:
-    model = require(body, "model", str)
-    ignore_unhandled(NAME, body, HANDLED)
     for key in ("previous_response_id", "conversation"):
         if body.get(key):
             raise bad(f"'{key}' (server-side conversation state) is not supported by this gateway; "
                       "send the full history in 'input'", key)
-    if "input" not in body:
-        raise bad("missing required field 'input'", "input")
+    v = validate(schemas.ResponsesBody, body, request)  # types, ranges and tool schemas; 400 naming the field
+    ignore_unhandled(NAME, body, HANDLED)
     return ChatRequest(
         provider=NAME,
-        model=model,
+        model=v.model,
         messages=parse_input(body["input"], body.get("instructions")),
         tools=parse_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=opt_int(body, ("max_output_tokens",)),
-        temperature=opt_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=opt_number(body, "top_p", 1e-9, 1.0, 1.0),
-        stream=bool(body.get("stream", False)),
+        max_tokens=v.max_output_tokens,
+        temperature=1.0 if v.temperature is None else v.temperature,
+        top_p=1.0 if v.top_p is None else v.top_p,
+        stream=bool(v.stream),
     )
 
 
