@@ -30,6 +30,11 @@ def main(args: argparse.Namespace) -> int:
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError("--episodes must be at least 1")
     run_dir, cfg, ckpt = resolve_target(Path(args.target))
+    from rich.console import Console
+
+    from polar.trainers.run_dir import status_line
+
+    Console(stderr=True).print(status_line(run_dir.path), markup=False, highlight=False)  # e.g. a run that was killed
     if cfg.harness.type == "agent":
         return _eval_agent_run(run_dir, cfg, ckpt, args.episodes)
     run_dir, cfg, policy, ckpt, state = load_policy_for_eval(Path(args.target))

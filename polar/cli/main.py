@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             console.print("[bold red]error:[/]", end=" ")
             console.print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 1
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
-        return 130
+    except KeyboardInterrupt as e:  # polar.trainers.lifecycle.Stopped (Ctrl-C, SIGTERM) says what was saved
+        console.print(getattr(e, "message", None) or "interrupted", style="yellow", markup=False, highlight=False,
+                      soft_wrap=True)
+        return int(getattr(e, "exit_code", 130))
 
 
 if __name__ == "__main__":

@@ -27,11 +27,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="without a progress bar (no terminal, --no-progress): a progress log line every S seconds")
 
 
+def _check_not_running(run_dir) -> None:
+    """Refuse a run whose owner process still works on it (two writers would interleave); say so when it was killed."""
+    from rich.console import Console
+
+    from polar.errors import RunDirError
+    from polar.trainers.run_dir import LIVE_STATUSES, owner_alive, run_status, status_line
+
+    st = run_status(run_dir.path)
+    if st["status"] in LIVE_STATUSES and st["pid"] is not None:
+        alive = owner_alive(run_dir.read_meta().get("process"))
+        where = f"pid {st['pid']} on {st['host']}"
+        if alive:
+            raise RunDirError(f"{run_dir.path} is still {st['status']} ({where}); stop it first (Ctrl-C, or "
+                              f"kill -TERM {st['pid']}: it writes a final checkpoint), then resume")
+        raise RunDirError(f"{run_dir.path} is recorded {st['status']} by {where}, which this host cannot check; stop "
+                          "it there first, or set its run.json status to \"killed\" if that process is gone")
+    Console(stderr=True).print(status_line(run_dir.path), markup=False, highlight=False)
+
+
 def main(args: argparse.Namespace) -> int:
     from polar.cli.run_cmd import train
     from polar.trainers.loading import load_run
 
     run_dir, cfg = load_run(args.run_dir, args.override)
+    _check_not_running(run_dir)
     if args.override:
         from polar.config import dump_config
 

@@ -43,11 +43,14 @@ def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float 
     from rich.console import Console
 
     from polar.cli._progress import TrainingProgress, fmt_number, print_eval
+    from polar.trainers.lifecycle import run_guard
     from polar.trainers.on_policy import build_trainer
 
     Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
-    with TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics, log_every_s) as bar:
+    # run.json records this process as the run's owner and its final status, however it ends
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s), \
+            TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics, log_every_s) as bar:
         # local: the learner runs here; ray: in a learner actor this process starts and watches
         trainer = build_trainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()

@@ -116,6 +116,10 @@ class LoggingConfig(StrictModel):
     tensorboard: bool = True
     progress_bar: bool = True
     log_interval: int = Field(1, ge=1, description="write metrics every N iterations")
+    sigterm_grace_s: float = Field(
+        30.0, ge=0, description="SIGTERM: time to finish the iteration and write a final checkpoint; after it, the "
+        "run stops without one"
+    )
 
 
 class EvalConfig(StrictModel):

@@ -113,10 +113,19 @@ def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
 
 
 def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
-    """The whole run; returns a summary (also written to ``eval/summary.json``)."""
+    """The whole run; returns a summary (also written to ``eval/summary.json``). ``run.json`` records this
+    process as the run's owner and the run's final status, however it ends (``polar.trainers.lifecycle``)."""
+    from polar.trainers.lifecycle import run_guard
+
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
+        return _train_agentic(cfg, run_dir, resume, engine)
+
+
+def _train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
     from polar.config import dump_config
     from polar.metrics.logger import MetricsLogger
     from polar.trainers.checkpoint import CheckpointManager
+    from polar.trainers.lifecycle import deferred_stop
     from polar.trainers.llm_policy import LLMPolicy, load_demonstrations
     from polar.trainers.llm_trainer import GRPOTrainer, sft_train
 
@@ -175,7 +184,8 @@ def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = No
 
                 trainer.load_state(load_checkpoint(latest))
             tg = time.monotonic()
-            result = trainer.train()
+            with deferred_stop():  # Ctrl-C / SIGTERM: the GRPO step ends and is checkpointed first
+                result = trainer.train()
             summary["grpo"] = {"steps": result["steps"], "time_s": round(time.monotonic() - tg, 1)}
             summary["eval_after"] = evaluate("after_grpo", kw.eval_samples)
             history = result["history"]

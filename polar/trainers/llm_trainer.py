@@ -31,6 +31,7 @@ import torch
 from polar.agentic.session import SessionResult, SessionStatus
 from polar.algorithms.grpo import group_advantages, grpo_loss, token_logprobs
 from polar.algorithms.sft import sft_loss
+from polar.trainers.lifecycle import stop_requested, stopped_after_checkpoint
 from polar.trainers.llm_policy import LLMPolicy, collate
 from polar.types import TrajectorySample
 
@@ -215,7 +216,8 @@ class GRPOTrainer:
         t0 = time.monotonic()
         pending = self._submit()
         history = []
-        while self.step < kw.total_steps:
+        # stop_requested: Ctrl-C / SIGTERM while the caller defers them (train_agentic): this step ends first
+        while self.step < kw.total_steps and not stop_requested():
             t_collect = time.monotonic()
             groups = pending.result()
             wait_s = time.monotonic() - t_collect
@@ -248,7 +250,13 @@ class GRPOTrainer:
                 pending.cancel()
             if self.step < kw.total_steps and kw.max_off_policy_steps == 0:
                 pending = self._submit()
+        if stop_requested() and pending is not None:
+            pending.cancel()  # a batch not yet started; one under way finishes (SIGTERM's grace period bounds it)
         self._pool.shutdown(wait=True)
         if self.checkpoints is not None:
             self.checkpoints.save(self.step, self.state())
+        if (signame := stop_requested()) is not None:
+            ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
+            raise stopped_after_checkpoint(signame, self.checkpoints.dir.parent if ckpt else None, ckpt,
+                                           f"GRPO step {self.step}")
         return {"steps": self.step, "time_s": time.monotonic() - t0, "history": history}

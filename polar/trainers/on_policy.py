@@ -31,6 +31,7 @@ from polar.models.policy import build_policy
 from polar.rollout.backends.base import make_backend
 from polar.trainers.checkpoint import CheckpointManager, rng_state, set_rng_state
 from polar.trainers.finite import FiniteGuard, check_losses, harness_name
+from polar.trainers.lifecycle import deferred_stop, stop_requested, stopped_after_checkpoint
 from polar.trainers.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -185,15 +186,18 @@ class OnPolicyTrainer:
         self.run_dir.update_meta(status="running")
         self._last_t, self._last_steps = self._elapsed(), self.env_steps
         stopped_early = False
-        try:
-            while self.env_steps < cfg.total_env_steps:
-                if self._iterate():
-                    stopped_early = True
-                    break
-            self._save_checkpoint()
-        finally:
-            self.backend.close()
-            self.logger.close()
+        with deferred_stop():  # Ctrl-C / SIGTERM end the iteration first: the final checkpoint is consistent
+            try:
+                while self.env_steps < cfg.total_env_steps and not stop_requested():
+                    if self._iterate():
+                        stopped_early = True
+                        break
+                self._save_checkpoint()
+            finally:
+                self.backend.close()
+                self.logger.close()
+        if (signame := stop_requested()) is not None:
+            raise stopped_after_checkpoint(signame, self.run_dir.path, self.checkpoints.latest(), f"iteration {self.iteration}")
         result: dict[str, Any] = {"env_steps": self.env_steps, "iterations": self.iteration, "time_s": self._elapsed(),
                                   "stopped_early": stopped_early, **self.window.summary()}
         if cfg.eval.at_end:

@@ -1,7 +1,8 @@
 """The run directory every kind of run writes (PPO, GRPO, ...), so eval, resume and dashboards read them alike::
 
     runs/<name>-<YYYYmmdd-HHMMSS>/
-      run.json              who made it: kind, name, config_dir, status, polar version
+      run.json              who made it: kind, name, config_dir, polar version; status (see below) and the
+                            process that owns the run (pid, host, start time)
       config.resolved.yaml  the validated config with every default filled in
       metrics.jsonl         one JSON object per logged iteration
       tb/                   TensorBoard event files
@@ -9,6 +10,11 @@
       eval/                 evaluation results as JSON
       control/              ray: `polar scale` requests (scale.json) and their answers (scale.applied.json)
       scale_events.jsonl    ray: every rollout-worker resize, by the autoscale rule or a request, with its reason
+
+``status`` is ``created``, ``starting`` (setting up) or ``running`` while a process works on the run, then one of ``finished``, ``failed``
+(with ``error``) or ``interrupted`` (Ctrl-C / SIGTERM, with ``checkpoint``: the final one, or null); see
+``polar.trainers.lifecycle``. A run recorded as live whose process is gone (SIGKILL, power loss, OOM) is
+reported ``killed`` by ``RunDir.status()`` / ``run_status()``, the one place resume, eval and dashboards ask.
 """
 
 from __future__ import annotations
@@ -26,6 +32,66 @@ from polar.errors import RunDirError, os_cause
 log = logging.getLogger(__name__)
 
 META = "run.json"
+LIVE_STATUSES = ("created", "starting", "running")  # recorded while a process works on the run
+FINAL_STATUSES = ("finished", "failed", "interrupted", "killed")
+
+
+def process_identity() -> dict[str, Any]:
+    """This process as ``run.json`` records its owner: the start time tells a reused pid from the owner."""
+    import socket
+
+    import psutil
+
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "start_time": psutil.Process(pid).create_time()}
+
+
+def owner_alive(owner: dict[str, Any] | None) -> bool | None:
+    """Whether the process ``owner`` (from ``process_identity``) still runs; None when this host cannot tell
+    (no owner recorded, or it ran on another host)."""
+    import socket
+
+    import psutil
+
+    if not isinstance(owner, dict) or "pid" not in owner:
+        return None
+    if owner.get("host") != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(int(owner["pid"]))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        start = owner.get("start_time")
+        return start is None or abs(proc.create_time() - float(start)) < 1.0  # else the pid was reused
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError):
+        return False
+
+
+def run_status(path: str | Path) -> dict[str, Any]:
+    """A run's status as a dashboard shows it: ``status`` (``killed`` for a live-recorded run whose process is
+    gone), the ``recorded`` status, the owner ``pid``/``host``, ``error`` and final ``checkpoint``."""
+    meta = RunDir.open(path).read_meta()
+    recorded = meta.get("status")
+    owner = meta.get("process") or {}
+    status = recorded
+    if recorded in LIVE_STATUSES and owner_alive(owner) is False:
+        status = "killed"
+    return {"status": status, "recorded": recorded, "pid": owner.get("pid"), "host": owner.get("host"),
+            "error": meta.get("error"), "checkpoint": meta.get("checkpoint")}
+
+
+def status_line(path: str | Path) -> str:
+    """One line for people: ``run status: killed (recorded running, but its process pid 12 on host is gone)``."""
+    st = run_status(path)
+    status = st["status"]
+    if status == "killed":
+        return (f"run status: killed (recorded {st['recorded']}, but its process pid {st['pid']} on {st['host']} is "
+                "gone: SIGKILL, out of memory or power loss)")
+    if status in ("failed", "interrupted") and st["error"]:
+        return f"run status: {status} ({st['error']})"
+    if status in LIVE_STATUSES and st["pid"] is not None:
+        return f"run status: {status} (pid {st['pid']} on {st['host']})"
+    return f"run status: {status}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -78,6 +144,7 @@ class RunDir:
         for sub in ("checkpoints", "eval"):
             (path / sub).mkdir(exist_ok=True)
         rd.write_meta({"kind": kind, "name": name, "created": time.time(), "status": "created",
+                       "process": process_identity(),
                        "config_dir": str(Path(config_dir).resolve()) if config_dir else None,
                        "polar_version": _version()})
         return rd
@@ -125,6 +192,19 @@ class RunDir:
         meta = self.read_meta()
         meta.update(changes)
         self.write_meta(meta)
+
+    def mark_running(self) -> None:
+        """This process now owns the run (status ``starting`` until the trainer says ``running``); the previous
+        ending (error, checkpoint) is cleared."""
+        meta = self.read_meta()
+        for key in ("error", "signal", "checkpoint", "ended"):
+            meta.pop(key, None)
+        meta.update(status="starting", process=process_identity(), started=time.time())
+        self.write_meta(meta)
+
+    def status(self) -> str:
+        """The run's status, ``killed`` when it is recorded live but its process is gone (see ``run_status``)."""
+        return run_status(self.path)["status"]
 
     def cut_metrics_after(self, step_key: str, last_step: int) -> int:
         """Cut the rows whose ``step_key`` is past ``last_step`` (and torn lines) from ``metrics.jsonl``; returns

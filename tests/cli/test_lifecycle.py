@@ -152,3 +152,172 @@ def test_a_tied_child_outlives_the_spawning_thread_and_dies_with_its_process():
         if child is not None:
             kill_all([child])
         parent.communicate()
+
+
+# ---------------------------------------------------------------------------------------------- status, stops
+SCRIPTED_ENV = '''
+"""CartPole that hangs or crashes after LIFECYCLE_AFTER steps (all copies together), per LIFECYCLE_MODE."""
+import os
+import pathlib
+import time
+
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class ScriptedCartPole(CartPoleEnv):
+    steps = 0
+
+    def __init__(self, **kwargs):
+        if os.environ.get("LIFECYCLE_MODE") == "init":
+            raise RuntimeError("scripted env failure in __init__")
+        super().__init__(**kwargs)
+
+    def step(self, action):
+        ScriptedCartPole.steps += 1
+        mode = os.environ.get("LIFECYCLE_MODE")
+        if mode and ScriptedCartPole.steps > int(os.environ.get("LIFECYCLE_AFTER", "0")):
+            pathlib.Path(os.environ["LIFECYCLE_MARKER"]).touch()
+            if mode == "hang":
+                time.sleep(3600)
+            if mode == "crash":
+                raise RuntimeError(f"scripted env crash at step {ScriptedCartPole.steps}")
+        return super().step(action)
+
+
+gym.register("ScriptedCartPole-v0", entry_point=ScriptedCartPole, max_episode_steps=500)
+'''
+
+
+def scripted_run(tmp_path: Path, mode: str | None, *overrides: str, after: int = 768) -> subprocess.Popen:
+    """CartPole PPO in the learner (8 copies, 256 steps an iteration), scripted to hang or crash after
+    ``after`` env steps; checkpoints every iteration."""
+    (tmp_path / "lifecycle_envs.py").write_text(SCRIPTED_ENV)
+    env = {**os.environ, "PYTHONPATH": with_path(tmp_path), "LIFECYCLE_AFTER": str(after),
+           "LIFECYCLE_MARKER": str(tmp_path / "marker")}
+    env.pop("LIFECYCLE_MODE", None)
+    if mode:
+        env["LIFECYCLE_MODE"] = mode
+    args = ["run", "--config", CARTPOLE, "--run-dir", tmp_path / "run", "--no-progress",
+            "-o", "harness.id=lifecycle_envs:ScriptedCartPole-v0", "-o", "logging.checkpoint_freq=1",
+            "-o", "eval.episodes=2", "-o", "stop_reward=null"]
+    for o in overrides:
+        args += ["-o", o]
+    return subprocess.Popen(polar_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env, start_new_session=True)
+
+
+def with_path(directory: Path) -> str:
+    return os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH")) if p)
+
+
+def meta(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def checkpoints(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt_*.pt"))
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_say_interrupted(tmp_path, how):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it, rollout worker included) and SIGTERM:
+    the learner ends its iteration, writes a checkpoint, records `interrupted` and exits 130 / 143."""
+    run = tmp_path / "run"
+    proc = start_run(CARTPOLE, run, "distribution.rollout_workers=1", "total_env_steps=100000000",
+                     "logging.checkpoint_freq=0", "stop_reward=null", "eval.at_end=false")
+    procs: list[psutil.Process] = []
+    try:
+        wait_for(lambda: metrics_rows(run), "first metrics row", proc)
+        procs = descendants(proc.pid)
+        assert checkpoints(run) == []  # checkpoint_freq 0: only a final checkpoint would write one
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kill_all(procs)
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), err[-3000:]
+    m = meta(run)
+    assert m["status"] == "interrupted", m
+    assert m["signal"] == ("SIGINT" if how == "ctrl-c" else "SIGTERM")
+    assert len(checkpoints(run)) == 1 and m["checkpoint"].endswith(checkpoints(run)[0]), (m, checkpoints(run))
+    assert "final checkpoint" in err and f"polar resume {run}" in err, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert not wait_gone(procs)
+
+
+def test_sigterm_grace_period_runs_out_and_the_status_says_so(tmp_path):
+    """An iteration that hangs: after logging.sigterm_grace_s the run stops without a final checkpoint, exits
+    143, and run.json says interrupted with no checkpoint and why."""
+    proc = scripted_run(tmp_path, "hang", "distribution.rollout_workers=0", "logging.sigterm_grace_s=1",
+                        "total_env_steps=100000000")
+    run = tmp_path / "run"
+    try:
+        wait_for(lambda: (tmp_path / "marker").exists(), "the env to hang", proc)
+        before = checkpoints(run)
+        assert before, "three iterations were checkpointed before the hang"
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)  # the env hangs for an hour: only the grace period ends this
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err[-3000:]
+    m = meta(run)
+    assert m["status"] == "interrupted" and m["signal"] == "SIGTERM" and m["checkpoint"] is None, m
+    assert "grace period of 1 s" in m["error"] and "without" in m["error"], m
+    assert checkpoints(run) == before
+    assert "grace period" in err and "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["crash", "init"])
+def test_a_run_that_fails_records_failed_with_the_error(tmp_path, mode):
+    """A crash mid-run and a failure while starting both end as `failed` with the error (was: running/created)."""
+    proc = scripted_run(tmp_path, mode, "distribution.rollout_workers=0", "total_env_steps=100000000")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    m = meta(tmp_path / "run")
+    assert m["status"] == "failed", m
+    assert "RuntimeError: scripted env" in m["error"] and "\n" not in m["error"], m
+
+
+def test_a_killed_run_is_reported_killed_by_resume_and_eval(tmp_path):
+    """SIGKILL writes nothing: the run is recorded `running` with a dead owner. run_status says killed, `polar
+    eval` and `polar resume` say so, and resume refuses while the owner is still alive."""
+    from polar.trainers.run_dir import run_status
+
+    run = tmp_path / "run"
+    proc = scripted_run(tmp_path, "hang", "distribution.rollout_workers=0", "total_env_steps=2048")
+    try:
+        wait_for(lambda: (tmp_path / "marker").exists(), "the env to hang", proc)
+        assert run_status(run)["status"] == "running"
+        busy = subprocess.run(polar_cmd("resume", run, "--no-progress"), capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+        assert busy.returncode == 1 and "is still running" in busy.stderr and str(proc.pid) in busy.stderr, busy.stderr
+        assert len(busy.stderr.strip().splitlines()) == 1, busy.stderr
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert meta(run)["status"] == "running"  # nothing could write at SIGKILL
+    st = run_status(run)
+    assert st["status"] == "killed" and st["pid"] == proc.pid, st
+
+    ev = subprocess.run(polar_cmd("eval", run, "--episodes", "1"), capture_output=True, text=True, cwd=tmp_path,
+                        env={**os.environ, "PYTHONPATH": with_path(tmp_path)}, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "run status: killed" in ev.stderr, ev.stderr[-3000:]
+
+    res = subprocess.run(polar_cmd("resume", run, "--no-progress"), capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": with_path(tmp_path)}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "run status: killed" in res.stderr, res.stderr[-3000:]
+    m = meta(run)
+    assert m["status"] == "finished" and m["process"]["pid"] != proc.pid, m
