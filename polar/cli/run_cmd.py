@@ -22,9 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from polar.config import load_config
+    from polar.trainers.preflight import check_before_start
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
+    check_before_start(cfg)  # unknown ids, missing programs and modules: before the run directory exists
     if cfg.harness.type == "agent" or cfg.policy.type in ("grpo", "sft"):  # LLM agents: polar.trainers.agentic_run
         from polar.trainers.agentic_run import run_from_cli
 
@@ -43,6 +45,7 @@ def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float 
     from rich.console import Console
 
     from polar.cli._progress import TrainingProgress, fmt_number, print_eval
+    from polar.trainers.lifecycle import run_guard
     from polar.trainers.lifecycle import run_guard
     from polar.trainers.on_policy import build_trainer
 

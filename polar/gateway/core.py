@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from polar.gateway.drain import DrainGate
-from polar.gateway.errors import ApiError
+from polar.gateway.errors import ApiError, bad
+from polar.gateway.logprobs import TokenBytes
 from polar.gateway.normalized import CallOutput, ChatRequest
 from polar.gateway.prompt import Prompt, PromptBuilder, PromptTooLong, reuse_key, text_sha256
 from polar.gateway.sessions import SessionStore
@@ -62,8 +63,14 @@ class GatewayCore:
         self.default_max_tokens = default_max_tokens
         self.stop_ids = list(getattr(engine, "default_stop_token_ids", []) or [])
         self.prompts = PromptBuilder(engine.tokenizer, self.stop_ids)
+        self.token_bytes = TokenBytes(engine.tokenizer)  # what logprobs show per token
 
     async def start(self, req: ChatRequest, session_id: str) -> Call:
+        most = int(getattr(self.engine, "max_top_logprobs", 0) or 0)
+        if req.top_logprobs > most:
+            raise bad(f"'top_logprobs' is {req.top_logprobs} but this engine ({type(self.engine).__name__}) "
+                      + (f"reports at most {most} alternatives per token" if most else "cannot report alternatives")
+                      + "; ask for fewer, or leave top_logprobs out", "top_logprobs")
         await self.gate.enter()
         call = Call(self, req, session_id)
         try:
@@ -109,6 +116,7 @@ class Call:
         self.rejected_prompt: dict[str, Any] | None = None  # count and hash of a prompt refused before generation
         self.sampled: list[int] = []
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] | None = [] if req.top_logprobs else None
         self.output: CallOutput | None = None
         self.parsed: ParsedOutput | None = None
         self._gen: Any = None
@@ -146,6 +154,7 @@ class Call:
             seed=req.seed,
             session_id=sid,
             stream=bool(req.stream),
+            top_logprobs=req.top_logprobs,
         )
         try:
             greq.max_tokens = core.engine.check_prompt(greq)
@@ -170,6 +179,8 @@ class Call:
                         self.first_token_s = time.perf_counter() - self._t0
                     self.sampled.append(int(ev.token_id))
                     self.logprobs.append(float(ev.logprob if ev.logprob is not None else 0.0))
+                    if self.top_logprobs is not None:
+                        self.top_logprobs.append(list(ev.top_logprobs or []))
                     if incremental:
                         delta = ts.feed(detok.push(int(ev.token_id)))
                         if delta:
@@ -234,6 +245,7 @@ class Call:
             prompt_tokens=len(self.prompt.ids) if self.prompt else 0,
             sampled_ids=self.sampled,
             logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
             call_index=self.call_index,
             tool_parse_error=parsed.parse_error,
         )

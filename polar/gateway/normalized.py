@@ -33,6 +33,7 @@ class ChatRequest:
     seed: int | None = None
     stream: bool = False
     logprobs: bool = False  # OpenAI chat: return per-token logprobs to the client
+    top_logprobs: int = 0  # OpenAI chat: that many most likely alternatives per token (needs logprobs)
     include_usage: bool = False  # OpenAI chat streaming: stream_options.include_usage
 
 
@@ -49,6 +50,7 @@ class CallOutput:
     sampled_ids: list[int]
     logprobs: list[float]
     call_index: int = -1
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per sampled token, when the request asked
     tool_parse_error: str | None = None
 
     @property

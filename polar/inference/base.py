@@ -83,6 +83,9 @@ class GenerationRequest:
     # hint: False when nobody watches tokens arrive, so upstream engines may fetch the whole result in one
     # non-streamed request (far less per-token overhead); engines may ignore it
     stream: bool = True
+    # how many most likely alternatives (raw-model logprobs) to report with each sampled token; engines
+    # support up to their ``max_top_logprobs``
+    top_logprobs: int = 0
     # (len(prompt_ids), vocab_size) of the last successful id check: a million ids take tens of ms to check
     _checked: tuple[int, int | None] | None = field(default=None, repr=False, compare=False)
 
@@ -123,6 +126,9 @@ class TokenEvent:
     logprob: float | None
     finish_reason: FinishReason | None = None
     policy_version: int | None = None
+    # with ``GenerationRequest.top_logprobs``: the most likely ids at this position and their raw-model
+    # logprobs, most likely first
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass
@@ -144,6 +150,7 @@ class Engine(abc.ABC):
         context_length: max prompt + completion tokens.
         policy_version: bumped by ``update_weights``; the gateway stamps it on every record.
         default_stop_token_ids: end-of-turn ids (e.g. ``<|im_end|>``, eos) the gateway adds to every chat request.
+        max_top_logprobs: how many top alternatives per token the engine can report (0: none).
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -151,6 +158,7 @@ class Engine(abc.ABC):
     context_length: int
     policy_version: int = 0
     default_stop_token_ids: list[int]
+    max_top_logprobs: int = 0  # the most GenerationRequest.top_logprobs this engine can report
 
     @abc.abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

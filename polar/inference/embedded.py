@@ -33,7 +33,7 @@ import torch
 from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
 from polar.inference.kv import cache_from_kv, left_pad, plain_kv
 from polar.inference.prefix_cache import PrefixCache, PrefixEntry
-from polar.inference.sampling import sample_rows, sequence_logprobs
+from polar.inference.sampling import sample_rows, sequence_logprobs, top_rows
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class EmbeddedEngine(Engine):
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.max_top_logprobs = 20
         self.model_name = model_name
         self.device = next(model.parameters()).device
         cfg_len = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
@@ -381,7 +382,9 @@ class EmbeddedEngine(Engine):
         tokens, logprobs = sample_rows(
             logits, [r.temperature for r in reqs], [r.top_p for r in reqs], [s.generator for s in seqs]
         )
-        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+        k = max(r.top_logprobs for r in reqs)
+        tops = top_rows(logits, k) if k > 0 else [None] * len(seqs)
+        for seq, token, logprob, top in zip(seqs, tokens, logprobs, tops, strict=True):
             seq.n_generated += 1
             seq.last_token = token
             seq.sampled.append(token)
@@ -391,7 +394,10 @@ class EmbeddedEngine(Engine):
             elif seq.n_generated >= seq.max_tokens:
                 finish = "length"
             seq.done = finish is not None
-            self._emit(seq, TokenEvent(token, logprob, finish, self.policy_version if finish else None))
+            want = seq.request.top_logprobs
+            event = TokenEvent(token, logprob, finish, self.policy_version if finish else None,
+                               top[:want] if top is not None and want else None)
+            self._emit(seq, event)
 
     def _merge(self, joining: list[tuple[_Seq, list[tuple[torch.Tensor, torch.Tensor]]]]) -> None:
         """Add prefilled sequences (KV of shape (1, H, P, D) each) to the cohort in one concatenation,

@@ -48,3 +48,18 @@ def sequence_logprobs(model: Any, token_ids: list[int]) -> list[float]:
         logits = model(input_ids=ids).logits[0, :-1].float()
         lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
     return lp.cpu().tolist()
+
+
+def top_rows(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    """The ``k`` most likely ids of each row of float32 ``logits`` (B, V) with their raw-model logprobs."""
+    values, ids = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
+    return [list(zip(r_ids, r_vals, strict=True)) for r_ids, r_vals in zip(ids.cpu().tolist(), values.cpu().tolist(), strict=True)]
+
+
+def sequence_top_logprobs(model: Any, token_ids: list[int], start: int, k: int) -> list[list[tuple[int, float]]]:
+    """For each position i >= ``start`` of ``token_ids``: the ``k`` most likely ids given ``token_ids[:i]``."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+        logits = model(input_ids=ids).logits[0, start - 1 : -1].float()
+    return top_rows(logits, k)

@@ -48,6 +48,7 @@ class ScriptedEngine(Engine):
         self.policy_version = 0
         self.fixed_logprob = float(fixed_logprob)
         self.token_delay_s = token_delay_s
+        self.max_top_logprobs = 20 if model is not None else 0  # alternatives need the model's logits
         self._script = responses if callable(responses) else list(responses)
         self._end_id = tokenizer.convert_tokens_to_ids(end_token)
         eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -99,14 +100,20 @@ class ScriptedEngine(Engine):
         if not ids:
             raise EngineError("ScriptedEngine: scripted response is empty; script at least one token")
         logprobs = await asyncio.to_thread(self._logprobs, list(request.prompt_ids), ids)
-        for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=False)):
+        tops: list[Any] = [None] * len(ids)
+        if request.top_logprobs and self.model is not None:
+            from polar.inference.sampling import sequence_top_logprobs
+
+            tops = await asyncio.to_thread(sequence_top_logprobs, self.model, list(request.prompt_ids) + ids,
+                                           len(request.prompt_ids), request.top_logprobs)
+        for i, (tid, lp, top) in enumerate(zip(ids, logprobs, tops, strict=False)):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             if self._closed:
                 yield TokenEvent(None, None, "abort", self.policy_version)
                 return
             last = i == len(ids) - 1
-            yield TokenEvent(tid, lp, finish if last else None, self.policy_version if last else None)
+            yield TokenEvent(tid, lp, finish if last else None, self.policy_version if last else None, top)
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         if self.model is not None:

@@ -321,3 +321,41 @@ def test_a_killed_run_is_reported_killed_by_resume_and_eval(tmp_path):
     assert "run status: killed" in res.stderr, res.stderr[-3000:]
     m = meta(run)
     assert m["status"] == "finished" and m["process"]["pid"] != proc.pid, m
+
+
+# ---------------------------------------------------------------------------------------------- start-up errors
+BAD_STARTS = {
+    "unknown gym id": ("cartpole", ["harness.id=CartPoel-v1"], "unknown Gymnasium id 'CartPoel-v1'"),
+    "missing connector program": ("line_walk", ["harness.connector_spec.command=[no-such-node, line_walk.js]"],
+                                  "executable 'no-such-node' not found on PATH"),
+    "missing connector module": ("module.yaml", [], "connector_spec.module 'no_such_connector_mod' not found"),
+    "missing agent module": ("agent.yaml", [], "agent.module: module 'no_such_agent_mod' not found"),
+    "missing agent program": ("agent_cli.yaml", [], "harness.command: executable 'no-such-agent-cli' not found"),
+}
+BAD_CONFIGS = {
+    "module.yaml": "name: m\nharness:\n  type: custom\n  connector_spec: {module: no_such_connector_mod, class_name: Env}\n"
+                   "policy: {type: ppo}\n",
+    "agent.yaml": "name: a\nharness: {type: gymnasium, id: CartPole-v1}\n"
+                  "agent: {type: custom, module: no_such_agent_mod, class_name: Net}\npolicy: {type: ppo}\n",
+    "agent_cli.yaml": "name: c\nharness: {type: agent, command: [no-such-agent-cli]}\ntasks: tasks.jsonl\n"
+                      "model: {name_or_path: tiny}\npolicy: {type: grpo}\n",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STARTS))
+def test_start_up_errors_come_before_the_run_directory(tmp_path, case):
+    """Unknown ids, missing programs and missing modules: one line, and no run directory was created."""
+    config, overrides, expected = BAD_STARTS[case]
+    path = {"cartpole": CARTPOLE, "line_walk": LINE_WALK}.get(config)
+    if path is None:
+        path = tmp_path / config
+        path.write_text(BAD_CONFIGS[config])
+        (tmp_path / "tasks.jsonl").write_text('{"prompt": "What is 1 + 1?"}\n')
+    args = ["run", "--config", path, "--no-progress"]
+    for o in overrides:
+        args += ["-o", o]
+    p = subprocess.run(polar_cmd(*args), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert expected in p.stderr, p.stderr[-3000:]
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr[-3000:]
+    assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))

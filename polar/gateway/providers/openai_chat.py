@@ -119,7 +119,20 @@ def parse_messages(raw: Any) -> list[Message]:
 
 
 HANDLED = ("model", "messages", "n", "stream", "stream_options", "tools", "tool_choice", "max_tokens",
-           "max_completion_tokens", "temperature", "top_p", "stop", "seed", "logprobs")
+           "max_completion_tokens", "temperature", "top_p", "stop", "seed", "logprobs", "top_logprobs")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
+def top_logprobs(body: dict[str, Any]) -> int:
+    """``top_logprobs`` (0-20), which OpenAI accepts only together with ``logprobs: true``."""
+    n = body.get("top_logprobs")
+    if n is None:
+        return 0
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise bad(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {n!r})", "top_logprobs")
+    if n and body.get("logprobs") is not True:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return n
 
 
 def parse(body: dict[str, Any], request: Any = None) -> ChatRequest:
@@ -130,6 +143,7 @@ def parse(body: dict[str, Any], request: Any = None) -> ChatRequest:
     stream_options = v.stream_options or {}
     return ChatRequest(
         provider=NAME,
+        top_logprobs=top_logprobs(body),
         model=v.model,
         messages=parse_messages(body["messages"]),
         tools=parse_tools(body.get("tools")),
@@ -161,10 +175,13 @@ def _usage(out: CallOutput) -> dict[str, int]:
 
 
 def _logprobs(call: Call, out: CallOutput) -> dict[str, Any]:
-    toks = call.core.engine.tokenizer.convert_ids_to_tokens(out.sampled_ids)
+    """OpenAI's shape: each token's text and UTF-8 bytes (not the tokenizer's piece spelling), with the
+    requested number of most likely alternatives."""
+    tb = call.core.token_bytes
+    tops = out.top_logprobs or [[] for _ in out.sampled_ids]
     return {"content": [
-        {"token": t or "", "logprob": lp, "bytes": None, "top_logprobs": []}
-        for t, lp in zip(toks, out.logprobs, strict=False)
+        {**tb.entry(t, lp), "top_logprobs": [tb.entry(a, alp) for a, alp in top]}
+        for t, lp, top in zip(out.sampled_ids, out.logprobs, tops, strict=False)
     ]}
 
 

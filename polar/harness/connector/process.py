@@ -40,6 +40,7 @@ from polar.errors import (
 )
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
+from polar.lifetime import popen_tied
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
@@ -63,6 +64,16 @@ def _kill_leftovers() -> None:
         proc.kill()
         if proc._tmpdir:
             shutil.rmtree(proc._tmpdir, ignore_errors=True)
+
+
+def check_command(spec: Any, config_dir: Path) -> None:
+    """A command connector's program exists (on PATH, with ``spec.env``'s PATH, or next to the config), or one
+    ``ConnectorStartError``. ``polar run`` calls it before it creates anything."""
+    program = spec.command[0]
+    path = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}.get("PATH")
+    if shutil.which(program, path=path) is None and not Path(config_dir, program).exists():
+        raise ConnectorStartError(f"connector_spec.command: executable {program!r} not found on PATH; install it or "
+                                  "fix the command")
 
 
 class ProcessFailed(Exception):
@@ -170,8 +181,8 @@ class ConnectorProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_POLAR_ROOT, env.get("PYTHONPATH")) if p)
         cmd = self.command()
         cwd = str(self.config_dir) if self.spec.command else None
-        if self.spec.command and shutil.which(cmd[0], path=env.get("PATH")) is None and not Path(self.config_dir, cmd[0]).exists():
-            raise ConnectorStartError(f"connector_spec.command: executable {cmd[0]!r} not found on PATH; install it or fix the command")
+        if self.spec.command:
+            check_command(self.spec, self.config_dir)
         self._tail.clear()
         # dies with this process even when it is SIGKILLed (no atexit then): see polar.lifetime
         self._proc = popen_tied(
