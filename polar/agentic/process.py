@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from polar.lifetime import parent_death_hook
+
 log = logging.getLogger(__name__)
 
 TAG_VAR = "POLAR_SESSION_TAG"
@@ -161,7 +163,8 @@ async def run_process(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=_preexec(limits),
+        # SIGKILL with polar (prctl parent-death signal), from the event loop's thread, which outlives the call
+        preexec_fn=parent_death_hook(_preexec(limits)),
     )
     known: dict[int, psutil.Process] = {}
     out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)

@@ -359,3 +359,31 @@ def test_start_up_errors_come_before_the_run_directory(tmp_path, case):
     assert expected in p.stderr, p.stderr[-3000:]
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr[-3000:]
     assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))
+
+
+AGENT_RUNNER = """
+import asyncio, sys
+from polar.agentic.process import ProcessLimits, run_process
+cmd = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]
+asyncio.run(run_process(cmd, cwd=".", env={"PATH": "/usr/bin:/bin"}, stdin=None, timeout_s=600,
+                        limits=ProcessLimits(), cancel=None))
+"""
+
+
+def test_an_agent_harness_process_dies_with_its_sigkilled_runner(tmp_path):
+    """An agent CLI runs in its own session (so one killpg ends it); SIGKILL of polar must still end it."""
+    marker = tmp_path / "agent.pid"
+    script = AGENT_RUNNER.replace("print(os.getpid(), flush=True)", f"open({str(marker)!r}, 'w').write(str(os.getpid()))")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    child = None
+    try:
+        child = psutil.Process(int(wait_for(lambda: marker.exists() and marker.read_text(), "the agent's pid", parent)))
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        assert not wait_gone([child]), "the agent process outlived polar"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None:
+            kill_all([child])
