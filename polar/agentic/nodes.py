@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from polar.errors import GatewayError
+from polar.gateway.sessions import session_key
 from polar.types import CallRecord
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class NodeRegistry:
             return list(node.server.records(session_id))
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=timeout_s)
-        headers = {"authorization": f"Bearer {session_id}"}
+        headers = {"authorization": f"Bearer {session_key(session_id)}"}
         if node.admin_token:
             headers["x-polar-admin-token"] = node.admin_token
         resp = await self._http.get(f"{node.url}/sessions/{session_id}", headers=headers)

@@ -33,6 +33,7 @@ from polar.agentic.runners import HarnessOutcome, HarnessRunner, SessionContext
 from polar.agentic.session import SessionResult, SessionSpec, SessionStatus, mask_out
 from polar.agentic.verifiers import VerifyInput
 from polar.errors import GatewayError
+from polar.gateway.sessions import session_key
 from polar.types import CallRecord
 
 log = logging.getLogger(__name__)
@@ -342,7 +343,7 @@ class SessionPipeline:
             key = live.gateway_session
             ctx = SessionContext(
                 session_id=key, task=live.spec.task, workspace=live.workspace,
-                gateway_url=live.node.url, api_key=key, model=self.settings.model_name,
+                gateway_url=live.node.url, api_key=session_key(key), model=self.settings.model_name,
             )
             stop = asyncio.Event()
             watcher = asyncio.ensure_future(self._watch(live, stop))

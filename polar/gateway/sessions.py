@@ -54,8 +54,22 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(b"polar-gateway-api-key\0" + key.encode()).hexdigest()[:32]
 
 
+SESSION_KEY_PREFIX = "polar-session-"
+
+
+def session_key(session_id: str) -> str:
+    """An API key that names session ``session_id`` openly: it is a session name, not a credential.
+
+    Polar's rollouts hand these to harnesses, so a CLI that drops the ``/s/{id}`` URL prefix still
+    routes its calls to its own session, and the records keep the session's given name."""
+    return SESSION_KEY_PREFIX + session_id
+
+
 def key_session_id(key: str) -> str:
-    """The id of the session an API key names when a call names no session otherwise."""
+    """The id of the session an API key names when a call names no session otherwise: the name in a
+    ``session_key``, else a hash of the key (a credential never becomes a session id)."""
+    if key.startswith(SESSION_KEY_PREFIX) and len(key) > len(SESSION_KEY_PREFIX):
+        return key[len(SESSION_KEY_PREFIX):]
     return "key-" + key_hash(key)
 
 

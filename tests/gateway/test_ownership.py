@@ -13,7 +13,7 @@ import pytest
 from polar.config.gateway import GatewayConfig
 from polar.errors import GatewayError
 from polar.gateway.server import GatewayServer
-from polar.gateway.sessions import key_session_id
+from polar.gateway.sessions import key_session_id, session_key
 
 A, B, ADMIN = "sk-live-alice-0123456789", "sk-live-bob-9876543210", "admin-s3cret"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -119,6 +119,17 @@ def test_api_keys_never_reach_disk(gateway, scripted):
     # the owner still finds its session: by the key (in-process) and over HTTP
     assert len(gw.records(keys["oa"])) >= 2
     assert _get(gw.url, "/sessions", keys["ant"]).json() == {"sessions": [key_session_id(keys["ant"])]}
+
+
+def test_a_session_key_names_its_session_openly(gateway, scripted):
+    """Polar's rollouts give harnesses ``session_key(id)``: not a credential, so the session keeps its name."""
+    gw = gateway(scripted(lambda req, i: "ok"), admin_token=ADMIN)
+    key = session_key("task7-attempt2")
+    _oa(gw.url, key).chat.completions.create(model="tiny", messages=MSGS)
+    (rec,) = gw.records("task7-attempt2")
+    assert rec.session_id == "task7-attempt2" and gw.records(key) == [rec]
+    assert _get(gw.url, "/sessions/task7-attempt2", key).json()["records"][0]["session_id"] == "task7-attempt2"
+    assert _get(gw.url, "/sessions/task7-attempt2", B).status_code == 403
 
 
 def test_session_ids_with_a_slash_are_readable(gateway, scripted):

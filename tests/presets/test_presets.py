@@ -9,8 +9,10 @@ import pytest
 
 from polar.agentic.presets import PRESETS, PresetContext, get_preset
 from polar.errors import HarnessError
+from polar.gateway.sessions import session_key
 
 SID = "ses-abc123"
+KEY = session_key(SID)  # the API key names the session (a CLI that drops the URL prefix still routes)
 
 
 def launch(name: str, tmp_path: Path, **options):
@@ -33,7 +35,7 @@ def test_environment_is_built_from_scratch(name: str, tmp_path: Path, monkeypatc
 def test_claude_code_pins_every_model_alias(tmp_path: Path) -> None:
     _, spec = launch("claude_code", tmp_path, max_output_tokens=99)
     env = spec.env
-    assert env["ANTHROPIC_BASE_URL"] == f"http://127.0.0.1:8100/s/{SID}" and env["ANTHROPIC_API_KEY"] == SID
+    assert env["ANTHROPIC_BASE_URL"] == f"http://127.0.0.1:8100/s/{SID}" and env["ANTHROPIC_API_KEY"] == KEY
     for var in ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
                 "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
         assert env[var] == "served-model", var
@@ -51,7 +53,7 @@ def test_codex_writes_a_responses_provider(tmp_path: Path) -> None:
     provider = cfg["model_providers"][cfg["model_provider"]]
     assert provider["wire_api"] == "responses"
     assert provider["base_url"] == f"http://127.0.0.1:8100/s/{SID}/v1"
-    assert spec.env[provider["env_key"]] == SID
+    assert spec.env[provider["env_key"]] == KEY
     assert cfg["model"] == "served-model" and cfg["analytics"]["enabled"] is False
     assert Path(cfg["model_instructions_file"]).read_text().startswith("You are a coding agent")
     assert cfg["features"]["multi_agent"] is False and cfg["web_search"] == "disabled"
@@ -61,7 +63,7 @@ def test_codex_writes_a_responses_provider(tmp_path: Path) -> None:
 def test_qwen_code_uses_openai_variables(tmp_path: Path) -> None:
     ctx, spec = launch("qwen_code", tmp_path, compact=True, max_output_tokens=64)
     assert spec.env["OPENAI_BASE_URL"] == f"http://127.0.0.1:8100/s/{SID}/v1"
-    assert spec.env["OPENAI_API_KEY"] == SID and spec.env["OPENAI_MODEL"] == "served-model"
+    assert spec.env["OPENAI_API_KEY"] == KEY and spec.env["OPENAI_MODEL"] == "served-model"
     assert "--model" not in spec.argv  # the model goes through OPENAI_MODEL only
     assert spec.env["QWEN_CODE_MAX_OUTPUT_TOKENS"] == "64"
     assert spec.argv[spec.argv.index("--core-tools") + 1] == "run_shell_command"
@@ -71,7 +73,7 @@ def test_qwen_code_uses_openai_variables(tmp_path: Path) -> None:
 
 def test_gemini_cli_selects_api_key_auth_and_trust(tmp_path: Path) -> None:
     ctx, spec = launch("gemini_cli", tmp_path, compact=True)
-    assert spec.env["GOOGLE_GEMINI_BASE_URL"] == f"http://127.0.0.1:8100/s/{SID}" and spec.env["GEMINI_API_KEY"] == SID
+    assert spec.env["GOOGLE_GEMINI_BASE_URL"] == f"http://127.0.0.1:8100/s/{SID}" and spec.env["GEMINI_API_KEY"] == KEY
     assert spec.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
     settings = json.loads((ctx.home / ".gemini" / "settings.json").read_text())
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key" == settings["selectedAuthType"]
@@ -84,7 +86,7 @@ def test_pi_writes_a_models_file(tmp_path: Path) -> None:
     models = json.loads((ctx.home / ".pi" / "agent" / "models.json").read_text())
     provider = models["providers"][spec.argv[spec.argv.index("--provider") + 1]]
     assert provider["baseUrl"] == f"http://127.0.0.1:8100/s/{SID}/v1" and provider["api"] == "openai-completions"
-    assert provider["apiKey"] == SID and provider["models"][0]["id"] == "served-model"
+    assert provider["apiKey"] == KEY and provider["models"][0]["id"] == "served-model"
     assert provider["models"][0]["maxTokens"] == 128
     assert spec.env["PI_OFFLINE"] == "1" and "--print" in spec.argv
 

@@ -53,8 +53,10 @@ class PresetContext:
 
     @property
     def api_key(self) -> str:
-        """The session id doubles as the API key, so a CLI that drops the URL prefix still routes."""
-        return self.session_id
+        """A key that names the session, so a CLI that drops the URL prefix still routes (no credential)."""
+        from polar.gateway.sessions import session_key
+
+        return session_key(self.session_id)
 
 
 @dataclass
