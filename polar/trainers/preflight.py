@@ -70,6 +70,8 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
         import_callable(h.callable, cfg.config_dir)
     from polar.agentic.tasks import load_tasks
 
-    for path in (cfg.tasks, cfg.eval_tasks):
+    # policy sft (without sft_warmup) reads `tasks` as its demonstrations (chat JSONL), not as prompts
+    demos = cfg.policy.type == "sft" and cfg.sft_warmup is None
+    for path in ((cfg.eval_tasks,) if demos else (cfg.tasks, cfg.eval_tasks)):
         if path:
             load_tasks(path, cfg.config_dir)
