@@ -179,3 +179,14 @@ def test_polar_gateway_refuses_a_used_records_directory_in_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--resume-records" in errors[0] and str(records) in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and "listening" not in proc.stderr
+
+
+def test_resume_records_flag_reaches_the_config(tmp_path):
+    import argparse
+
+    from polar.cli.gateway_cmd import add_arguments, load_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert load_config(parser.parse_args(["--records-dir", str(tmp_path), "--resume-records"])).resume_records is True
+    assert load_config(parser.parse_args(["--records-dir", str(tmp_path)])).resume_records is False

@@ -93,7 +93,18 @@ def lower_types(schema: Any) -> Any:
 
 ToolSchema = Annotated[dict[str, Any], AfterValidator(check_tool_schema)]
 GeminiToolSchema = Annotated[dict[str, Any], AfterValidator(lambda s: check_tool_schema(lower_types(s)))]
-Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+
+
+def _seed_range(lo: int, hi: int, what: str) -> AfterValidator:
+    def check(seed: int) -> int:
+        if not lo <= seed <= hi:
+            raise ValueError(f"must be an integer from {lo} to {hi}, {what} (got {seed})")
+        return seed
+
+    return AfterValidator(check)
+
+
+Seed = Annotated[int, _seed_range(SEED_MIN, SEED_MAX, "the engine's seed range")]
 Content = str | list[str | dict[str, Any]] | None  # part types are checked where they are read (text_parts)
 Stop = str | list[str] | None
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -268,7 +279,7 @@ class GeminiGeneration(_Body):
     top_p: TopP | None = None
     stopSequences: Stop = None
     stop_sequences: Stop = None
-    seed: Annotated[int, Field(ge=GEMINI_SEED_MIN, le=GEMINI_SEED_MAX)] | None = None
+    seed: Annotated[int, _seed_range(GEMINI_SEED_MIN, GEMINI_SEED_MAX, "Gemini's int32 seed range")] | None = None
     candidateCount: int | None = None
     candidate_count: int | None = None
 
@@ -319,7 +330,8 @@ def _describe(errors: list[dict[str, Any]], where: str) -> str:
     if kind == "literal_error":
         return f"'{where}' {value!r} is not supported; use {first['ctx']['expected']}"
     if kind == "value_error":
-        return f"'{where}' {first['msg'].removeprefix('Value error, ')}"
+        text = first["msg"].removeprefix("Value error, ")
+        return f"'{where}' {text}" if text.startswith(("must ", "is ")) else f"'{where}': {text}"
     limits = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
     if kind in limits:
         bound = next(iter(first["ctx"].values()))
