@@ -44,28 +44,6 @@ def check_type(value: Any, types: type | tuple[type, ...], name: str) -> Any:
     return value
 
 
-def opt_number(body: dict[str, Any], key: str, lo: float, hi: float, default: float, where: str = "") -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    check_type(v, (int, float), f"{where}{key}")
-    if not lo <= v <= hi:
-        raise bad(f"'{where}{key}' must be between {lo} and {hi} (got {v})", f"{where}{key}")
-    return float(v)
-
-
-def opt_int(body: dict[str, Any], keys: tuple[str, ...], where: str = "", minimum: int = 1) -> int | None:
-    for key in keys:
-        v = body.get(key)
-        if v is None:
-            continue
-        check_type(v, int, f"{where}{key}")
-        if v < minimum:
-            raise bad(f"'{where}{key}' must be >= {minimum} (got {v})", f"{where}{key}")
-        return int(v)
-    return None
-
-
 def stop_list(v: Any, name: str) -> list[str]:
     if v is None:
         return []
