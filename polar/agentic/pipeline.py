@@ -442,7 +442,7 @@ class SessionPipeline:
         if not records:
             return finish(SessionStatus.ERROR, error=(
                 "the harness made no model calls through the gateway for this session; it must use the "
-                "injected OPENAI_BASE_URL/OPENAI_API_KEY (or ANTHROPIC_*/GEMINI_*) — the API key is the session id"))
+                "injected OPENAI_BASE_URL/OPENAI_API_KEY (or ANTHROPIC_*/GEMINI_*) — the API key names the session"))
         if len(incomplete) == len(records):
             return finish(SessionStatus.ERROR, error=f"every model call failed; first: {incomplete[0].error or 'no token data'}")
         try:
