@@ -51,7 +51,7 @@ BENCH = ROOT / "benchmarks"
 ENVS: dict[str, dict] = {
     "CartPole-v1": {"target": 195.0, "window": 20, "budget": 50_000, "kwargs": {}},
     "Acrobot-v1": {"target": -120.0, "window": 20, "budget": 50_000, "kwargs": {}},
-    "FrozenLake-v1": {"target": 0.1, "window": 100, "budget": 100_000,
+    "FrozenLake-v1": {"target": 0.1, "window": 100, "budget": 150_000,
                       "kwargs": {"map_name": "8x8", "is_slippery": True}},
     "keydoor": {"target": 0.8, "window": 100, "budget": 30_000, "kwargs": {"level": 1}},
 }

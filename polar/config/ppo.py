@@ -6,8 +6,10 @@ envs run: a rollout is ``rollout_samples`` (1,024) env steps in total, split acr
 minibatch is 64 samples, so every rollout gets 16 minibatches x 10 epochs = 160 gradient steps, one
 per 6.4 samples, whatever the env count. That is Stable-Baselines3's update-to-sample ratio (2,048
 samples, batch 64, 10 epochs on its default single env) with rollouts half as long, so learning
-starts sooner. Setting ``n_steps`` (per env, as in SB3) or ``num_minibatches`` opts out of the rule;
-``benchmarks/defaults_vs_sb3.py`` measures the defaults against SB3's (docs/benchmarks.md).
+starts sooner. ``ent_coef`` stays 0.01 (SB3: 0): on FrozenLake 8x8 (slippery, reward only at the goal)
+the policy otherwise collapses before it has found the goal. Setting ``n_steps`` (per env, as in SB3)
+or ``num_minibatches`` opts out of the rule; ``benchmarks/defaults_vs_sb3.py`` measures the defaults
+against SB3's (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class PPOKwargs(StrictModel):
     clip_range: float = Field(0.2, gt=0)
     clip_range_schedule: Schedule = "constant"
     clip_range_vf: float | None = Field(None, gt=0, description="clip the value update around the old value; None = off")
-    ent_coef: float = 0.0
+    ent_coef: float = Field(0.01, description="entropy bonus; SB3's default is 0, sparse-reward tasks need it")
     vf_coef: float = 0.5
     max_grad_norm: float | None = Field(0.5, gt=0)
     normalize_advantage: bool = True
