@@ -34,6 +34,10 @@ class GRPOKwargs(StrictModel):
     temperature: float = Field(1.0, ge=0)
     max_tokens: int = Field(64, ge=1, description="max sampled tokens per model call")
     lora: LoraConfig | None = None
+    autocast: Literal["bf16", "off"] = Field(
+        "off", description="bf16: forward passes under torch.autocast(bfloat16) (the weights and optimizer stay fp32)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward pass (HF gradient_checkpointing_enable): less memory, more compute")
     eval_every: int = Field(0, ge=0, description="evaluate held-out tasks every N steps (0 = start and end only)")
     eval_samples: int = Field(1, ge=1, description="sessions per held-out task in each evaluation")
 
@@ -45,6 +49,8 @@ class SFTKwargs(StrictModel):
     batch_size: int = Field(16, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     lora: LoraConfig | None = None
+    autocast: Literal["bf16", "off"] = Field("off", description="bf16: forward passes under torch.autocast(bfloat16)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
 
 
 class SFTWarmupConfig(StrictModel):

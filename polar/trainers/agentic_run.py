@@ -91,13 +91,23 @@ def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, s
         n += 1
         records = run_dir.eval_dir / "sessions" / f"{tag}-{n}"
     with build_stack(cfg, run_dir.path, engine, records_dir=records) as stack:
-        policy = LLMPolicy.from_engine(stack.engine, getattr(kw, "lora", None))
+        policy = LLMPolicy.from_engine(stack.engine, getattr(kw, "lora", None), **policy_options(cfg))
         policy.load_state_dict(state["model"])
         stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
         res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
     res.update(checkpoint=str(ckpt), step=int(state.get("step", 0)), samples_per_task=samples,
                policy_version=int(state.get("policy_version", 0)), records=str(records))
     return res
+
+
+def policy_options(cfg: Any) -> dict[str, Any]:
+    """``LLMPolicy`` options from a run config: the learner's device (``distribution.num_gpus``), and the
+    ``policy.kwargs`` autocast and gradient checkpointing switches."""
+    from polar.trainers.device import learner_device
+
+    kw = cfg.policy.kwargs
+    return {"device": learner_device(cfg.distribution.num_gpus), "autocast": getattr(kw, "autocast", "off"),
+            "gradient_checkpointing": getattr(kw, "gradient_checkpointing", False)}
 
 
 def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
@@ -145,7 +155,7 @@ def _train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = N
     stack = build_stack(cfg, run_dir.path, engine)
     with stack:
         kw = policy_cfg.kwargs
-        policy = LLMPolicy.from_engine(stack.engine, kw.lora)
+        policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
         latest = checkpoints.latest() if resume else None
 
         def evaluate(tag: str, samples: int = 1) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,10 @@ class TokenBatch:
     attention_mask: torch.Tensor  # [B, T]
     loss_mask: torch.Tensor  # [B, T]
     old_logprobs: torch.Tensor  # [B, T]
+
+    def to(self, device: torch.device) -> TokenBatch:
+        """The same batch on ``device`` (a no-op on the device it is already on)."""
+        return TokenBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def collate(samples: list[TrajectorySample], pad_id: int) -> TokenBatch:
@@ -42,12 +46,28 @@ def collate(samples: list[TrajectorySample], pad_id: int) -> TokenBatch:
 
 
 class LLMPolicy:
-    """Wraps the model being trained. ``lora`` (a ``LoraConfig`` section) trains adapters only."""
+    """Wraps the model being trained. ``lora`` (a ``LoraConfig`` section) trains adapters only.
 
-    def __init__(self, model: Any, tokenizer: Any, lora: Any = None) -> None:
+    The weights (and so the optimizer state) are fp32 on ``device`` (see
+    :func:`polar.trainers.device.learner_device`); every batch is moved there. ``autocast="bf16"`` runs
+    the forward passes under ``torch.autocast(bfloat16)``; ``gradient_checkpointing`` recomputes each
+    layer's activations in the backward pass instead of keeping them (HF ``gradient_checkpointing_enable``).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, lora: Any = None, *, device: torch.device | str = "cpu",
+                 autocast: str = "off", gradient_checkpointing: bool = False) -> None:
         self.tokenizer = tokenizer
         self.lora = lora
-        model = model.float().train()
+        self.device = torch.device(device)
+        self.autocast = autocast
+        model = model.float().to(self.device).train()
+        if gradient_checkpointing:
+            # non-reentrant: works when the inputs need no grad (LoRA, frozen embeddings)
+            opts = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name for it
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=opts)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=opts)
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
@@ -58,21 +78,35 @@ class LLMPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     @classmethod
-    def from_engine(cls, engine: Any, lora: Any = None) -> LLMPolicy:
-        """A trainable copy of the embedded engine's model (the engine keeps serving its own copy)."""
+    def from_engine(cls, engine: Any, lora: Any = None, **options: Any) -> LLMPolicy:
+        """A trainable copy of the embedded engine's model (the engine keeps serving its own copy; see
+        docs/inference.md, "Learner and engine weights"). ``options``: ``device``, ``autocast``,
+        ``gradient_checkpointing`` as in the constructor."""
         model = getattr(engine, "model", None)
         if model is None:
             raise ConfigError(
                 f"engine {type(engine).__name__} has no local model to train; GRPO/SFT need the embedded engine "
                 "(model: tiny or a local HF folder)"
             )
-        return cls(copy.deepcopy(model), engine.tokenizer, lora)
+        return cls(copy.deepcopy(model), engine.tokenizer, lora, **options)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def logits(self, batch: TokenBatch) -> torch.Tensor:
-        return self.model(input_ids=batch.token_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    def logits(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
+        """fp32 logits of ``model`` (default: the trained one) over ``batch``, which must be on ``self.device``."""
+        model = self.model if model is None else model
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast == "bf16"):
+            out = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        return out.float()
+
+    def base_logits(self, batch: TokenBatch) -> torch.Tensor:
+        """Logits of the model as it was before training, without grad: with LoRA the same base weights
+        with the adapters switched off (no second copy of the model is ever made)."""
+        if self.lora is None:
+            raise ValueError("base_logits needs a LoRA policy; a full fine-tune keeps a frozen reference copy")
+        with torch.no_grad(), self.model.disable_adapter():
+            return self.logits(batch)
 
     def serving_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights as the serving engine's model names them (LoRA merged in)."""

@@ -72,20 +72,36 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
 
 
 class GRPOLearner:
-    """The update: policy + optimizer + (optional) frozen reference. Knows nothing about sessions."""
+    """The update: policy + optimizer + (optional) reference for the KL term. Knows nothing about sessions.
+
+    The reference exists only when ``kl_coef > 0``: with LoRA it is the policy's own base weights with
+    the adapters switched off (``reference_kind == "adapters_off"``, no extra memory); a full fine-tune
+    keeps one frozen copy of the starting model (``"frozen_copy"``, in ``self.reference``)."""
 
     def __init__(self, policy: LLMPolicy, kwargs: Any) -> None:
         self.policy = policy
         self.kw = kwargs
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
         self.reference = None
-        if kwargs.kl_coef > 0:
+        self.reference_kind = "none"
+        if kwargs.kl_coef > 0 and policy.lora is not None:
+            self.reference_kind = "adapters_off"
+        elif kwargs.kl_coef > 0:
             import copy
 
-            base = policy.model.get_base_model() if kwargs.lora is not None else policy.model
-            self.reference = copy.deepcopy(base).eval()
+            self.reference = copy.deepcopy(policy.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
+            self.reference_kind = "frozen_copy"
+
+    def reference_logprobs(self, batch: Any) -> torch.Tensor | None:
+        """Per-token logprobs of the reference over ``batch`` (no grad), or None without a KL term."""
+        if self.reference_kind == "none":
+            return None
+        if self.reference_kind == "adapters_off":
+            return token_logprobs(self.policy.base_logits(batch), batch.token_ids)
+        with torch.no_grad():
+            return token_logprobs(self.policy.logits(batch, self.reference), batch.token_ids)
 
     def update(self, samples: list[TrajectorySample], advantages: list[float]) -> dict[str, float]:
         kw = self.kw
@@ -99,15 +115,10 @@ class GRPOLearner:
             self.optimizer.zero_grad(set_to_none=True)
             for start in range(0, len(order), kw.micro_batch_size):
                 idx = order[start:start + kw.micro_batch_size]
-                batch = collate([samples[i] for i in idx], pol.pad_id)
-                adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32)
+                batch = collate([samples[i] for i in idx], pol.pad_id).to(pol.device)
+                adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32, device=pol.device)
                 logp = token_logprobs(pol.logits(batch), batch.token_ids)
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref_logits = self.reference(input_ids=batch.token_ids, attention_mask=batch.attention_mask,
-                                                    use_cache=False).logits
-                        ref = token_logprobs(ref_logits, batch.token_ids)
+                ref = self.reference_logprobs(batch)
                 out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
                                 ref, kw.kl_coef, normalizer=n_tokens)
                 out.loss.backward()
@@ -135,7 +146,7 @@ def sft_train(policy: LLMPolicy, samples: list[TrajectorySample], kwargs: Any, s
         order = list(range(len(samples)))
         rng.shuffle(order)
         for start in range(0, len(order), kwargs.batch_size):
-            batch = collate([samples[i] for i in order[start:start + kwargs.batch_size]], policy.pad_id)
+            batch = collate([samples[i] for i in order[start:start + kwargs.batch_size]], policy.pad_id).to(policy.device)
             loss = sft_loss(policy.logits(batch), batch.token_ids, batch.loss_mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,0 +1,142 @@
+"""The GRPO learner's memory and device: a reference model only for a KL term, never a second copy of
+the base under LoRA, batches on the learner's device, bf16 autocast and gradient checkpointing."""
+
+import copy
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from polar.algorithms.grpo import token_logprobs
+from polar.config.grpo import GRPOKwargs, LoraConfig
+from polar.inference.tiny import build_tiny
+from polar.trainers.agentic_run import policy_options
+from polar.trainers.device import learner_device
+from polar.trainers.llm_policy import LLMPolicy, collate
+from polar.trainers.llm_trainer import GRPOLearner
+from polar.types import TrajectorySample
+
+
+def _samples(n: int = 4, length: int = 12) -> list[TrajectorySample]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        ids = torch.randint(3, 200, (length - i,), generator=g).tolist()
+        k = len(ids)
+        out.append(TrajectorySample(session_id=f"s{i}", token_ids=ids, loss_mask=[0] * 4 + [1] * (k - 4),
+                                    logprobs=[-5.0] * k, policy_versions=[0] * k, call_indices=[0] * k, reward=1.0))
+    return out
+
+
+def _learner(kl_coef: float, lora: bool) -> GRPOLearner:
+    model, tok = build_tiny(0)
+    cfg = LoraConfig(r=4, alpha=8) if lora else None
+    return GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=kl_coef, lora=cfg, micro_batch_size=2))
+
+
+def _tensor_storage(learner: GRPOLearner) -> set[int]:
+    """Every parameter and buffer storage the learner holds (its policy, and its reference if any)."""
+    mods = [learner.policy.model] + ([learner.reference] if learner.reference is not None else [])
+    return {t.data_ptr() for m in mods for t in [*m.parameters(), *m.buffers()]}
+
+
+def test_no_reference_without_kl():
+    for lora in (False, True):
+        learner = _learner(0.0, lora)
+        assert learner.reference is None and learner.reference_kind == "none"
+        assert learner.reference_logprobs(collate(_samples(), 0)) is None
+
+
+def test_lora_reference_is_the_base_with_adapters_off_not_a_copy():
+    without = _learner(0.0, lora=True)
+    with_kl = _learner(0.1, lora=True)
+    assert with_kl.reference is None and with_kl.reference_kind == "adapters_off"
+    # the same number of tensors: no second copy of the base model anywhere in the learner
+    assert len(_tensor_storage(with_kl)) == len(_tensor_storage(without))
+
+
+def test_full_fine_tune_reference_is_a_frozen_copy():
+    learner = _learner(0.1, lora=False)
+    assert learner.reference_kind == "frozen_copy" and learner.reference is not None
+    assert not learner.reference.training
+    assert all(not p.requires_grad for p in learner.reference.parameters())
+    ref_ptrs = {p.data_ptr() for p in learner.reference.parameters()}
+    assert ref_ptrs.isdisjoint(p.data_ptr() for p in learner.policy.model.parameters())
+    before = [p.clone() for p in learner.reference.parameters()]
+    learner.update(_samples(), [1.0, -1.0, 0.5, -0.5])
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.reference.parameters(), strict=True))
+
+
+def test_lora_reference_logprobs_equal_a_true_copy_of_the_base():
+    model, tok = build_tiny(0)
+    base_copy = copy.deepcopy(model).eval()
+    cfg = LoraConfig(r=4, alpha=8)
+    learner = GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=0.1, lora=cfg, learning_rate=1e-2))
+    samples = _samples()
+    for _ in range(2):  # move the adapters, so policy and reference differ
+        learner.update(samples, [1.0, -1.0, 0.5, -0.5])
+    batch = collate(samples, 0)
+    ref = learner.reference_logprobs(batch)
+    with torch.no_grad():
+        expected = token_logprobs(base_copy(input_ids=batch.token_ids, attention_mask=batch.attention_mask,
+                                            use_cache=False).logits, batch.token_ids)
+        policy_logp = token_logprobs(learner.policy.logits(batch), batch.token_ids)
+    mask = batch.loss_mask.bool()
+    assert (policy_logp - expected)[mask].abs().max() > 1e-4  # the adapters did change the policy
+    torch.testing.assert_close(ref[mask], expected[mask], rtol=0, atol=1e-5)
+    assert learner.policy.model.training  # switching the adapters off and on left the model as it was
+
+
+def test_learner_device_rule(caplog):
+    assert learner_device(1, cuda_available=True) == torch.device("cuda")
+    assert learner_device(2, cuda_available=True) == torch.device("cuda")
+    assert learner_device(0, cuda_available=True) == torch.device("cpu")
+    with caplog.at_level(logging.WARNING, logger="polar.trainers.device"):
+        assert learner_device(0, cuda_available=False) == torch.device("cpu")
+        assert not caplog.records  # asking for no GPU is not a fallback
+        for _ in range(3):
+            assert learner_device(7, cuda_available=False) == torch.device("cpu")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["distribution.num_gpus=7 but CUDA is not available here; the learner runs on CPU"]
+
+
+def test_policy_options_follow_the_config():
+    kw = GRPOKwargs(autocast="bf16", gradient_checkpointing=True)
+    cfg = SimpleNamespace(policy=SimpleNamespace(kwargs=kw), distribution=SimpleNamespace(num_gpus=0))
+    assert policy_options(cfg) == {"device": torch.device("cpu"), "autocast": "bf16", "gradient_checkpointing": True}
+
+
+def test_bf16_autocast_and_gradient_checkpointing_train():
+    samples, advs = _samples(), [1.0, -1.0, 0.5, -0.5]
+    grads = {}
+    for name, opts in {"plain": {}, "checkpointed": {"gradient_checkpointing": True},
+                       "bf16": {"autocast": "bf16"}}.items():
+        model, tok = build_tiny(0)
+        policy = LLMPolicy(model, tok, device="cpu", **opts)
+        on = getattr(policy.model, "is_activation_checkpointing", None)
+        assert (policy.model.is_gradient_checkpointing if on is None else on) == (name == "checkpointed")
+        assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in policy.model.parameters())
+        learner = GRPOLearner(policy, GRPOKwargs(micro_batch_size=2))
+        stats = learner.update(samples, advs)
+        assert all(torch.isfinite(torch.tensor(v)) for v in stats.values()), stats
+        # the gradient of one more backward (update() already stepped; only compare like with like)
+        policy.model.zero_grad()
+        batch = collate(samples, 0)
+        logits = policy.logits(batch)
+        assert logits.dtype == torch.float32
+        (token_logprobs(logits, batch.token_ids) * batch.loss_mask).sum().backward()
+        grads[name] = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+    # checkpointing recomputes the same activations: the same gradient; bf16 is close but not identical
+    torch.testing.assert_close(grads["checkpointed"], grads["plain"], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(grads["bf16"], grads["plain"])
+    cos = torch.nn.functional.cosine_similarity(grads["bf16"], grads["plain"], dim=0)
+    assert cos > 0.9
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_batches_move_to_the_policy_device(lora):
+    # the meta device stands in for "not where collate builds tensors": TokenBatch.to moves every field
+    batch = collate(_samples(), 0).to(torch.device("meta"))
+    assert all(getattr(batch, f).device.type == "meta"
+               for f in ("token_ids", "attention_mask", "loss_mask", "old_logprobs"))
