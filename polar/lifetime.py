@@ -77,12 +77,13 @@ def _spawn_thread() -> concurrent.futures.ThreadPoolExecutor:
         return _spawner
 
 
-def popen_tied(args: list[str], **kwargs: Any) -> subprocess.Popen:
-    """``subprocess.Popen(args, **kwargs)`` whose child is SIGKILLed when this process dies.
+def popen_tied(args: list[str], *, pdeathsig: int = signal.SIGKILL, **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen(args, **kwargs)`` whose child gets ``pdeathsig`` (SIGKILL) when this process dies.
 
-    A ``preexec_fn`` in ``kwargs`` still runs (after the signal is armed).
+    A ``preexec_fn`` in ``kwargs`` still runs (after the signal is armed). A catchable ``pdeathsig``
+    (SIGTERM) suits children that must take their own children down with them (a vLLM server).
     """
-    kwargs["preexec_fn"] = parent_death_hook(kwargs.get("preexec_fn"))
+    kwargs["preexec_fn"] = parent_death_hook(kwargs.get("preexec_fn"), pdeathsig)
     return _spawn_thread().submit(subprocess.Popen, args, **kwargs).result()
 
 

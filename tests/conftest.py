@@ -1,7 +1,42 @@
 import os
 
+import pytest
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+# ---- a real vLLM CPU server, launched once per test session through polar's own launcher ----------------
+@pytest.fixture(scope="session")
+def vllm_model_folder():
+    """The folder every real-vLLM test serves: the smollm2-135m preset (converted once into polar's cache)."""
+    from polar.inference.vllm_launcher import resolve_model_folder
+
+    return resolve_model_folder(os.environ.get("POLAR_TEST_VLLM_MODEL", "smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
+def launched_vllm(vllm_model_folder, tmp_path_factory):
+    """One polar-launched vLLM replica shared by every test marked ``vllm`` (a start costs tens of seconds).
+
+    ``enforce_eager`` skips vLLM's compilation (about 25 s to start instead of 2-3 min on 2 cores); tests that
+    kill the replica leave it restarted. At the end the fixture checks that closing left no vLLM process."""
+    import asyncio
+
+    from polar.errors import PolarError
+    from polar.inference.vllm_launcher import launch_vllm
+
+    try:
+        engine = launch_vllm(str(vllm_model_folder), replicas=1, log_dir=tmp_path_factory.mktemp("vllm-logs"),
+                             enforce_eager=True, max_model_len=2048)
+    except PolarError as exc:
+        pytest.fail(f"{exc} (the real-vLLM tests need `make vllm`; deselect them with -m 'not vllm')", pytrace=False)
+    yield engine
+    groups = [r.proc.pid for r in engine.fleet.replicas if r.proc is not None]
+    asyncio.run(engine.close())
+    from tests.vllm_util import live_group_members
+
+    assert not any(live_group_members(g) for g in groups), "vLLM processes outlived engine.close()"

@@ -31,6 +31,13 @@ class VerifierConfig(StrictModel):
 
 class ModelConfig(StrictModel):
     name_or_path: str = "tiny"
+    engine: Literal["embedded", "vllm"] = Field(
+        "embedded", description="embedded: in polar's process; vllm: polar launches and supervises vLLM servers"
+    )
+    replicas: int = Field(1, ge=1, description="engine: vllm: how many vLLM servers to launch")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="engine: vllm: launcher options (max_model_len, kv_cache_space_gib, ...)"
+    )
 
 
 class TrajectoryConfig(StrictModel):

@@ -16,6 +16,11 @@ class GatewayConfig(StrictModel):
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     model: str = Field("tiny", description="engine spec: 'tiny', a local HF folder, 'vllm:URL[,URL]', 'sglang:URL'")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra arguments for load_engine")
+    engine: Literal["embedded", "vllm"] = Field(
+        "embedded", description="vllm: launch and supervise vLLM servers of the model folder or preset"
+    )
+    replicas: int = Field(1, ge=1, description="engine: vllm: how many vLLM servers to launch")
+    engine_log_dir: str | None = Field(None, description="engine: vllm: replica logs (default: next to records_dir)")
     model_aliases: list[str] = Field(default_factory=list, description="more model names clients may ask for")
     accept_any_model: bool = Field(False, description="serve every model name (harnesses with fixed names)")
     records_dir: str | None = Field(None, description="where session JSONL records go; default <run dir>/gateway/sessions")

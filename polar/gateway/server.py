@@ -46,7 +46,12 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
     if engine is None:
         from polar.inference import load_engine
 
-        engine = load_engine(config.model, **config.engine_kwargs)
+        launch: dict[str, Any] = {}
+        if config.engine != "embedded":  # polar launches the servers; their logs go beside the records
+            default_logs = Path(records_dir).parent / "vllm" if records_dir is not None else Path("runs") / "vllm"
+            launch = {"engine": config.engine, "replicas": config.replicas,
+                      "log_dir": str(config.engine_log_dir or default_logs)}
+        engine = load_engine(config.model, config_key="gateway.model", **launch, **config.engine_kwargs)
     return GatewayApp(engine, config, records_dir)
 
 

@@ -212,8 +212,13 @@ async def collect(events: AsyncIterator[TokenEvent]) -> GenerationResult:
     return GenerationResult(ids, lps, finish, version)
 
 
-def load_engine(spec: str | Mapping[str, Any] | Any, **kwargs: Any) -> Engine:
+def load_engine(spec: str | Mapping[str, Any] | Any, *, engine: str = "embedded", replicas: int = 1,
+                log_dir: str | None = None, config_key: str = "model.name_or_path", **kwargs: Any) -> Engine:
     """Build an engine from a spec.
+
+    With ``engine="vllm"``, ``spec`` is a local HF folder or a preset that polar serves by launching
+    ``replicas`` vLLM servers itself (logs in ``log_dir``; see :mod:`polar.inference.vllm_launcher`);
+    ``kwargs`` are then that launcher's options. ``config_key`` (the key that named ``spec``) goes into errors.
 
     - ``"tiny"``: the built-in tiny random chat model (embedded, nothing downloaded);
     - a path to a local HF model folder: embedded transformers engine (``local_files_only``);
@@ -226,6 +231,19 @@ def load_engine(spec: str | Mapping[str, Any] | Any, **kwargs: Any) -> Engine:
     """
     if isinstance(spec, Engine):
         return spec
+    if engine == "vllm":
+        from polar.inference.vllm_launcher import launch_vllm
+
+        if not isinstance(spec, str) or spec.split(":", 1)[0] in ("vllm", "sglang"):
+            raise EngineError(
+                f"{config_key}: engine: vllm launches servers of a model folder or preset, not {spec!r}; to use "
+                "servers that are already running, name them as 'vllm:URL[,URL]' with the embedded engine setting"
+            )
+        if log_dir is None:
+            raise EngineError("engine: vllm needs a log_dir for its replicas' logs")
+        return launch_vllm(spec, replicas=replicas, log_dir=log_dir, config_key=config_key, **kwargs)
+    if engine != "embedded":
+        raise EngineError(f"{config_key.split('.')[0]}.engine {engine!r} is not an engine polar runs; use 'embedded' or 'vllm'")
     from polar.inference import upstream  # light: httpx only
 
     is_upstream = isinstance(spec, (Mapping, upstream.UpstreamConfig)) or (
@@ -239,12 +257,15 @@ def load_engine(spec: str | Mapping[str, Any] | Any, **kwargs: Any) -> Engine:
                 "take 'tokenizer' here and everything else in their config (kind, urls, timeout_s, ...)"
             )
         if isinstance(spec, str):
-            return upstream.UpstreamEngine.from_string(spec, **kwargs)
-        if "tokenizer" in kwargs:
+            built = upstream.UpstreamEngine.from_string(spec, **kwargs)
+        elif "tokenizer" in kwargs:
             raise EngineError(
                 "pass the upstream tokenizer inside its config ('tokenizer: PATH'), not as an option"
             )
-        return upstream.UpstreamEngine.from_config(spec)
+        else:
+            built = upstream.UpstreamEngine.from_config(spec)
+        built.check_reachable(config_key)  # a wrong URL fails here, in one line
+        return built
     if isinstance(spec, str):
         import inspect
 

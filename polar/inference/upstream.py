@@ -138,6 +138,41 @@ class UpstreamEngine(Engine):
             )
         return cls(UpstreamConfig(kind=kind, urls=urls, tokenizer=tokenizer), **kwargs)  # type: ignore[arg-type]
 
+    def check_reachable(self, config_key: str = "model") -> None:
+        """At start: every replica's ``GET /health`` (and, for vLLM, ``GET /v1/models``, which also
+        resolves the served model). None answering is an error naming ``config_key``: a wrong URL
+        fails now, in one line, not as every later call's 503. Some answering only warns (degraded)."""
+        problems: list[str] = []
+        timeout = httpx.Timeout(self.config.connect_timeout_s)
+        with httpx.Client(timeout=timeout, headers=self._auth()) as client:
+            for replica in self.replicas:
+                problem = _probe_sync(client, replica.url, self.kind)
+                if problem is None and self.kind == "vllm" and not self.served_model:
+                    problem = self._served_model_sync(client, replica.url)
+                if problem is not None:
+                    problems.append(f"{replica.url} {problem}")
+        if len(problems) == len(self.replicas):
+            raise UpstreamUnavailable(
+                f"{config_key}: no {self.kind} server is reachable: {'; '.join(problems)}; check the URL(s) "
+                "or start the server(s) first"
+            )
+        for problem in problems:
+            log.warning("%s: %s replica %s; serving with the others (degraded)", config_key, self.kind, problem)
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+
+    def _served_model_sync(self, client: httpx.Client, url: str) -> str | None:
+        try:
+            resp = client.get(f"{url}/v1/models")
+        except httpx.HTTPError as exc:
+            return f"did not answer GET /v1/models ({type(exc).__name__})"
+        try:
+            self.served_model = str(resp.json()["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            return f"answered GET /v1/models with HTTP {resp.status_code} and no model list: not a vLLM server?"
+        return None
+
     # ------------------------------------------------------------------ routing
     def route(self, session_id: str | None) -> list[_Replica]:
         """Replicas in the order to try: sticky (rendezvous hash) for sessions, least-loaded otherwise."""
@@ -498,6 +533,21 @@ def _id_from_token_string(token: str) -> int:
     if not isinstance(token, str) or not token.startswith("token_id:"):
         raise EngineError("vLLM returned neither token_ids nor 'token_id:N' tokens; upgrade vLLM (>= 0.10.2)")
     return int(token.removeprefix("token_id:"))
+
+
+def _probe_sync(client: httpx.Client, url: str, kind: str) -> str | None:
+    """Why ``url`` cannot serve as a ``kind`` replica, or None when its ``GET /health`` answers 200."""
+    try:
+        resp = client.get(f"{url}/health")
+    except httpx.ConnectError as exc:
+        return f"refused the connection (nothing listens there: {exc})"
+    except httpx.TimeoutException:
+        return f"did not answer GET /health within {client.timeout.connect}s"
+    except httpx.HTTPError as exc:
+        return f"failed GET /health ({type(exc).__name__}: {exc})"
+    if resp.status_code != 200:
+        return f"answered GET /health with HTTP {resp.status_code}: not a {kind} server, or not ready"
+    return None
 
 
 def _hrw(session_id: str, url: str) -> int:

@@ -45,7 +45,15 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
         raise ConfigError(f"harness.type {cfg.harness.type!r}: agentic training needs harness.type: agent")
     if engine is None:
         spec = cfg.model.name_or_path if cfg.model else cfg.gateway.model
-        engine = load_engine(spec, **({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs)
+        # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
+        launched = cfg.model if cfg.model is not None else cfg.gateway
+        if launched.engine != "embedded":
+            engine = load_engine(spec, engine=launched.engine, replicas=launched.replicas,
+                                 log_dir=str(run_dir_path / "vllm"), **launched.engine_kwargs,
+                                 config_key="model.name_or_path" if cfg.model else "gateway.model")
+        else:
+            engine = load_engine(spec, **({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
+                                 config_key="model.name_or_path" if cfg.model else "gateway.model")
     runner = build_runner(cfg.harness, cfg.config_dir)
     verifier = build_verifier(cfg.verifier, cfg.config_dir)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
