@@ -1,0 +1,88 @@
+"""A short check of the learner's CUDA paths, for a machine that has a GPU. Nothing depends on it.
+
+    .venv/bin/python benchmarks/gpu_check.py
+
+Without CUDA it says so and exits 0. With CUDA it checks, on the tiny model:
+
+- ``learner_device(num_gpus=1)`` picks CUDA;
+- a GRPO step (full fine-tune with a frozen KL reference, and LoRA with the adapters-off reference)
+  under bf16 autocast and gradient checkpointing: weights, optimizer state and the reference on CUDA,
+  every loss statistic finite, the weights moved, and the exported serving weights load into a CPU copy.
+
+The PPO/APPO/DQN/SAC learners do not take the device rule yet (they train on CPU; see docs/inference.md,
+"Learner devices"), so they are not exercised here.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _samples(n: int, length: int, vocab: int) -> list:
+    import torch
+
+    from polar.types import TrajectorySample
+
+    g = torch.Generator().manual_seed(0)
+    return [TrajectorySample(session_id=f"s{i}", token_ids=torch.randint(3, vocab, (length,), generator=g).tolist(),
+                             loss_mask=[0] * 8 + [1] * (length - 8), logprobs=[-4.0] * length,
+                             policy_versions=[0] * length, call_indices=[0] * length, reward=float(i % 2))
+            for i in range(n)]
+
+
+def check_grpo(lora: bool) -> str:
+    import torch
+
+    from polar.config.grpo import GRPOKwargs, LoraConfig
+    from polar.inference.embedded import load_weights
+    from polar.inference.tiny import build_tiny
+    from polar.trainers.device import learner_device
+    from polar.trainers.llm_policy import LLMPolicy
+    from polar.trainers.llm_trainer import GRPOLearner
+
+    device = learner_device(1)
+    assert device.type == "cuda", device
+    model, tok = build_tiny(0)
+    serving = copy.deepcopy(model)  # the engine's copy, on CPU
+    cfg = LoraConfig(r=4, alpha=8) if lora else None
+    policy = LLMPolicy(model, tok, cfg, device=device, autocast="bf16", gradient_checkpointing=True)
+    learner = GRPOLearner(policy, GRPOKwargs(kl_coef=0.05, lora=cfg, micro_batch_size=4, learning_rate=1e-3))
+    assert all(p.is_cuda for p in policy.model.parameters()), "policy weights not on CUDA"
+    if learner.reference is not None:
+        assert all(p.is_cuda for p in learner.reference.parameters()), "reference not on CUDA"
+    before = [p.detach().clone() for p in policy.parameters()]
+    t0 = time.perf_counter()
+    stats = learner.update(_samples(8, 48, 200), [1.0, -1.0] * 4)
+    step_s = time.perf_counter() - t0
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert stats["kl"] >= 0.0, stats
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True)), "no weight moved"
+    assert all(s.is_cuda for st in learner.optimizer.state.values() for s in st.values()
+               if isinstance(s, torch.Tensor) and s.dim() > 0), "optimizer state not on CUDA"
+    load_weights(serving, policy.serving_state_dict())  # the engine copy takes the CUDA learner's weights
+    return (f"GRPO {'LoRA' if lora else 'full'} on {device} (bf16 autocast, gradient checkpointing, "
+            f"reference {learner.reference_kind}): loss {stats['policy_loss']:+.4f}, kl {stats['kl']:.2e}, "
+            f"{step_s:.2f} s")
+
+
+def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: CUDA is not available on this machine; nothing to check (exit 0)")
+        return 0
+    print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    for lora in (False, True):
+        print("  ok:", check_grpo(lora))
+    print(f"gpu_check: passed (peak CUDA memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
