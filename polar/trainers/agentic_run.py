@@ -43,6 +43,11 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
 
     if cfg.harness.type != "agent":
         raise ConfigError(f"harness.type {cfg.harness.type!r}: agentic training needs harness.type: agent")
+    # runner, verifier and settings first: a bad harness fails before minutes of engine start
+    runner = build_runner(cfg.harness, cfg.config_dir)
+    verifier = build_verifier(cfg.verifier, cfg.config_dir)
+    settings = pipeline_settings(cfg, run_dir_path / "workspaces")
+    owned = engine is None
     if engine is None:
         spec = cfg.model.name_or_path if cfg.model else cfg.gateway.model
         # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
@@ -54,12 +59,16 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
         else:
             engine = load_engine(spec, **({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
                                  config_key="model.name_or_path" if cfg.model else "gateway.model")
-    runner = build_runner(cfg.harness, cfg.config_dir)
-    verifier = build_verifier(cfg.verifier, cfg.config_dir)
-    settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True})  # the run's own records: resume, eval continue
-    return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
-                      gateway_config=gateway_cfg)
+    try:
+        return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
+                          gateway_config=gateway_cfg)
+    except BaseException:
+        if owned:  # a launched vLLM must not outlive a stack that never started
+            import asyncio
+
+            asyncio.run(engine.close())
+        raise
 
 
 def heldout_success(stack: Any, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
