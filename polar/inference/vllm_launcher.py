@@ -63,7 +63,7 @@ class VllmLaunchConfig(StrictModel):
     max_model_len: int = Field(2048, ge=16, description="vLLM --max-model-len: prompt + completion tokens")
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE: the KV cache, in GiB")
     dtype: str = Field("bfloat16", description="vLLM --dtype")
-    served_model_name: str | None = Field(None, description="the name vLLM serves (default: the folder's name)")
+    served_model_name: str | None = Field(None, description="the name vLLM serves (default: the preset named, or the folder's name)")
     enforce_eager: bool = Field(False, description="skip vLLM's compilation: faster start, slower decoding")
     start_timeout_s: float = Field(900.0, gt=0, description="longest wait for a replica's /health at each start")
     stop_timeout_s: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL, at the end")
@@ -475,6 +475,8 @@ def launch_vllm(name_or_path: str, *, replicas: int = 1, log_dir: str | Path, co
         raise VllmLaunchError(f"{section}.replicas must be >= 1 (got {replicas})")
     python = vllm_python()  # first: a missing .vllm-venv is a one-second answer
     folder = resolve_model_folder(name_or_path, config_key)
+    if config.served_model_name is None and not (Path(name_or_path).expanduser() / "config.json").is_file():
+        config.served_model_name = name_or_path  # a preset: clients ask for the name they configured
     # the tokenizer loads first: a folder without one fails in a second, not after minutes of vLLM start
     from polar.inference.upstream import _load_tokenizer
 
