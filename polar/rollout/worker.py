@@ -66,11 +66,11 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
     foreground process group, so the worker ignores SIGINT: the learner decides when workers stop
     (``stop``), after it has written its final checkpoint.
     """
-    from polar.harness.connector.process import _kill_leftovers
+    from polar.harness.connector.process import kill_leftovers
     from polar.lifetime import exit_when_closed
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_when_closed(learner_alive, before_exit=_kill_leftovers, name="polar-learner-watch")
+    exit_when_closed(learner_alive, before_exit=kill_leftovers, name="polar-learner-watch")
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runner = None

@@ -58,8 +58,9 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 @atexit.register
-def _kill_leftovers() -> None:
-    """A hung connector never sees its socket close: make sure none outlives polar."""
+def kill_leftovers() -> None:
+    """A hung connector never sees its socket close: make sure none outlives polar (at exit, and from a
+    rollout worker whose learner is gone)."""
     for proc in list(_LIVE):
         proc.kill()
         if proc._tmpdir:
