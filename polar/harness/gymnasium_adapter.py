@@ -14,7 +14,10 @@ from polar.config.base import did_you_mean
 from polar.errors import ConfigError
 
 
-def _check_id(env_id: str) -> None:
+def check_id(env_id: str) -> None:
+    """``env_id`` is registered (after importing ``module`` of ``module:EnvId``), or one ``ConfigError``.
+
+    ``polar run`` calls it before it creates anything, and every env factory here again."""
     if ":" in env_id:
         module, _, env_id = env_id.partition(":")
         try:
@@ -29,13 +32,13 @@ def _check_id(env_id: str) -> None:
 
 
 def make_gymnasium_env(cfg) -> gym.Env:
-    _check_id(cfg.id)
+    check_id(cfg.id)
     return gym.make(cfg.id, **cfg.kwargs)
 
 
 def make_gymnasium_vector_env(cfg, num_envs: int) -> gym.vector.VectorEnv:
     """``num_envs`` copies in process, SAME_STEP autoreset (see ``polar.harness``)."""
-    _check_id(cfg.id)
+    check_id(cfg.id)
     return gym.vector.SyncVectorEnv(
         [lambda: gym.make(cfg.id, **cfg.kwargs) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
