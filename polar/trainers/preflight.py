@@ -23,9 +23,9 @@ def check_before_start(cfg: Any) -> None:
     config_dir = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
     h = cfg.harness
     if h.type == "gymnasium":
-        from polar.harness.gymnasium_adapter import _check_id
+        from polar.harness.gymnasium_adapter import check_id
 
-        _check_id(h.id)
+        check_id(h.id)
     elif h.type == "custom":
         _check_connector(h.connector_spec, config_dir)
     elif h.type == "agent":
@@ -45,15 +45,13 @@ def _check_connector(spec: Any, config_dir: Path) -> None:
         return
     if spec.python is not None or "PYTHONPATH" in spec.env:
         return  # another interpreter or search path: only the connector process can tell
-    module = spec.module[:-3].replace("/", ".") if spec.module.endswith(".py") else spec.module
+    from polar.harness.connector.server import module_name, module_not_found
+
+    module = module_name(spec.module)
     top = module.split(".")[0]
     where = list(dict.fromkeys([str(config_dir), os.getcwd()]))  # the connector host searches these first
     if importlib.machinery.PathFinder.find_spec(top, where) is None and importlib.util.find_spec(top) is None:
-        # the wording of polar.harness.connector.server.load_class, which checks the same in the process
-        raise ConnectorStartError(
-            f"connector_spec.module {module!r} not found: looked next to the config file and in the working "
-            f"directory ({' or '.join(where)}). Fix the module name or put {top}.py there."
-        )
+        raise ConnectorStartError(module_not_found(module, where))  # as the connector process would say it
 
 
 def _check_agent_harness(cfg: Any, config_dir: Path) -> None:

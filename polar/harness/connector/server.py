@@ -37,23 +37,29 @@ class UserError(Exception):
         self.kind, self.message, self.tb = kind, message, tb
 
 
+def module_name(module: str) -> str:
+    """``connector_spec.module`` as an import name: ``pkg/game.py`` is ``pkg.game``."""
+    return module[:-3].replace("/", ".") if module.endswith(".py") else module
+
+
+def module_not_found(module: str, search_path: list[str]) -> str:
+    """The one wording for a connector module that is nowhere (here, and in ``polar run``'s check before start)."""
+    where = " or ".join(search_path) or "the working directory"
+    return (f"connector_spec.module {module!r} not found: looked next to the config file and in the working "
+            f"directory ({where}). Fix the module name or put {module.split('.')[0]}.py there.")
+
+
 def load_class(module: str, class_name: str, search_path: list[str]) -> type:
     """Import ``module`` (searched in ``search_path`` first) and return ``class_name`` from it."""
     for p in reversed(search_path):
         if p not in sys.path:
             sys.path.insert(0, p)
-    if module.endswith(".py"):
-        module = module[:-3].replace("/", ".")
+    module = module_name(module)
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name and module.startswith(e.name):
-            where = " or ".join(search_path) or "the working directory"
-            raise UserError(
-                "start",
-                f"connector_spec.module {module!r} not found: looked next to the config file and in the working "
-                f"directory ({where}). Fix the module name or put {module.split('.')[0]}.py there.",
-            ) from None
+            raise UserError("start", module_not_found(module, search_path)) from None
         raise UserError("start", f"importing connector module {module!r} failed: {e}", traceback.format_exc()) from None
     except Exception as e:
         raise UserError("start", f"importing connector module {module!r} raised {type(e).__name__}: {e}", traceback.format_exc()) from None
