@@ -51,20 +51,18 @@ def error_body(err: ApiError) -> dict[str, Any]:
     return {"error": {"message": message, "type": etype, "param": err.param, "code": code}}
 
 
-def parse_tools(tools: Any, name: str = "tools") -> list[dict[str, Any]]:
+def parse_tools(tools: Any) -> list[dict[str, Any]]:
+    """``tools`` of a body ``schemas.ChatBody`` accepted: a list of maps, each function tool with a named function."""
     if tools is None:
         return []
-    check_type(tools, list, name)
     out = []
-    for i, t in enumerate(tools):
-        check_type(t, dict, f"{name}[{i}]")
+    for t in tools:
         if t.get("type", "function") != "function":
             note_ignored(NAME, [f"tools[].type={t.get('type')}"])  # e.g. custom/hosted tools: not callable here
             continue
-        fn = require(t, "function", dict, f"{name}[{i}].")
-        fname = require(fn, "name", str, f"{name}[{i}].function.")
+        fn = t["function"]
         out.append({"type": "function", "function": {
-            "name": fname,
+            "name": fn["name"],
             "description": fn.get("description") or "",
             "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
         }})
