@@ -111,17 +111,16 @@ def parse_messages(raw: Any, system: Any) -> list[Message]:
 
 
 def parse_tools(tools: Any) -> list[dict[str, Any]]:
+    """``tools`` of a body ``schemas.AnthropicBody`` accepted: a list of maps, each client tool named, with a schema."""
     if tools is None:
         return []
-    check_type(tools, list, "tools")
     out = []
-    for i, t in enumerate(tools):
-        check_type(t, dict, f"tools[{i}]")
+    for t in tools:
         if t.get("type") not in (None, "custom"):
             note_ignored(NAME, [f"tools[].type={t.get('type')}"])  # server tools cannot run here
             continue
         out.append({"type": "function", "function": {
-            "name": require(t, "name", str, f"tools[{i}]."),
+            "name": t["name"],
             "description": t.get("description") or "",
             "parameters": t["input_schema"] or {"type": "object", "properties": {}},  # validated by schemas
         }})
