@@ -46,7 +46,6 @@ def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float 
 
     from polar.cli._progress import TrainingProgress, fmt_number, print_eval
     from polar.trainers.lifecycle import run_guard
-    from polar.trainers.lifecycle import run_guard
     from polar.trainers.on_policy import build_trainer
 
     Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")

@@ -98,11 +98,11 @@ class OffPolicyTrainer(OnPolicyTrainer):
             stats["exploration_rate"] = float(self.policy.agent.explore_uniform.clamp(min=self.policy.agent.epsilon))
         return self._end_iteration(frags, stats, update_s, policy_lag=sum(lags) / len(lags))
 
-    # ------------------------------------------------------------------ checkpoints
     def _dropped(self, frag) -> None:
         if self.nstep is not None:  # its steps never reach the replay: later ones must not join the held ones
             self.nstep.forget(frag.worker_id)
 
+    # ------------------------------------------------------------------ checkpoints
     def _replay_path(self, iteration: int) -> Path:
         return self.checkpoints.dir / f"replay_{iteration:08d}.npz"
 

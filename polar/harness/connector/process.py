@@ -40,7 +40,6 @@ from polar.errors import (
 )
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
-from polar.lifetime import popen_tied
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
