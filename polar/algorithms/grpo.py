@@ -49,6 +49,10 @@ class GRPOLossOutput:
     kl: float
     clip_fraction: float
     ratio_mean: float
+    # |learner - rollout| logprob over masked tokens: the engine/learner mismatch (bf16 vs fp32, kernels)
+    logprob_gap_mean: float = 0.0
+    logprob_gap_max: float = 0.0
+    tis_weight_mean: float = 1.0
 
 
 def grpo_loss(
@@ -61,12 +65,18 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | None = None,
+    tis_cap: float | None = None,
 ) -> GRPOLossOutput:
     """Clipped surrogate + KL, summed over masked tokens and divided by ``normalizer``.
 
     Shapes: ``[B, T]`` for the per-token tensors; ``advantages`` is ``[B]`` (one per sequence) or
     ``[B, T]``. ``normalizer`` is the number of masked tokens in the *whole* batch, so gradient
     accumulation over micro-batches gives exactly the full-batch gradient (defaults to this mask's sum).
+
+    ``tis_cap``: truncated importance sampling for the rollout/learner mismatch (the engine's logprobs
+    are not exactly the learner's, e.g. bf16 against fp32): each token's loss is multiplied by the
+    constant weight ``min(exp(learner_lp - rollout_lp), tis_cap)``, with ``learner_lp`` the learner's
+    logprob without grad. ``None`` leaves the loss as it is.
     """
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -78,6 +88,10 @@ def grpo_loss(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
+    tis_w = None
+    if tis_cap is not None:
+        tis_w = torch.clamp(torch.exp((logprobs.detach() - old_logprobs) * mask), max=float(tis_cap))
+        per_token = per_token * tis_w
     kl_val = torch.zeros((), dtype=logprobs.dtype)
     if ref_logprobs is not None and kl_coef > 0:
         d = (ref_logprobs - logprobs) * mask
@@ -90,4 +104,8 @@ def grpo_loss(
         clip_frac = ((ratio - 1.0).abs() > clip_range).float()[m].mean().item() if m.any() else 0.0
         ratio_mean = ratio[m].mean().item() if m.any() else 1.0
         pol = (-torch.minimum(unclipped, clipped) * mask).sum().item() / n
-    return GRPOLossOutput(loss, pol, float(kl_val.detach()), clip_frac, ratio_mean)
+        gap = (logprobs.detach() - old_logprobs).abs()[m]
+        gap_mean = gap.mean().item() if m.any() else 0.0
+        gap_max = gap.max().item() if m.any() else 0.0
+        tis_mean = tis_w[m].mean().item() if tis_w is not None and m.any() else 1.0
+    return GRPOLossOutput(loss, pol, float(kl_val.detach()), clip_frac, ratio_mean, gap_mean, gap_max, tis_mean)

@@ -27,6 +27,8 @@ class GRPOKwargs(StrictModel):
     clip_range: float = Field(0.2, gt=0, description="PPO-style clip of the importance ratio (low side)")
     clip_range_high: float | None = Field(None, gt=0, description="upper clip; defaults to clip_range")
     advantage: Literal["mean_std", "leave_one_out"] = "mean_std"
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: weight each token by min(exp(learner_lp - rollout_lp), tis_cap)")
     epochs_per_step: int = Field(1, ge=1, description="passes over each collected batch")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward pass (gradient accumulation)")
     max_grad_norm: float = Field(1.0, gt=0)

@@ -110,6 +110,7 @@ class GRPOLearner:
         stats = defaultdict(float)
         n_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
         order = list(range(len(samples)))
+        e_div = float(kw.epochs_per_step)  # the max is divided by the epoch count below like the sums
         for _ in range(kw.epochs_per_step):
             random.shuffle(order)
             self.optimizer.zero_grad(set_to_none=True)
@@ -120,13 +121,16 @@ class GRPOLearner:
                 logp = token_logprobs(pol.logits(batch), batch.token_ids)
                 ref = self.reference_logprobs(batch)
                 out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
-                                ref, kw.kl_coef, normalizer=n_tokens)
+                                ref, kw.kl_coef, normalizer=n_tokens, tis_cap=getattr(kw, "tis_cap", None))
                 out.loss.backward()
                 w = float(batch.loss_mask.sum()) / n_tokens
                 stats["policy_loss"] += out.policy_loss
                 stats["kl"] += out.kl
                 stats["clip_fraction"] += out.clip_fraction * w
                 stats["ratio_mean"] += out.ratio_mean * w
+                stats["logprob_gap_mean"] += out.logprob_gap_mean * w
+                stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * e_div)
+                stats["tis_weight_mean"] += out.tis_weight_mean * w
             grad_norm = torch.nn.utils.clip_grad_norm_(pol.parameters(), kw.max_grad_norm)
             self.optimizer.step()
             stats["grad_norm"] = float(grad_norm)
