@@ -197,6 +197,7 @@ def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
         rho_sum += float(vt.rhos.mean())
     out_stats = {k: v / max(updates, 1) for k, v in stats.items()}
     out_stats["vtrace_rho_mean"] = rho_sum / kw.n_epochs
+    out_stats["n_updates"] = float(updates)  # gradient steps on this fragment, as PPO reports them
     out_stats["policy_lag"] = float(learner_version - fragment.policy_version)
     return out_stats
 

@@ -73,3 +73,25 @@ def test_off_policy_defaults_make_one_gradient_step_per_train_freq_transitions(t
 def test_off_policy_explicit_gradient_steps_count_per_phase(tmp_path):
     assert _off_policy_updates(tmp_path, "dqn", 4, {"gradient_steps": 1}) == 480 // 16  # SB3's meaning
     assert _off_policy_updates(tmp_path, "dqn", 4, {"gradient_steps": -1}) == 480  # one per transition
+
+
+def _appo_iterations(tmp_path, num_envs: int) -> list[dict]:
+    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.run_dir import RunDir
+
+    seen: list[dict] = []
+    cfg = validate(RunConfig, {
+        "harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "appo"},
+        "distribution": {"envs_per_worker": num_envs}, "total_env_steps": 1024,
+        "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False},
+    })
+    OnPolicyTrainer(cfg, RunDir.create("appo", tmp_path / f"appo{num_envs}"), on_iteration=seen.append).train()
+    return seen
+
+
+@pytest.mark.parametrize("num_envs", [1, 8])
+def test_appo_defaults_make_1_gradient_step_per_64_env_steps_at_any_env_count(tmp_path, num_envs):
+    # minibatches of 64 over each fragment (64 steps per env), one epoch: the ratio does not fall with envs
+    its = _appo_iterations(tmp_path, num_envs)
+    assert its[-1]["env_steps"] == 1024
+    assert sum(m["n_updates"] for m in its) == 1024 // 64
