@@ -22,10 +22,10 @@ class APPOKwargs(StrictModel):
     vf_coef: float = Field(0.5, ge=0)
     ent_coef: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
-    # Minibatches of a fixed size over each fragment: one gradient step per 64 env steps whatever the
-    # env count (one step per whole fragment meant 8x fewer updates per sample at 8 envs). At 1 env
-    # this is exactly the old default; 4 epochs helped at 8 envs but hurt at 1 (docs/benchmarks.md).
-    n_epochs: int = Field(1, ge=1, description="passes over each arriving batch")
+    # Minibatches of a fixed size over each fragment, two epochs: 2 gradient steps per 64 env steps
+    # whatever the env count (one step per whole fragment meant 8x fewer updates per sample at 8 envs).
+    # V-trace corrects the drift across epochs; 4 epochs hurt at 1 env (docs/benchmarks.md).
+    n_epochs: int = Field(2, ge=1, description="passes over each arriving batch")
     batch_size: int = Field(64, ge=0, description="minibatch size in env steps; 0 = the whole fragment")
     normalize_advantage: bool = True
     adam_eps: float = Field(1e-5, gt=0)

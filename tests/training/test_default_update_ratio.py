@@ -90,8 +90,8 @@ def _appo_iterations(tmp_path, num_envs: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("num_envs", [1, 8])
-def test_appo_defaults_make_1_gradient_step_per_64_env_steps_at_any_env_count(tmp_path, num_envs):
-    # minibatches of 64 over each fragment (64 steps per env), one epoch: the ratio does not fall with envs
+def test_appo_defaults_make_2_gradient_steps_per_64_env_steps_at_any_env_count(tmp_path, num_envs):
+    # minibatches of 64 over each fragment (64 steps per env), two epochs: the ratio does not fall with envs
     its = _appo_iterations(tmp_path, num_envs)
     assert its[-1]["env_steps"] == 1024
-    assert sum(m["n_updates"] for m in its) == 1024 // 64
+    assert sum(m["n_updates"] for m in its) == 2 * 1024 // 64
