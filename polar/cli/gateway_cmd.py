@@ -20,11 +20,13 @@ console = Console(stderr=True)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML: a gateway section, or a run config with 'gateway:'")
-    parser.add_argument("--model", metavar="NAME_OR_PATH", help="'tiny', a local HF folder, or 'vllm:URL[,URL]'")
+    parser.add_argument("--model", metavar="NAME_OR_PATH", help="a preset (tiny, smollm2-135m), a local HF folder, or 'vllm:URL[,URL]'")
     parser.add_argument("--engine", choices=["embedded", "vllm"],
                         help="vllm: launch and supervise vLLM servers of --model (needs `make vllm`)")
     parser.add_argument("--replicas", type=int, help="with --engine vllm: how many servers (default 1)")
     parser.add_argument("--log-dir", metavar="DIR", help="with --engine vllm: the servers' logs (default: beside the records)")
+    parser.add_argument("--chat-template", metavar="NAME_OR_FILE",
+                        help="'model', 'hermes-tools' or a Jinja file (default: the model's own if it renders tools)")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default: a free one)")
     parser.add_argument("--records-dir", metavar="DIR", help="where session records go (default runs/gateway-<time>/sessions)")
@@ -40,7 +42,7 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
         data = dict(raw.get("gateway") or {}) if "gateway" in raw else raw
     if getattr(args, "log_dir", None):
         data["engine_log_dir"] = args.log_dir
-    for key in ("model", "engine", "replicas", "host", "port", "admin_token", "resume_records"):
+    for key in ("model", "chat_template", "engine", "replicas", "host", "port", "admin_token", "resume_records"):
         value = getattr(args, key, None)
         if value is not None:
             data[key] = value

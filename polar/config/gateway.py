@@ -16,6 +16,9 @@ class GatewayConfig(StrictModel):
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     model: str = Field("tiny", description="engine spec: 'tiny', a local HF folder, 'vllm:URL[,URL]', 'sglang:URL'")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra arguments for load_engine")
+    chat_template: str | None = Field(
+        None, description="'model', 'hermes-tools' or a Jinja file; default: the model's own when it renders "
+        "tools, else hermes-tools (ChatML models)")
     engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="vllm: launch and supervise vLLM servers of the model folder or preset"
     )

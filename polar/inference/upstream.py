@@ -561,6 +561,10 @@ def _load_tokenizer(spec: str) -> Any:
         return build_tiny_tokenizer()
     from pathlib import Path
 
+    from polar.inference.presets import get_preset, preset_folder
+
+    if get_preset(spec) is not None:  # a preset with a folder (smollm2-135m): its converted folder's tokenizer
+        spec = str(preset_folder(spec))
     if not Path(spec).expanduser().is_dir():
         raise EngineError(
             f"upstream tokenizer '{spec}' is not 'tiny' or a local folder; point it at a folder holding the "

@@ -52,14 +52,19 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
         spec = cfg.model.name_or_path if cfg.model else cfg.gateway.model
         # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
         launched = cfg.model if cfg.model is not None else cfg.gateway
+        chat_template = (cfg.model.chat_template if cfg.model else None) or cfg.gateway.chat_template
+        if chat_template and chat_template.removeprefix("builtin:") not in ("model", "hermes-tools"):
+            chat_template = str(resolve(chat_template, cfg.config_dir))  # a file, next to the config
         if launched.engine != "embedded":
             engine = load_engine(spec, engine=launched.engine, replicas=launched.replicas,
                                  log_dir=str(run_dir_path / "vllm"), **launched.engine_kwargs,
-                                 config_key="model.name_or_path" if cfg.model else "gateway.model")
+                                 config_key="model.name_or_path" if cfg.model else "gateway.model",
+                                 chat_template=chat_template)
         else:
             engine = load_engine(spec, **({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
-                                 config_key="model.name_or_path" if cfg.model else "gateway.model")
-    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True})  # the run's own records: resume, eval continue
+                                 config_key="model.name_or_path" if cfg.model else "gateway.model",
+                                 chat_template=chat_template)
+    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None})  # the run's own records: resume, eval continue
     try:
         return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
                           gateway_config=gateway_cfg)
