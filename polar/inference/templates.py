@@ -212,6 +212,7 @@ def choose_chat_template(engine: Any, override: str | None = None) -> str:
     tools_ok = renders_tools(tokenizer, tokenizer.chat_template)
     engine.chat_template_source = label
     engine.chat_template_tools = tools_ok
+    engine.chat_template_chosen_by = "config" if override else "polar"
     model = getattr(engine, "model_name", "?")
     if label == "model" and not tools_ok:
         log.warning("model %s: chat template 'model' cannot render tools; calls with tools will be refused "
@@ -228,6 +229,7 @@ def tools_refusal(engine: Any) -> str | None:
     if getattr(engine, "chat_template_tools", True):
         return None
     source = getattr(engine, "chat_template_source", "model")
-    return (f"the chat template of model {getattr(engine, 'model_name', '?')!r} ({source}) cannot render tools and "
-            f"no tool-capable fallback fits its tokenizer (not ChatML); set {CONFIG_KEY} to a template file that "
-            "renders tools, or call without tools")
+    why = ("as configured" if getattr(engine, "chat_template_chosen_by", "polar") == "config"
+           else "and no tool-capable fallback fits its tokenizer (not ChatML)")
+    return (f"the chat template of model {getattr(engine, 'model_name', '?')!r} ({source}) cannot render tools, {why}; "
+            f"set {CONFIG_KEY} to a template that renders tools, or call without tools")
