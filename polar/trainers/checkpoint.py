@@ -103,6 +103,10 @@ class CheckpointManager:
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         self.dir = Path(directory)
         self.keep = keep
+        # A write that failed while the directory was read-only could not remove its temp file then.
+        for stale in self.dir.glob(".*.tmp-*") if self.dir.is_dir() else ():
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
     def save(self, iteration: int, state: dict[str, Any]) -> Path:
         path = save_checkpoint(self.dir / f"ckpt_{iteration:08d}.pt", state)
