@@ -38,7 +38,7 @@ def main() -> int:
 
     from polar.algorithms.sft import sft_loss
     from polar.inference.tiny import build_tiny
-    from polar.trainers.llm_policy import LLMPolicy, chat_to_sample, collate, load_demonstrations
+    from polar.models.llm_policy import LLMPolicy, chat_to_sample, collate, load_demonstrations
 
     torch.manual_seed(0)
     model, tok = build_tiny(0)

@@ -22,11 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def collect(sessions: int, turns: int):
-    from polar.agentic.local import LocalStack
-    from polar.agentic.pipeline import PipelineSettings
-    from polar.agentic.runners import CallableRunner
-    from polar.agentic.verifiers import NoVerifier
+    from polar.harness.agent.runners import CallableRunner
+    from polar.harness.agent.verifiers import NoVerifier
     from polar.inference import ScriptedEngine
+    from polar.rollout.sessions.local import LocalStack
+    from polar.rollout.sessions.pipeline import PipelineSettings
 
     engine = ScriptedEngine.tiny(lambda req, i: f"note {i % 7} noted, value {i % 13}.")
     runner = CallableRunner("multi_turn_agent:agent", ROOT / "examples" / "agentic")
@@ -39,7 +39,7 @@ def collect(sessions: int, turns: int):
 def train_pass(model, samples, pad_id: int) -> tuple[float, float]:
     """Masked NLL of the sampled tokens (token-level mean over the batch) and one forward+backward's time."""
     from polar.algorithms.sft import sft_loss
-    from polar.trainers.llm_policy import collate
+    from polar.models.llm_policy import collate
 
     batch = collate(samples, pad_id)
     model.zero_grad(set_to_none=True)

@@ -42,8 +42,8 @@ def check_grpo(lora: bool) -> str:
     from polar.config.grpo import GRPOKwargs, LoraConfig
     from polar.inference.embedded import load_weights
     from polar.inference.tiny import build_tiny
+    from polar.models.llm_policy import LLMPolicy
     from polar.trainers.device import learner_device
-    from polar.trainers.llm_policy import LLMPolicy
     from polar.trainers.llm_trainer import GRPOLearner
 
     device = learner_device(1)

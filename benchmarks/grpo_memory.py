@@ -48,7 +48,7 @@ def run_case(model_name: str, lora: bool, kl_coef: float, sequences: int, tokens
     import torch
 
     from polar.config.grpo import GRPOKwargs, LoraConfig
-    from polar.trainers.llm_policy import LLMPolicy
+    from polar.models.llm_policy import LLMPolicy
     from polar.trainers.llm_trainer import GRPOLearner
     from polar.types import TrajectorySample
 

@@ -78,7 +78,7 @@ class AgentBase(nn.Module):
 
     @property
     def action_dist(self):
-        from polar.models.distributions import dist_for_space
+        from polar.distributions import dist_for_space
 
         dist = self.__dict__.get("_polar_dist")
         if dist is None:

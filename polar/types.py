@@ -1,13 +1,15 @@
 """Plain typed records shared across layers: the same schema in memory, on disk and on the wire.
 
-Env-side rollouts use numpy batches defined next to their buffers; this module holds the records
-that cross the gateway/trainer boundary, where a stable schema matters most.
+``Fragment`` is what an env rollout worker sends the learner; ``CallRecord`` and ``TrajectorySample``
+cross the gateway/trainer boundary. Every layer may import them, so they live at the bottom.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -64,3 +66,57 @@ class TrajectorySample:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+# per-step arrays, shape [T, N, ...]; ``obs`` may be a dict of arrays
+STEP_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts", "trunc_values")
+
+
+@dataclass
+class Fragment:
+    """What a rollout worker sends the learner.
+
+    - ``obs[t]`` is what the policy saw at step t (already normalized when ``normalize_obs`` is on);
+      ``episode_starts[t]`` marks the first step of an episode.
+    - ``rewards[t]`` are raw env rewards; ``terminated``/``truncated`` end the episode at step t (SAME_STEP).
+    - ``trunc_values[t]`` is V(final_obs) of an episode truncated at step t (0 elsewhere): the learner
+      adds ``gamma * trunc_values`` to the reward so truncation bootstraps instead of looking terminal.
+    - ``last_values`` is V(obs after the last step), for GAE/V-trace bootstrapping.
+    - ``initial_state``: the agent's internal state at step 0 (recurrent agents), as numpy, batch first.
+    - ``next_obs[t]`` (off-policy runs only, else None): the observation after step t, and where an
+      episode ended at step t its *final* observation, not the reset one, so a truncated step can be
+      bootstrapped from the state it really reached.
+    """
+
+    obs: Any
+    actions: np.ndarray
+    log_probs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    episode_starts: np.ndarray
+    trunc_values: np.ndarray
+    last_values: np.ndarray
+    initial_state: Any = None
+    policy_version: int = 0
+    worker_id: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    episode_successes: list[float] = field(default_factory=list)  # only for episodes whose env reported info["success"]
+    connector_process_restarts: int = 0  # connector processes restarted while collecting this fragment
+    connector_copies_restarted: int = 0  # episodes cut by those restarts (one per copy the process hosted)
+    obs_moments: Any = None  # raw-obs (mean, var, count) per key, when normalize_obs is on
+    return_moments: tuple | None = None  # discounted-return (mean, var, count), when normalize_reward is on
+    next_obs: Any = None
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.rewards.shape[1])
+
+    @property
+    def env_steps(self) -> int:
+        return self.num_steps * self.num_envs

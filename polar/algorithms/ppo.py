@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from polar.algorithms.optim import Adam
+from polar.algorithms.ppo_fused import fused_ppo_grads, supports_fused
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.ppo import DEFAULT_BATCH_SIZE
-from polar.models.fused import fused_ppo_grads, supports_fused
 
 
 def schedule_value(initial: float, kind: str, progress: float) -> float:
@@ -146,7 +146,7 @@ class PPOLearner:
             epochs += 1
             stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
             for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
-                if self.fused:  # same gradients as the autograd branch, without the graph (polar.models.fused)
+                if self.fused:  # same gradients as the autograd branch, without the graph (polar.algorithms.ppo_fused)
                     adv = normalize(batch.advantages) if norm_per_mb else batch.advantages
                     st = fused_ppo_grads(self.agent, batch.obs, batch.actions, batch.log_probs, batch.values, adv,
                                          batch.returns, clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, stats_now)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from polar.agents import map_state
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 
 def _cat(arrays: list[np.ndarray], axis: int) -> torch.Tensor:

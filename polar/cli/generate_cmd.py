@@ -34,9 +34,9 @@ def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: f
     """Collect, filter, write. Returns counts (also written next to the dataset as ``<out>.json``)."""
     import tempfile
 
-    from polar.agentic.session import SessionStatus
-    from polar.agentic.tasks import load_tasks
     from polar.errors import ConfigError
+    from polar.harness.agent.tasks import load_tasks
+    from polar.rollout.sessions.session import SessionStatus
     from polar.trainers.agentic_run import build_stack
     from polar.trajectory import write_parquet
 

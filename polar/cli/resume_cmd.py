@@ -5,7 +5,7 @@ Overrides change the resolved config for the rest of the run (``-o total_env_ste
 written to ``config.resolved.yaml``, so a later resume keeps them.
 
 A Ray run resumes the same way ``polar run`` starts one: this process starts a learner actor that
-loads the checkpoint (``polar.distributed.learner_actor``).
+loads the checkpoint (``polar.trainers.ray_driver``).
 """
 
 from __future__ import annotations

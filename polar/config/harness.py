@@ -93,7 +93,7 @@ class HarnessLimits(StrictModel):
 
 
 class AgentHarnessConfig(StrictModel):
-    """A black-box agent harness. Owned by polar.agentic; presets (claude_code, codex, ...) by polar.agentic.presets.
+    """A black-box agent harness. Owned by polar.rollout.sessions; presets (claude_code, codex, ...) by polar.harness.agent.presets.
 
     Exactly one of ``command`` (a program, run in its own working directory and process group),
     ``callable`` (``module:function``, sync or async, called with ``base_url`` and ``task``) or

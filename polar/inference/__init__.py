@@ -18,8 +18,8 @@ from polar.inference.base import (
     TokenEvent,
     UpstreamUnavailable,
     collect,
-    load_engine,
 )
+from polar.inference.loading import load_engine
 
 _LAZY = {
     "EmbeddedEngine": "polar.inference.embedded",

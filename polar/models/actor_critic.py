@@ -9,7 +9,7 @@ from torch import nn
 
 from polar.agents import AgentBase, reset_state
 from polar.config.agent import BuiltinAgentConfig
-from polar.models.distributions import (
+from polar.distributions import (
     CategoricalDist,
     GaussianDist,
     action_param_size,

@@ -14,7 +14,7 @@ import torch
 from polar.agents import check_act_output, map_state, reset_state
 from polar.config.policy import OFF_POLICY
 from polar.errors import AgentError
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 
 def runner_options(cfg) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 ARRAY_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
                 "trunc_values", "last_values")

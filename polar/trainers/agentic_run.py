@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar.agentic.local import LocalStack
-from polar.agentic.pipeline import PipelineSettings
-from polar.agentic.runners import build_runner
-from polar.agentic.tasks import load_tasks, resolve
-from polar.agentic.verifiers import build_verifier
 from polar.errors import ConfigError
+from polar.harness.agent.build import build_runner
+from polar.harness.agent.tasks import load_tasks, resolve
+from polar.harness.agent.verifiers import build_verifier
+from polar.rollout.sessions.local import LocalStack
+from polar.rollout.sessions.pipeline import PipelineSettings
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, s
     """``polar eval`` for an agent run: its ``eval_tasks`` with the weights of ``checkpoint`` (default: the
     latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``."""
     from polar.errors import RunDirError
+    from polar.models.llm_policy import LLMPolicy
     from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
-    from polar.trainers.llm_policy import LLMPolicy
 
     if not cfg.eval_tasks:
         raise ConfigError(
@@ -156,9 +156,9 @@ def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = No
 def _train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
     from polar.config import dump_config
     from polar.metrics.logger import MetricsLogger
+    from polar.models.llm_policy import LLMPolicy, load_demonstrations
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.lifecycle import deferred_stop
-    from polar.trainers.llm_policy import LLMPolicy, load_demonstrations
     from polar.trainers.llm_trainer import GRPOTrainer, sft_train
 
     policy_cfg = cfg.policy

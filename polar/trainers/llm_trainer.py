@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from polar.agentic.session import SessionResult, SessionStatus
 from polar.algorithms.grpo import group_advantages, grpo_loss, token_logprobs
 from polar.algorithms.sft import sft_loss
+from polar.models.llm_policy import LLMPolicy, collate
+from polar.rollout.sessions.session import SessionResult, SessionStatus
 from polar.trainers.lifecycle import stop_requested, stopped_after_checkpoint
-from polar.trainers.llm_policy import LLMPolicy, collate
 from polar.types import TrajectorySample
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def success_rate(groups: Groups) -> dict[str, float]:
 
 
 class GRPOTrainer:
-    """Owns the loop; ``stack`` is a started :class:`polar.agentic.local.LocalStack` (or anything with
+    """Owns the loop; ``stack`` is a started :class:`polar.rollout.sessions.local.LocalStack` (or anything with
     ``run_groups`` / ``update_weights`` / ``engine``)."""
 
     def __init__(self, stack: Any, policy: LLMPolicy, kwargs: Any, tasks: list[dict[str, Any]],

@@ -4,7 +4,7 @@ checkpoint -> (eval). Resumable from its last checkpoint.
 ``OnPolicyTrainer`` runs the loop in the calling process. ``build_trainer`` is what ``polar run`` uses:
 the same trainer for ``distribution.backend: local``; for ``ray`` a driver that runs this trainer
 inside a learner actor placed with ``distribution.learner_resources`` and restarts it from the last
-checkpoint if it dies (``polar.distributed.learner_actor``).
+checkpoint if it dies (``polar.trainers.ray_driver``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def build_trainer(cfg, run_dir: RunDir, resume: bool = False,
                   on_iteration: Callable[[dict[str, Any]], None] | None = None):
     """The trainer ``polar run``/``polar resume`` use; both kinds have ``train() -> result``."""
     if cfg.distribution.backend == "ray":
-        from polar.distributed.learner_actor import RayLearnerDriver
+        from polar.trainers.ray_driver import RayLearnerDriver
 
         return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
     return trainer_class(cfg)(cfg, run_dir, resume=resume, on_iteration=on_iteration)

@@ -63,10 +63,10 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
             raise ConfigError(f"harness.command: executable {program!r} not found on PATH or in {config_dir}; "
                               "install it or fix the command")
     if h.callable:
-        from polar.agentic.runners import import_callable
+        from polar.harness.agent.runners import import_callable
 
         import_callable(h.callable, cfg.config_dir)
-    from polar.agentic.tasks import load_tasks
+    from polar.harness.agent.tasks import load_tasks
 
     # policy sft (without sft_warmup) reads `tasks` as its demonstrations (chat JSONL), not as prompts
     demos = cfg.policy.type == "sft" and cfg.sft_warmup is None

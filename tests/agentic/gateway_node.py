@@ -10,11 +10,11 @@ import sys
 
 
 def main() -> None:
-    from polar.agentic.nodes import heartbeat_loop
     from polar.config.gateway import GatewayConfig
     from polar.gateway import GatewayServer
     from polar.inference.scripted import ScriptedEngine
     from polar.inference.tiny import build_tiny_tokenizer
+    from polar.rollout.sessions.nodes import heartbeat_loop
     from tests.agentic.helpers import oracle_script
 
     service_url, node_id, interval_s = sys.argv[1], sys.argv[2], float(sys.argv[3])

@@ -3,12 +3,12 @@
 import asyncio
 import os
 
-from polar.agentic.local import LocalStack
-from polar.agentic.pipeline import PipelineSettings
-from polar.agentic.process import ProcessLimits
-from polar.agentic.runners import CallableRunner, CommandRunner
-from polar.agentic.session import SessionStatus
-from polar.agentic.verifiers import ExactMatch, UserFunction
+from polar.harness.agent.process import ProcessLimits
+from polar.harness.agent.runners import CallableRunner, CommandRunner
+from polar.harness.agent.verifiers import ExactMatch, UserFunction
+from polar.rollout.sessions.local import LocalStack
+from polar.rollout.sessions.pipeline import PipelineSettings
+from polar.rollout.sessions.session import SessionStatus
 from tests.agentic.helpers import HERE, alive, python_cmd
 
 BEHAVIOURS = ["ok", "exit_nonzero", "no_calls", "wrong_key", "big_output", "forker"]
@@ -87,7 +87,7 @@ async def _health(stack):
 
 
 def test_cpu_limit_kills_a_spinning_harness(tmp_path, no_leftovers):
-    from polar.agentic.process import run_process
+    from polar.harness.agent.process import run_process
 
     res = asyncio.run(run_process(python_cmd("-c", "while True: pass"), cwd=str(tmp_path), env=dict(os.environ),
                                   stdin=None, timeout_s=120, limits=ProcessLimits(cpu_time_s=1)))

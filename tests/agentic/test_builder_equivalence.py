@@ -5,13 +5,13 @@ import copy
 import pytest
 import torch
 
-from polar.agentic.local import LocalStack
-from polar.agentic.pipeline import PipelineSettings
-from polar.agentic.runners import CallableRunner
-from polar.agentic.verifiers import NoVerifier
 from polar.config.grpo import GRPOKwargs
+from polar.harness.agent.runners import CallableRunner
+from polar.harness.agent.verifiers import NoVerifier
 from polar.inference import ScriptedEngine
-from polar.trainers.llm_policy import LLMPolicy
+from polar.models.llm_policy import LLMPolicy
+from polar.rollout.sessions.local import LocalStack
+from polar.rollout.sessions.pipeline import PipelineSettings
 from polar.trainers.llm_trainer import GRPOLearner
 from polar.trajectory import build
 from tests.agentic.helpers import EXAMPLES

@@ -10,7 +10,7 @@ from polar.config import load_config
 from polar.config.grpo import SFTKwargs
 from polar.inference import ScriptedEngine
 from polar.inference.tiny import build_tiny_tokenizer
-from polar.trainers.llm_policy import LLMPolicy, load_demonstrations
+from polar.models.llm_policy import LLMPolicy, load_demonstrations
 from polar.trainers.llm_trainer import sft_train
 from tests.agentic.helpers import EXAMPLES, oracle_script
 

@@ -70,7 +70,7 @@ def test_sft_loss_counts_only_targets():
 
 
 def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
-    from polar.agentic.session import SessionResult, SessionStatus
+    from polar.rollout.sessions.session import SessionResult, SessionStatus
     from polar.trainers.llm_trainer import group_batch
     from polar.types import TrajectorySample
 

@@ -7,7 +7,7 @@ import torch
 from polar.config.grpo import LoraConfig, SFTKwargs
 from polar.inference.embedded import load_weights
 from polar.inference.tiny import build_tiny
-from polar.trainers.llm_policy import LLMPolicy, chat_to_sample
+from polar.models.llm_policy import LLMPolicy, chat_to_sample
 from polar.trainers.llm_trainer import sft_train
 
 

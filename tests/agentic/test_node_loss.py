@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.agentic.local import LocalStack, RolloutServer
-from polar.agentic.pipeline import PipelineSettings
-from polar.agentic.runners import CallableRunner
-from polar.agentic.session import SessionStatus
-from polar.agentic.verifiers import UserFunction
+from polar.harness.agent.runners import CallableRunner
+from polar.harness.agent.verifiers import UserFunction
+from polar.rollout.sessions.local import LocalStack, RolloutServer
+from polar.rollout.sessions.pipeline import PipelineSettings
+from polar.rollout.sessions.session import SessionStatus
 from tests.agentic.helpers import HERE, calc_tasks
 
 ROOT = HERE.parent.parent

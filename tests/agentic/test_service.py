@@ -9,11 +9,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
-from polar.agentic.local import LocalStack
-from polar.agentic.nodes import NodeRegistry
-from polar.agentic.pipeline import PipelineSettings
-from polar.agentic.runners import CallableRunner
-from polar.agentic.verifiers import ExactMatch, UserFunction
+from polar.harness.agent.runners import CallableRunner
+from polar.harness.agent.verifiers import ExactMatch, UserFunction
+from polar.rollout.sessions.local import LocalStack
+from polar.rollout.sessions.nodes import NodeRegistry
+from polar.rollout.sessions.pipeline import PipelineSettings
 from tests.agentic.helpers import EXAMPLES, HERE
 
 

@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from polar.agentic.local import LocalStack
-from polar.agentic.pipeline import PipelineSettings
-from polar.agentic.runners import CallableRunner
-from polar.agentic.session import SessionStatus
-from polar.agentic.verifiers import Numeric
+from polar.harness.agent.runners import CallableRunner
+from polar.harness.agent.verifiers import Numeric
+from polar.rollout.sessions.local import LocalStack
+from polar.rollout.sessions.pipeline import PipelineSettings
+from polar.rollout.sessions.session import SessionStatus
 from tests.agentic.helpers import HERE
 
 pytest.importorskip("smolagents")

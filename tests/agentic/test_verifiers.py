@@ -2,7 +2,9 @@ import asyncio
 
 import pytest
 
-from polar.agentic.verifiers import (
+from polar.config.agentic import VerifierConfig
+from polar.errors import ConfigError, HarnessError
+from polar.harness.agent.verifiers import (
     ExactMatch,
     Numeric,
     PythonTests,
@@ -13,8 +15,6 @@ from polar.agentic.verifiers import (
     build_verifier,
     final_answer,
 )
-from polar.config.agentic import VerifierConfig
-from polar.errors import ConfigError, HarnessError
 
 
 def run(v, task, output="", ws=None):

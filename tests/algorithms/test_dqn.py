@@ -12,7 +12,7 @@ from polar.algorithms.dqn import DQNLearner
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.dqn import DQNKwargs
 from polar.models.off_policy import QNetworkAgent
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)

@@ -7,7 +7,7 @@ import math
 import torch
 
 from polar.config.grpo import GRPOKwargs
-from polar.trainers.llm_policy import LLMPolicy
+from polar.models.llm_policy import LLMPolicy
 from polar.trainers.llm_trainer import GRPOLearner
 from polar.types import TrajectorySample
 
@@ -21,7 +21,7 @@ def _sample(ids, logprobs):
 def test_update_reports_the_gap_against_recorded_logprobs():
     from polar.algorithms.grpo import token_logprobs
     from polar.inference.tiny import build_tiny
-    from polar.trainers.llm_policy import collate
+    from polar.models.llm_policy import collate
 
     model, tok = build_tiny(0)
     policy = LLMPolicy(model, tok)

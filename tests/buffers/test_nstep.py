@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from polar.buffers.nstep import NStepTransitions
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 GAMMA = 0.9
 

@@ -9,7 +9,7 @@ import torch
 
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.errors import CheckpointError, ConfigError
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 BOX4 = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 DISCRETE2 = gym.spaces.Discrete(2)

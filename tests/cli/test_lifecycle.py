@@ -363,7 +363,7 @@ def test_start_up_errors_come_before_the_run_directory(tmp_path, case):
 
 AGENT_RUNNER = """
 import asyncio, sys
-from polar.agentic.process import ProcessLimits, run_process
+from polar.harness.agent.process import ProcessLimits, run_process
 cmd = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]
 asyncio.run(run_process(cmd, cwd=".", env={"PATH": "/usr/bin:/bin"}, stdin=None, timeout_s=600,
                         limits=ProcessLimits(), cancel=None))

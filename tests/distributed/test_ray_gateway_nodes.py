@@ -43,12 +43,12 @@ def wait_for(pred, timeout_s, what):
 def test_sessions_spread_over_two_gateway_actors_and_survive_losing_one(ray_cluster, tmp_path):
     import httpx
 
-    from polar.agentic.local import RolloutServer
-    from polar.agentic.pipeline import PipelineSettings
-    from polar.agentic.runners import CallableRunner
-    from polar.agentic.session import SessionStatus
-    from polar.agentic.verifiers import UserFunction
-    from polar.distributed.gateway_actor import RayGatewayNodes
+    from polar.harness.agent.runners import CallableRunner
+    from polar.harness.agent.verifiers import UserFunction
+    from polar.rollout.sessions.local import RolloutServer
+    from polar.rollout.sessions.pipeline import PipelineSettings
+    from polar.rollout.sessions.ray_nodes import RayGatewayNodes
+    from polar.rollout.sessions.session import SessionStatus
 
     # the calculator example agent; on the node named in a task's ``stall_on`` it stalls after one call
     runner = CallableRunner("agents_for_tests:calc_or_stall", AGENTIC_TESTS)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from polar.agentic.presets import PRESETS, PresetContext, get_preset
+from polar.harness.agent.presets import PRESETS, PresetContext, get_preset
 from tests.presets.capture_server import CaptureServer
 
 ROOT = Path(__file__).resolve().parents[2]

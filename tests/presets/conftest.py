@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from polar.agentic.presets import get_preset
 from polar.errors import HarnessError
+from polar.harness.agent.presets import get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 SWE_MINI = ROOT / "examples" / "swe_mini"
@@ -100,13 +100,13 @@ def scripted_gateway(gateway: Callable[..., Any], tiny: tuple[Any, Any]) -> Any:
 def run_session(tmp_path: Path) -> Callable[..., Any]:
     """``run_session(gw, preset, task, options, agent_timeout_s)``: one session through the real pipeline
     (INIT → preset in its sandbox → gateway records → trajectory → swe_grader verifier)."""
-    from polar.agentic.nodes import NodeRegistry
-    from polar.agentic.pipeline import PipelineSettings, SessionPipeline
-    from polar.agentic.presets import build_runner
-    from polar.agentic.session import SessionSpec
-    from polar.agentic.verifiers import build_verifier
     from polar.config.agentic import VerifierConfig
     from polar.config.harness import AgentHarnessConfig
+    from polar.harness.agent.build import build_runner
+    from polar.harness.agent.verifiers import build_verifier
+    from polar.rollout.sessions.nodes import NodeRegistry
+    from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline
+    from polar.rollout.sessions.session import SessionSpec
 
     def run(gw: Any, preset: str, task: dict[str, Any], options: dict[str, Any] | None = None,
             agent_timeout_s: float = 90.0, builder: str = "prefix_merging") -> Any:

@@ -20,11 +20,11 @@ from typing import Any
 import psutil
 import pytest
 
-from polar.agentic.presets import PRESETS, get_preset
-from polar.agentic.sandbox import _bwrap_works as bwrap_works
-from polar.agentic.sandbox import bwrap_path
-from polar.agentic.session import SessionStatus
 from polar.errors import ConfigError
+from polar.harness.agent.presets import PRESETS, get_preset
+from polar.harness.agent.sandbox import _bwrap_works as bwrap_works
+from polar.harness.agent.sandbox import bwrap_path
+from polar.rollout.sessions.session import SessionStatus
 
 
 def script(tmp_path: Path, body: str, shebang: str = "#!/bin/sh") -> str:

@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from polar.agentic.presets import get_preset
-from polar.agentic.session import SessionStatus
+from polar.harness.agent.presets import get_preset
+from polar.rollout.sessions.session import SessionStatus
 from polar.trajectory import build
 
 pytestmark = pytest.mark.cli

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from polar.agentic.presets import PRESETS, PresetContext, get_preset
 from polar.errors import HarnessError
 from polar.gateway.sessions import session_key
+from polar.harness.agent.presets import PRESETS, PresetContext, get_preset
 
 SID = "ses-abc123"
 KEY = session_key(SID)  # the API key names the session (a CLI that drops the URL prefix still routes)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from polar.agentic.session import SessionStatus
 from polar.config.harness import AgentHarnessConfig
 from polar.errors import HarnessError
+from polar.rollout.sessions.session import SessionStatus
 from tests.presets.conftest import SWE_MINI
 
 WARNING = "runs with no isolation"
@@ -53,7 +53,7 @@ def broken_bwrap(tmp_path: Path) -> str:
 
 
 def runner(preset: str, sandbox: dict[str, Any] | None = None, **options: Any):
-    from polar.agentic.presets import build_runner
+    from polar.harness.agent.build import build_runner
 
     opts = {**options, **({"sandbox": sandbox} if sandbox is not None else {})}
     return build_runner(AgentHarnessConfig(type="agent", preset=preset, preset_options=opts), config_dir=SWE_MINI)
@@ -70,11 +70,11 @@ def test_auto_without_bwrap_warns_once_per_run(preset: str, flag: str, scripted_
                                                caplog: pytest.LogCaptureFixture) -> None:
     """Two sessions of one run (one runner) on a machine without bubblewrap: one warning, naming the CLI's
     permission flag and how to fix or accept it; both sessions run, unisolated, as the report says."""
-    from polar.agentic.nodes import NodeRegistry
-    from polar.agentic.pipeline import PipelineSettings, SessionPipeline
-    from polar.agentic.session import SessionSpec
-    from polar.agentic.verifiers import build_verifier
     from polar.config.agentic import VerifierConfig
+    from polar.harness.agent.verifiers import build_verifier
+    from polar.rollout.sessions.nodes import NodeRegistry
+    from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline
+    from polar.rollout.sessions.session import SessionSpec
 
     monkeypatch.setenv("PATH", path_without_bwrap(tmp_path))
     fake = executable(tmp_path / f"fake-{preset}", 'echo \'{"type": "result", "result": "done"}\'')
@@ -135,7 +135,7 @@ def test_runtime_bwrap_that_cannot_create_namespaces_fails_when_the_runner_is_bu
 
 def test_runtime_bwrap_that_works_builds_and_isolates(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Where bubblewrap works (CI installs it) the check passes and auto stays quiet."""
-    from polar.agentic.sandbox import _bwrap_works, bwrap_path
+    from polar.harness.agent.sandbox import _bwrap_works, bwrap_path
 
     found = bwrap_path()
     if found is None or not _bwrap_works(found):

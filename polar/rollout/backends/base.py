@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 
 @runtime_checkable

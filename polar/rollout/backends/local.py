@@ -23,7 +23,7 @@ import torch
 
 from polar import errors
 from polar.errors import HarnessError, PolarError
-from polar.rollout.fragment import Fragment
+from polar.types import Fragment
 
 log = logging.getLogger(__name__)
 

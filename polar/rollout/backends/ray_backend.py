@@ -9,10 +9,10 @@ top of it, the Ray backend:
 - replaces a rollout actor that died, alone or with its node; the fragment it was building is
   dropped and counted in ``rollout/dropped_fragments`` and ``rollout/dropped_episodes``;
 - resizes while running on ``polar scale RUN_DIR --rollout-workers N`` (``attach_run_dir``), or by
-  the ``distribution.autoscale`` rule (``polar.distributed.autoscale``); every resize is logged with
+  the ``distribution.autoscale`` rule (``polar.rollout.backends.autoscale``); every resize is logged with
   its reason and appended to ``RUN_DIR/scale_events.jsonl``.
 
-With ``polar run`` this backend lives inside the learner actor (``polar.distributed.learner_actor``),
+With ``polar run`` this backend lives inside the learner actor (``polar.trainers.ray_driver``),
 so fragments travel rollout actor -> learner actor through the object store, never via the driver.
 """
 
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from polar.distributed.autoscale import Autoscaler
 from polar.distributed.cluster import ClusterHandle, RoleRequest, connect
 from polar.distributed.control import ScaleWatcher
 from polar.errors import ConfigError
-from polar.rollout.fragment import Fragment
+from polar.rollout.backends.autoscale import Autoscaler
+from polar.types import Fragment
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class RayBackend:
         return [RoleRequest.of("rollout", self.num_workers, self.dist.rollout_resources, "distribution.rollout_resources")]
 
     def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy=None) -> None:
-        from polar.distributed.rollout_pool import RayRolloutPool
+        from polar.rollout.backends.ray_pool import RayRolloutPool
 
         self.cluster = connect(self.dist.coordinator_address, self.dist.connect_timeout_s, self.role_requests(),
                                require_total=not self.partial_start)

@@ -1,0 +1,230 @@
+"""Harness runners: how one session's agent program is started, fed its task, and stopped.
+
+Two kinds, one contract (:meth:`HarnessRunner.run` → :class:`HarnessOutcome`):
+
+- :class:`CommandRunner`: any program (a CLI, a script in any language). It gets the gateway through
+  the provider environment variables every official SDK reads, with the session id as the API key;
+  the task arrives on stdin, in a file, or through ``{placeholders}`` in the command line.
+- :class:`CallableRunner`: a Python ``module:function`` (sync or async) called with ``base_url``,
+  ``task`` and, if it asks for them, ``api_key``, ``workspace``, ``session_id``, ``model``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polar.errors import ConfigError, HarnessError
+from polar.harness.agent.process import ProcessLimits, run_process
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionContext:
+    """What a runner needs to start one session's harness."""
+
+    session_id: str
+    task: dict[str, Any]
+    workspace: Path
+    gateway_url: str  # the node's root URL, e.g. http://127.0.0.1:8100
+    api_key: str
+    model: str = "polar"
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.gateway_url.rstrip('/')}/v1"
+
+
+@dataclass
+class HarnessOutcome:
+    """How the harness ended. ``error`` set means the session is ERROR (with that reason)."""
+
+    output: str = ""
+    returncode: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    error: str | None = None
+    stderr_tail: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def task_prompt(task: dict[str, Any]) -> str:
+    """The text a harness should act on: ``prompt``, else ``instruction``, else ``question``."""
+    for key in ("prompt", "instruction", "question"):
+        if isinstance(task.get(key), str):
+            return task[key]
+    raise HarnessError(f"task {task.get('id', '?')!r} has no 'prompt' (or 'instruction'/'question') string field")
+
+
+def gateway_env(ctx: SessionContext) -> dict[str, str]:
+    """Provider variables that point every official SDK at the gateway, keyed by the session id."""
+    root = ctx.gateway_url.rstrip("/")
+    return {
+        "OPENAI_BASE_URL": f"{root}/v1",
+        "OPENAI_API_BASE": f"{root}/v1",  # litellm / langchain spelling
+        "OPENAI_API_KEY": ctx.api_key,
+        "ANTHROPIC_BASE_URL": root,
+        "ANTHROPIC_API_KEY": ctx.api_key,
+        "GOOGLE_GEMINI_BASE_URL": root,
+        "GEMINI_API_KEY": ctx.api_key,
+        "GOOGLE_API_KEY": ctx.api_key,
+        "OPENAI_MODEL": ctx.model,
+        "POLAR_SESSION_ID": ctx.session_id,
+        "POLAR_WORKSPACE": str(ctx.workspace),
+    }
+
+
+class HarnessRunner:
+    async def run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
+        raise NotImplementedError
+
+
+class _SafeDict(dict):
+    def __missing__(self, key: str) -> str:
+        raise ConfigError(
+            f"harness.command uses placeholder {{{key}}} but the task has no field {key!r}; "
+            f"available: {', '.join(sorted(self))}"
+        )
+
+
+class CommandRunner(HarnessRunner):
+    """Run a program per session in its own workspace, process group and resource limits."""
+
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        task_input: str = "stdin",
+        task_file: str = "task.json",
+        limits: ProcessLimits | None = None,
+        config_dir: Path | None = None,
+    ) -> None:
+        if not command:
+            raise ConfigError("harness.command is empty; give the program and its arguments as a list")
+        self.command = list(command)
+        self.env = dict(env or {})
+        self.task_input = task_input
+        self.task_file = task_file
+        self.limits = limits or ProcessLimits()
+        self.config_dir = config_dir
+
+    def _argv(self, ctx: SessionContext, task_path: Path) -> list[str]:
+        values = _SafeDict({k: str(v) for k, v in ctx.task.items() if isinstance(v, (str, int, float))})
+        values.update(
+            prompt=task_prompt(ctx.task), task_file=str(task_path), workspace=str(ctx.workspace),
+            base_url=ctx.openai_base_url, session_id=ctx.session_id, python=sys.executable,
+            config_dir=str(self.config_dir or Path.cwd()),
+        )
+        return [part.format_map(values) for part in self.command]
+
+    async def run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
+        task_path = ctx.workspace / self.task_file
+        task_path.write_text(json.dumps(ctx.task))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
+        env.update(self.env)
+        env.update(gateway_env(ctx))
+        env["POLAR_TASK_FILE"] = str(task_path)
+        stdin = task_prompt(ctx.task).encode() if self.task_input == "stdin" else None
+        argv = self._argv(ctx, task_path)
+        try:
+            res = await run_process(
+                argv, cwd=str(ctx.workspace), env=env, stdin=stdin, timeout_s=timeout_s,
+                limits=self.limits, cancel=cancel,
+            )
+        except (FileNotFoundError, PermissionError) as e:
+            return HarnessOutcome(error=f"harness command {argv[0]!r} could not start: {e}")
+        out = HarnessOutcome(
+            output=res.stdout.decode("utf-8", "replace"),
+            returncode=res.returncode,
+            timed_out=res.timed_out,
+            cancelled=res.cancelled,
+            stderr_tail=res.stderr_tail(),
+            details={"duration_s": round(res.duration_s, 3), "leftover_pids": res.leftover_pids},
+        )
+        if res.output_exceeded:
+            out.error = f"harness wrote more than {self.limits.output_bytes} bytes of output; it was killed"
+        elif res.timed_out or res.cancelled:
+            pass  # the pipeline marks TIMEOUT / CANCELLED
+        elif res.returncode != 0:
+            sig = f" (killed by signal {-res.returncode})" if res.returncode and res.returncode < 0 else ""
+            out.error = f"harness exited with code {res.returncode}{sig}: {out.stderr_tail[-300:] or 'no stderr'}"
+        elif res.leftover_pids:
+            out.error = (
+                f"harness exited but left {len(res.leftover_pids)} process(es) running "
+                f"(pids {res.leftover_pids[:5]}); they were killed. Wait for children before exiting."
+            )
+        return out
+
+
+def import_callable(spec: str, config_dir: Path | None = None) -> Any:
+    """Import ``module:function``; the module may sit next to the config file."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"expected 'module:function', got {spec!r}")
+    added = None
+    if config_dir is not None and str(config_dir) not in sys.path:
+        sys.path.insert(0, str(config_dir))
+        added = str(config_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"cannot import module {module_name!r} for {spec!r}: {e}. Put it next to the config or on PYTHONPATH.") from None
+    finally:
+        if added is not None and added in sys.path:
+            sys.path.remove(added)
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        names = [n for n in dir(module) if not n.startswith("_")]
+        from polar.config.base import did_you_mean
+
+        raise ConfigError(f"{module_name!r} has no callable {attr!r}{did_you_mean(attr, names)}")
+    return fn
+
+
+class CallableRunner(HarnessRunner):
+    """A Python function as a harness. Sync functions run in a thread; on timeout they are abandoned."""
+
+    def __init__(self, spec: str, config_dir: Path | None = None) -> None:
+        self.spec = spec
+        self.fn = import_callable(spec, config_dir)
+        params = inspect.signature(self.fn).parameters
+        self._wants_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        self._params = set(params)
+        if not self._wants_all and not {"base_url", "task"} <= self._params:
+            raise ConfigError(f"harness callable {spec!r} must accept 'base_url' and 'task' keyword arguments")
+
+    def _kwargs(self, ctx: SessionContext) -> dict[str, Any]:
+        every = {
+            "base_url": ctx.openai_base_url, "task": ctx.task, "api_key": ctx.api_key, "workspace": ctx.workspace,
+            "session_id": ctx.session_id, "model": ctx.model, "gateway_url": ctx.gateway_url,
+        }
+        return every if self._wants_all else {k: v for k, v in every.items() if k in self._params}
+
+    async def run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
+        kwargs = self._kwargs(ctx)
+        if inspect.iscoroutinefunction(self.fn):
+            job = asyncio.ensure_future(self.fn(**kwargs))
+        else:
+            job = asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))
+        stop = asyncio.ensure_future(cancel.wait())
+        done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if job not in done:
+            job.cancel()
+            return HarnessOutcome(timed_out=not done, cancelled=bool(done))
+        try:
+            result = job.result()
+        except Exception as e:  # the harness's own failure is data, not a crash
+            return HarnessOutcome(error=f"harness callable {self.spec} raised {type(e).__name__}: {e}")
+        output = result if isinstance(result, str) else json.dumps(result) if result is not None else ""
+        return HarnessOutcome(output=output, returncode=0)

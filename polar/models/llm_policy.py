@@ -1,0 +1,182 @@
+"""The trainable side of an LLM policy: an HF causal LM (optionally with LoRA), batched per-token
+logprobs over trajectory samples, demonstrations → token ids + loss masks, and weight export for sync."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar.errors import ConfigError
+from polar.types import TrajectorySample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenBatch:
+    token_ids: torch.Tensor  # [B, T] right-padded
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T]
+    old_logprobs: torch.Tensor  # [B, T]
+
+    def to(self, device: torch.device) -> TokenBatch:
+        """The same batch on ``device`` (a no-op on the device it is already on)."""
+        return TokenBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+
+def collate(samples: list[TrajectorySample], pad_id: int) -> TokenBatch:
+    width = max(len(s.token_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.float32)
+    old = torch.zeros((len(samples), width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.token_ids)
+        ids[i, :n] = torch.tensor(s.token_ids, dtype=torch.long)
+        att[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        old[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+    mask[:, 0] = 0.0  # the first token has no context to be predicted from
+    return TokenBatch(ids, att, mask, old)
+
+
+class LLMPolicy:
+    """Wraps the model being trained. ``lora`` (a ``LoraConfig`` section) trains adapters only.
+
+    The weights (and so the optimizer state) are fp32 on ``device`` (see
+    :func:`polar.trainers.device.learner_device`); every batch is moved there. ``autocast="bf16"`` runs
+    the forward passes under ``torch.autocast(bfloat16)``; ``gradient_checkpointing`` recomputes each
+    layer's activations in the backward pass instead of keeping them (HF ``gradient_checkpointing_enable``).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, lora: Any = None, *, device: torch.device | str = "cpu",
+                 autocast: str = "off", gradient_checkpointing: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.lora = lora
+        self.device = torch.device(device)
+        self.autocast = autocast
+        model = model.float().to(self.device).train()
+        if gradient_checkpointing:
+            # non-reentrant: works when the inputs need no grad (LoRA, frozen embeddings)
+            opts = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name for it
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=opts)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=opts)
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            targets = lora.target_modules or _default_targets(model)
+            model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                     target_modules=targets, bias="none"))
+        self.model = model
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @classmethod
+    def from_engine(cls, engine: Any, lora: Any = None, **options: Any) -> LLMPolicy:
+        """A trainable copy of the embedded engine's model (the engine keeps serving its own copy; see
+        docs/inference.md, "Learner and engine weights"). ``options``: ``device``, ``autocast``,
+        ``gradient_checkpointing`` as in the constructor."""
+        model = getattr(engine, "model", None)
+        if model is None:
+            raise ConfigError(
+                f"engine {type(engine).__name__} has no local model to train; GRPO/SFT need the embedded engine "
+                "(model: tiny or a local HF folder)"
+            )
+        return cls(copy.deepcopy(model), engine.tokenizer, lora, **options)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def logits(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
+        """fp32 logits of ``model`` (default: the trained one) over ``batch``, which must be on ``self.device``."""
+        model = self.model if model is None else model
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast == "bf16"):
+            out = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        return out.float()
+
+    def base_logits(self, batch: TokenBatch) -> torch.Tensor:
+        """Logits of the model as it was before training, without grad: with LoRA the same base weights
+        with the adapters switched off (no second copy of the model is ever made)."""
+        if self.lora is None:
+            raise ValueError("base_logits needs a LoRA policy; a full fine-tune keeps a frozen reference copy")
+        with torch.no_grad(), self.model.disable_adapter():
+            return self.logits(batch)
+
+    def serving_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights as the serving engine's model names them (LoRA merged in)."""
+        if self.lora is None:
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.merge_adapter()
+        try:
+            out = {}
+            for k, v in self.model.get_base_model().state_dict().items():
+                if "lora_" in k:
+                    continue
+                out[k.replace(".base_layer.", ".")] = v.detach().clone()
+            return out
+        finally:
+            self.model.unmerge_adapter()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+
+def _default_targets(model: Any) -> list[str]:
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    preferred = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "query", "value") if n in names]
+    if not preferred:
+        raise ConfigError(f"cannot pick LoRA target modules for this model (linear layers: {sorted(names)}); set lora.target_modules")
+    return preferred
+
+
+def chat_to_sample(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tokenizer: Any,
+                   source: str = "demo") -> TrajectorySample:
+    """Render a conversation with the chat template; only the assistant turns' own tokens are targets."""
+    spans = []
+    for k, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:k], tools=tools, tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: k + 1], tools=tools, tokenize=False)
+        eot = tokenizer.eos_token or ""
+        end = upto.rfind(eot) + len(eot) if eot and eot in upto[len(before):] else len(upto)
+        spans.append((len(before), end))
+    full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(a <= s and e <= b and e > s for a, b in spans)) for s, e in enc["offset_mapping"]]
+    n = len(enc["input_ids"])
+    if not any(mask):
+        raise ConfigError(f"{source}: the conversation has no assistant turn to learn from")
+    return TrajectorySample(session_id=source, token_ids=list(enc["input_ids"]), loss_mask=mask, logprobs=[0.0] * n,
+                            policy_versions=[0] * n, call_indices=[0] * n, reward=1.0)
+
+
+def load_demonstrations(path: str | Path, tokenizer: Any) -> list[TrajectorySample]:
+    """Chat JSONL (``{"messages": [...], "tools": [...]}`` per line) or a ``polar generate`` Parquet file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"demonstrations file {p} does not exist")
+    if p.suffix == ".parquet":
+        from polar.trajectory import read_parquet
+
+        samples = [s for s in read_parquet(p) if any(s.loss_mask)]
+    else:
+        from polar.harness.agent.tasks import read_jsonl
+
+        samples = []
+        for n, row in read_jsonl(p):
+            if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+                raise ConfigError(f"{p}:{n}: each line needs a 'messages' list (OpenAI chat format)")
+            samples.append(chat_to_sample(row["messages"], row.get("tools"), tokenizer, f"{p.name}:{n}"))
+    if not samples:
+        raise ConfigError(f"{p} holds no usable demonstrations")
+    return samples
