@@ -11,6 +11,18 @@ from typing import Any
 
 import numpy as np
 
+SESSION_KEY_PREFIX = "polar-session-"
+
+
+def session_key(session_id: str) -> str:
+    """An API key that names session ``session_id`` openly: it is a session name, not a credential.
+
+    Polar's rollouts hand these to harnesses, so a CLI that drops the ``/s/{id}`` URL prefix still
+    routes its calls to its own session, and the records keep the session's given name. The gateway
+    reads it back (``polar.gateway.sessions.key_session_id``); it lives here because harnesses, which sit
+    below the gateway, write it."""
+    return SESSION_KEY_PREFIX + session_id
+
 
 @dataclass
 class CallRecord:

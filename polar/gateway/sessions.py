@@ -36,7 +36,7 @@ from typing import Any
 
 from polar.errors import GatewayError
 from polar.gateway import _json
-from polar.types import CallRecord
+from polar.types import SESSION_KEY_PREFIX, CallRecord
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +52,6 @@ def file_id(session_id: str) -> str:
 def key_hash(key: str) -> str:
     """A one-way name for an API key (128 bits of SHA-256): what records hold instead of the key."""
     return hashlib.sha256(b"polar-gateway-api-key\0" + key.encode()).hexdigest()[:32]
-
-
-SESSION_KEY_PREFIX = "polar-session-"
-
-
-def session_key(session_id: str) -> str:
-    """An API key that names session ``session_id`` openly: it is a session name, not a credential.
-
-    Polar's rollouts hand these to harnesses, so a CLI that drops the ``/s/{id}`` URL prefix still
-    routes its calls to its own session, and the records keep the session's given name."""
-    return SESSION_KEY_PREFIX + session_id
 
 
 def key_session_id(key: str) -> str:

@@ -17,8 +17,7 @@ from typing import Any
 import httpx
 
 from polar.errors import GatewayError
-from polar.gateway.sessions import session_key
-from polar.types import CallRecord
+from polar.types import CallRecord, session_key
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ class PresetContext:
     @property
     def api_key(self) -> str:
         """A key that names the session, so a CLI that drops the URL prefix still routes (no credential)."""
-        from polar.gateway.sessions import session_key
+        from polar.types import session_key
 
         return session_key(self.session_id)
 
