@@ -37,6 +37,7 @@ from typing import Any
 from polar.errors import GatewayError
 from polar.gateway import _json
 from polar.types import SESSION_KEY_PREFIX, CallRecord
+from polar.types import session_key as session_key  # a client names its session with it (docs/gateway.md)
 
 log = logging.getLogger(__name__)
 
