@@ -120,6 +120,9 @@ class Fragment:
     obs_moments: Any = None  # raw-obs (mean, var, count) per key, when normalize_obs is on
     return_moments: tuple | None = None  # discounted-return (mean, var, count), when normalize_reward is on
     next_obs: Any = None
+    # follows the fragment across processes (worker logs, learner logs, traces): "w<worker>-<n>-<random hex>"
+    trace_id: str | None = None
+    collect_s: float = 0.0  # wall-clock seconds the worker spent collecting it (finds one slow connector copy)
 
     @property
     def num_steps(self) -> int:
@@ -132,3 +135,19 @@ class Fragment:
     @property
     def env_steps(self) -> int:
         return self.num_steps * self.num_envs
+
+
+@dataclass
+class Batch:
+    """One collect of a Collector (``polar.trainers.loop``): what the learner trains on, and what the loop counts.
+
+    ``data`` is the learner's input: a list of ``Fragment`` (env runs) or groups of agent sessions (agent
+    runs). ``env_steps`` counts env steps (agent runs: sessions, one episode each); the episode lists hold the
+    episodes that finished in this batch; ``policy_versions`` the versions that acted (for ``policy_lag``)."""
+
+    data: Any
+    env_steps: int
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    episode_successes: list[float] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from polar.errors import RunDirError, os_cause
+
+log = logging.getLogger(__name__)
 
 
 def _clean(v: Any):
@@ -28,13 +31,14 @@ class MetricsLogger:
     """
 
     def __init__(self, jsonl_path: str | Path, tensorboard_dir: str | Path | None = None,
-                 purge_step: int | None = None) -> None:
+                 purge_step: int | None = None, sinks: list | None = None) -> None:
         self.path = Path(jsonl_path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", buffering=1)
         self._tb_dir = tensorboard_dir
         self._tb = None
         self._purge_step = purge_step
+        self.sinks = list(sinks or [])  # polar.metrics.sinks: W&B, MLflow, OTel (off unless configured)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         row = {k: _clean(v) for k, v in metrics.items()}
@@ -50,6 +54,13 @@ class MetricsLogger:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, step)
+        for sink in list(self.sinks):
+            try:
+                sink.log(row, step)
+            except Exception as e:  # a remote tracker down must not stop training; the JSONL has every row
+                log.warning("metric sink %s failed (%s: %s); it is dropped for the rest of the run",
+                            type(sink).__name__, type(e).__name__, e)
+                self.sinks.remove(sink)
 
     def flush(self) -> None:
         self._f.flush()
@@ -62,6 +73,12 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                log.warning("metric sink %s failed to close: %s", type(sink).__name__, e)
+        self.sinks = []
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -7,6 +7,9 @@ fragment arrays.
 
 from __future__ import annotations
 
+import secrets
+import time
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -122,6 +125,9 @@ class EnvRunner:
     @torch.inference_mode()
     def collect(self, num_steps: int, policy_version: int = 0, worker_id: int = 0) -> Fragment:
         T, N = num_steps, self.num_envs
+        t_start = time.perf_counter()
+        self._fragments = getattr(self, "_fragments", 0) + 1
+        trace_id = f"w{worker_id}-{self._fragments}-{secrets.token_hex(4)}"
         first = True
         obs_buf = None
         actions = log_probs = None
@@ -208,7 +214,7 @@ class EnvRunner:
             last_values=last_values, initial_state=initial_state, policy_version=policy_version, worker_id=worker_id,
             episode_returns=ep_returns, episode_lengths=ep_lengths, episode_successes=ep_successes,
             connector_copies_restarted=copies_restarted, connector_process_restarts=self._take_process_restarts(),
-            next_obs=next_buf,
+            next_obs=next_buf, trace_id=trace_id, collect_s=time.perf_counter() - t_start,
         )
         if raw_obs_batches is not None:
             frag.obs_moments = _obs_moments(raw_obs_batches)

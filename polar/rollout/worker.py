@@ -22,7 +22,8 @@ from polar.types import Fragment
 ARRAY_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
                 "trunc_values", "last_values")
 META_FIELDS = ("policy_version", "worker_id", "episode_returns", "episode_lengths", "episode_successes",
-               "connector_process_restarts", "connector_copies_restarted", "obs_moments", "return_moments")
+               "connector_process_restarts", "connector_copies_restarted", "obs_moments", "return_moments", "trace_id",
+               "collect_s")
 
 
 def fragment_arrays(frag: Fragment) -> dict[str, np.ndarray]:

@@ -178,6 +178,7 @@ class ConnectorProcess:
         env.update({k: str(v) for k, v in self.spec.env.items()})
         env.update(POLAR_CONNECTOR_ADDRESS=self.address, POLAR_CONNECTOR_TOKEN=self.token, PYTHONUNBUFFERED="1")
         env.setdefault("SDL_VIDEODRIVER", "dummy")
+        env.setdefault("POLAR_ROLE", "connector")  # system metrics name the process by it (polar.metrics.system)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_POLAR_ROOT, env.get("PYTHONPATH")) if p)
         cmd = self.command()
         cwd = str(self.config_dir) if self.spec.command else None

@@ -23,6 +23,7 @@ import torch
 
 from polar import errors
 from polar.errors import HarnessError, PolarError
+from polar.metrics.system import register_process
 from polar.types import Fragment
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class LocalBackend:
                             args=(w, cfg_data, cdir, seed, self.fragment_steps, self._weights, self._version,
                                   self._lock, self._out_q, free_q, self._stop, learner_alive))
             p.start()
+            register_process(p.pid, "rollout_worker")  # its system/ metrics carry the role
             self._procs.append(p)
         learner_alive.close()
         try:
