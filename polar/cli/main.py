@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, str] = {
     "gateway": "polar.cli.gateway_cmd",
     "generate": "polar.cli.generate_cmd",
     "scale": "polar.cli.scale_cmd",
+    "dashboard": "polar.cli.dashboard_cmd",
+    "ratings": "polar.cli.ratings_cmd",
 }
 
 console = Console(stderr=True)

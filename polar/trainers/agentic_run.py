@@ -67,7 +67,7 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
     gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None})  # the run's own records: resume, eval continue
     try:
         return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
-                          gateway_config=gateway_cfg)
+                          gateway_config=gateway_cfg, results_dir=run_dir_path / "sessions")
     except BaseException:
         if owned:  # a launched vLLM must not outlive a stack that never started
             import asyncio

@@ -24,6 +24,7 @@ from polar.rollout.sessions.nodes import NodeRegistry
 from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline
 from polar.rollout.sessions.service import RolloutService, build_app
 from polar.rollout.sessions.session import SessionResult
+from polar.rollout.sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ class LocalStack:
     """Engine + gateway + rollout service for one run. ``run_groups`` collects; ``update_weights`` syncs."""
 
     def __init__(self, engine: Any, runner: HarnessRunner, verifier: Any, settings: PipelineSettings,
-                 records_dir: str | Path | None = None, gateway_config: Any = None) -> None:
+                 records_dir: str | Path | None = None, gateway_config: Any = None,
+                 results_dir: str | Path | None = None) -> None:
         from polar.config.gateway import GatewayConfig
         from polar.gateway import GatewayServer
 
@@ -128,6 +130,9 @@ class LocalStack:
         self.gateway = GatewayServer(cfg, engine=engine, records_dir=records_dir)
         settings.model_name = engine.model_name
         self.rollout = RolloutServer(runner, verifier, settings)
+        # finished sessions are kept for people to look at (polar dashboard): RUN/sessions/
+        self.session_store = (SessionStore(results_dir, records_dir, getattr(engine, "tokenizer", None))
+                              if results_dir is not None else None)
 
     @property
     def engine(self) -> Any:
@@ -144,7 +149,10 @@ class LocalStack:
         return self
 
     def run_groups(self, groups: list[tuple[dict[str, Any], int, dict[str, Any]]], timeout_s: float | None = None):
-        return self.rollout.run_groups(groups, timeout_s)
+        out = self.rollout.run_groups(groups, timeout_s)
+        if self.session_store is not None:
+            self.session_store.append(r for g in out for r in g)
+        return out
 
     def update_weights(self, state_dict: Any, version: int) -> dict[str, Any]:
         """Through the gateway's drain: pause, wait for in-flight calls, swap, resume, bump the version."""

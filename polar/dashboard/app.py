@@ -1,0 +1,312 @@
+"""The dashboard's web app: a JSON API over a runs folder, server-sent events, and the static page.
+
+Every request names its run by ``?run=<id>`` (the run folder's path relative to the runs folder). Files are
+only ever served from inside the runs folder. A handler that fails answers a JSON error (404 for what does
+not exist, 400 for a bad argument, 500 with the cause) and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from polar.dashboard import ratings
+from polar.dashboard.runs import PathError, RunsFolder, safe_path
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+POLL_S = 0.1  # how often watched runs' metrics files are checked for new rows
+RUNS_EVERY_S = 1.0  # how often the runs list (statuses) is sent when it changed
+MAX_CURVE_POINTS = 5000
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _handler(fn):
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except KeyError as e:
+            return _error(404, f"not found: {e.args[0] if e.args else e}")
+        except PathError as e:
+            return _error(403, str(e))
+        except (ValueError, ratings.RatingError) as e:
+            return _error(400, str(e))
+        except Exception as e:  # never a dead dashboard: say what broke
+            log.exception("dashboard: %s %s failed", request.method, request.url.path)
+            return _error(500, f"{type(e).__name__}: {e}")
+    return wrapped
+
+
+class Streams:
+    """One poller for every open event stream: reads new metric rows of the runs any page watches, and
+    sends each page the rows of the runs it watches."""
+
+    def __init__(self, folder: RunsFolder) -> None:
+        self.folder = folder
+        self.clients: dict[asyncio.Queue, set[str]] = {}
+        self._task: asyncio.Task | None = None
+        self._runs_sent = ""
+        self._runs_at = 0.0
+
+    def subscribe(self, runs: set[str]) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue(maxsize=1000)
+        self.clients[q] = runs
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._poll())
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        self.clients.pop(q, None)
+
+    def _send(self, q: asyncio.Queue, event: str, data: Any) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a page that stopped reading misses events, not the server
+            q.put_nowait((event, data))
+
+    async def _poll(self) -> None:
+        while self.clients:
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("dashboard: polling runs failed")
+            await asyncio.sleep(POLL_S)
+
+    async def _tick(self) -> None:
+        watched = set().union(*self.clients.values()) if self.clients else set()
+        for rid in watched:
+            try:
+                run = self.folder.get(rid)
+            except KeyError:
+                continue
+            if run.metrics.lock.locked():
+                continue  # a first full index is under way in another thread
+            points = await asyncio.to_thread(run.metrics.update)
+            if points:
+                data = {"run": rid, "rows": run.metrics.rows, "skipped": run.metrics.skipped, "points": points,
+                        "sent": time.time()}
+                for q, runs in list(self.clients.items()):
+                    if rid in runs:
+                        self._send(q, "metrics", data)
+        if time.monotonic() - self._runs_at > RUNS_EVERY_S:
+            self._runs_at = time.monotonic()
+            infos = await asyncio.to_thread(lambda: [r.info() for r in self.folder.runs().values()])
+            text = json.dumps(infos, sort_keys=True, default=str)
+            if text != self._runs_sent:
+                self._runs_sent = text
+                for q in list(self.clients):
+                    self._send(q, "runs", infos)
+
+
+def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
+    folder = RunsFolder(root)
+    streams = Streams(folder)
+
+    def run_of(request: Request):
+        rid = request.query_params.get("run")
+        if not rid:
+            raise ValueError("'run' is required: the run's folder relative to the runs folder (see /api/runs)")
+        return folder.get(rid)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    @_handler
+    async def api_runs(request: Request) -> Response:
+        runs = await asyncio.to_thread(lambda: [r.info() for r in folder.runs().values()])
+        return JSONResponse({"root": str(folder.root), "runs": runs, "ratings_token": ratings_token is not None})
+
+    @_handler
+    async def api_keys(request: Request) -> Response:
+        run = run_of(request)
+        await asyncio.to_thread(run.metrics.update_all)
+        return JSONResponse({"run": run.id, **run.metrics.summary(), "last_row": run.metrics.last_row})
+
+    @_handler
+    async def api_curves(request: Request) -> Response:
+        run = run_of(request)
+        n = int(request.query_params.get("n", "1000"))
+        if not 3 <= n <= MAX_CURVE_POINTS:
+            raise ValueError(f"'n' must be from 3 to {MAX_CURVE_POINTS} points (got {n})")
+        keys = [k for k in request.query_params.get("keys", "").split(",") if k]
+        await asyncio.to_thread(run.metrics.update_all)
+        curves = await asyncio.to_thread(lambda: {k: run.metrics.curve(k, n) for k in keys})
+        m = run.metrics
+        return JSONResponse({"run": run.id, "curves": curves, "rows": m.rows, "skipped": m.skipped,
+                             "skipped_examples": m.skipped_examples,
+                             "missing": [k for k in keys if k not in m.series]})
+
+    session_fields = ("session_id", "task_id", "group_id", "status", "error", "reward", "num_calls", "step",
+                      "tokens", "trainable_tokens", "timings", "attempts", "output")
+
+    @_handler
+    async def api_sessions(request: Request) -> Response:
+        run = run_of(request)
+        qp = request.query_params
+        offset, limit = int(qp.get("offset", "0")), min(500, int(qp.get("limit", "100")))
+        rows, note = await asyncio.to_thread(run.session_rows)
+        sel = rows
+        if qp.get("step"):
+            step = float(qp["step"])
+            steps = sorted({r.get("step") for r in rows if isinstance(r.get("step"), (int, float))})
+            # the link from a curve: the sessions of the step nearest the clicked point
+            near = min(steps, key=lambda s: abs(s - step)) if steps else None
+            sel = [r for r in rows if r.get("step") == near]
+        if qp.get("status"):
+            sel = [r for r in sel if r.get("status") == qp["status"]]
+        page = [{k: r.get(k) for k in session_fields} for r in sel[offset:offset + limit]]
+        for p in page:
+            if isinstance(p.get("output"), str):
+                p["output"] = p["output"][:200]
+        return JSONResponse({"run": run.id, "total": len(sel), "all": len(rows), "offset": offset, "rows": page,
+                             "note": note, "step": sel[0].get("step") if qp.get("step") and sel else None})
+
+    @_handler
+    async def api_session(request: Request) -> Response:
+        run = run_of(request)
+        sid = request.query_params.get("id", "")
+        return JSONResponse(await asyncio.to_thread(run.session, sid))
+
+    @_handler
+    async def api_recordings(request: Request) -> Response:
+        run = run_of(request)
+        recs = await asyncio.to_thread(run.recordings)
+        qp = request.query_params
+        if qp.get("step"):  # the link from a curve: the recordings of the checkpoint nearest the clicked step
+            step = float(qp["step"])
+            with_steps = [r for r in recs if isinstance(r.get("env_steps"), (int, float))]
+            if with_steps:
+                near = min(with_steps, key=lambda r: abs(r["env_steps"] - step))["env_steps"]
+                recs = [r for r in with_steps if r["env_steps"] == near]
+        return JSONResponse({"run": run.id, "recordings": recs})
+
+    @_handler
+    async def api_episode(request: Request) -> Response:
+        run = run_of(request)
+        qp = request.query_params
+        return JSONResponse(await asyncio.to_thread(run.episode, qp.get("tag", ""), qp.get("ep", "")))
+
+    @_handler
+    async def api_events(request: Request) -> Response:
+        run = run_of(request)
+        await asyncio.to_thread(run.metrics.update_all)
+        return JSONResponse({"run": run.id, **await asyncio.to_thread(run.events)})
+
+    @_handler
+    async def api_logs(request: Request) -> Response:
+        run = run_of(request)
+        return JSONResponse({"run": run.id, **await asyncio.to_thread(run.logs, request.query_params.get("q", ""))})
+
+    @_handler
+    async def api_ratings(request: Request) -> Response:
+        run = run_of(request)
+        if request.method == "POST":
+            if ratings_token is not None:
+                given = request.headers.get("x-polar-token", "")
+                if not hmac.compare_digest(given.encode(), ratings_token.encode()):
+                    return _error(401, "ratings need the dashboard's token (--ratings-token / POLAR_DASHBOARD_TOKEN): "
+                                       "enter it in the Ratings box, sent as the X-Polar-Token header")
+            try:
+                body = await request.json()
+            except ValueError:
+                raise ValueError("the rating must be a JSON object with kind, target, score and comment") from None
+            rating = ratings.validate(body)
+            info = await asyncio.to_thread(run.target_info, rating["kind"], rating["target"])
+            row = await asyncio.to_thread(ratings.append, run.path, {**rating, "task_id": info["task_id"],
+                                                                    "reward": info["reward"]})
+            return JSONResponse(row)
+        rows, skipped = await asyncio.to_thread(ratings.read, run.path)
+        return JSONResponse({"run": run.id, "ratings": list(ratings.latest(rows).values()),
+                             "agreement": ratings.agreement(rows), "skipped": skipped})
+
+    @_handler
+    async def api_reports(request: Request) -> Response:
+        return JSONResponse({"reports": await asyncio.to_thread(folder.reports)})
+
+    @_handler
+    async def api_report(request: Request) -> Response:
+        p = safe_path(folder.root, request.query_params.get("id", "") + "/report.json")
+        try:
+            data = json.loads(await asyncio.to_thread(p.read_text))
+        except FileNotFoundError:
+            raise KeyError(request.query_params.get("id", "")) from None
+        except ValueError as e:
+            return JSONResponse({"error": f"report.json is unreadable: {e}", "report": None})
+        return JSONResponse({"report": data})
+
+    @_handler
+    async def files(request: Request) -> Response:
+        p = safe_path(folder.root, request.path_params["path"])
+        if not p.is_file():
+            raise KeyError(request.path_params["path"])
+        return FileResponse(p)
+
+    async def stream(request: Request) -> Response:
+        runs = {r for r in request.query_params.get("runs", "").split(",") if r}
+        q = streams.subscribe(runs)
+
+        async def events():
+            try:
+                yield ": polar dashboard events\n\n"
+                while True:
+                    try:
+                        event, data = await asyncio.wait_for(q.get(), 15)
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    yield f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n"
+            finally:
+                streams.unsubscribe(q)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204)
+
+    routes = [
+        Route("/", index),
+        Route("/favicon.ico", favicon),
+        Route("/api/runs", api_runs),
+        Route("/api/keys", api_keys),
+        Route("/api/curves", api_curves),
+        Route("/api/sessions", api_sessions),
+        Route("/api/session", api_session),
+        Route("/api/recordings", api_recordings),
+        Route("/api/episode", api_episode),
+        Route("/api/events", api_events),
+        Route("/api/logs", api_logs),
+        Route("/api/ratings", api_ratings, methods=["GET", "POST"]),
+        Route("/api/reports", api_reports),
+        Route("/api/report", api_report),
+        Route("/api/stream", stream),
+        Route("/files/{path:path}", files),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.folder = folder
+
+    def warm() -> None:  # index every run once in the background, so the first curve needs no full read
+        for run in folder.runs().values():
+            try:
+                run.metrics.update_all()
+            except Exception:
+                log.exception("dashboard: indexing %s failed", run.path)
+
+    threading.Thread(target=warm, name="polar-dashboard-index", daemon=True).start()
+    return app

@@ -1,0 +1,215 @@
+"""An incremental, in-memory index of one run's ``metrics.jsonl``, and LTTB downsampling.
+
+The file is read once, from the byte offset the index last stopped at, and only up to the last complete
+line: a line still being written is read on the next poll, so a live run never shows half a row. Each
+numeric key becomes a pair of growable float64 arrays (x, y), so a request for a curve downsamples in
+memory and never re-reads the file. Corrupt lines are counted and skipped, never fatal.
+
+x is the row's ``env_steps``, else ``step``, else ``iteration``, else ``sft_step``, else the row number.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import orjson
+
+    _fast_loads = orjson.loads
+except ImportError:  # pragma: no cover
+    _fast_loads = json.loads
+
+
+def _loads(line: bytes):
+    try:
+        return _fast_loads(line)
+    except ValueError:
+        return json.loads(line)  # Python's json also reads NaN / Infinity, as json.dumps writes them
+
+log = logging.getLogger(__name__)
+
+X_KEYS = ("env_steps", "step", "iteration", "sft_step")
+CHUNK_BYTES = 16 << 20  # read at most this much per pass, so one poll of a huge file stays bounded
+
+
+class _Series:
+    """Growable (x, y) float64 arrays."""
+
+    __slots__ = ("n", "x", "y")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.x = np.empty(64)
+        self.y = np.empty(64)
+
+    def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        need = self.n + len(xs)
+        if need > len(self.x):
+            cap = max(need, 2 * len(self.x))
+            for name in ("x", "y"):
+                grown = np.empty(cap)
+                grown[: self.n] = getattr(self, name)[: self.n]
+                setattr(self, name, grown)
+        self.x[self.n:need] = xs
+        self.y[self.n:need] = ys
+        self.n = need
+
+
+def lttb(x: np.ndarray, y: np.ndarray, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Largest-Triangle-Three-Buckets (Steinarsson 2013): ``n_out`` points that keep a curve's shape.
+
+    The first and last points stay; each bucket between keeps the point forming the largest triangle with
+    the point kept in the bucket before and the mean of the bucket after."""
+    n = len(x)
+    if n_out >= n or n_out < 3:
+        return x, y
+    every = (n - 2) / (n_out - 2)
+    starts = (np.arange(n_out - 1) * every).astype(np.int64) + 1  # bucket i is [starts[i], starts[i+1])
+    starts[-1] = n - 1
+    out = np.empty(n_out, dtype=np.int64)
+    out[0], out[-1] = 0, n - 1
+    a = 0
+    for i in range(n_out - 2):
+        lo, hi = starts[i], max(starts[i + 1], starts[i] + 1)
+        nlo, nhi = hi, (starts[i + 2] if i + 2 < len(starts) else n)
+        if nhi <= nlo:
+            nlo, nhi = n - 1, n
+        cx, cy = x[nlo:nhi].mean(), y[nlo:nhi].mean()
+        bx, by = x[lo:hi], y[lo:hi]
+        area = np.abs((x[a] - cx) * (by - y[a]) - (x[a] - bx) * (cy - y[a]))
+        a = lo + int(np.argmax(area))
+        out[i + 1] = a
+    return x[out], y[out]
+
+
+class MetricsIndex:
+    """The curves of one ``metrics.jsonl``; ``update()`` reads whatever was appended since the last call."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.rows = 0
+        self.skipped = 0  # corrupt or non-object lines
+        self.skipped_examples: list[str] = []
+        self.series: dict[str, _Series] = {}
+        self.last_row: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        self._inode: int | None = None
+        self._cache: dict[tuple[str, int], tuple[int, list[list[float]]]] = {}
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(self.series)
+
+    def update(self, max_bytes: int = CHUNK_BYTES) -> dict[str, list[list[float]]]:
+        """Index the complete lines appended since the last call (at most ``max_bytes``); returns the new
+        points per key. A file that shrank or was replaced (``polar resume`` cuts rows) is re-indexed."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return {}
+        with self.lock:
+            if st.st_size < self.offset or (self._inode is not None and st.st_ino != self._inode):
+                self._reset()
+            self._inode = st.st_ino
+            if st.st_size == self.offset:
+                return {}
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(self.offset)
+                    data = f.read(min(max_bytes, st.st_size - self.offset))
+            except OSError as e:
+                log.warning("cannot read %s: %s", self.path, e)
+                return {}
+            end = data.rfind(b"\n")
+            if end < 0:
+                if len(data) >= max_bytes:  # one line longer than a whole chunk: not a metrics row
+                    self._skip(data[:80])
+                    self.offset += len(data)
+                return {}
+            self.offset += end + 1
+            return self._absorb(data[: end + 1].split(b"\n")[:-1])
+
+    def update_all(self) -> None:
+        """Index the whole file (in bounded chunks)."""
+        while True:
+            before = self.offset
+            self.update()
+            if self.offset == before:
+                return
+
+    def _reset(self) -> None:
+        self.offset = self.rows = self.skipped = 0
+        self.skipped_examples = []
+        self.series = {}
+        self._cache = {}
+
+    def _skip(self, line: bytes) -> None:
+        self.skipped += 1
+        if len(self.skipped_examples) < 5:
+            self.skipped_examples.append(f"row {self.rows + self.skipped}: {line[:80].decode(errors='replace')!r}")
+
+    def _absorb(self, lines: list[bytes]) -> dict[str, list[list[float]]]:
+        cols: dict[str, tuple[list[float], list[float]]] = {}
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                row = _loads(line)
+            except ValueError:
+                self._skip(line)
+                continue
+            if not isinstance(row, dict):
+                self._skip(line)
+                continue
+            x = None
+            for k in X_KEYS:
+                v = row.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    x = float(v)
+                    break
+            if x is None:
+                x = float(self.rows)
+            self.rows += 1
+            self.last_row = row
+            for k, v in row.items():
+                if isinstance(v, bool):
+                    v = float(v)
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    xs, ys = cols.setdefault(k, ([], []))
+                    xs.append(x)
+                    ys.append(float(v))
+        for k, (xs, ys) in cols.items():
+            self.series.setdefault(k, _Series()).extend(np.asarray(xs), np.asarray(ys))
+        return {k: [list(p) for p in zip(xs[-500:], ys[-500:], strict=True)] for k, (xs, ys) in cols.items()}
+
+    def curve(self, key: str, n_out: int = 1000) -> list[list[float]]:
+        """``key``'s curve as ``[[x, y], ...]``, LTTB-downsampled to at most ``n_out`` points (cached until
+        the next rows arrive)."""
+        with self.lock:
+            s = self.series.get(key)
+            if s is None:
+                return []
+            hit = self._cache.get((key, n_out))
+            if hit is not None and hit[0] == s.n:
+                return hit[1]
+            x, y = s.x[: s.n], s.y[: s.n]
+            if s.n > 1 and np.any(np.diff(x) < 0):  # a resumed run may step back: draw in x order
+                order = np.argsort(x, kind="stable")
+                x, y = x[order], y[order]
+            dx, dy = lttb(x, y, n_out)
+            pts = np.stack([dx, dy], axis=1).tolist()
+            self._cache[(key, n_out)] = (s.n, pts)
+            return pts
+
+    def summary(self) -> dict[str, Any]:
+        return {"rows": self.rows, "skipped": self.skipped, "skipped_examples": list(self.skipped_examples),
+                "keys": self.keys, "bytes_indexed": self.offset}

@@ -1,0 +1,142 @@
+"""``polar eval --record``: episodes played one at a time and kept frame by frame in the run directory::
+
+    RUN/episodes/<tag>/index.json          {tag, checkpoint, env_steps, iteration, harness, seed, deterministic,
+                                            episodes: [{id, seed, return, length, success, frames}]}
+    RUN/episodes/<tag>/<id>/steps.jsonl    one object per frame: {t, action, reward, terminated, truncated,
+                                            frame: "f_00000.png"} or {..., text: "..."}; t=0 is the reset,
+                                            with action and reward null; row t holds the action taken at
+                                            t-1 and the reward it earned
+    RUN/episodes/<tag>/<id>/f_00000.png    RGB frames (PNG)
+
+Frames come from, in order: an RGB image in the observation (a uint8 (H, W, 3) array, e.g. the key-door
+connector's ``pixels: true``), the Gymnasium env's ``render_mode="rgb_array"``, else a text render of the
+observation. JSON and PNG only: nothing here is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from polar.agents import check_act_output
+from polar.rollout.runner import obs_to_tensor
+from polar.trainers.run_dir import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+def _image_key(obs: Any) -> str | None:
+    """The key of an RGB image in a dict observation, "" for an image observation, else None."""
+    def is_img(a: Any) -> bool:
+        a = np.asarray(a)
+        return a.dtype == np.uint8 and a.ndim == 3 and a.shape[-1] == 3
+    if isinstance(obs, dict):
+        return next((k for k, v in obs.items() if is_img(v)), None)
+    return "" if is_img(obs) else None
+
+
+def _text(obs: Any) -> str:
+    def fmt(a: Any) -> str:
+        a = np.asarray(a)
+        return np.array2string(a, precision=3, suppress_small=True, max_line_width=100, threshold=400)
+    if isinstance(obs, dict):
+        return "\n".join(f"{k}: {fmt(v)}" for k, v in obs.items())
+    return fmt(obs)
+
+
+def _jsonable(a: Any) -> Any:
+    a = np.asarray(a)
+    return a.item() if a.ndim == 0 else a.tolist()
+
+
+@torch.inference_mode()
+def record_episodes(policy: Any, harness_cfg: Any, run_path: Path, episodes: int, seed: int,
+                    deterministic: bool = True, config_dir: Path | None = None, meta: dict[str, Any] | None = None,
+                    max_steps: int = 10_000) -> Path:
+    """Play ``episodes`` episodes (seeds ``seed``, ``seed + 1``, ...) on one fresh env and record them under
+    ``run_path/episodes/<tag>/``; returns that folder."""
+    from polar.harness import make_env
+
+    meta = dict(meta or {})
+    tag = f"rec_{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(run_path) / "episodes" / tag
+    n = 1
+    while out.exists():
+        n += 1
+        out = out.with_name(f"{tag}-{n}")
+    out.mkdir(parents=True)
+    render = harness_cfg.type == "gymnasium"
+    if render:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen; no display, no audio
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        harness_cfg = harness_cfg.model_copy(update={"kwargs": {**harness_cfg.kwargs, "render_mode": "rgb_array"}})
+    env = make_env(harness_cfg, config_dir)  # one plain env: no autoreset, so the final frame is the final state
+    agent = policy.agent
+    summaries = []
+    try:
+        for e in range(episodes):
+            ep_id = f"ep_{e:05d}"
+            ep_dir = out / ep_id
+            ep_dir.mkdir()
+            obs, _ = env.reset(seed=seed + e)
+            state = agent.get_initial_state(1)
+            rows: list[dict[str, Any]] = []
+            total, kinds, success = 0.0, set(), None
+
+            src = env if render else None
+            first = {"t": 0, "action": None, "reward": None, "terminated": False, "truncated": False}
+            _frame(src, ep_dir, 0, obs, first, rows, kinds)
+            for t in range(1, max_steps + 1):
+                action, state, _ = policy.act(obs_to_tensor(_batch(obs)), state, deterministic)
+                act = check_act_output(agent, action, 1, env.action_space)[0]
+                if isinstance(env.action_space, gym.spaces.Box):
+                    act = np.clip(act, env.action_space.low, env.action_space.high)
+                obs, rew, term, trunc, info = env.step(act)
+                total += float(rew)
+                _frame(src, ep_dir, t, obs, {"t": t, "action": _jsonable(act), "reward": float(rew),
+                                             "terminated": bool(term), "truncated": bool(trunc)}, rows, kinds)
+                if term or trunc:
+                    if "success" in info:
+                        success = bool(info["success"])
+                    break
+            (ep_dir / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            summaries.append({"id": ep_id, "seed": seed + e, "return": total, "length": len(rows) - 1,
+                              "success": success, "frames": "png" if kinds == {"png"} else "text"})
+    finally:
+        env.close()
+    index = {"tag": tag, **meta, "harness": harness_cfg.model_dump(mode="json"), "seed": seed,
+             "deterministic": deterministic, "created": time.time(), "episodes": summaries}
+    atomic_write_text(out / "index.json", json.dumps(index, indent=2, default=str))
+    log.info("recorded %d episodes in %s", len(summaries), out)
+    return out
+
+
+def _frame(env: Any, ep_dir: Path, t: int, obs: Any, row: dict[str, Any], rows: list, kinds: set) -> None:
+    """Add frame ``t`` to ``rows``: a PNG from an image in ``obs`` or ``env.render()``, else text."""
+    from PIL import Image
+
+    key = _image_key(obs)
+    img = (obs[key] if key else obs) if key is not None else (env.render() if env is not None else None)
+    if img is not None:
+        kinds.add("png")
+        row["frame"] = name = f"f_{t:05d}.png"
+        Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8)).save(ep_dir / name)
+    else:
+        kinds.add("text")
+        row["text"] = _text(obs)
+    rows.append(row)
+
+
+def _batch(obs: Any) -> Any:
+    """One env's observation as a batch of one, as ``AgentBase.act`` takes it."""
+    if isinstance(obs, dict):
+        return {k: np.asarray(v)[None] for k, v in obs.items()}
+    return np.asarray(obs)[None]
