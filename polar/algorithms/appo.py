@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from polar.algorithms.ppo import clip_fraction, clipped_surrogate, ppo_value_loss
 from polar.errors import ConfigError
 
 
@@ -107,17 +108,15 @@ def appo_loss(
     """PPO's clipped surrogate on V-trace advantages, plus a value loss towards ``vs`` and an entropy bonus.
 
     The ratio is against the behaviour policy that produced the data, so the clip bounds how far one
-    update moves away from it however stale it was.
+    update moves away from it however stale it was. Surrogate and value loss are PPO's own functions
+    (``polar.algorithms.ppo``): the value loss is ``vf_coef * MSE``, no 1/2, as in PPO and SB3.
     """
-    ratio = torch.exp(new_logp - behaviour_logp)
-    surr1 = ratio * advantages
-    surr2 = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
-    policy_loss = -torch.min(surr1, surr2).mean()
-    value_loss = 0.5 * (new_values - vs).pow(2).mean()
+    per_sample, ratio = clipped_surrogate(new_logp - behaviour_logp, advantages, clip_range)
+    policy_loss = per_sample.mean()
+    value_loss = ppo_value_loss(new_values, None, vs, None)
     ent = entropy.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * ent
-    clip_fraction = ((ratio - 1.0).abs() > clip_range).float().mean()
-    return APPOLossOut(loss, policy_loss.detach(), value_loss.detach(), ent.detach(), clip_fraction.detach())
+    return APPOLossOut(loss, policy_loss.detach(), value_loss.detach(), ent.detach(), clip_fraction(ratio, clip_range))
 
 
 def _flat(x, n: int):

@@ -1,7 +1,8 @@
 """GRPO: group-relative advantages and a clipped, token-level policy loss. Pure functions, no I/O.
 
 One task is sampled ``group_size`` times; each sample's advantage is its reward relative to the
-others in its group, so no value network is needed. The loss is PPO's clipped surrogate over the
+others in its group, so no value network is needed. The loss is PPO's clipped surrogate
+(``polar.algorithms.ppo.clipped_surrogate``, the one copy) over the
 tokens the policy sampled (``mask == 1``), with the importance ratio taken against the logprobs the
 engine recorded when it sampled them (the behaviour policy), plus an optional k3 KL penalty to a
 frozen reference model.
@@ -9,9 +10,16 @@ frozen reference model.
 
 from __future__ import annotations
 
+import random
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
+
+from polar.algorithms.ppo import clipped_surrogate
+from polar.config.grpo import GRPOKwargs
+from polar.types import TrajectorySample
 
 
 def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
@@ -82,12 +90,8 @@ def grpo_loss(
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
     n = float(normalizer) if normalizer is not None else float(mask.sum().clamp(min=1.0))
-    log_ratio = (logprobs - old_logprobs) * mask
-    ratio = torch.exp(log_ratio)
-    high = clip_range if clip_range_high is None else clip_range_high
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    surrogate, ratio = clipped_surrogate((logprobs - old_logprobs) * mask, advantages, clip_range, clip_range_high)
+    per_token = surrogate
     tis_w = None
     if tis_cap is not None:
         tis_w = torch.clamp(torch.exp((logprobs.detach() - old_logprobs) * mask), max=float(tis_cap))
@@ -103,9 +107,101 @@ def grpo_loss(
         m = mask.bool()
         clip_frac = ((ratio - 1.0).abs() > clip_range).float()[m].mean().item() if m.any() else 0.0
         ratio_mean = ratio[m].mean().item() if m.any() else 1.0
-        pol = (-torch.minimum(unclipped, clipped) * mask).sum().item() / n
+        pol = (surrogate * mask).sum().item() / n
         gap = (logprobs.detach() - old_logprobs).abs()[m]
         gap_mean = gap.mean().item() if m.any() else 0.0
         gap_max = gap.max().item() if m.any() else 0.0
         tis_mean = tis_w[m].mean().item() if tis_w is not None and m.any() else 1.0
     return GRPOLossOutput(loss, pol, float(kl_val.detach()), clip_frac, ratio_mean, gap_mean, gap_max, tis_mean)
+
+
+class TokenPolicy(Protocol):
+    """What the GRPO and SFT learners need of an LLM policy (``polar.models.llm_policy.LLMPolicy`` is one)."""
+
+    model: Any
+    lora: Any
+    device: torch.device
+
+    def parameters(self) -> list[torch.nn.Parameter]: ...
+
+    def collate(self, samples: list[TrajectorySample]) -> Any: ...
+
+    def logits(self, batch: Any, model: Any = None) -> torch.Tensor: ...
+
+    def base_logits(self, batch: Any) -> torch.Tensor: ...
+
+
+class GRPOLearner:
+    """The update: policy + optimizer + (optional) reference for the KL term. Knows nothing about sessions
+    (``polar.trainers.agentic_run`` turns session groups into samples and advantages).
+
+    The reference exists only when ``kl_coef > 0``: with LoRA it is the policy's own base weights with
+    the adapters switched off (``reference_kind == "adapters_off"``, no extra memory); a full fine-tune
+    keeps one frozen copy of the starting model (``"frozen_copy"``, in ``self.reference``)."""
+
+    def __init__(self, policy: TokenPolicy, kwargs: GRPOKwargs) -> None:
+        self.policy = policy
+        self.kw = kwargs
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
+        self.reference: Any = None
+        self.reference_kind = "none"
+        if kwargs.kl_coef > 0 and policy.lora is not None:
+            self.reference_kind = "adapters_off"
+        elif kwargs.kl_coef > 0:
+            import copy
+
+            self.reference = copy.deepcopy(policy.model).eval()
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+            self.reference_kind = "frozen_copy"
+
+    def reference_logprobs(self, batch: Any) -> torch.Tensor | None:
+        """Per-token logprobs of the reference over ``batch`` (no grad), or None without a KL term."""
+        if self.reference_kind == "none":
+            return None
+        if self.reference_kind == "adapters_off":
+            return token_logprobs(self.policy.base_logits(batch), batch.token_ids)
+        with torch.no_grad():
+            return token_logprobs(self.policy.logits(batch, self.reference), batch.token_ids)
+
+    def update(self, samples: list[TrajectorySample], advantages: list[float]) -> dict[str, float]:
+        """``epochs_per_step`` optimizer steps on ``samples`` (one advantage each), with gradient accumulation
+        over ``micro_batch_size`` sequences; token-level normalization over the whole batch."""
+        kw = self.kw
+        pol = self.policy
+        pol.model.train()
+        stats: defaultdict[str, float] = defaultdict(float)
+        n_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
+        order = list(range(len(samples)))
+        e_div = float(kw.epochs_per_step)  # the max is divided by the epoch count below like the sums
+        for _ in range(kw.epochs_per_step):
+            random.shuffle(order)
+            self.optimizer.zero_grad(set_to_none=True)
+            for start in range(0, len(order), kw.micro_batch_size):
+                idx = order[start:start + kw.micro_batch_size]
+                batch = pol.collate([samples[i] for i in idx])
+                adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32, device=pol.device)
+                logp = token_logprobs(pol.logits(batch), batch.token_ids)
+                ref = self.reference_logprobs(batch)
+                out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
+                                ref, kw.kl_coef, normalizer=n_tokens, tis_cap=kw.tis_cap)
+                out.loss.backward()
+                w = float(batch.loss_mask.sum()) / n_tokens
+                stats["policy_loss"] += out.policy_loss
+                stats["kl"] += out.kl
+                stats["clip_fraction"] += out.clip_fraction * w
+                stats["ratio_mean"] += out.ratio_mean * w
+                stats["logprob_gap_mean"] += out.logprob_gap_mean * w
+                stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * e_div)
+                stats["tis_weight_mean"] += out.tis_weight_mean * w
+            grad_norm = torch.nn.utils.clip_grad_norm_(pol.parameters(), kw.max_grad_norm)
+            self.optimizer.step()
+            stats["grad_norm"] = float(grad_norm)
+        e = float(kw.epochs_per_step)
+        return {k: (v / e if k != "grad_norm" else v) for k, v in stats.items()} | {"trained_tokens": n_tokens}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])

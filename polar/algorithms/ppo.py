@@ -2,25 +2,33 @@
 
 Pure, reusable pieces (no I/O, no env knowledge):
 
-- ``compute_gae``: generalized advantage estimation over time-major ``[T, N]`` tensors.
-- ``ppo_policy_loss`` / ``ppo_value_loss`` / ``ppo_loss``: clipped surrogate, optionally clipped value
-  loss, entropy bonus.
+- ``clipped_surrogate``: PPO's clipped importance-ratio objective, per sample. The one copy: PPO, APPO
+  (``polar.algorithms.appo``) and GRPO (``polar.algorithms.grpo``) all call it.
+- ``ppo_policy_loss`` / ``ppo_value_loss`` / ``ppo_loss``: the surrogate's mean, the value loss (MSE, SB3's
+  convention: ``vf_coef * MSE``, no 1/2; APPO uses the same function), the entropy bonus.
 - ``schedule_value``: constant / linear schedules (SB3's ``lin_<x>``: decays to 0 at the end).
 
-``PPOLearner`` runs epochs x minibatches over a ``RolloutBuffer`` with grad-norm clipping and an
-optional early stop on approximate KL.
+``PPOLearner`` computes GAE on the rollout (``polar.algorithms.advantages``) and runs epochs x
+minibatches with grad-norm clipping and an optional early stop on approximate KL. Every update
+differentiates ``ppo_loss``: by autograd end to end, or, for the built-in MLP with
+``policy.kwargs.fused: auto``, by autograd down to the network's outputs and a hand-written MLP
+backward from there (``polar.algorithms.ppo_fused``). Either way an edit to these functions changes
+the gradients of every run.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import logging
+
 import torch
 from torch import nn
 
+from polar.algorithms.advantages import normalize, rollout_gae
 from polar.algorithms.optim import Adam
 from polar.algorithms.ppo_fused import fused_ppo_grads, supports_fused
-from polar.buffers.rollout_buffer import RolloutBuffer
-from polar.config.ppo import DEFAULT_BATCH_SIZE
+from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
+
+log = logging.getLogger(__name__)
 
 
 def schedule_value(initial: float, kind: str, progress: float) -> float:
@@ -30,51 +38,37 @@ def schedule_value(initial: float, kind: str, progress: float) -> float:
     return initial
 
 
-def compute_gae(rewards, values, dones, last_values, gamma: float, gae_lambda: float):
-    """Advantages and returns, ``[T, N]`` (numpy arrays or torch tensors; same type back).
+def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float,
+                      clip_range_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate, to minimize, per sample: ``-min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)``.
 
-    ``dones[t]`` ends the episode at step t (the step's target is then just its reward; truncated
-    episodes must already carry ``gamma * V(final_obs)`` in their reward). ``last_values`` is V of the
-    observation after the last step. Runs in numpy: T tiny vector ops are cheaper there than in torch.
+    ``log_ratio`` is ``log pi_new - log pi_old`` (``r = exp(log_ratio)``); ``clip_range_high`` defaults to
+    ``clip_range`` (GRPO's DAPO-style asymmetric clip sets it). Returns the per-sample loss and ``r``.
     """
-    is_torch = isinstance(rewards, torch.Tensor)
-    r, v, d, last = (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (rewards, values, dones, last_values))
-    T = r.shape[0]
-    adv = np.empty_like(r)
-    not_done = 1.0 - d
-    gae = np.zeros_like(last)
-    next_values = last
-    for t in range(T - 1, -1, -1):
-        delta = r[t] + gamma * next_values * not_done[t] - v[t]
-        gae = delta + gamma * gae_lambda * not_done[t] * gae
-        adv[t] = gae
-        next_values = v[t]
-    ret = adv + v
-    if is_torch:
-        return torch.from_numpy(adv), torch.from_numpy(ret)
-    return adv, ret
+    ratio = torch.exp(log_ratio)
+    high = clip_range if clip_range_high is None else clip_range_high
+    return -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)), ratio
+
+
+def clip_fraction(ratio: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """Share of samples whose ratio is outside ``[1 - clip_range, 1 + clip_range]`` (a diagnostic)."""
+    with torch.no_grad():
+        return ((ratio - 1.0).abs() > clip_range).float().mean()
 
 
 def ppo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float):
-    """Clipped surrogate (to minimize) and the clip fraction."""
-    ratio = torch.exp(log_prob - old_log_prob)
-    surr1 = advantages * ratio
-    surr2 = advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = -torch.min(surr1, surr2).mean()
-    with torch.no_grad():
-        clip_frac = ((ratio - 1.0).abs() > clip_range).float().mean()
-    return loss, clip_frac, ratio
+    """Clipped surrogate (to minimize), the clip fraction and the ratio."""
+    per_sample, ratio = clipped_surrogate(log_prob - old_log_prob, advantages, clip_range)
+    return per_sample.mean(), clip_fraction(ratio, clip_range), ratio
 
 
-def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_range_vf: float | None):
-    """MSE to the returns; with ``clip_range_vf`` the new value is clipped around the old one (SB3 style)."""
+def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor | None, returns: torch.Tensor,
+                   clip_range_vf: float | None) -> torch.Tensor:
+    """MSE to the returns (no 1/2: the loss adds ``vf_coef *`` this, as SB3 does); with ``clip_range_vf``
+    the new value is clipped around the old one (SB3 style)."""
     if clip_range_vf is not None:
         values = old_values + torch.clamp(values - old_values, -clip_range_vf, clip_range_vf)
     return (returns - values).pow(2).mean()
-
-
-def normalize(advantages: torch.Tensor) -> torch.Tensor:
-    return (advantages - advantages.mean()) / (advantages.std() + 1e-8) if advantages.numel() > 1 else advantages
 
 
 def ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, returns, clip_range: float,
@@ -83,33 +77,41 @@ def ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, re
     """Total PPO loss and its parts (``with_stats=False`` skips the diagnostics: fewer kernels per step)."""
     if normalize_advantage:
         advantages = normalize(advantages)
-    ratio = torch.exp(log_prob - old_log_prob)
-    pg_loss = -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)).mean()
+    per_sample, ratio = clipped_surrogate(log_prob - old_log_prob, advantages, clip_range)
+    pg_loss = per_sample.mean()
     v_loss = ppo_value_loss(values, old_values, returns, clip_range_vf)
     loss = pg_loss + vf_coef * v_loss
     if ent_coef != 0.0:
-        ent = entropy.mean()
-        loss = loss - ent_coef * ent
+        loss = loss - ent_coef * entropy.mean()
     if not with_stats:
         return loss, {}
     with torch.no_grad():
         log_ratio = log_prob - old_log_prob
         approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_frac = ((ratio - 1.0).abs() > clip_range).float().mean()
     return loss, {"pg_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy.detach().mean(),
-                  "approx_kl": approx_kl, "clip_fraction": clip_frac}
+                  "approx_kl": approx_kl, "clip_fraction": clip_fraction(ratio, clip_range)}
 
 
 class PPOLearner:
-    """Owns the optimizer; ``update(buffer, progress)`` runs the PPO epochs on one batch."""
+    """Owns the optimizer; ``update(rollout, progress)`` computes GAE and runs the PPO epochs on one batch."""
 
-    def __init__(self, agent: nn.Module, kwargs, total_env_steps: int) -> None:
+    def __init__(self, agent: nn.Module, kwargs: PPOKwargs, total_env_steps: int) -> None:
         self.agent = agent
         self.kw = kwargs
         self.total_env_steps = total_env_steps
         self.params = [p for p in agent.parameters() if p.requires_grad]
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
-        self.fused = supports_fused(agent) and not getattr(kwargs, "disable_fused", False)
+        self.fused = kwargs.fused == "auto" and supports_fused(agent)
+        log.info("PPO update path: %s", self.describe_path())
+
+    def describe_path(self) -> str:
+        """Which update path runs, and why (the run log's line at start)."""
+        if self.fused:
+            return ("fused (policy.kwargs.fused: auto; built-in MLP: ppo_loss by autograd down to the network's "
+                    "outputs, then a hand-written MLP backward)")
+        if self.kw.fused == "off":
+            return "autograd (policy.kwargs.fused: off)"
+        return "autograd (policy.kwargs.fused: auto, but the agent is not the built-in MLP with separate actor and critic)"
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
         """Samples per minibatch (flat; ``num_minibatches``, else ``batch_size``, else 64 samples, so the
@@ -125,8 +127,12 @@ class PPOLearner:
             return max(1, batch_samples // kw.num_minibatches)
         return min(batch_samples, kw.batch_size or DEFAULT_BATCH_SIZE)
 
-    def update(self, buf: RolloutBuffer, progress: float) -> dict[str, float]:
+    def update(self, buf, progress: float, reward_scale: float = 1.0,
+               reward_clip: float | None = None) -> dict[str, float]:
+        """GAE on ``buf`` (a ``polar.buffers.RolloutBuffer``; rewards scaled by ``reward_scale`` and clipped
+        to ``reward_clip``), then the epochs x minibatches; returns the mean diagnostics."""
         kw = self.kw
+        buf.advantages, buf.returns = rollout_gae(buf, kw.gamma, kw.gae_lambda, reward_scale, reward_clip)
         lr = schedule_value(kw.learning_rate, kw.lr_schedule, progress)
         clip = schedule_value(kw.clip_range, kw.clip_range_schedule, progress)
         self.optimizer.lr = lr
@@ -146,18 +152,18 @@ class PPOLearner:
             epochs += 1
             stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
             for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
-                if self.fused:  # same gradients as the autograd branch, without the graph (polar.algorithms.ppo_fused)
-                    adv = normalize(batch.advantages) if norm_per_mb else batch.advantages
-                    st = fused_ppo_grads(self.agent, batch.obs, batch.actions, batch.log_probs, batch.values, adv,
-                                         batch.returns, clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, stats_now)
+                def loss_of(logp, ent, values, batch=batch, stats_now=stats_now):
+                    return ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
+                                    clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
+
+                if self.fused:  # the same ppo_loss, by autograd down to the MLP's outputs (polar.algorithms.ppo_fused)
+                    st = fused_ppo_grads(self.agent, batch.obs, batch.actions, loss_of)
                     if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
                         stop = True
                         break
                 else:
-                    logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state,
-                                                                    batch.episode_starts)
-                    loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
-                                        clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
+                    loss, st = loss_of(*self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state,
+                                                                    batch.episode_starts))
                     if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
                         stop = True
                         break
@@ -187,4 +193,5 @@ class PPOLearner:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-__all__ = ["PPOLearner", "compute_gae", "ppo_loss", "ppo_policy_loss", "ppo_value_loss", "schedule_value"]
+__all__ = ["PPOLearner", "clip_fraction", "clipped_surrogate", "ppo_loss", "ppo_policy_loss", "ppo_value_loss",
+           "schedule_value"]

@@ -1,7 +1,9 @@
-"""On-policy rollout buffer: fragments -> one time-major batch -> advantages -> minibatches.
+"""On-policy rollout buffer: fragments -> one time-major batch -> minibatches. Plain storage.
 
 Fragments from different workers are joined along the env axis (each column is one env's
-contiguous T steps), so GAE and recurrent sequence replay never cross workers.
+contiguous T steps), so GAE and recurrent sequence replay never cross workers. The learner computes
+the advantages and returns (``polar.algorithms.advantages``) and stores them here before it asks
+for minibatches.
 """
 
 from __future__ import annotations
@@ -70,24 +72,20 @@ class RolloutBuffer:
         else:
             self.initial_state = None
         self.num_steps, self.num_envs = self.rewards.shape
-        self.advantages: torch.Tensor | None = None
+        self.advantages: torch.Tensor | None = None  # [T, N], set by the learner before minibatches
         self.returns: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
         return self.num_steps * self.num_envs
 
-    def compute_advantages(self, gamma: float, gae_lambda: float, reward_scale: float = 1.0, clip_reward: float | None = None) -> None:
-        from polar.algorithms.ppo import compute_gae
-
-        rewards = self.rewards * reward_scale
-        if clip_reward is not None:
-            rewards = rewards.clamp(-clip_reward, clip_reward)
-        rewards = rewards + gamma * self.trunc_values  # bootstrap truncated episodes from V(final_obs)
-        dones = torch.maximum(self.terminated, self.truncated)
-        self.advantages, self.returns = compute_gae(rewards, self.values, dones, self.last_values, gamma, gae_lambda)
+    def _require_targets(self) -> None:
+        if self.advantages is None or self.returns is None:
+            raise RuntimeError("RolloutBuffer: advantages/returns are not set; the learner stores them first "
+                               "(polar.algorithms.advantages.rollout_gae) before asking for minibatches")
 
     def _flat(self):
+        self._require_targets()
         n = self.num_samples
         obs = {k: v.reshape(n, *v.shape[2:]) for k, v in self.obs.items()} if isinstance(self.obs, dict) else self.obs.reshape(n, *self.obs.shape[2:])
         return (obs, self.actions.reshape(n, *self.actions.shape[2:]), self.log_probs.reshape(n), self.values.reshape(n),
@@ -107,6 +105,7 @@ class RolloutBuffer:
 
     def sequence_minibatches(self, num_columns: int):
         """Minibatches of whole env columns ``[T, B]`` with their initial state, for recurrent replay."""
+        self._require_targets()
         perm = torch.randperm(self.num_envs)
         for start in range(0, self.num_envs, num_columns):
             idx = perm[start:start + num_columns]

@@ -35,7 +35,7 @@ def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: f
     import tempfile
 
     from polar.errors import ConfigError
-    from polar.harness.agent.tasks import load_tasks
+    from polar.harness.sessions import load_run_tasks as load_tasks
     from polar.rollout.sessions.session import SessionStatus
     from polar.trainers.agentic_run import build_stack
     from polar.trajectory import write_parquet

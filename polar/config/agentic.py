@@ -8,7 +8,8 @@ from pydantic import Field, field_validator
 
 from polar.config.base import StrictModel, did_you_mean
 
-VERIFIER_TYPES = ("exact_match", "numeric", "regex", "python_tests", "workspace", "none")
+VERIFIER_TYPES = ("exact_match", "numeric", "regex", "python_tests", "workspace", "none",
+                  "env_return", "humaneval", "reasoning_gym", "lm_eval")
 
 
 class VerifierConfig(StrictModel):

@@ -19,7 +19,8 @@ class APPOKwargs(StrictModel):
     clip_range: float = Field(0.2, gt=0, description="PPO-style clip on the target/behaviour ratio")
     vtrace_clip_rho: float = Field(1.0, gt=0, description="rho-bar: truncation of importance weights in the TD term")
     vtrace_clip_c: float = Field(1.0, gt=0, description="c-bar: truncation of the trace-cutting weights")
-    vf_coef: float = Field(0.5, ge=0)
+    # value loss = vf_coef * MSE (PPO's and SB3's convention); 0.25 is the 0.5 * (MSE / 2) APPO used before
+    vf_coef: float = Field(0.25, ge=0, description="weight of the value loss, vf_coef * MSE to the V-trace targets")
     ent_coef: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
     # Minibatches of a fixed size over each fragment, two epochs: 2 gradient steps per 64 env steps

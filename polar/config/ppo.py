@@ -54,6 +54,11 @@ class PPOKwargs(StrictModel):
     clip_reward: float = Field(10.0, gt=0)
     target_kl: float | None = Field(None, gt=0, description="stop the epoch loop early when approx KL exceeds this")
     adam_eps: float = Field(1e-5, gt=0)
+    fused: Literal["auto", "off"] = Field(
+        "auto", description="auto: the built-in MLP agent's update runs ppo_loss by autograd down to the network's "
+        "outputs and a hand-written MLP backward from there (same gradients, less overhead; "
+        "polar.algorithms.ppo_fused); other agents, and off, use autograd end to end. The run log says which runs."
+    )
 
     @model_validator(mode="after")
     def _one_minibatch_rule(self) -> PPOKwargs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 
 from polar.config.agent import AgentConfig, BuiltinAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
@@ -13,6 +13,7 @@ from polar.config.base import StrictModel
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import SFTWarmupConfig
 from polar.config.harness import HarnessConfig
+from polar.config.llm_agent import TaskSource, overlapping_seeds
 from polar.config.policy import PolicyConfig
 from polar.config.sections import DistributionConfig, EvalConfig, LoggingConfig
 
@@ -33,16 +34,24 @@ class RunConfig(StrictModel):
         "count it (nonfinite_skipped_fragments); a non-finite loss always fails")
 
     # agentic runs (harness.type == agent)
-    tasks: str | None = None
+    tasks: str | TaskSource | None = Field(None, description="a tasks JSONL, or a generated source (seeds, ...)")
     verifier: VerifierConfig | None = None
     model: ModelConfig | None = None
     trajectory: TrajectoryConfig = Field(default_factory=TrajectoryConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
-    eval_tasks: str | None = Field(None, description="held-out tasks JSONL scored at start/end of training")
+    eval_tasks: str | TaskSource | None = Field(
+        None, description="held-out tasks (JSONL or a generated source) scored at start/end of training")
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     sft_warmup: SFTWarmupConfig | None = None
 
     _config_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _disjoint_tasks(self) -> RunConfig:
+        why = overlapping_seeds(self.tasks, self.eval_tasks)
+        if why:
+            raise ValueError(why)
+        return self
 
     @property
     def config_dir(self) -> Path:

@@ -192,17 +192,22 @@ class ActorCriticAgent(AgentBase):
         info["values"] = values.squeeze(-1)
         return action, state, info
 
+    def evaluate_outputs(self, pi_out: torch.Tensor, values: torch.Tensor, actions: torch.Tensor):
+        """(log_prob, entropy, values) of ``actions`` from the plain MLP heads' outputs ``[B, P]`` and ``[B]``.
+
+        ``evaluate_actions`` ends here, and so does the fused PPO update (``polar.algorithms.ppo_fused``),
+        which runs the MLP itself: both differentiate the same distribution code."""
+        if self._categorical:
+            logp_all = torch.log_softmax(pi_out, -1)
+            logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+            return logp, -(logp_all.exp() * logp_all).sum(-1), values
+        info = {"mean": pi_out, "log_std": self.log_std} if self.gaussian else {"logits": pi_out}
+        return self._dist.log_prob(info, actions), self._dist.entropy(info), values
+
     def evaluate_actions(self, observation, actions, internal_state=None, episode_starts=None):
         if self._fast is not None:
             x = observation.float() if observation.dtype != torch.float32 else observation
-            out = _run_layers(self._fast[0], x)
-            values = _run_layers(self._fast[1], x).squeeze(-1)
-            if self._categorical:
-                logp_all = torch.log_softmax(out, -1)
-                logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-                return logp, -(logp_all.exp() * logp_all).sum(-1), values
-            info = {"mean": out, "log_std": self.log_std} if self.gaussian else {"logits": out}
-            return self._dist.log_prob(info, actions), self._dist.entropy(info), values
+            return self.evaluate_outputs(_run_layers(self._fast[0], x), _run_layers(self._fast[1], x).squeeze(-1), actions)
         if not self.recurrent:
             pi_feat, vf_feat, _ = self._forward(observation, None)
             info = self._params(pi_feat)

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from polar.errors import ConfigError
-from polar.harness.agent.build import build_runner
-from polar.harness.agent.tasks import load_tasks, resolve
-from polar.harness.agent.verifiers import build_verifier
+from polar.harness.agent.tasks import resolve
+from polar.harness.sessions import agent_timeout_s, session_runner, session_verifier
+from polar.harness.sessions import load_run_tasks as load_tasks
 from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
 
@@ -24,12 +24,12 @@ log = logging.getLogger(__name__)
 
 def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineSettings:
     s, h = cfg.sessions, cfg.harness
-    template = str(resolve(h.cwd, cfg.config_dir)) if h.cwd else None
+    template = str(resolve(h.cwd, cfg.config_dir)) if getattr(h, "cwd", None) else None
     if template and not Path(template).is_dir():
         raise ConfigError(f"harness.cwd {h.cwd!r} is not a directory (resolved next to the config: {template})")
     return PipelineSettings(
         max_init_workers=s.max_init_workers, max_run_workers=s.max_run_workers, max_postrun_workers=s.max_postrun_workers,
-        session_budget_s=s.session_budget_s, agent_timeout_s=h.timeout_s,
+        session_budget_s=s.session_budget_s, agent_timeout_s=agent_timeout_s(cfg),
         verifier_timeout_s=cfg.verifier.timeout_s if cfg.verifier else 60.0, builder=cfg.trajectory.builder,
         workspace_root=s.workspace_root or (str(workspace_root) if workspace_root else None), template_dir=template,
         keep_workspaces=s.keep_workspaces, max_node_retries=s.max_node_retries, node_wait_s=s.node_wait_s,
@@ -41,11 +41,9 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
     (default: the run's ``gateway/sessions/``)."""
     from polar.inference import load_engine
 
-    if cfg.harness.type != "agent":
-        raise ConfigError(f"harness.type {cfg.harness.type!r}: agentic training needs harness.type: agent")
     # runner, verifier and settings first: a bad harness fails before minutes of engine start
-    runner = build_runner(cfg.harness, cfg.config_dir)
-    verifier = build_verifier(cfg.verifier, cfg.config_dir)
+    runner = session_runner(cfg)  # a ConfigError when cfg is no agent run
+    verifier = session_verifier(cfg)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     owned = engine is None
     if engine is None:
@@ -235,9 +233,10 @@ def run_from_cli(cfg: Any, args: Any) -> int:
     """``polar run`` for agent harnesses: create the run dir, train, print the held-out numbers."""
     from rich.console import Console
 
+    from polar.config.llm_agent import is_agent_run
     from polar.trainers.run_dir import RunDir
 
-    if cfg.harness.type != "agent" or cfg.policy.type not in ("grpo", "sft"):
+    if not is_agent_run(cfg) or cfg.policy.type not in ("grpo", "sft"):
         raise ConfigError(
             f"harness.type {cfg.harness.type!r} with policy.type {cfg.policy.type!r}: agent harnesses train with "
             "grpo or sft, and grpo/sft need harness.type: agent"

@@ -66,7 +66,7 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
         from polar.harness.agent.runners import import_callable
 
         import_callable(h.callable, cfg.config_dir)
-    from polar.harness.agent.tasks import load_tasks
+    from polar.harness.sessions import load_run_tasks as load_tasks
 
     # policy sft (without sft_warmup) reads `tasks` as its demonstrations (chat JSONL), not as prompts
     demos = cfg.policy.type == "sft" and cfg.sft_warmup is None

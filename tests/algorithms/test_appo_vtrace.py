@@ -125,4 +125,4 @@ def test_appo_loss_gradient_raises_logp_of_positive_advantage_actions():
     )
     out.loss.backward()
     assert new_logp.grad[0] < 0 < new_logp.grad[1]  # descent raises logp of the good action
-    assert out.value_loss.item() == pytest.approx(0.5)
+    assert out.value_loss.item() == pytest.approx(1.0)  # MSE, PPO's convention (vf_coef outside, no 1/2)

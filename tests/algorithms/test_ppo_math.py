@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from polar.algorithms.advantages import compute_gae, rollout_gae
 from polar.algorithms.optim import Adam
-from polar.algorithms.ppo import compute_gae, ppo_loss, ppo_policy_loss, ppo_value_loss, schedule_value
+from polar.algorithms.ppo import ppo_loss, ppo_policy_loss, ppo_value_loss, schedule_value
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.types import Fragment
 
@@ -56,11 +57,16 @@ def test_truncation_bootstraps_from_final_obs_value_and_termination_does_not():
     frag = _fragment(rewards=one, values=values, terminated=np.array([[0, 1]], np.float32),
                      truncated=np.array([[1, 0]], np.float32), trunc_values=np.array([[5.0, 0.0]], np.float32),
                      last_values=np.array([100.0, 100.0], np.float32))
-    buf = RolloutBuffer([frag])
-    buf.compute_advantages(gamma=0.9, gae_lambda=1.0)
-    assert buf.returns[0, 0].item() == pytest.approx(1.0 + 0.9 * 5.0)  # bootstrapped from the final obs
-    assert buf.returns[0, 1].item() == pytest.approx(1.0)  # terminal: no bootstrap
+    _, returns = rollout_gae(RolloutBuffer([frag]), gamma=0.9, gae_lambda=1.0)
+    assert returns[0, 0].item() == pytest.approx(1.0 + 0.9 * 5.0)  # bootstrapped from the final obs
+    assert returns[0, 1].item() == pytest.approx(1.0)  # terminal: no bootstrap
     del zero
+
+
+def test_minibatches_before_advantages_is_a_clear_error():
+    frag = _fragment(*(np.zeros((2, 1), np.float32) for _ in range(5)), last_values=np.zeros(1, np.float32))
+    with pytest.raises(RuntimeError, match="advantages/returns are not set"):
+        next(RolloutBuffer([frag]).minibatches(1))
 
 
 def test_clipped_surrogate_stops_gradient_beyond_the_clip():
@@ -149,7 +155,8 @@ def test_fused_gradients_equal_autograd(discrete, clip_range_vf, ent_coef):
     loss.backward()
     expected = opt.flat_grad.clone()
     opt.zero_grad()
-    stats = fused_ppo_grads(agent, obs, actions, old_logp, old_v, adv, ret, 0.2, clip_range_vf, ent_coef, 0.5, True)
+    stats = fused_ppo_grads(agent, obs, actions, lambda lp, e, val: ppo_loss(
+        lp, e, val, old_logp, old_v, adv, ret, 0.2, clip_range_vf, ent_coef, 0.5, False))
     torch.testing.assert_close(opt.flat_grad, expected, atol=1e-6, rtol=1e-5)
     assert expected.abs().max() > 1e-3
     for k in ("pg_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):

@@ -53,7 +53,7 @@ class SandboxOptions:
     """``preset_options.sandbox``. ``auto`` picks the strongest layer this machine supports."""
 
     runtime: Literal["auto", "bwrap", "none"] = "auto"
-    network: Literal["gateway", "host"] = "gateway"
+    network: Literal["gateway", "host", "none"] = "gateway"  # none: no network at all (code execution)
     user: Literal["auto", "nobody", "current"] = "auto"
     ro_binds: list[str] = field(default_factory=list)
     keep: bool = False
@@ -71,7 +71,7 @@ class SandboxOptions:
                 f"valid keys: {', '.join(sorted(known))}"
             )
         opts = cls(**d)
-        for name, allowed in (("runtime", ("auto", "bwrap", "none")), ("network", ("gateway", "host")),
+        for name, allowed in (("runtime", ("auto", "bwrap", "none")), ("network", ("gateway", "host", "none")),
                               ("user", ("auto", "nobody", "current"))):
             if getattr(opts, name) not in allowed:
                 raise ConfigError(
@@ -270,7 +270,8 @@ class Sandbox:
     def report(self) -> dict[str, Any]:
         return {
             "runtime": "bwrap" if self.use_bwrap else "none",
-            "network": "gateway-only" if self.isolated else "host",
+            "network": "gateway-only" if self.isolated else "none" if self.options.network == "none" and self.use_bwrap
+            else "host",
             "user": "nobody" if self.uid is not None else "current",
         }
 
@@ -308,7 +309,7 @@ class Sandbox:
              "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if os.geteuid() != 0:
             b.append("--unshare-user")
-        if self.isolated:
+        if self.isolated or self.options.network == "none":
             b.append("--unshare-net")
         b += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):

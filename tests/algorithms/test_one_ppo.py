@@ -1,0 +1,147 @@
+"""One PPO: the clipped surrogate lives in one function, and a run with the default config learns from it.
+
+The newcomer's test: edit ``clipped_surrogate`` (here: replace it) and the gradients of a default-config
+PPO run change, on the path that run really takes (the fused path for the built-in MLP).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import polar.algorithms.ppo as ppo_mod
+from polar.algorithms import appo, grpo
+from polar.algorithms.ppo import PPOLearner, clipped_surrogate, ppo_value_loss
+from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config import RunConfig, validate
+from polar.errors import ConfigError
+from polar.models.policy import build_policy
+from polar.rollout.backends.base import make_backend
+
+DEFAULT = {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}}
+
+
+def _config(**kwargs):
+    return validate(RunConfig, {**DEFAULT, "policy": {"type": "ppo", "kwargs": kwargs}})
+
+
+@pytest.fixture(scope="module")
+def default_rollout():
+    """One real rollout of the default config (8 CartPole envs in-process, 128 steps each) and its initial weights."""
+    cfg = _config()
+    torch.manual_seed(0)
+    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    try:
+        backend.start(policy.state_dict(), 0, policy=policy)
+        frag = backend.next_fragment()
+    finally:
+        backend.close()
+    return cfg, policy, {k: v.clone() for k, v in policy.state_dict().items()}, frag
+
+
+def _update_grads(default_rollout, fused: str = "auto") -> tuple[PPOLearner, list[torch.Tensor]]:
+    """The gradient of every optimizer step of one default-config PPO update (160 steps)."""
+    cfg, policy, initial, frag = default_rollout
+    policy.load_state_dict(initial)
+    kw = cfg.policy.kwargs.model_copy(update={"fused": fused})
+    learner = PPOLearner(policy.agent, kw, cfg.total_env_steps)
+    grads: list[torch.Tensor] = []
+    step = learner.optimizer.step
+
+    def recording_step():
+        grads.append(torch.cat([p.grad.reshape(-1) for p in learner.params]).clone())
+        step()
+
+    learner.optimizer.step = recording_step
+    torch.manual_seed(1)  # the same minibatch order every time
+    learner.update(RolloutBuffer([frag]), progress=0.0)
+    return learner, grads
+
+
+def _doubled(log_ratio, advantages, clip_range, clip_range_high=None):
+    per_sample, ratio = clipped_surrogate(log_ratio, advantages, clip_range, clip_range_high)
+    return 2.0 * per_sample, ratio
+
+
+def _tight_clip(log_ratio, advantages, clip_range, clip_range_high=None):
+    return clipped_surrogate(log_ratio, advantages, 0.02)
+
+
+def test_editing_the_surrogate_changes_the_default_runs_gradients(default_rollout, monkeypatch):
+    learner, base = _update_grads(default_rollout)
+    assert learner.fused, "the default config's built-in MLP should take the fused path"
+    assert len(base) == 160 and base[0].abs().max() > 1e-4
+    _, again = _update_grads(default_rollout)
+    assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))  # deterministic: a change is the edit's
+
+    monkeypatch.setattr(ppo_mod, "clipped_surrogate", _doubled)
+    _, doubled = _update_grads(default_rollout)
+    assert not torch.allclose(doubled[0], base[0])  # from the very first step
+
+    monkeypatch.setattr(ppo_mod, "clipped_surrogate", _tight_clip)
+    _, tight = _update_grads(default_rollout)
+    torch.testing.assert_close(tight[0], base[0])  # ratio 1 on the first step: the clip does not bind yet
+    assert max((t - b).abs().max().item() for t, b in zip(tight, base, strict=True)) > 1e-3  # then it does
+
+
+def test_fused_and_autograd_paths_agree_on_the_default_run_also_when_the_surrogate_is_edited(default_rollout,
+                                                                                              monkeypatch):
+    for surrogate in (clipped_surrogate, _doubled):
+        monkeypatch.setattr(ppo_mod, "clipped_surrogate", surrogate)
+        fused_learner, fused = _update_grads(default_rollout, "auto")
+        auto_learner, autograd = _update_grads(default_rollout, "off")
+        assert fused_learner.fused and not auto_learner.fused
+        for f, a in zip(fused[:20], autograd[:20], strict=True):  # later steps drift apart by float rounding
+            torch.testing.assert_close(f, a, atol=1e-6, rtol=1e-4)
+
+
+def test_the_run_log_says_which_path_runs(default_rollout, caplog):
+    cfg, policy, _, _ = default_rollout
+    with caplog.at_level(logging.INFO, logger="polar.algorithms.ppo"):
+        PPOLearner(policy.agent, cfg.policy.kwargs, 1)
+        PPOLearner(policy.agent, cfg.policy.kwargs.model_copy(update={"fused": "off"}), 1)
+    lines = [r.getMessage() for r in caplog.records if r.name == "polar.algorithms.ppo"]
+    assert lines[0].startswith("PPO update path: fused (policy.kwargs.fused: auto")
+    assert lines[1] == "PPO update path: autograd (policy.kwargs.fused: off)"
+
+    from gymnasium import spaces
+
+    from polar.config.agent import BuiltinAgentConfig
+    from polar.models import build_agent
+
+    lstm = build_agent(BuiltinAgentConfig(type="lstm"), spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="polar.algorithms.ppo"):
+        assert not PPOLearner(lstm, cfg.policy.kwargs, 1).fused
+    assert "autograd (policy.kwargs.fused: auto, but the agent is not the built-in MLP" in caplog.text
+
+
+def test_fused_is_a_typed_option():
+    assert _config().policy.kwargs.fused == "auto"
+    assert _config(fused="off").policy.kwargs.fused == "off"
+    with pytest.raises(ConfigError, match=r"policy\.kwargs\.fused.*'auto' or 'off'"):
+        _config(fused="yes")
+
+
+def test_appo_and_grpo_use_the_one_surrogate_and_ppos_value_loss():
+    assert appo.clipped_surrogate is clipped_surrogate and grpo.clipped_surrogate is clipped_surrogate
+    torch.manual_seed(0)
+    new, old, adv = torch.randn(32) * 0.3, torch.randn(32) * 0.3, torch.randn(32)
+    v, vs = torch.randn(32), torch.randn(32)
+    out = appo.appo_loss(new, old, adv, v, vs, torch.zeros(32), clip_range=0.2, vf_coef=0.25, ent_coef=0.0)
+    torch.testing.assert_close(out.policy_loss, clipped_surrogate(new - old, adv, 0.2)[0].mean())
+    torch.testing.assert_close(out.value_loss, ppo_value_loss(v, None, vs, None))  # MSE, no 1/2
+    g = grpo.grpo_loss(new[None], old[None], adv[None], torch.ones(1, 32), clip_range=0.2, clip_range_high=0.28)
+    torch.testing.assert_close(g.loss, clipped_surrogate(new - old, adv, 0.2, 0.28)[0].mean())
+
+
+def test_the_clip_is_written_once():
+    """No algorithm module clamps an importance ratio itself: they all call ``clipped_surrogate``."""
+    root = Path(ppo_mod.__file__).resolve().parents[1]
+    writers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "clamp(ratio" in p.read_text())
+    assert writers == ["algorithms/ppo.py"]
