@@ -26,33 +26,7 @@ def did_you_mean(name: str, candidates: list[str] | set[str], n: int = 3) -> str
     return f" (did you mean: {', '.join(close)}?)" if close else ""
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """Walk a pydantic model class along an error location to find the model that owns the last key."""
-    current: Any = model
-    for part in loc[:-1]:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            # discriminated union tags (e.g. 'gymnasium') appear in loc; find the member by tag
-            return None
-        current = _unwrap(field.annotation, loc)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _unwrap(annotation: Any, loc: tuple[Any, ...]) -> Any:
-    from typing import get_args
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = _unwrap(arg, loc)
-        if found is not None:
-            return found
-    return None
-
-
-def format_validation_error(err: ValidationError, model: type[BaseModel], source: str = "config") -> str:
+def format_validation_error(err: ValidationError, model: Any, source: str = "config") -> str:
     """Turn a pydantic ValidationError into one line per problem: path, what, and how to fix it."""
     lines = []
     for e in err.errors():
@@ -65,6 +39,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
             hint = did_you_mean(key, owner) if owner else ""
             valid = f" Valid keys here: {', '.join(sorted(owner))}." if owner else ""
             lines.append(f"{source}: unknown key '{path}'{hint}.{valid}")
+        elif kind == "run_section":  # a section of the other kind of run (polar.config.run)
+            lines.append(f"{source}: {e['msg']}.")
         elif kind == "missing":
             lines.append(f"{source}: missing required key '{path}'.")
         elif kind in ("union_tag_invalid", "literal_error"):
@@ -78,7 +54,7 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
     return "\n".join(lines)
 
 
-def _display_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> list[Any]:
+def _display_loc(model: Any, loc: tuple[Any, ...]) -> list[Any]:
     """Drop discriminated-union tags (``policy.ppo.kwargs`` -> ``policy.kwargs``) from an error location."""
     out: list[Any] = []
     current: Any = model
@@ -115,7 +91,7 @@ def _optional_model(annotation: Any) -> Any:
     return None
 
 
-def _owner_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
+def _owner_fields(model: Any, loc: tuple[Any, ...]) -> set[str]:
     """Field names (and aliases) valid at the location of an unknown key, best effort."""
     current: Any = model
     for part in loc[:-1]:
@@ -137,13 +113,23 @@ def _owner_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
 
 
 def _union_member(annotation: Any, tag: str | None) -> Any:
-    from typing import Literal, get_args, get_origin
+    from typing import Annotated, Literal, get_args, get_origin
 
-    members = []
+    from pydantic import Tag
+
+    members: list[Any] = []
+    tagged: dict[str, Any] = {}  # members of a union with a callable discriminator: Annotated[Model, Tag(t)]
 
     def collect(a: Any) -> None:
         if isinstance(a, type) and issubclass(a, BaseModel):
             members.append(a)
+            return
+        if get_origin(a) is Annotated:
+            inner, *meta = get_args(a)
+            for m in meta:
+                if isinstance(m, Tag) and isinstance(inner, type) and issubclass(inner, BaseModel):
+                    tagged[m.tag] = inner
+            collect(inner)
             return
         for arg in get_args(a):
             collect(arg)
@@ -151,6 +137,8 @@ def _union_member(annotation: Any, tag: str | None) -> Any:
     collect(annotation)
     if tag is None:
         return members[0] if len(members) == 1 else None
+    if tag in tagged:
+        return tagged[tag]
     for m in members:
         for f in m.model_fields.values():
             if get_origin(f.annotation) is Literal and tag in get_args(f.annotation):
@@ -158,9 +146,25 @@ def _union_member(annotation: Any, tag: str | None) -> Any:
     return members[0] if len(members) == 1 else None
 
 
-def validate(model: type[BaseModel], data: Any, source: str = "config") -> Any:
-    """Validate ``data`` against ``model``; raise ConfigError with readable lines on failure."""
+def validate(model: Any, data: Any, source: str = "config") -> Any:
+    """Validate ``data`` against ``model`` (a model class, or a union such as ``RunConfig``); raise ConfigError
+    with readable lines on failure."""
     try:
-        return model.model_validate(data)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return model.model_validate(data)
+        return _adapter(model).validate_python(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, model, source)) from None
+
+
+_ADAPTERS: dict[int, Any] = {}
+
+
+def _adapter(annotation: Any) -> Any:
+    """One ``TypeAdapter`` per annotation (building one compiles a validator)."""
+    from pydantic import TypeAdapter
+
+    key = id(annotation)
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = (annotation, TypeAdapter(annotation))
+    return _ADAPTERS[key][1]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from polar.config.base import format_validation_error, validate
 from polar.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from polar.config.run import AgentRunConfig, EnvRunConfig
 
 
 class _Loader(yaml.SafeLoader):
@@ -97,13 +102,15 @@ def validate_with_overrides(model: Any, data: dict[str, Any], overrides: list[st
     """``validate``, where an override that YAML read as a number lands on a field the schema says is a
     string: that field gets the text as typed (``-o harness.connector_spec.env.PORT=400`` is ``"400"``,
     and ``007`` stays ``"007"``), as a YAML file would with quotes."""
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
-    from polar.config.base import _display_loc
+    from polar.config.base import _adapter, _display_loc
 
     texts = _number_texts(overrides)
     try:
-        return model.model_validate(data)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return model.model_validate(data)
+        return _adapter(model).validate_python(data)
     except ValidationError as err:
         fixed = False
         for e in err.errors():
@@ -119,17 +126,17 @@ def validate_with_overrides(model: Any, data: dict[str, Any], overrides: list[st
     return validate(model, data, source=source)
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None):
+def load_config(path: str | Path, overrides: list[str] | None = None) -> EnvRunConfig | AgentRunConfig:
     """Load, override and strictly validate a run config. Module paths resolve next to the file."""
     from polar.config.run import RunConfig
 
     p = Path(path).resolve()
     data = apply_overrides(read_yaml_file(p), overrides)
-    cfg = validate_with_overrides(RunConfig, data, overrides, source=str(path))
+    cfg: EnvRunConfig | AgentRunConfig = validate_with_overrides(RunConfig, data, overrides, source=str(path))
     cfg._config_dir = p.parent
     return cfg
 
 
-def dump_config(cfg) -> str:
+def dump_config(cfg: BaseModel) -> str:
     """The resolved config as YAML (what ``config.resolved.yaml`` holds)."""
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=False), sort_keys=False)

@@ -1,40 +1,120 @@
-"""The top-level run config: one YAML file per run (``polar run --config FILE``)."""
+"""The top-level run config: one YAML file per run (``polar run --config FILE``).
+
+``RunConfig`` is a union of two kinds of run, each with only its own sections:
+
+- ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | custom``) driven by a
+  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments.
+- ``AgentRunConfig`` (``kind == "agent"``): an LLM behind the gateway, trained with GRPO or SFT on sessions.
+  Either a black-box agent harness (``harness.type: agent``), or an env harness whose policy is the built-in
+  LLM agent (``agent: {type: llm}``).
+
+Which kind a mapping is, is decided in one place, ``run_kind_of`` (the union's callable discriminator): it
+depends on ``harness.type`` and ``agent.type``. A new kind of run is a new member class plus a branch there.
+A section of the other kind (``gateway:`` in an env run, ``eval:`` in an agent run) is an error that names the
+key and the kind of run it belongs to.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
-from polar.config.agent import AgentConfig, BuiltinAgentConfig
+from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
-from polar.config.base import StrictModel
+from polar.config.base import StrictModel, did_you_mean
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import SFTWarmupConfig
-from polar.config.harness import HarnessConfig
-from polar.config.llm_agent import TaskSource, overlapping_seeds
-from polar.config.policy import PolicyConfig
+from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
+from polar.config.policy import (
+    APPOPolicyConfig,
+    DQNPolicyConfig,
+    GRPOPolicyConfig,
+    PPOPolicyConfig,
+    SACPolicyConfig,
+    SFTPolicyConfig,
+)
 from polar.config.sections import DistributionConfig, EvalConfig, LoggingConfig
 
+RunKind = Literal["env", "agent"]
 
-class RunConfig(StrictModel):
+
+def _types(*models: type[StrictModel]) -> tuple[str, ...]:
+    return tuple(t for m in models for t in get_args(m.model_fields["type"].annotation))
+
+
+HARNESS_TYPES = _types(GymnasiumHarnessConfig, CustomHarnessConfig, AgentHarnessConfig)
+AGENT_TYPES = _types(BuiltinAgentConfig, CustomAgentConfig, LLMAgentConfig)
+ENV_POLICIES = ("ppo", "appo", "dqn", "sac")
+AGENT_POLICIES = ("grpo", "sft")
+
+_AGENT_RUN = "agent runs (harness.type: agent, or agent: {type: llm} on an env harness)"
+_ENV_RUN = "env runs (harness.type: gymnasium or custom, with a network agent)"
+
+
+class _RunBase(StrictModel):
+    """Sections every run has."""
+
+    kind: ClassVar[RunKind]
+
     name: str = "run"
-    harness: HarnessConfig
-    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
-    policy: PolicyConfig
     distribution: DistributionConfig = Field(default_factory=DistributionConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    seed: int = 0
+
+    _config_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def config_dir(self) -> Path:
+        """Directory of the YAML file; user modules resolve here first, then the working directory."""
+        return self._config_dir or Path.cwd()
+
+
+EnvPolicyConfig = Annotated[
+    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig, Field(discriminator="type")]
+AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
+EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig, Field(discriminator="type")]
+NetworkAgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]
+AnyHarnessConfig = Annotated[
+    GymnasiumHarnessConfig | CustomHarnessConfig | AgentHarnessConfig, Field(discriminator="type")]
+
+
+class EnvRunConfig(_RunBase):
+    """An env harness, a network agent, PPO/APPO/DQN/SAC on env fragments."""
+
+    kind: ClassVar[RunKind] = "env"
+
+    harness: EnvHarnessConfig
+    agent: NetworkAgentConfig = Field(default_factory=BuiltinAgentConfig)
+    policy: EnvPolicyConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
     total_env_steps: int = Field(100_000, ge=1)
-    seed: int = 0
     stop_reward: float | None = Field(None, description="stop early once the 100-episode training mean return reaches this")
     nonfinite: Literal["fail", "skip"] = Field(
         "fail", description="NaN/inf in observations or rewards: fail naming the source, or skip the fragment and "
         "count it (nonfinite_skipped_fragments); a non-finite loss always fails")
 
-    # agentic runs (harness.type == agent)
-    tasks: str | TaskSource | None = Field(None, description="a tasks JSONL, or a generated source (seeds, ...)")
+    @model_validator(mode="before")
+    @classmethod
+    def _only_env_sections(cls, data: Any) -> Any:
+        _refuse_other_kind(data, "env")
+        return data
+
+
+class AgentRunConfig(_RunBase):
+    """An LLM policy behind the gateway, GRPO/SFT on sessions: a black-box agent harness, or the built-in LLM
+    agent (``agent: {type: llm}``) playing an env harness (each episode one session, its return the reward)."""
+
+    kind: ClassVar[RunKind] = "agent"
+
+    harness: AnyHarnessConfig
+    agent: LLMAgentConfig | None = Field(
+        None, description="env harnesses only: the built-in LLM agent (an agent harness brings its own agent)")
+    policy: AgentPolicyConfig
+    tasks: str | TaskSource | None = Field(None, description="a tasks JSONL, or a generated source (seeds, reasoning_gym, ...)")
     verifier: VerifierConfig | None = None
     model: ModelConfig | None = None
     trajectory: TrajectoryConfig = Field(default_factory=TrajectoryConfig)
@@ -44,16 +124,85 @@ class RunConfig(StrictModel):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     sft_warmup: SFTWarmupConfig | None = None
 
-    _config_dir: Path | None = PrivateAttr(default=None)
+    @model_validator(mode="before")
+    @classmethod
+    def _only_agent_sections(cls, data: Any) -> Any:
+        _refuse_other_kind(data, "agent")
+        return data
 
     @model_validator(mode="after")
-    def _disjoint_tasks(self) -> RunConfig:
+    def _disjoint_tasks(self) -> AgentRunConfig:
         why = overlapping_seeds(self.tasks, self.eval_tasks)
         if why:
             raise ValueError(why)
         return self
 
-    @property
-    def config_dir(self) -> Path:
-        """Directory of the YAML file; user modules resolve here first, then the working directory."""
-        return self._config_dir or Path.cwd()
+
+def _type_of(data: Any, key: str) -> Any:
+    section = data.get(key) if isinstance(data, dict) else getattr(data, key, None)
+    return section.get("type") if isinstance(section, dict) else getattr(section, "type", None)
+
+
+def run_kind_of(data: Any) -> RunKind | None:
+    """The kind of run a config mapping (or a validated config) describes: ``agent`` for an agent harness
+    (``harness.type: agent``) or for the LLM agent on an env harness (``agent.type: llm``), else ``env``.
+
+    The one place that tells the two apart. None (not a mapping) lets pydantic say what is wrong."""
+    if isinstance(data, (EnvRunConfig, AgentRunConfig)):
+        return data.kind
+    if not isinstance(data, dict):
+        return None
+    if _type_of(data, "harness") == "agent" or _type_of(data, "agent") == "llm":
+        return "agent"
+    return "env"
+
+
+def _refuse_other_kind(data: Any, kind: RunKind) -> None:
+    """A section (or a policy / agent type) of the other kind of run: one line naming the key and its kind."""
+    if not isinstance(data, dict):
+        return
+    for section, known in (("harness", HARNESS_TYPES), ("agent", AGENT_TYPES)):
+        given = _type_of(data, section)
+        if isinstance(given, str) and given not in known:  # the union would list one kind's types only
+            raise PydanticCustomError(
+                "run_section", "'{section}.type': unknown type '{given}'{hint}; use one of {known}",
+                {"section": section, "given": given, "hint": did_you_mean(given, list(known)),
+                 "known": ", ".join(known)})
+    own = EnvRunConfig if kind == "env" else AgentRunConfig
+    other = AgentRunConfig if kind == "env" else EnvRunConfig
+    harness = _type_of(data, "harness")
+    this_run = (f"this is an env run (harness.type: {harness})" if kind == "env"
+                else "this is an agent run (harness.type: agent)" if harness == "agent"
+                else f"this is an agent run (agent.type: llm on harness.type: {harness})")
+    for key in data:
+        if key not in own.model_fields and key in other.model_fields:
+            belongs = _AGENT_RUN if kind == "env" else _ENV_RUN
+            raise PydanticCustomError(
+                "run_section", "'{key}' is a section of {belongs}, and {this_run}; remove it",
+                {"key": key, "belongs": belongs, "this_run": this_run})
+    policy = _type_of(data, "policy")
+    allowed, others, belongs = ((ENV_POLICIES, AGENT_POLICIES, _AGENT_RUN) if kind == "env"
+                                else (AGENT_POLICIES, ENV_POLICIES, _ENV_RUN))
+    if policy in others:
+        raise PydanticCustomError(
+            "run_section", "policy.type '{policy}' trains {belongs}, and {this_run}: use {allowed}",
+            {"policy": policy, "belongs": belongs, "this_run": this_run, "allowed": " or ".join(allowed)})
+    if kind == "agent" and harness == "agent" and isinstance(data.get("agent"), dict):
+        raise PydanticCustomError(
+            "run_section", "'agent': an agent harness (harness.type: agent) brings its own agent; remove the "
+            "agent section (agent: {type: llm} is the LLM agent for env harnesses)", {})
+
+
+RunConfig = Annotated[
+    Annotated[EnvRunConfig, Tag("env")] | Annotated[AgentRunConfig, Tag("agent")],
+    Discriminator(run_kind_of),
+]
+"""Any run's config; ``cfg.kind`` says which (``isinstance(cfg, EnvRunConfig)`` narrows it)."""
+
+
+def validate_run_config(data: Any, source: str = "config") -> EnvRunConfig | AgentRunConfig:
+    """A run config from a mapping (a parsed YAML file, a dump); ConfigError with one line per problem."""
+    from polar.config.base import validate
+
+    cfg: EnvRunConfig | AgentRunConfig = validate(RunConfig, data, source=source)
+    return cfg

@@ -24,7 +24,7 @@ COMPACT_SYSTEM_PROMPT = (
 )
 
 #: Folder (relative to the repo root, or $POLAR_HARNESSES_DIR) where ``make harnesses`` installs the CLIs.
-HARNESSES_DIR = Path(__file__).resolve().parents[3] / ".harnesses"
+HARNESSES_DIR = Path(__file__).resolve().parents[4] / ".harnesses"  # polar/harness/agent/presets/ -> repo
 
 
 def harnesses_dir() -> Path:
