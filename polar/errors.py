@@ -17,6 +17,8 @@
     ├── CheckpointError        a checkpoint is missing or unreadable
     ├── NonFiniteError         NaN or inf in observations, rewards or losses (names the source)
     ├── GatewayError           the model-API gateway or an inference engine failed
+    ├── DeployError            `polar export` / `polar serve`: an agent that cannot be traced, a failed parity
+    │                          check, a corrupt or foreign export
     └── DistributedError       the Ray backend could not start or reach its cluster
 
 Messages say what was wrong, where, and how to fix it. The CLI prints them as one line
@@ -90,6 +92,10 @@ class NonFiniteError(PolarError):
 
 class GatewayError(PolarError):
     """The model-API gateway or an inference engine failed."""
+
+
+class DeployError(PolarError):
+    """A policy could not be exported (untraceable, unsupported, failed parity) or an export could not be served."""
 
 
 class DistributedError(PolarError):

@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, str] = {
     "scale": "polar.cli.scale_cmd",
     "dashboard": "polar.cli.dashboard_cmd",
     "ratings": "polar.cli.ratings_cmd",
+    "export": "polar.cli.export_cmd",
+    "serve": "polar.cli.serve_cmd",
 }
 
 console = Console(stderr=True)

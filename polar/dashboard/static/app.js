@@ -28,7 +28,7 @@ const el = (tag, attrs = {}, ...kids) => {
   for (const k of kids.flat()) e.append(k instanceof Node ? k : document.createTextNode(k == null ? "" : String(k)));
   return e;
 };
-const fmt = (v) => v == null ? "" : typeof v === "number" ? (Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(3) : +v.toFixed(4)) : String(v);
+const fmt = (v) => v == null ? "" : typeof v === "number" ? (Math.abs(v) >= 1e6 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(3) : Number.isInteger(v) ? String(v) : String(+v.toPrecision(5))) : String(v);
 async function api(path, opts) {
   const r = await fetch(path, opts);
   const body = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));

@@ -1,0 +1,41 @@
+"""``polar export RUN_DIR [--checkpoint N] --format onnx|torchscript [--quantize int8] --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "export a run's policy as ONNX or TorchScript (normalisation and action post-processing baked in)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="run directory, or a checkpoint file inside one")
+    p.add_argument("--checkpoint", type=int, default=None, metavar="N",
+                   help="export ckpt_N (the iteration number) instead of the latest checkpoint")
+    p.add_argument("--format", choices=["onnx", "torchscript"], default="onnx", help="graph format (default onnx)")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="also write a dynamically quantised int8 graph (onnx only) and serve that one")
+    p.add_argument("--out", required=True, help="directory to write the graph and manifest.json into")
+    p.add_argument("--samples", type=int, default=1000, help="recorded observations for the parity check")
+    p.add_argument("--seed", type=int, default=0, help="env seed for recording the parity observations")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from polar.deploy.export import export_run
+
+    m = export_run(args.target, args.out, args.format, args.checkpoint, args.quantize, args.samples, args.seed)
+    console = Console(stderr=True)
+    parity = m["parity"]
+    worst = max((r.get("max_abs", 0.0) for part in ("vs_policy_act", "deterministic", "sampled") if part in parity
+                 for r in parity[part].values()), default=0.0)
+    console.print(f"exported {m['run']['checkpoint']} of {m['name']} as {m['format']} (version {m['version']}) "
+                  f"to {args.out}", markup=False, highlight=False)
+    console.print(f"parity on {parity['samples']} recorded observations: max |delta| {worst:.2e} "
+                  f"(tolerance {parity['tolerance']:g}); every discrete action identical", markup=False, highlight=False)
+    if "int8" in m:
+        q = m["int8"]
+        what = (f"action agreement {q['action_agreement']:.2%}" if "action_agreement" in q
+                else f"max |action delta| {q['action_max_abs_delta']:.3g}")
+        console.print(f"int8 ({m['file']}): {what} against the eager policy", markup=False, highlight=False)
+    return 0

@@ -1,0 +1,39 @@
+"""``polar serve MODEL_DIR|RUN_DIR [--host 127.0.0.1] [--port N]``: an Open Inference Protocol v2 server."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "serve exported policies (or a run's checkpoints) over HTTP: KServe Open Inference Protocol v2 + /v1/act"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="an export directory (polar export --out), a directory of them (one per "
+                                  "version), or a run directory (its checkpoints are the versions)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--name", default=None, help="model name in the URLs (default: the run's name)")
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "torch"], default="auto",
+                   help="a run directory: load checkpoints into onnxruntime (auto) or torch; an export runs on "
+                        "the runtime of its format")
+    p.add_argument("--max-batch-size", type=int, default=256, help="rows per model call; larger requests get 413")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a request waits for others to batch with")
+    p.add_argument("--max-sessions", type=int, default=10_000, help="recurrent client sessions kept (LRU)")
+    p.add_argument("--max-versions", type=int, default=3, help="model versions loaded side by side")
+    p.add_argument("--poll-s", type=float, default=1.0, help="scan for new versions every S seconds (0 = never)")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per version")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampled actions' RNG")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from polar.deploy.serve import ServeSettings, serve
+
+    settings = ServeSettings(backend=args.backend, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                             max_sessions=args.max_sessions, max_versions=args.max_versions, poll_s=args.poll_s,
+                             threads=args.threads, seed=args.seed, name=args.name)
+    Console(stderr=True).print(f"polar serve: {args.target} on http://{args.host}:{args.port} "
+                               "(/v2/models/<name>/infer, /v1/act, /metrics)", markup=False, highlight=False)
+    serve(args.target, args.host, args.port, settings)
+    return 0
