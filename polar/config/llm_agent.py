@@ -148,6 +148,4 @@ def overlapping_seeds(tasks: Any, eval_tasks: Any) -> str | None:
 def is_agent_run(cfg: Any) -> bool:
     """An agent run: a black-box agent harness, or an env harness whose policy is the built-in LLM agent
     (``polar.config.run.run_kind_of`` decides; a validated config says it as ``cfg.kind``)."""
-    from polar.config.run import run_kind_of
-
-    return run_kind_of(cfg) == "agent"
+    return bool(cfg.kind == "agent")
