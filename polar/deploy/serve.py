@@ -784,5 +784,8 @@ def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings:
     import uvicorn
 
     server = make_server(path, settings)
+    if not server.source.candidates():  # a one-line error here, not a failed startup inside uvicorn
+        what = "checkpoint" if server.source.run_mode else "export (a directory with manifest.json)"
+        raise DeployError(f"{server.source.path} holds no {what} to serve")
     uvicorn.run(build_app(server), host=host, port=port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)
