@@ -39,12 +39,12 @@ def _samples(n: int, length: int, vocab: int) -> list:
 def check_grpo(lora: bool) -> str:
     import torch
 
+    from polar.algorithms.grpo import GRPOLearner
     from polar.config.grpo import GRPOKwargs, LoraConfig
     from polar.inference.embedded import load_weights
     from polar.inference.tiny import build_tiny
     from polar.models.llm_policy import LLMPolicy
     from polar.trainers.device import learner_device
-    from polar.trainers.llm_trainer import GRPOLearner
 
     device = learner_device(1)
     assert device.type == "cuda", device

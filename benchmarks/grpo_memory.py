@@ -47,9 +47,9 @@ def run_case(model_name: str, lora: bool, kl_coef: float, sequences: int, tokens
     """One case in this process (the parent runs each in a subprocess)."""
     import torch
 
+    from polar.algorithms.grpo import GRPOLearner
     from polar.config.grpo import GRPOKwargs, LoraConfig
     from polar.models.llm_policy import LLMPolicy
-    from polar.trainers.llm_trainer import GRPOLearner
     from polar.types import TrajectorySample
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

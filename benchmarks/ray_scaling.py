@@ -103,7 +103,7 @@ def child_sample(args) -> dict:
 def child_train(args) -> dict:
     # build_trainer: as `polar run` does; on the ray backend the learner is an actor and fragments go
     # rollout actor -> learner actor through the object store (this process only relays progress)
-    from polar.trainers.on_policy import build_trainer
+    from polar.trainers.build import build_trainer
     from polar.trainers.run_dir import RunDir
 
     kwargs = json.loads(args.policy_kwargs) if args.policy_kwargs else (dict(PPO_KWARGS) if args.algo == "ppo" else {})

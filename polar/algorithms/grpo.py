@@ -133,7 +133,7 @@ class TokenPolicy(Protocol):
 
 class GRPOLearner:
     """The update: policy + optimizer + (optional) reference for the KL term. Knows nothing about sessions
-    (``polar.trainers.agentic_run`` turns session groups into samples and advantages).
+    (``polar.trainers.llm_trainer.group_batch`` turns session groups into samples and advantages).
 
     The reference exists only when ``kl_coef > 0``: with LoRA it is the policy's own base weights with
     the adapters switched off (``reference_kind == "adapters_off"``, no extra memory); a full fine-tune

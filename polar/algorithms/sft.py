@@ -1,8 +1,17 @@
-"""Supervised fine-tuning / behaviour cloning on demonstrations: masked next-token cross-entropy."""
+"""Supervised fine-tuning / behaviour cloning on demonstrations: masked next-token cross-entropy (``sft_loss``),
+and ``SFTLearner``, its optimizer step."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
+
+from polar.algorithms.grpo import TokenPolicy
+from polar.config.grpo import SFTKwargs
+from polar.types import TrajectorySample
 
 
 def sft_loss(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
@@ -16,3 +25,56 @@ def sft_loss(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor, 
     m = mask[:, 1:].to(nll.dtype)
     n = float(normalizer) if normalizer is not None else float(m.sum().clamp(min=1.0))
     return (nll * m).sum() / n
+
+
+class SFTLearner:
+    """Behaviour cloning: one optimizer step of masked cross-entropy per minibatch of demonstrations."""
+
+    def __init__(self, policy: TokenPolicy, kwargs: SFTKwargs) -> None:
+        self.policy = policy
+        self.kw = kwargs
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
+
+    def update(self, samples: list[TrajectorySample]) -> dict[str, float]:
+        pol = self.policy
+        pol.model.train()
+        batch = pol.collate(samples)
+        loss = sft_loss(pol.logits(batch), batch.token_ids, batch.loss_mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(pol.parameters(), self.kw.max_grad_norm)
+        self.optimizer.step()
+        return {"sft_loss": loss.item(), "grad_norm": float(grad_norm)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def demonstration_batches(samples: list[TrajectorySample], kwargs: SFTKwargs, seed: int = 0
+                          ) -> Iterator[list[TrajectorySample]]:
+    """Minibatches of ``batch_size`` demonstrations, reshuffled every epoch, ``max_steps`` at most (0: all epochs)."""
+    rng = random.Random(seed)
+    step = 0
+    for _ in range(kwargs.epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        for start in range(0, len(order), kwargs.batch_size):
+            yield [samples[i] for i in order[start:start + kwargs.batch_size]]
+            step += 1
+            if kwargs.max_steps and step >= kwargs.max_steps:
+                return
+
+
+def sft_train(policy: TokenPolicy, samples: list[TrajectorySample], kwargs: SFTKwargs, seed: int = 0,
+              on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Behaviour cloning over ``samples`` (``SFTLearner`` on ``demonstration_batches``). Returns the losses."""
+    learner = SFTLearner(policy, kwargs)
+    losses: list[float] = []
+    for step, batch in enumerate(demonstration_batches(samples, kwargs, seed), start=1):
+        losses.append(learner.update(batch)["sft_loss"])
+        if on_step is not None:
+            on_step(step, losses[-1])
+    return losses

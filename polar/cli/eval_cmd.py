@@ -6,7 +6,6 @@ weights through the same pipeline and success measure as the held-out evaluation
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 HELP = "evaluate a run's latest checkpoint (or a given checkpoint file)"
@@ -19,48 +18,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: policy.kwargs.eval_samples)")
     p.add_argument("--seed", type=int, default=None, help="env seed (default: eval.seed)")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic ones")
+    p.add_argument("--record", type=int, nargs="?", const=3, default=None, metavar="N",
+                   help="also record N episodes (default 3) frame by frame into RUN/episodes/ for `polar dashboard`")
 
 
 def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from polar.cli._progress import print_eval
     from polar.errors import ConfigError
-    from polar.trainers.evaluation import evaluate_policy
-    from polar.trainers.loading import load_policy_for_eval, resolve_target
+    from polar.trainers.build import evaluate_run, run_kind
+    from polar.trainers.loading import resolve_target
+    from polar.trainers.run_dir import status_line
 
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError("--episodes must be at least 1")
-    run_dir, cfg, ckpt = resolve_target(Path(args.target))
-    from rich.console import Console
-
-    from polar.trainers.run_dir import status_line
-
-    Console(stderr=True).print(status_line(run_dir.path), markup=False, highlight=False)  # e.g. a run that was killed
-    if cfg.harness.type == "agent":
-        return _eval_agent_run(run_dir, cfg, ckpt, args.episodes)
-    run_dir, cfg, policy, ckpt, state = load_policy_for_eval(Path(args.target))
-    ev = cfg.eval
-    res = evaluate_policy(policy, cfg.harness, args.episodes or ev.episodes, ev.seed if args.seed is None else args.seed,
-                          not args.stochastic and ev.deterministic, ev.num_envs, cfg.config_dir)
-    res.update(checkpoint=str(ckpt), env_steps=int(state["env_steps"]), iteration=int(state["iteration"]))
-    out = run_dir.write_json(f"eval/eval_{ckpt.stem}_{time.strftime('%Y%m%d-%H%M%S')}.json", res)
-    print_eval(res, title=f"evaluation of {ckpt.name} ({res['episodes']} episodes)")
-    from rich.console import Console
-
-    Console(stderr=True).print(f"written: {out}")
-    return 0
-
-
-def _eval_agent_run(run_dir, cfg, ckpt: Path | None, samples: int | None) -> int:
-    """An agent run: its held-out ``eval_tasks`` with the checkpoint's weights, as the end of ``polar run``."""
-    from rich.console import Console
-
-    from polar.trainers.agentic_run import evaluate_agent_run, heldout_table
-
-    res = evaluate_agent_run(run_dir, cfg, ckpt, samples)
-    name = Path(res["checkpoint"]).stem
-    out = run_dir.write_json(f"eval/eval_{name}_{time.strftime('%Y%m%d-%H%M%S')}.json", res)
+    if args.record is not None and args.record < 1:
+        raise ConfigError(f"--record must be at least 1 episode (got {args.record})")
+    run_dir, cfg, _ = resolve_target(Path(args.target))
     console = Console(stderr=True)
-    console.print(heldout_table(f"{cfg.name}: held-out success of {name} ({res['samples_per_task']} per task)",
-                                {name: res}))
-    console.print(f"written: {out}")
+    console.print(status_line(run_dir.path), markup=False, highlight=False)  # e.g. a run that was killed
+    if args.record and run_kind(cfg) == "agent":
+        raise ConfigError("--record is for env harnesses; an agent run's sessions are recorded already "
+                          "(RUN/sessions/, shown by `polar dashboard`)")
+    run_dir, cfg, res = evaluate_run(args.target, args.episodes, args.seed, args.stochastic)
+    name = Path(res["checkpoint"]).stem
+    if run_kind(cfg) == "agent":
+        from polar.trainers.agentic_run import heldout_table
+
+        console.print(heldout_table(f"{cfg.name}: held-out success of {name} ({res['samples_per_task']} per task)",
+                                    {name: res}))
+    else:
+        print_eval(res, title=f"evaluation of {name}.pt ({res['episodes']} episodes)")
+    console.print(f"written: {res['written']}")
+    if args.record:
+        from polar.trainers.loading import load_policy_for_eval
+
+        run_dir, cfg, policy, ckpt, state = load_policy_for_eval(Path(args.target))
+        _record(args, run_dir, cfg, policy, ckpt, state)
     return 0
+
+
+def _record(args: argparse.Namespace, run_dir, cfg, policy, ckpt: Path, state: dict) -> None:
+    """``--record N``: N more episodes, one at a time, kept frame by frame (polar.trainers.recording)."""
+    from rich.console import Console
+
+    from polar.trainers.recording import record_episodes
+
+    ev = cfg.eval
+    out = record_episodes(policy, cfg.harness, run_dir.path, args.record, ev.seed if args.seed is None else args.seed,
+                          not args.stochastic and ev.deterministic, cfg.config_dir,
+                          meta={"checkpoint": str(ckpt), "env_steps": int(state["env_steps"]),
+                                "iteration": int(state["iteration"])})
+    Console(stderr=True).print(f"recorded {args.record} episodes: {out}")

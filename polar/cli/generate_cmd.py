@@ -37,7 +37,7 @@ def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: f
     from polar.errors import ConfigError
     from polar.harness.sessions import load_run_tasks as load_tasks
     from polar.rollout.sessions.session import SessionStatus
-    from polar.trainers.agentic_run import build_stack
+    from polar.trainers.build import build_session_stack as build_stack
     from polar.trajectory import write_parquet
 
     if samples_per_task < 1:

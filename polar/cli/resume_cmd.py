@@ -4,8 +4,9 @@ Overrides change the resolved config for the rest of the run (``-o total_env_ste
 ``-o distribution.rollout_workers=N`` resizes a local run); they are validated like ``polar run -o`` and
 written to ``config.resolved.yaml``, so a later resume keeps them.
 
-A Ray run resumes the same way ``polar run`` starts one: this process starts a learner actor that
-loads the checkpoint (``polar.trainers.ray_driver``).
+Every kind of run resumes through the same loop and dispatch as ``polar run`` (``polar.trainers.build``): a
+Ray run starts a learner actor that loads the checkpoint (``polar.trainers.ray_driver``); an agent run reloads
+its LLM weights and optimizer, skips the SFT warm-up and continues its GRPO steps.
 """
 
 from __future__ import annotations
@@ -57,9 +58,4 @@ def main(args: argparse.Namespace) -> int:
 
         run_dir.write_config(dump_config(cfg))
         log.info("resume overrides written to %s: %s", run_dir.config_path, " ".join(args.override))
-    if cfg.harness.type == "agent":  # GRPO/SFT on an agent harness: continue from its last checkpoint
-        from polar.trainers.agentic_run import train_agentic
-
-        train_agentic(cfg, run_dir, resume=True)
-        return 0
     return train(cfg, run_dir, resume=True, progress=not args.no_progress, log_every_s=args.log_every_s)

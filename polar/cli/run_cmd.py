@@ -22,42 +22,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from polar.config import load_config
+    from polar.trainers.build import create_run_dir
     from polar.trainers.preflight import check_before_start
-    from polar.trainers.run_dir import RunDir
 
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
     check_before_start(cfg)  # unknown ids, missing programs and modules: before the run directory exists
-    if cfg.harness.type == "agent" or cfg.policy.type in ("grpo", "sft"):  # LLM agents: polar.trainers.agentic_run
-        from polar.trainers.agentic_run import run_from_cli
-
-        return run_from_cli(cfg, args)
-    from polar.config.policy import OFF_POLICY, ON_POLICY
-
-    if cfg.policy.type not in ON_POLICY + OFF_POLICY:
-        from polar.errors import ConfigError
-
-        raise ConfigError(f"policy.type {cfg.policy.type!r}: env harnesses train with 'ppo', 'appo', 'dqn' or 'sac'")
-    run_dir = RunDir.create(cfg.name, args.run_dir, config_dir=cfg.config_dir)
+    run_dir = create_run_dir(cfg, args.run_dir)
     return train(cfg, run_dir, resume=False, progress=not args.no_progress, log_every_s=args.log_every_s)
 
 
 def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float = 30.0) -> int:
+    """Train ``cfg`` in ``run_dir`` (``polar run``, ``polar resume``): whichever loop ``build_trainer`` picks,
+    with a progress bar, the run's status in ``run.json`` and a summary at the end."""
     from rich.console import Console
 
     from polar.cli._progress import TrainingProgress, fmt_number, print_eval
+    from polar.trainers.build import build_trainer, progress_total, run_kind
     from polar.trainers.lifecycle import run_guard
-    from polar.trainers.on_policy import build_trainer
 
-    Console(stderr=True).print(f"[bold]run dir[/]: {run_dir.path}")
+    console = Console(stderr=True)
+    console.print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
     # run.json records this process as the run's owner and its final status, however it ends
     with run_guard(run_dir, cfg.logging.sigterm_grace_s), \
-            TrainingProgress(cfg.total_env_steps, 0, enabled, cfg.logging.metrics, log_every_s) as bar:
+            TrainingProgress(progress_total(cfg), 0, enabled, cfg.logging.metrics, log_every_s) as bar:
         # local: the learner runs here; ray: in a learner actor this process starts and watches
         trainer = build_trainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()
     log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
              fmt_number(result.get("episode_reward_mean")))
-    if "eval" in result:
+    if run_kind(cfg) == "agent":
+        from polar.trainers.agentic_run import heldout_table
+
+        rows = {key.removeprefix("eval_"): result[key] for key in ("eval_before", "eval_after", "eval_final")
+                if result.get(key)}
+        if rows:
+            console.print(heldout_table(f"{cfg.name}: held-out success", rows))
+        else:
+            console.print("no held-out tasks: the config sets no eval_tasks, so held-out success was not measured "
+                          "(add 'eval_tasks: FILE.jsonl' to measure it)")
+    elif "eval" in result:
         print_eval(result["eval"], title=f"evaluation ({run_dir.path.name})")
     return 0

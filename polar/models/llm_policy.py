@@ -93,6 +93,11 @@ class LLMPolicy:
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def collate(self, samples: list[TrajectorySample]) -> TokenBatch:
+        """``samples`` padded into one batch on this policy's device (the learners in ``polar.algorithms``
+        batch through the policy, so they need not import this module)."""
+        return collate(samples, self.pad_id).to(self.device)
+
     def logits(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
         """fp32 logits of ``model`` (default: the trained one) over ``batch``, which must be on ``self.device``."""
         model = self.model if model is None else model

@@ -1,8 +1,20 @@
-"""``polar run`` for ``harness.type == agent``: optional SFT warm-up, then GRPO (or SFT alone).
+"""Agent runs (``harness.type: agent``): GRPO on groups of agent sessions, SFT on demonstrations, through
+the one loop (``polar.trainers.loop``).
 
-Everything runs in this process: the embedded engine behind an in-process gateway, the rollout service
-with its session pipeline, and the learner. The run directory holds the usual ``config.resolved.yaml``,
-``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``eval/``, plus ``gateway/sessions/`` (every call).
+The Collector is ``SessionCollector``: ``tasks_per_step`` groups of ``group_size`` sessions from the rollout
+service (harness -> gateway -> verifier), the next batch collected while this one trains when
+``max_off_policy_steps >= 1``. The Learner is ``AgentTrainer``: SFT warm-up first (``sft_warmup``, or the
+whole run for ``policy.type: sft``; it is the run's iteration 0, so an SFT run's checkpoint is
+``ckpt_00000000.pt``), then one GRPO step per iteration: group-relative advantages, the clipped update
+against the engine's recorded logprobs (``polar.algorithms.grpo.GRPOLearner``), weights to the engine
+through the gateway's drain. A step with no usable group updates nothing, publishes nothing and is logged
+with ``update_skipped: 1``.
+
+Everything runs in this process: the engine behind an in-process gateway, the rollout service with its
+session pipeline, and the learner. The run directory holds the usual ``config.resolved.yaml``,
+``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``eval/``, plus ``gateway/sessions/`` (every call). The
+metrics rows carry the loop's names (``iteration``, ``env_steps``: sessions so far, ``episode_reward_mean``:
+the step's sessions, ``pg_loss``) and, for tools that read agent runs, ``step`` and ``reward_mean``.
 """
 
 from __future__ import annotations
@@ -142,114 +154,3 @@ def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
-def train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
-    """The whole run; returns a summary (also written to ``eval/summary.json``). ``run.json`` records this
-    process as the run's owner and the run's final status, however it ends (``polar.trainers.lifecycle``)."""
-    from polar.trainers.lifecycle import run_guard
-
-    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
-        return _train_agentic(cfg, run_dir, resume, engine)
-
-
-def _train_agentic(cfg: Any, run_dir: Any, resume: bool = False, engine: Any = None) -> dict[str, Any]:
-    from polar.config import dump_config
-    from polar.metrics.logger import MetricsLogger
-    from polar.models.llm_policy import LLMPolicy, load_demonstrations
-    from polar.trainers.checkpoint import CheckpointManager
-    from polar.trainers.lifecycle import deferred_stop
-    from polar.trainers.llm_trainer import GRPOTrainer, sft_train
-
-    policy_cfg = cfg.policy
-    if policy_cfg.type not in ("grpo", "sft"):
-        raise ConfigError(f"policy.type {policy_cfg.type!r}: agent harnesses train with 'grpo' or 'sft'")
-    if policy_cfg.type == "grpo" and not cfg.tasks:
-        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
-    if not resume:
-        run_dir.write_config(dump_config(cfg))
-    run_dir.update_meta(status="running", kind=f"agentic-{policy_cfg.type}")
-    logger = MetricsLogger(run_dir.metrics_path, run_dir.tensorboard_dir if cfg.logging.tensorboard else None)
-    checkpoints = CheckpointManager(run_dir.checkpoints_dir, cfg.logging.keep_checkpoints)
-    eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
-    summary: dict[str, Any] = {}
-    t0 = time.monotonic()
-    stack = build_stack(cfg, run_dir.path, engine)
-    with stack:
-        kw = policy_cfg.kwargs
-        policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
-        latest = checkpoints.latest() if resume else None
-
-        def evaluate(tag: str, samples: int = 1) -> dict[str, Any]:
-            if not eval_tasks:
-                return {}
-            res = heldout_success(stack, eval_tasks, samples, tag)
-            run_dir.write_json(f"eval/{tag}.json", res)
-            log.info("held-out success (%s): %.3f over %d sessions", tag, res["success"], res["sessions"])
-            return res
-
-        sft = cfg.sft_warmup
-        demos_path = sft.demonstrations if sft else (cfg.tasks if policy_cfg.type == "sft" else None)
-        sft_kwargs = sft.kwargs if sft else (kw if policy_cfg.type == "sft" else None)
-        version = int(stack.engine.policy_version)
-        if demos_path and latest is None:
-            if policy_cfg.type == "grpo" and sft_kwargs.lora is not None and kw.lora is None:
-                raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
-            demos = load_demonstrations(resolve(demos_path, cfg.config_dir), policy.tokenizer)
-            ts = time.monotonic()
-            losses = sft_train(policy, demos, sft_kwargs, cfg.seed,
-                               on_step=lambda s, loss: logger.log({"sft_step": s, "sft_loss": loss}, s) if s % 10 == 0 else None)
-            version += 1
-            stack.update_weights(policy.serving_state_dict(), version)
-            summary["sft"] = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1],
-                              "demonstrations": len(demos), "time_s": round(time.monotonic() - ts, 1)}
-            log.info("SFT: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
-        if policy_cfg.type == "sft":
-            checkpoints.save(0, {"model": policy.state_dict(), "step": 0, "policy_version": version})
-            summary["eval_final"] = evaluate("final", getattr(kw, "eval_samples", 1))
-        else:
-            summary["eval_before"] = evaluate("before_grpo", kw.eval_samples)
-            trainer = GRPOTrainer(stack, policy, kw, load_tasks(cfg.tasks, cfg.config_dir), eval_tasks, logger,
-                                  checkpoints, cfg.logging.checkpoint_freq, cfg.seed, version=version)
-            if latest is not None:
-                from polar.trainers.checkpoint import load_checkpoint
-
-                trainer.load_state(load_checkpoint(latest))
-            tg = time.monotonic()
-            with deferred_stop():  # Ctrl-C / SIGTERM: the GRPO step ends and is checkpointed first
-                result = trainer.train()
-            summary["grpo"] = {"steps": result["steps"], "time_s": round(time.monotonic() - tg, 1)}
-            summary["eval_after"] = evaluate("after_grpo", kw.eval_samples)
-            history = result["history"]
-            if history:
-                summary["grpo"]["reward_first"] = history[0]["reward_mean"]
-                summary["grpo"]["reward_last"] = history[-1]["reward_mean"]
-    summary["time_s"] = round(time.monotonic() - t0, 1)
-    logger.close()
-    run_dir.write_json("eval/summary.json", summary)
-    run_dir.update_meta(status="finished", result={k: v for k, v in summary.items() if k != "history"})
-    return summary
-
-
-def run_from_cli(cfg: Any, args: Any) -> int:
-    """``polar run`` for agent harnesses: create the run dir, train, print the held-out numbers."""
-    from rich.console import Console
-
-    from polar.config.llm_agent import is_agent_run
-    from polar.trainers.run_dir import RunDir
-
-    if not is_agent_run(cfg) or cfg.policy.type not in ("grpo", "sft"):
-        raise ConfigError(
-            f"harness.type {cfg.harness.type!r} with policy.type {cfg.policy.type!r}: agent harnesses train with "
-            "grpo or sft, and grpo/sft need harness.type: agent"
-        )
-    console = Console(stderr=True)
-    run_dir = RunDir.create(cfg.name, args.run_dir, kind=f"agentic-{cfg.policy.type}", config_dir=cfg.config_dir)
-    console.print(f"[bold]run dir[/]: {run_dir.path}")
-    summary = train_agentic(cfg, run_dir)
-    rows = {key.removeprefix("eval_"): summary[key] for key in ("eval_before", "eval_after", "eval_final")
-            if summary.get(key)}
-    if rows:
-        console.print(heldout_table(f"{cfg.name}: held-out success", rows))
-    else:
-        console.print("no held-out tasks: the config sets no eval_tasks, so held-out success was not measured "
-                      "(add 'eval_tasks: FILE.jsonl' to measure it)")
-    return 0

@@ -1,9 +1,9 @@
 """The off-policy loop (DQN, SAC): collect a fragment -> add it to the replay buffer -> gradient steps on
 replayed batches -> publish weights -> log -> checkpoint -> (eval).
 
-It is the on-policy trainer's loop with a replay buffer between collection and the update: same
+It is the one loop (``polar.trainers.loop``) with a replay buffer between collection and the update: same
 backends (envs in the learner, worker processes, or Ray actors), run directory, metrics, checkpoints
-and ``polar resume``. One fragment is ``train_freq`` steps of every env, so a training phase follows
+and ``polar resume`` as PPO. One fragment is ``train_freq`` steps of every env, so a training phase follows
 every ``train_freq`` steps, as in SB3. An *iteration* groups training phases until at least
 ``iteration_env_steps`` transitions were collected, so logging, checkpoint and eval intervals
 (counted in iterations) mean about the same as for PPO, whatever ``train_freq`` is.
@@ -16,7 +16,6 @@ resumes from an older checkpoint. The disk cost is ``keep_checkpoints`` copies o
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,9 @@ from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.policy import OFF_POLICY
 from polar.errors import CheckpointError
 from polar.models.off_policy import network_settings
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.env import EnvTrainer
+from polar.trainers.loop import Metrics
+from polar.types import Batch, Fragment
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,16 @@ def phase_gradient_steps(gradient_steps: int | None, train_freq: int, transition
     return transitions if gradient_steps < 0 else gradient_steps
 
 
-class OffPolicyTrainer(OnPolicyTrainer):
-    """DQN / SAC on any env harness; the constructor is ``OnPolicyTrainer``'s."""
+class OffPolicyTrainer(EnvTrainer):
+    """DQN / SAC on any env harness; the constructor is ``EnvTrainer``'s."""
 
     ALGORITHMS = OFF_POLICY
+    iteration_env_steps = ITERATION_ENV_STEPS
 
     def _fragment_steps(self) -> int:
-        return self.kw.train_freq
+        return int(self.kw.train_freq)
 
-    def _make_learner(self):
+    def _make_learner(self) -> Any:
         cfg, agent = self.cfg, self.policy.agent
         space = self.backend.observation_space
         if cfg.policy.type == "dqn" and self.kw.prioritized_replay:
@@ -69,36 +71,28 @@ class OffPolicyTrainer(OnPolicyTrainer):
         learner.set_exploration(0)
         return learner
 
-    def _iterate(self) -> bool:
-        """Training phases until ``ITERATION_ENV_STEPS`` transitions arrived (or the run is done)."""
+    def update(self, batch: Batch) -> Metrics:
+        """One training phase: the fragment into the replay buffer, then gradient steps on replayed batches
+        (once ``learning_starts`` transitions arrived). The loop groups phases into iterations of
+        ``ITERATION_ENV_STEPS`` transitions."""
         kw = self.kw
-        frags, lags, stats, update_s = [], [], {}, 0.0
-        target = min(self.cfg.total_env_steps, self.env_steps + ITERATION_ENV_STEPS)
-        while self.env_steps < target:
-            frag = self._next_fragment()
-            t_update = time.perf_counter()
-            self._absorb(frag)
+        stats: Metrics = {}
+        for frag in batch.data:
             if self.nstep is None:
                 self.replay.add_fragment(frag)
             elif (transitions := self.nstep(frag)) is not None:
                 self.replay.add(**transitions)
-            frags.append(frag)
-            lags.append(self.version - frag.policy_version)  # updates made since the weights that acted
             # a resumed run whose checkpoint had no buffer waits until a batch's worth arrived again
             if self.env_steps > kw.learning_starts and len(self.replay) >= min(kw.batch_size, max(1, kw.learning_starts)):
                 steps = phase_gradient_steps(kw.gradient_steps, kw.train_freq, frag.env_steps)
-                stats = self.learner.train(self.replay, steps, self.env_steps) or stats
-            self.learner.set_exploration(self.env_steps)
-            self.version += 1
-            # envs stepped in the learner act with its own tensors: no state dict to build per phase
-            self.backend.publish_weights(self.policy.state_dict() if self.backend.num_workers else {}, self.version)
-            update_s += time.perf_counter() - t_update
-        stats = {**stats, "replay_size": len(self.replay)}
+                stats.update(self.learner.train(self.replay, steps, self.env_steps) or {})
+        self.learner.set_exploration(self.env_steps)
+        stats["replay_size"] = len(self.replay)
         if self.cfg.policy.type == "dqn":  # also during the warm-up, before the first training phase
             stats["exploration_rate"] = float(self.policy.agent.explore_uniform.clamp(min=self.policy.agent.epsilon))
-        return self._end_iteration(frags, stats, update_s, policy_lag=sum(lags) / len(lags))
+        return stats
 
-    def _dropped(self, frag) -> None:
+    def _dropped(self, frag: Fragment) -> None:
         if self.nstep is not None:  # its steps never reach the replay: later ones must not join the held ones
             self.nstep.forget(frag.worker_id)
 

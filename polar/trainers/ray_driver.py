@@ -3,7 +3,8 @@
 With ``distribution.backend: ray``, ``polar run`` / ``polar resume`` do not learn in their own
 process. ``RayLearnerDriver`` joins the cluster, checks that the learner and the rollout workers can
 be placed, and starts one ``LearnerActor`` with ``distribution.learner_resources``. The actor runs the
-ordinary ``OnPolicyTrainer`` loop (same algorithms, config, run directory); its Ray backend creates
+one training loop (``polar.trainers.loop``: the trainer ``polar.trainers.registry`` names for the algorithm,
+same config and run directory as a local run); its Ray backend creates
 the rollout actors from inside the learner actor, so fragments go rollout actor -> learner actor
 through the object store and never pass through the driver.
 
@@ -40,7 +41,7 @@ PROGRESS_ROWS = 10_000  # metrics rows the actor keeps for the driver to relay (
 
 
 class LearnerActor:
-    """Runs ``OnPolicyTrainer`` in a Ray actor; ``train`` blocks, ``progress`` answers meanwhile (threaded actor)."""
+    """Runs the training loop in a Ray actor; ``train`` blocks, ``progress`` answers meanwhile (threaded actor)."""
 
     def __init__(self, cfg_data: dict[str, Any], config_dir: str | None, run_dir: str, resume: bool,
                  learner_restarts: int = 0, log_level: int = logging.INFO, rollout_workers: int | None = None,
@@ -50,7 +51,7 @@ class LearnerActor:
 
         from polar.config import validate
         from polar.config.run import RunConfig
-        from polar.trainers.on_policy import trainer_class
+        from polar.trainers.registry import trainer_class
         from polar.trainers.run_dir import META, RunDir
 
         torch.set_num_threads(1)

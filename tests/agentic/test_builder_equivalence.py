@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from polar.algorithms.grpo import GRPOLearner
 from polar.config.grpo import GRPOKwargs
 from polar.harness.agent.runners import CallableRunner
 from polar.harness.agent.verifiers import NoVerifier
@@ -12,7 +13,6 @@ from polar.inference import ScriptedEngine
 from polar.models.llm_policy import LLMPolicy
 from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
-from polar.trainers.llm_trainer import GRPOLearner
 from polar.trajectory import build
 from tests.agentic.helpers import EXAMPLES
 

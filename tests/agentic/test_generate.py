@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from polar.algorithms.sft import sft_train
 from polar.cli.generate_cmd import generate
 from polar.cli.main import main as polar_main
 from polar.config import load_config
@@ -11,7 +12,6 @@ from polar.config.grpo import SFTKwargs
 from polar.inference import ScriptedEngine
 from polar.inference.tiny import build_tiny_tokenizer
 from polar.models.llm_policy import LLMPolicy, load_demonstrations
-from polar.trainers.llm_trainer import sft_train
 from tests.agentic.helpers import EXAMPLES, oracle_script
 
 

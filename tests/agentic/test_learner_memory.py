@@ -8,13 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from polar.algorithms.grpo import token_logprobs
+from polar.algorithms.grpo import GRPOLearner, token_logprobs
 from polar.config.grpo import GRPOKwargs, LoraConfig
 from polar.inference.tiny import build_tiny
 from polar.models.llm_policy import LLMPolicy, collate
 from polar.trainers.agentic_run import policy_options
 from polar.trainers.device import learner_device
-from polar.trainers.llm_trainer import GRPOLearner
 from polar.types import TrajectorySample
 
 

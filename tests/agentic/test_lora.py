@@ -4,11 +4,11 @@ import copy
 
 import torch
 
+from polar.algorithms.sft import sft_train
 from polar.config.grpo import LoraConfig, SFTKwargs
 from polar.inference.embedded import load_weights
 from polar.inference.tiny import build_tiny
 from polar.models.llm_policy import LLMPolicy, chat_to_sample
-from polar.trainers.llm_trainer import sft_train
 
 
 def test_lora_trains_adapters_and_exports_serving_weights():

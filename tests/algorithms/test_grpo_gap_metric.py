@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from polar.algorithms.grpo import GRPOLearner
 from polar.config.grpo import GRPOKwargs
 from polar.models.llm_policy import LLMPolicy
-from polar.trainers.llm_trainer import GRPOLearner
 from polar.types import TrajectorySample
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from polar.config import RunConfig, validate
 from polar.metrics.logger import read_metrics
-from polar.trainers.on_policy import build_trainer
+from polar.trainers.build import build_trainer
 from polar.trainers.run_dir import RunDir
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

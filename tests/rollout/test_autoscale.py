@@ -8,7 +8,7 @@ from polar.config import RunConfig, validate
 from polar.config.sections import AutoscaleConfig
 from polar.errors import ConfigError
 from polar.rollout.backends.autoscale import Autoscaler, ScaleSignals, decide
-from polar.trainers.on_policy import build_trainer
+from polar.trainers.build import build_trainer
 from polar.trainers.run_dir import RunDir
 
 RULE = AutoscaleConfig(min_rollout_workers=1, max_rollout_workers=4, interval_s=10, step=1,

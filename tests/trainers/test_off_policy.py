@@ -470,7 +470,7 @@ def test_dqn_on_ray_fills_the_replay_from_both_rollout_actors(ray_cluster, tmp_p
 @pytest.mark.slow
 def test_dqn_through_the_ray_learner_actor_checkpoints_its_replay(ray_cluster, tmp_path):  # noqa: F811
     """What ``polar run`` does with ``backend: ray``: the trainer in a learner actor, rollout actors feeding it."""
-    from polar.trainers.on_policy import build_trainer
+    from polar.trainers.build import build_trainer
 
     dist = {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_resources": {"num_cpus": 0.5}}
     cfg = off_policy_cfg("dqn", total=2000, workers=2, dist=dist)

@@ -7,7 +7,8 @@ import pytest
 from polar.config import RunConfig, validate
 from polar.errors import DistributedError
 from polar.metrics.logger import read_metrics
-from polar.trainers.on_policy import OnPolicyTrainer, build_trainer
+from polar.trainers.build import build_trainer
+from polar.trainers.on_policy import OnPolicyTrainer
 from polar.trainers.run_dir import RunDir
 
 pytestmark = pytest.mark.ray

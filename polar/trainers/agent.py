@@ -1,0 +1,294 @@
+"""Agent runs (``harness.type: agent``) through the one loop (``polar.trainers.loop``): GRPO on groups of agent
+sessions, SFT on demonstrations.
+
+- The Collector is ``SessionCollector``: ``tasks_per_step`` groups of ``group_size`` sessions from the rollout
+  service (harness -> gateway -> verifier); with ``max_off_policy_steps >= 1`` the next batch is collected
+  while this one trains (its sessions may straddle a weight swap; each sample's oldest policy version decides
+  whether it is still fresh enough).
+- The Learner is ``AgentTrainer``: the SFT stage first (``sft_warmup``, or the whole run for
+  ``policy.type: sft``), which is the run's iteration 0, so an SFT run's checkpoint is ``ckpt_00000000.pt``;
+  then one GRPO step per iteration: drop ERROR/CANCELLED sessions and stale groups, group-relative
+  advantages, the clipped update against the engine's recorded logprobs
+  (``polar.algorithms.grpo.GRPOLearner``), weights to the engine through the gateway's drain (pause, wait
+  in-flight, swap, resume). A step with no usable group (all filtered, or equal rewards in every group)
+  updates nothing, publishes nothing and is logged with ``update_skipped: 1``.
+
+Counters and metric names are the loop's: ``iteration`` (one GRPO step), ``env_steps`` (sessions rolled
+out; one session is one episode), ``episode_reward_mean`` (the step's sessions), ``pg_loss``; ``step`` and
+``reward_mean`` stay in the rows for the tools that read agent runs by those names.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from polar.algorithms.grpo import GRPOLearner
+from polar.algorithms.sft import sft_train
+from polar.config.run import AgentRunConfig
+from polar.errors import ConfigError
+from polar.metrics.logger import EpisodeWindow
+from polar.rollout.sessions.session import SessionResult
+from polar.trainers.agentic_run import build_stack, heldout_success, load_tasks, policy_options, resolve
+from polar.trainers.lifecycle import run_guard
+from polar.trainers.llm_trainer import group_batch
+from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
+from polar.trainers.run_dir import RunDir
+from polar.types import Batch
+
+log = logging.getLogger(__name__)
+
+Groups = list[list[SessionResult]]
+
+
+class SessionCollector:
+    """The Collector of agent runs: one batch is ``tasks_per_step`` groups of ``group_size`` sessions of tasks
+    drawn without replacement (reshuffled when all were drawn) from a local rollout stack (``LocalStack``, or
+    anything with ``run_groups`` / ``update_weights``).
+
+    ``batches`` is how many batches the run still needs: with ``prefetch`` the next one is submitted as soon as
+    this one arrived, but never one past the end."""
+
+    def __init__(self, stack: Any, tasks: list[dict[str, Any]], tasks_per_step: int, group_size: int, seed: int,
+                 batches: int, prefetch: bool, first_step: int = 0) -> None:
+        self.stack = stack
+        self.tasks = list(tasks)
+        self.tasks_per_step = tasks_per_step
+        self.group_size = group_size
+        self.rng = random.Random(seed)
+        self.left = batches
+        self.prefetch = prefetch
+        self.step = first_step
+        self.wait_s = 0.0
+        self._order: list[int] = []
+        self._pending: concurrent.futures.Future[Groups] | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polar-collect")
+
+    def _next_tasks(self) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(self.tasks_per_step):
+            if not self._order:
+                self._order = list(range(len(self.tasks)))
+                self.rng.shuffle(self._order)
+            out.append(self.tasks[self._order.pop()])
+        return out
+
+    def _submit(self) -> concurrent.futures.Future[Groups]:
+        groups = [(t, self.group_size, {"rollout_step": self.step}) for t in self._next_tasks()]
+        return self._pool.submit(self.stack.run_groups, groups)
+
+    def start(self, weights: Mapping[str, Any], version: int) -> None:
+        if self.prefetch and self.left > 0:
+            self._pending = self._submit()
+
+    def collect(self) -> Batch:
+        t0 = time.monotonic()
+        pending = self._pending if self._pending is not None else self._submit()
+        self._pending = None
+        groups = pending.result()
+        self.wait_s = time.monotonic() - t0
+        self.left -= 1
+        if self.prefetch and self.left > 0:
+            self._pending = self._submit()  # collect the next batch while this one trains
+        self.step += 1
+        results = [r for g in groups for r in g]
+        return Batch(data=groups, env_steps=len(results),
+                     episode_returns=[float(r.reward) for r in results if r.reward is not None],
+                     episode_lengths=[len(r.samples) for r in results if r.reward is not None])
+
+    def publish(self, weights: Mapping[str, Any], version: int) -> None:
+        self.stack.update_weights(weights, version)
+
+    def metrics(self) -> Metrics:
+        return {"collect_wait_s": round(self.wait_s, 3)}
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()  # a batch not yet started; one under way finishes (SIGTERM's grace bounds it)
+        self._pool.shutdown(wait=True)
+
+
+class AgentTrainer(TrainingLoop):
+    """GRPO / SFT on an agent harness, through the one loop. ``engine``: an inference engine already loaded
+    (tests, benchmarks) instead of the one the config names; ``collector``: a Collector factory
+    ``(trainer) -> Collector`` to replace the local ``SessionCollector`` (sessions on Ray gateway nodes)."""
+
+    cfg: AgentRunConfig
+
+    def __init__(self, cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, on_iteration: OnIteration | None = None,
+                 extra_metrics: Metrics | None = None, engine: Any = None, collector: Any = None) -> None:
+        if cfg.policy.type not in ("grpo", "sft"):
+            raise ConfigError(f"policy.type {cfg.policy.type!r}: agent harnesses train with 'grpo' or 'sft'")
+        if cfg.policy.type == "grpo" and not cfg.tasks:
+            raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
+        super().__init__(cfg, run_dir, resume, on_iteration, extra_metrics)
+        self.kw: Any = cfg.policy.kwargs
+        self.engine = engine
+        self.collector_factory = collector
+        self.total_steps = int(self.kw.total_steps) if cfg.policy.type == "grpo" else 0
+        if cfg.policy.type == "grpo":  # episode_reward_mean: the mean over one step's sessions
+            self.window = EpisodeWindow(int(self.kw.tasks_per_step * self.kw.group_size))
+        self.eval_tasks: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}
+        self.history: list[Metrics] = []
+        self.stack: Any = None
+        self.learner: GRPOLearner | None = None
+
+    # ------------------------------------------------------------------ build
+    def finished(self) -> bool:
+        return self.iteration >= self.total_steps
+
+    def _build(self, state: dict[str, Any] | None) -> None:
+        from polar.models.llm_policy import LLMPolicy
+
+        cfg, kw = self.cfg, self.kw
+        self.run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
+        self.eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
+        tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.policy.type == "grpo" else []
+        self.stack = build_stack(cfg, self.run_dir.path, self.engine)
+        self.stack.__enter__()
+        try:
+            self.policy = LLMPolicy.from_engine(self.stack.engine, kw.lora, **policy_options(cfg))
+            self.version = int(self.stack.engine.policy_version)
+            if state is None:
+                self._sft_stage()
+            if cfg.policy.type == "grpo":
+                self.summary["eval_before"] = self.evaluate("before_grpo", kw.eval_samples)
+                self.learner = GRPOLearner(self.policy, kw)
+            if state is not None:
+                self._load_state(state)
+                self.stack.update_weights(self.policy.serving_state_dict(), self.version)  # the engine starts fresh
+            if self.collector_factory is not None:
+                self.collector = self.collector_factory(self)
+            else:
+                self.collector = SessionCollector(
+                    self.stack, tasks, kw.tasks_per_step if tasks else 1, kw.group_size if tasks else 1, cfg.seed,
+                    batches=self.total_steps - self.iteration, prefetch=bool(tasks) and kw.max_off_policy_steps >= 1,
+                    first_step=self.iteration)
+            self.collector.start(self.weights(), self.version)
+        except BaseException:
+            self.stack.__exit__(None, None, None)
+            raise
+        self._t_loop = time.monotonic()
+
+    def _sft_stage(self) -> None:
+        """Behaviour cloning before RL (``sft_warmup``), or the whole of an SFT run: iteration 0 of the run."""
+        from polar.models.llm_policy import load_demonstrations
+
+        cfg, kw = self.cfg, self.kw
+        sft = cfg.sft_warmup
+        demos_path = sft.demonstrations if sft else (cfg.tasks if cfg.policy.type == "sft" else None)
+        sft_kwargs = sft.kwargs if sft else (kw if cfg.policy.type == "sft" else None)
+        if not demos_path or sft_kwargs is None:
+            return
+        if cfg.policy.type == "grpo" and sft_kwargs.lora is not None and kw.lora is None:
+            raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+        demos = load_demonstrations(resolve(demos_path, cfg.config_dir), self.policy.tokenizer)
+        ts = time.monotonic()
+
+        def on_step(step: int, loss: float) -> None:
+            if step % 10 == 0:
+                self.logger.log({"sft_step": step, "sft_loss": loss}, step)
+
+        losses = sft_train(self.policy, demos, sft_kwargs, cfg.seed, on_step=on_step)
+        self.version += 1
+        self.stack.update_weights(self.policy.serving_state_dict(), self.version)
+        self.summary["sft"] = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1],
+                               "demonstrations": len(demos), "time_s": round(time.monotonic() - ts, 1)}
+        log.info("SFT: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+
+    # ------------------------------------------------------------------ the Learner seam
+    def update(self, batch: Batch) -> Metrics:
+        assert self.learner is not None  # an SFT run has no GRPO iterations
+        kw = self.kw
+        samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage)
+        t_learn = time.monotonic()
+        upd = self.learner.update(samples, advs) if samples else {}
+        if not samples:  # a step with no usable group changed no weight: no swap, no new version
+            log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", self.iteration + 1,
+                     ", ".join(f"{k} {int(v)}" for k, v in counts.items() if k.startswith("groups_")))
+        if "policy_loss" in upd:
+            upd["pg_loss"] = upd.pop("policy_loss")
+        rewards = batch.episode_returns
+        return {"samples": len(samples), "update_skipped": int(not samples),
+                "reward_mean": sum(rewards) / max(1, len(rewards)),
+                "learn_s": round(time.monotonic() - t_learn, 3), **counts, **upd}
+
+    def weights(self) -> Mapping[str, Any]:
+        return self.policy.serving_state_dict()
+
+    def learner_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": self.policy.state_dict(), "step": self.iteration}
+        if self.learner is not None:
+            state.update(self.learner.state_dict())
+        return state
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["model"])
+        if self.learner is not None and "optimizer" in state:
+            self.learner.load_state_dict(state)
+        state.setdefault("iteration", state.get("step", 0))  # checkpoints written before the one loop
+
+    def row_metrics(self, batches: list[Batch], stats: Metrics) -> Metrics:
+        return {"step": self.iteration, "policy_version": self.version}
+
+    def periodic_eval(self) -> Metrics:
+        kw = self.kw
+        if kw.eval_every and self.iteration % kw.eval_every == 0 and self.iteration < self.total_steps:
+            res = self.evaluate(f"iter_{self.iteration:08d}", samples=kw.eval_samples, write=False)
+            return {f"eval_{k}": v for k, v in res.items()}
+        return {}
+
+    def _end_iteration(self, batches: list[Batch], stats: Metrics, update_s: float, policy_lag: float | None) -> bool:
+        done = super()._end_iteration(batches, stats, update_s, policy_lag)
+        self.history.append({"reward_mean": stats["reward_mean"]})
+        return done
+
+    # ------------------------------------------------------------------ evaluation and the whole run
+    def evaluate(self, tag: str = "final", episodes: int | None = None, samples: int | None = None,
+                 write: bool = True) -> dict[str, Any]:
+        """Held-out success over ``eval_tasks`` with the engine's current weights (``{}`` without eval_tasks)."""
+        if not self.eval_tasks:
+            return {}
+        n = samples or episodes or int(getattr(self.kw, "eval_samples", 1))
+        res: dict[str, Any] = heldout_success(self.stack, self.eval_tasks, n, tag)
+        if write:
+            self.run_dir.write_json(f"eval/{tag}.json", res)
+            log.info("held-out success (%s): %.3f over %d sessions", tag, res["success"], res["sessions"])
+        return res
+
+    def train(self) -> dict[str, Any]:
+        """The whole run; returns its summary (also written to ``eval/summary.json``): the loop's counts plus
+        ``sft``, ``grpo``, ``eval_before`` / ``eval_after`` (GRPO) or ``eval_final`` (SFT)."""
+        t0 = time.monotonic()
+        try:
+            result = super().train()
+        finally:
+            if self.stack is not None:
+                self.stack.__exit__(None, None, None)
+        summary = {**result, **self.summary}
+        if self.cfg.policy.type == "grpo":
+            summary["grpo"] = {"steps": self.iteration, "time_s": round(time.monotonic() - self._t_loop, 1)}
+            if self.history:
+                summary["grpo"]["reward_first"] = self.history[0]["reward_mean"]
+                summary["grpo"]["reward_last"] = self.history[-1]["reward_mean"]
+        summary["time_s"] = round(time.monotonic() - t0, 1)
+        self.run_dir.write_json("eval/summary.json", summary)
+        self.run_dir.update_meta(status="finished", result=summary)
+        return summary
+
+    def final_eval(self) -> dict[str, Any]:
+        if self.cfg.policy.type == "grpo":
+            return {"eval_after": self.evaluate("after_grpo", samples=self.kw.eval_samples)}
+        return {"eval_final": self.evaluate("final", samples=int(getattr(self.kw, "eval_samples", 1)))}
+
+
+def train_agentic(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """An agent run from start to end (``polar run`` does the same through ``polar.trainers.build``); returns its
+    summary. ``run.json`` records this process as the run's owner and the run's final status, however it ends."""
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
+        return AgentTrainer(cfg, run_dir, resume=resume, engine=engine).train()
