@@ -174,6 +174,10 @@ class GatewayApp:
         self.store = SessionStore(records_dir, fsync=config.fsync, resume=config.resume_records)
         self.gate = DrainGate(config.pause_mode, config.pause_wait_s, config.retry_after_s)
         self.core = GatewayCore(engine, self.store, self.gate, config.default_max_tokens)
+        if hasattr(engine, "configure_sync"):  # upstream engines: where synced weights go, how they are checked
+            from pathlib import Path
+
+            engine.configure_sync(config.sync, Path(records_dir).parent / "weight_sync" if records_dir else None)
         self.model_names = [engine.model_name, *[a for a in config.model_aliases if a != engine.model_name]]
         self._swap_lock: asyncio.Lock | None = None
         fast_routes = {
@@ -444,6 +448,10 @@ class GatewayApp:
         if self._swap_lock is None:
             self._swap_lock = asyncio.Lock()
         async with self._swap_lock:
+            if self.config.sync.in_flight == "abort":  # end the calls under way now, rather than wait for them
+                status = await self.gate.pause(0.0)
+                if status["inflight"]:
+                    await self.engine.abort_inflight()
             status = await self.gate.pause(timeout_s)
             try:
                 if status["inflight"]:

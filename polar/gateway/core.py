@@ -299,6 +299,7 @@ class Call:
             "output": msg,
             "prompt_reuse": self.prompt.reuse if self.prompt else {},
             "chat_template": getattr(self.core.engine, "chat_template_source", None) or "model",
+            "logprob_mode": getattr(self.core.engine, "logprob_mode", "raw_logprobs"),
             "timings": {
                 "ttft_s": self.first_token_s,
                 "total_s": total_s,

@@ -206,8 +206,10 @@ class GatewayServer:
 
         return self.call(_resume())
 
-    def update_weights(self, state_dict: Any, version: int, timeout_s: float = 300.0) -> dict[str, Any]:
-        """Drain in-flight calls, swap weights, stamp ``version`` on later records, resume."""
+    def update_weights(self, state_dict: Any, version: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """Drain in-flight calls (or abort them: ``gateway.sync.in_flight``), swap weights, stamp ``version``
+        on later records, resume. ``timeout_s`` defaults to ``gateway.sync.timeout_s``."""
+        timeout_s = self.config.sync.timeout_s if timeout_s is None else timeout_s
         return self.call(self.app.update_weights(state_dict, version, timeout_s), timeout_s + 600)
 
     def records(self, session_id: str) -> list[CallRecord]:

@@ -163,6 +163,9 @@ class Engine(abc.ABC):
     chat_template_source: str | None = None
     chat_template_tools: bool = True
     max_top_logprobs: int = 0  # the most GenerationRequest.top_logprobs this engine can report
+    # what its logprobs are, recorded with every call: "raw_logprobs" is the model's own distribution at
+    # temperature 1 before top-p (what the learner recomputes), as the embedded engine and vLLM's default give
+    logprob_mode: str = "raw_logprobs"
 
     @abc.abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -171,6 +174,11 @@ class Engine(abc.ABC):
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Swap in new weights and set ``policy_version = version``. Engines without local weights refuse."""
         raise EngineError(f"{type(self).__name__} cannot update weights in place")
+
+    async def abort_inflight(self) -> int:
+        """End the generations under way (each finishes with ``"abort"``), for a weight sync with
+        ``gateway.sync.in_flight: abort``; returns how many were ended (engines that cannot: 0)."""
+        return 0
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; in-flight streams end with ``finish_reason="abort"``."""

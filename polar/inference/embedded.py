@@ -186,6 +186,15 @@ class EmbeddedEngine(Engine):
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         await asyncio.to_thread(self._swap_weights, state_dict, int(version))
 
+    async def abort_inflight(self) -> int:
+        def _abort() -> int:
+            with self._step_lock:
+                n = len(self._active) + len(self._solo)
+                self._abort_all()
+                return n
+
+        return await asyncio.to_thread(_abort)
+
     async def health(self) -> dict[str, Any]:
         if self._closing:
             return {"state": "unavailable", "error": "engine is closed"}

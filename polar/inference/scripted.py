@@ -55,6 +55,8 @@ class ScriptedEngine(Engine):
         self.default_stop_token_ids = [i for i in (self._end_id, eot) if isinstance(i, int) and i >= 0]
         self.requests: list[GenerationRequest] = []
         self._closed = False
+        self._aborts = 0  # bumped by abort_inflight: streams started before it end with "abort"
+        self._streaming = 0
 
     @classmethod
     def tiny(cls, responses: Any, *, seed: int = 0, **kwargs: Any) -> ScriptedEngine:
@@ -106,14 +108,23 @@ class ScriptedEngine(Engine):
 
             tops = await asyncio.to_thread(sequence_top_logprobs, self.model, list(request.prompt_ids) + ids,
                                            len(request.prompt_ids), request.top_logprobs)
-        for i, (tid, lp, top) in enumerate(zip(ids, logprobs, tops, strict=False)):
-            if self.token_delay_s:
-                await asyncio.sleep(self.token_delay_s)
-            if self._closed:
-                yield TokenEvent(None, None, "abort", self.policy_version)
-                return
-            last = i == len(ids) - 1
-            yield TokenEvent(tid, lp, finish if last else None, self.policy_version if last else None, top)
+        epoch = self._aborts
+        self._streaming += 1
+        try:
+            for i, (tid, lp, top) in enumerate(zip(ids, logprobs, tops, strict=False)):
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                if self._closed or self._aborts != epoch:
+                    yield TokenEvent(None, None, "abort", self.policy_version)
+                    return
+                last = i == len(ids) - 1
+                yield TokenEvent(tid, lp, finish if last else None, self.policy_version if last else None, top)
+        finally:
+            self._streaming -= 1
+
+    async def abort_inflight(self) -> int:
+        self._aborts += 1
+        return self._streaming
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         if self.model is not None:

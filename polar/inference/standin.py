@@ -7,12 +7,24 @@ APIs that polar uses, with the same request fields, response fields, SSE framing
   ``temperature``, ``top_p``, ``seed``, ``stop_token_ids``, ``logprobs``, ``return_token_ids``,
   ``return_tokens_as_token_ids``, ``stream``), ``GET /v1/models`` (with ``max_model_len``), ``GET /health``.
   Choices carry ``token_ids`` and (first chunk only when streaming) ``prompt_token_ids``; errors are
-  ``{"error": {"message", "type", "param", "code"}}``.
+  ``{"error": {"message", "type", "param", "code"}}``. With ``VLLM_SERVER_DEV_MODE=1`` vLLM 0.32 also
+  serves the RL routes weight sync uses, imitated here: ``POST /pause?mode=abort|wait|keep``,
+  ``POST /resume``, ``GET /is_paused``, ``POST /collective_rpc`` (only ``reload_weights`` with
+  ``kwargs.weights_path``), ``POST /update_weight_version`` ``{"new_version"}``, ``GET /weight_info``
+  (``"default"`` until set) and ``POST /abort_requests``.
 - SGLang native server: ``POST /generate`` (``input_ids``, ``sampling_params`` with ``max_new_tokens``,
   ``temperature``, ``top_p``, ``stop_token_ids``, ``sampling_seed``; ``return_logprob``, ``stream``),
   ``GET /get_model_info``, ``GET /health``. Streams are cumulative like SGLang's default, or
   incremental like ``--incremental-streaming-output``; ``meta_info.output_token_logprobs`` holds
-  ``[logprob, token_id, null]`` triples and ``finish_reason`` is ``{"type": ..., ...}``.
+  ``[logprob, token_id, null]`` triples and ``finish_reason`` is ``{"type": ..., ...}``. Weight updates
+  as SGLang documents them: ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``,
+  ``POST /update_weights_from_disk`` ``{"model_path", "load_format", "abort_all_requests",
+  "weight_version", "flush_cache", ...}`` answering ``{"success", "message", "num_paused_requests"}``
+  (HTTP 400 with ``success: false`` when it fails), ``POST /continue_generation``, ``GET /model_info``
+  (with ``weight_version``, ``"default"`` until set) and ``POST /abort_request`` ``{"rid"|"abort_all"}``.
+
+Paused (either API), a stand-in holds new generation requests until it is resumed, as the real servers
+do; a weight load reads the folder's ``*.safetensors`` into the engine (:meth:`Engine.update_weights`).
 
 Tokens come from any polar :class:`Engine`: the embedded tiny model (real ids and logprobs, for
 faithfulness tests) or :class:`FixedEngine` (instant fixed tokens, for overhead benchmarks).
@@ -103,6 +115,41 @@ class _Standin:
         self.name = name
         self.requests: list[dict[str, Any]] = []
         self.health_calls = 0
+        self.weight_version = "default"
+        self.control: list[str] = []  # the weight-sync calls received, in order (e.g. "POST /pause")
+        self.loads = 0  # successful weight loads
+        self._resumed: Any = None  # asyncio.Event, made on the server's loop
+
+    def _gate(self) -> Any:
+        import asyncio
+
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+            self._resumed.set()
+        return self._resumed
+
+    async def _wait_resumed(self) -> None:
+        await self._gate().wait()
+
+    async def _load(self, folder: str) -> str | None:
+        """Read ``folder``'s safetensors into the engine; the reason it failed, or None."""
+        import asyncio
+        from pathlib import Path
+
+        files = sorted(Path(folder).glob("*.safetensors")) if folder else []
+        if not files:
+            return f"no *.safetensors weights in {folder!r}"
+        try:
+            from safetensors.torch import load_file
+
+            state: dict[str, Any] = {}
+            for f in files:
+                state.update(await asyncio.to_thread(load_file, str(f)))
+            await self.engine.update_weights(state, self.engine.policy_version)
+        except Exception as exc:  # the real servers report the loader's error
+            return f"{type(exc).__name__}: {exc}"
+        self.loads += 1
+        return None
 
     def text(self, ids: list[int]) -> str:
         tok = self.engine.tokenizer
@@ -133,11 +180,62 @@ class _Standin:
             {"error": {"message": message, "type": kind, "param": param, "code": status}}, status
         )
 
+    # ---- vLLM dev-mode RL routes (vllm/entrypoints/rl/online/api_router.py, 0.32)
+    async def vllm_pause(self, request: Request) -> Response:
+        self.control.append("POST /pause")
+        mode = request.query_params.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            return JSONResponse({"error": f"Invalid pause mode: {mode}"}, 400)
+        if mode == "abort":
+            await self.engine.abort_inflight()
+        self._gate().clear()
+        return JSONResponse({"status": "paused"})
+
+    async def vllm_resume(self, request: Request) -> Response:
+        self.control.append("POST /resume")
+        self._gate().set()
+        return JSONResponse({"status": "resumed"})
+
+    async def vllm_is_paused(self, request: Request) -> Response:
+        return JSONResponse({"is_paused": not self._gate().is_set()})
+
+    async def vllm_collective_rpc(self, request: Request) -> Response:
+        self.control.append("POST /collective_rpc")
+        try:
+            body = await _json_body(request)
+        except ValueError as exc:
+            return JSONResponse({"detail": f"JSON decode error: {exc}"}, 400)
+        if not isinstance(body, dict) or body.get("method") is None:
+            return JSONResponse({"detail": "Missing 'method' in request body"}, 400)
+        if body["method"] != "reload_weights":
+            return JSONResponse({"detail": f"this stand-in serves only reload_weights, not {body['method']!r}"}, 400)
+        error = await self._load(str((body.get("kwargs") or {}).get("weights_path") or ""))
+        if error is not None:  # vLLM: the worker's exception surfaces as a 500
+            return Response("Internal Server Error", 500, media_type="text/plain")
+        return JSONResponse({"results": [None]})
+
+    async def vllm_update_weight_version(self, request: Request) -> Response:
+        self.control.append("POST /update_weight_version")
+        body = await _json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("new_version"), str):
+            return JSONResponse({"detail": [{"loc": ["body", "new_version"], "msg": "Field required"}]}, 422)
+        self.weight_version = body["new_version"]
+        return JSONResponse({"success": True, "new_version": self.weight_version})
+
+    async def vllm_weight_info(self, request: Request) -> Response:
+        return JSONResponse({"weight_version": self.weight_version})
+
+    async def vllm_abort_requests(self, request: Request) -> Response:
+        self.control.append("POST /abort_requests")
+        n = await self.engine.abort_inflight()
+        return JSONResponse({"status": "aborted", "aborted": n})
+
     async def vllm_completions(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
         except ValueError:
             return self.vllm_error("request body is not valid JSON")
+        await self._wait_resumed()
         self.requests.append({"api": "vllm", "replica": self.name, "body": body})
         if body.get("model") != self.served_model:
             return self.vllm_error(
@@ -228,15 +326,57 @@ class _Standin:
 
     # ------------------------------------------------------------------ SGLang
     async def sglang_model_info(self, request: Request) -> Response:
-        return JSONResponse(
-            {"model_path": self.served_model, "tokenizer_path": self.served_model, "is_generation": True}
-        )
+        return JSONResponse({"model_path": self.served_model, "tokenizer_path": self.served_model,
+                             "is_generation": True, "weight_version": self.weight_version})
+
+    # ---- SGLang weight updates (sglang/srt/entrypoints/http_server.py, managers/io_struct.py)
+    async def sglang_pause(self, request: Request) -> Response:
+        self.control.append("POST /pause_generation")
+        raw = await request.body()
+        body = orjson.loads(raw) if raw.strip() else {}
+        mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+        if mode not in ("abort", "retract", "in_place"):
+            return JSONResponse({"object": "error", "message": f"Invalid mode: {mode!r}. Expected one of "
+                                 "['abort', 'retract', 'in_place'].", "type": "Bad Request", "code": 400}, 400)
+        if mode == "abort":
+            await self.engine.abort_inflight()
+        self._gate().clear()
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def sglang_continue(self, request: Request) -> Response:
+        self.control.append("POST /continue_generation")
+        self._gate().set()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def sglang_update_from_disk(self, request: Request) -> Response:
+        self.control.append("POST /update_weights_from_disk")
+        body = await _json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return JSONResponse({"object": "error", "message": "model_path: Field required", "type": "Bad Request",
+                                 "code": 400}, 400)
+        if body.get("abort_all_requests"):
+            await self.engine.abort_inflight()
+        error = await self._load(body["model_path"])
+        if error is not None:
+            return JSONResponse({"success": False, "message": f"Failed to update weights: {error}. Rolling back to "
+                                 "original weights.", "num_paused_requests": 0}, 400)
+        message = "Succeeded to update model weights."
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+            message += f" Weight version updated to {self.weight_version}."
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def sglang_abort(self, request: Request) -> Response:
+        self.control.append("POST /abort_request")
+        await self.engine.abort_inflight()
+        return Response(status_code=200)
 
     async def sglang_generate(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
         except ValueError:
             return JSONResponse({"error": {"message": "request body is not valid JSON"}}, 400)
+        await self._wait_resumed()
         self.requests.append({"api": "sglang", "replica": self.name, "body": body})
         input_ids = body.get("input_ids")
         if not (isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids)):
@@ -340,12 +480,24 @@ def make_app(
             Route("/v1/completions", state.vllm_completions, methods=["POST"]),
             Route("/v1/models", state.vllm_models, methods=["GET"]),
             Route("/health", state.health, methods=["GET"]),
+            Route("/pause", state.vllm_pause, methods=["POST"]),
+            Route("/resume", state.vllm_resume, methods=["POST"]),
+            Route("/is_paused", state.vllm_is_paused, methods=["GET"]),
+            Route("/collective_rpc", state.vllm_collective_rpc, methods=["POST"]),
+            Route("/update_weight_version", state.vllm_update_weight_version, methods=["POST"]),
+            Route("/weight_info", state.vllm_weight_info, methods=["GET"]),
+            Route("/abort_requests", state.vllm_abort_requests, methods=["POST"]),
         ]
     elif api == "sglang":
         routes = [
             Route("/generate", state.sglang_generate, methods=["POST"]),
             Route("/get_model_info", state.sglang_model_info, methods=["GET"]),
+            Route("/model_info", state.sglang_model_info, methods=["GET"]),
             Route("/health", state.health, methods=["GET"]),
+            Route("/pause_generation", state.sglang_pause, methods=["POST"]),
+            Route("/continue_generation", state.sglang_continue, methods=["POST"]),
+            Route("/update_weights_from_disk", state.sglang_update_from_disk, methods=["POST"]),
+            Route("/abort_request", state.sglang_abort, methods=["POST"]),
         ]
     else:
         raise EngineError(f"unknown stand-in api '{api}'; use 'vllm' or 'sglang'")

@@ -30,8 +30,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import shutil
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -50,6 +53,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 
 
 from polar.config.base import StrictModel, validate
+from polar.config.sync import WeightSyncConfig
 from polar.inference._http1 import Http1Pool, HttpError
 from polar.inference.base import (
     ContextLengthExceeded,
@@ -58,6 +62,13 @@ from polar.inference.base import (
     GenerationRequest,
     TokenEvent,
     UpstreamUnavailable,
+)
+from polar.inference.weight_sync import (
+    LogprobCheck,
+    WeightSyncError,
+    control_for,
+    prune_folders,
+    write_weights_folder,
 )
 
 log = logging.getLogger(__name__)
@@ -118,6 +129,25 @@ class UpstreamEngine(Engine):
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._health: tuple[float, dict[str, Any]] | None = None  # (monotonic time, answer) of the last probe
         self._probe: asyncio.Task[dict[str, Any]] | None = None
+        # weight sync (polar.inference.weight_sync): the served folder, where synced folders go, what serves now
+        folder = Path(config.tokenizer).expanduser() if config.tokenizer != "tiny" else None
+        if folder is not None and not folder.is_dir():  # a preset name: its converted folder
+            from polar.inference.presets import get_preset, preset_folder
+
+            folder = preset_folder(config.tokenizer) if get_preset(config.tokenizer) is not None else None
+        self.model_folder: Path | None = folder.resolve() if folder is not None else None
+        self.weights_dtype = "float32"  # what sync.dtype: auto writes (a launched vLLM: its --dtype)
+        # recorded with every call: vLLM's default --logprobs-mode is raw_logprobs (the model's, before any
+        # temperature or top-p); SGLang's depends on its version and SGLANG_RETURN_ORIGINAL_LOGPROB
+        self.logprob_mode = "raw_logprobs" if self.kind == "vllm" else "sglang (version-dependent)"
+        self.sync_config = WeightSyncConfig()
+        self._sync_root: Path | None = None
+        self._sync_tmp = False
+        self._sync_lock = threading.Lock()  # one sync (or restarted-replica restore) at a time
+        self._current_folder: Path | None = None  # the folder every replica serves; None: the base weights
+        self._check: LogprobCheck | None = None
+        self.sync_hooks: list[Callable[[Path], None]] = []  # called with each written folder before the push
+        self.last_sync: dict[str, Any] = {}
 
     @classmethod
     def from_config(cls, spec: Mapping[str, Any] | UpstreamConfig, **kwargs: Any) -> UpstreamEngine:
@@ -225,17 +255,215 @@ class UpstreamEngine(Engine):
                 replica.in_flight -= 1
         raise UpstreamUnavailable(f"no {self.kind} replica could serve the request: {'; '.join(errors)}")
 
-    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Upstream weights are synced through the server's own API (e.g. NCCL or its update endpoint);
-        call this with an empty ``state_dict`` afterwards to stamp ``version`` on later records."""
-        if state_dict:
-            raise EngineError(
-                f"{self.kind} upstream weights cannot be sent through update_weights; sync them with the "
-                "server's own weight-update API, then call update_weights({}, version)"
+    # ------------------------------------------------------------------ weight sync
+    def configure_sync(self, config: WeightSyncConfig, default_dir: str | Path | None = None) -> None:
+        """How :meth:`update_weights` pushes weights: the gateway calls this with ``gateway.sync`` and a
+        folder next to its records (``sync.dir`` wins); without either, a temporary folder."""
+        self.sync_config = config
+        chosen = config.dir or default_dir
+        self._sync_root = Path(chosen).expanduser() if chosen else None
+        if config.method == "nccl":
+            from polar.inference.weight_sync import check_nccl_available
+
+            check_nccl_available(self.kind)
+
+    def _sync_dir(self) -> Path:
+        if self._sync_root is None:
+            import tempfile
+
+            self._sync_root = Path(tempfile.mkdtemp(prefix="polar-weight-sync-"))
+            self._sync_tmp = True
+        return self._sync_root
+
+    def _source_folder(self) -> Path:
+        """The served model's folder: its config and tokenizer files go into every sync folder."""
+        folder = self.model_folder
+        if folder is None or not (folder / "config.json").is_file():
+            raise WeightSyncError(
+                f"{self.kind} upstream weights cannot be synced: the engine has no local model folder (tokenizer "
+                f"{self.config.tokenizer!r}); set the upstream tokenizer to the served model's folder (it needs "
+                "config.json), or sync through the server's own API and call update_weights({}, version)"
             )
-        self.policy_version = int(version)
+        return folder
+
+    def _pushable(self, replica: _Replica) -> bool:
+        """Replicas a sync pushes to now (a launched replica that is restarting gets them when it is back)."""
+        return True
+
+    async def abort_inflight(self) -> int:
+        """``sync.in_flight: abort``: end every request under way on every replica (they finish as ``abort``)."""
+        control = control_for(self.kind)
+        async with httpx.AsyncClient(headers=self._auth()) as client:
+            for replica in self.replicas:
+                if self._pushable(replica):
+                    try:
+                        await control.abort_all(client, replica.url, self.sync_config.timeout_s)
+                    except WeightSyncError as exc:
+                        log.warning("could not abort the calls in flight: %s", exc)
+        return len(self.replicas)
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Push ``state_dict`` into every replica and stamp ``version`` on later records (see
+        :mod:`polar.inference.weight_sync`). On any failure (a push rejected, a replica unreachable, the
+        logprob check off by more than ``sync.check_tolerance``) every replica is given the previous weights
+        back, the version stays, and :class:`WeightSyncError` says what happened, with numbers.
+
+        An empty ``state_dict`` only stamps ``version``: for weights synced through the server's own API."""
+        if not state_dict:
+            self.policy_version = int(version)
+            return
+        await asyncio.to_thread(self._sync_lock.acquire)
+        try:
+            await self._sync(state_dict, int(version))
+        finally:
+            self._sync_lock.release()
+
+    def _checker(self) -> LogprobCheck | None:
+        cfg = self.sync_config
+        if not cfg.check:
+            return None
+        if self._check is None:
+            self._check = LogprobCheck(self._source_folder(), self.tokenizer, cfg.check_prompt, cfg.check_tokens,
+                                       cfg.check_tolerance)
+        return self._check
+
+    async def _sync(self, state_dict: Mapping[str, Any], version: int) -> None:
+        source = self._source_folder()
+        root = self._sync_dir()
+        t0 = time.monotonic()
+        folder = await asyncio.to_thread(write_weights_folder, state_dict, source, root, version, self._weights_dtype())
+        for hook in list(self.sync_hooks):  # tests: corrupt the folder "in transit"
+            hook(folder)
+        t_write = time.monotonic() - t0
+        control = control_for(self.kind)
+        targets = [r for r in self.replicas if self._pushable(r)]
+        if not targets:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise WeightSyncError(f"weight sync to version {version}: no {self.kind} replica is serving to take it")
+        pushed: list[_Replica] = []
+        checks: dict[str, Any] = {}
+        check = self._checker()
+        async with httpx.AsyncClient(headers=self._auth()) as client:
+            try:
+                for replica in targets:
+                    pushed.append(replica)
+                    await self._push(client, control, replica.url, folder, version)
+                t_push = time.monotonic() - t0 - t_write
+                if check is not None:
+                    await asyncio.to_thread(check.load, state_dict)
+                    for replica in targets:
+                        report = await self._check_replica(client, check, replica.url)
+                        checks[replica.url] = report
+                        if not report["ok"]:
+                            raise WeightSyncError(
+                                f"weight sync to version {version} refused: {self.kind} replica {replica.url} does not "
+                                f"serve the learner's weights: on the fixed prompt its logprobs differ from the "
+                                f"learner's by up to {report['max_abs_diff']:.4f} (mean {report['mean_abs_diff']:.4f} "
+                                f"over {report['tokens']} tokens; token {report['worst_token']}: replica "
+                                f"{report['replica_logprob']:.4f}, learner {report['learner_logprob']:.4f}), over "
+                                f"gateway.sync.check_tolerance={report['tolerance']:g}"
+                            )
+            except BaseException as exc:
+                await self._roll_back(client, control, pushed, check)
+                shutil.rmtree(folder, ignore_errors=True)
+                if isinstance(exc, WeightSyncError):
+                    raise WeightSyncError(f"{exc}; every replica serves version {self.policy_version} again") from None
+                raise
+        previous, self._current_folder = self._current_folder, folder
+        self.policy_version = version
+        prune_folders(root, keep=folder)
+        self.last_sync = {"version": version, "folder": str(folder), "write_s": round(t_write, 3),
+                          "push_s": round(t_push, 3), "total_s": round(time.monotonic() - t0, 3),
+                          "replicas": len(targets), "checks": checks}
+        log.info("weights v%d synced into %d %s replica(s) in %.2fs (write %.2fs, push %.2fs)%s", version,
+                 len(targets), self.kind, self.last_sync["total_s"], t_write, t_push,
+                 "" if not checks else "; logprob check max |diff| "
+                 + ", ".join(f"{c['max_abs_diff']:.4f}" for c in checks.values()))
+        del previous
+
+    async def _push(self, client: httpx.AsyncClient, control: Any, url: str, folder: Path, version: int) -> None:
+        """Pause one replica, reload ``folder`` and set ``version``, resume it (resumed even on failure)."""
+        timeout_s = self.sync_config.timeout_s
+        await control.pause(client, url, self.sync_config.in_flight, timeout_s)
+        try:
+            await control.load(client, url, folder, version, timeout_s)
+        finally:
+            await control.resume(client, url, timeout_s)
+
+    async def _roll_back(self, client: httpx.AsyncClient, control: Any, pushed: list[_Replica],
+                         check: LogprobCheck | None) -> None:
+        """Give every replica that took (part of) a failed sync the weights it served before."""
+        old = self._current_folder or self._source_folder()
+        for replica in pushed:
+            try:
+                await self._push(client, control, replica.url, old, self.policy_version)
+            except Exception as exc:  # it keeps failing: say so; the caller's error fails the step anyway
+                log.error("could not restore version %d on %s after a failed sync: %s", self.policy_version,
+                          replica.url, exc)
+        if check is not None and check.loaded:
+            await asyncio.to_thread(self._reload_check, check, old)
+
+    @staticmethod
+    def _reload_check(check: LogprobCheck, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:  # the served base folder in another format: rebuild from it
+            check._model, check.loaded = None, False
+            return
+        for f in files:
+            check.load(load_file(str(f)))
+
+    async def _check_replica(self, client: httpx.AsyncClient, check: LogprobCheck, url: str) -> dict[str, Any]:
+        """The fixed prompt's greedy continuation on one replica, compared with the learner's logprobs."""
+        request = GenerationRequest(list(check.prompt_ids), max_tokens=check.tokens, temperature=0.0, stream=False)
+        if self.kind == "vllm":
+            path, body = "/v1/completions", await self._vllm_body(request, check.tokens)
+            parse: Any = _VllmParser(request.prompt_ids)
+        else:
+            path, body = "/generate", _sglang_body(request, check.tokens)
+            parse = _SglangParser()
+        try:
+            resp = await client.post(f"{url}{path}", content=_dumps(body), timeout=self.sync_config.timeout_s,
+                                     headers={"Content-Type": "application/json"})
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"{url}: the check call (POST {path}) failed: {type(exc).__name__}: {exc}") from None
+        if resp.status_code != 200:
+            raise WeightSyncError(f"{url}: the check call (POST {path}) answered HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            triples = parse(_payload(resp.content))
+        except _ReplicaFailed as exc:
+            raise WeightSyncError(f"{url}: the check call failed: {exc}") from None
+        ids = [int(t) for t, _, _ in triples if t is not None]
+        lps = [float(lp) for t, lp, _ in triples if t is not None]
+        return await asyncio.to_thread(check.compare, ids, lps)
+
+    def _weights_dtype(self) -> str:
+        chosen = self.sync_config.dtype
+        return self.weights_dtype if chosen == "auto" else chosen
+
+    async def restore_replica(self, url: str) -> None:
+        """A replica that came back (restarted) holds the base weights: give it the current ones, and check
+        it, before it serves. Runs on the caller's thread (its own event loop), under the sync lock."""
+        folder = self._current_folder
+        if folder is None:
+            return  # nothing was synced yet: the base weights are the current ones
+        control = control_for(self.kind)
+        async with httpx.AsyncClient(headers=self._auth()) as client:
+            await self._push(client, control, url, folder, self.policy_version)
+            check = self._checker()
+            if check is not None and check.loaded:
+                report = await self._check_replica(client, check, url)
+                if not report["ok"]:
+                    raise WeightSyncError(
+                        f"{url} came back but does not serve version {self.policy_version}: its fixed-prompt "
+                        f"logprobs differ from the learner's by up to {report['max_abs_diff']:.4f} "
+                        f"(tolerance {report['tolerance']:g})")
+        log.info("restarted %s replica %s serves version %d again", self.kind, url, self.policy_version)
 
     async def close(self) -> None:
+        if self._sync_tmp and self._sync_root is not None:
+            shutil.rmtree(self._sync_root, ignore_errors=True)
         for replica in self.replicas:
             if replica.pool is not None:
                 try:

@@ -162,7 +162,7 @@ class _Replica:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.starts = 0  # 1 + restarts
-        self.state = "new"  # starting | ok | restarting | failed | stopped
+        self.state = "new"  # starting | ok | restarting | syncing | failed | stopped
         self.error: str | None = None
 
 
@@ -338,13 +338,21 @@ class VllmFleet:
                 log.error("vLLM replica %d could not be restarted: %s", replica.index, exc)
                 self._notify()
                 return
-            replica.state, replica.error = "ok", None
-            log.info("vLLM replica %d is serving again on %s", replica.index, replica.url)
-            for hook in list(self.on_restart):
-                try:
+            # it answers /health but holds the base weights: the hooks (LaunchedVllmEngine: give it the
+            # current weights, check them) run before it is "ok" and takes calls again
+            replica.state, replica.error = "syncing", None
+            try:
+                for hook in list(self.on_restart):
                     hook(replica)
-                except Exception:
-                    log.exception("on_restart hook failed")
+            except Exception as exc:
+                replica.state, replica.error = "failed", (
+                    f"vLLM replica {replica.index} restarted but could not be given the current weights, so it "
+                    f"serves no calls: {exc}")
+                log.error("%s", replica.error)
+                self._notify()
+                return
+            replica.state = "ok"
+            log.info("vLLM replica %d is serving again on %s", replica.index, replica.url)
             self._notify()
 
     def _notify(self) -> None:
@@ -427,14 +435,34 @@ class LaunchedVllmEngine(UpstreamEngine):
             tokenizer=tokenizer,
         )
         self.fleet = fleet
+        self.model_folder = fleet.folder
+        self.weights_dtype = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(cfg.dtype, "float32")
+        args = list(cfg.extra_args)
+        if "--logprobs-mode" in args[:-1]:
+            self.logprob_mode = args[args.index("--logprobs-mode") + 1]
         fleet.on_restart.append(self._replica_back)
         # the replicas go when this engine is collected, even if nobody calls close()
         self._finalizer = weakref.finalize(self, fleet.stop)
 
     def _replica_back(self, replica: _Replica) -> None:
+        """On the fleet's watcher thread, before the restarted replica takes calls: the current weights
+        and version (it came up with the base ones), under the sync lock so no sync runs meanwhile."""
+        with self._sync_lock:
+            asyncio.run(self.restore_replica(replica.url))
         for r in self.replicas:
             if r.url == replica.url:
                 r.down_until = 0.0  # route to it again at once
+
+    def _serving_urls(self) -> set[str]:
+        return {r.url for r in self.fleet.replicas if r.state == "ok"}
+
+    def route(self, session_id: str | None) -> list[Any]:
+        # a replica that is restarting, or back but not yet given the current weights, takes no call
+        serving = self._serving_urls()
+        return [r for r in super().route(session_id) if r.url in serving]
+
+    def _pushable(self, replica: Any) -> bool:
+        return replica.url in self._serving_urls()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         # UpstreamUnavailable comes only before any token was yielded, so sending the call again is safe

@@ -80,15 +80,24 @@ class LLMPolicy:
     @classmethod
     def from_engine(cls, engine: Any, lora: Any = None, **options: Any) -> LLMPolicy:
         """A trainable copy of the embedded engine's model (the engine keeps serving its own copy; see
-        docs/inference.md, "Learner and engine weights"). ``options``: ``device``, ``autocast``,
+        docs/inference.md, "Learner and engine weights"), or for an upstream engine (launched vLLM, a
+        vLLM/SGLang URL whose tokenizer is a local folder) the served folder loaded in fp32. ``options``: ``device``, ``autocast``,
         ``gradient_checkpointing`` as in the constructor."""
         model = getattr(engine, "model", None)
-        if model is None:
+        if model is not None:
+            return cls(copy.deepcopy(model), engine.tokenizer, lora, **options)
+        folder = getattr(engine, "model_folder", None)  # an upstream engine (vLLM, SGLang) over a local folder
+        if folder is None or not (Path(folder) / "config.json").is_file():
             raise ConfigError(
                 f"engine {type(engine).__name__} has no local model to train; GRPO/SFT need the embedded engine "
-                "(model: tiny or a local HF folder)"
+                "(model: tiny or a local HF folder), a launched vLLM (model: {engine: vllm}), or an upstream whose "
+                "tokenizer is the served model's folder"
             )
-        return cls(copy.deepcopy(model), engine.tokenizer, lora, **options)
+        from transformers import AutoModelForCausalLM
+
+        log.info("learner: %s loaded in fp32 from the served model's folder %s", type(engine).__name__, folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+        return cls(model, engine.tokenizer, lora, **options)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

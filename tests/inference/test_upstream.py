@@ -156,7 +156,7 @@ def test_upstream_errors_are_clear(engine):
         wrong = load_engine({"kind": "vllm", "urls": [server.url], "served_model": "other"})
         with pytest.raises(EngineError, match="rejected the request \\(HTTP 404\\)"):
             run(collect(wrong.generate(GenerationRequest([5, 6], max_tokens=1))))
-        with pytest.raises(EngineError, match="cannot be sent through update_weights"):
+        with pytest.raises(EngineError, match="cannot be synced: the engine has no local model folder"):
             run(up.update_weights({"w": 1}, version=2))
         run(up.update_weights({}, version=2))
         assert up.policy_version == 2

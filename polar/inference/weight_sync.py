@@ -1,0 +1,261 @@
+"""Live weight sync into upstream engines (vLLM, SGLang): the weights folder, each server's control calls,
+and the fixed-prompt logprob check that proves a replica serves the learner's weights.
+
+The learner's weights go to every replica as a Hugging Face folder: ``model.safetensors`` plus the served
+folder's config and tokenizer files, written to ``<sync dir>/.tmp-…`` and renamed to ``v<version>`` once
+complete (a replica never sees a half-written folder); only the serving one is kept. Each replica then:
+
+- vLLM (``VLLM_SERVER_DEV_MODE=1``, as polar launches it): ``POST /pause?mode=wait|abort``,
+  ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``,
+  ``POST /update_weight_version`` ``{"new_version": "N"}``, ``POST /resume``; ``GET /weight_info`` reads
+  the version back.
+- SGLang: ``POST /pause_generation`` ``{"mode": "in_place"|"abort"}``, ``POST /update_weights_from_disk``
+  ``{"model_path": DIR, "weight_version": "N", "flush_cache": true}`` (``{"success", "message",
+  "num_paused_requests"}``, HTTP 400 when it fails), ``POST /continue_generation``; ``GET /model_info``
+  reads ``weight_version`` back.
+
+The check: each replica continues a fixed chat prompt greedily for ``check_tokens`` tokens with logprobs;
+a CPU fp32 copy of the model holding exactly the pushed tensors scores the same tokens; the largest
+per-token difference must stay within ``check_tolerance``. A replica in bf16 differs from the fp32
+learner by a few hundredths; a corrupted tensor by far more.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar.inference.base import EngineError
+
+log = logging.getLogger(__name__)
+
+# files of a served model folder that are weights (never copied into a sync folder: the new ones replace them)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+class WeightSyncError(EngineError):
+    """A weight push failed or its check did not hold; the replicas serve the previous weights again."""
+
+
+# ---------------------------------------------------------------------------------------------- folder
+def write_weights_folder(state_dict: Mapping[str, Any], source: Path, root: Path, version: int,
+                         dtype: str = "float32") -> Path:
+    """``state_dict`` as ``root/v<version>`` (model.safetensors + ``source``'s config and tokenizer
+    files), written to a temporary folder first and renamed into place when complete."""
+    import torch
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"v{int(version):06d}"
+    tmp = root / f".tmp-v{int(version):06d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for item in source.iterdir():
+            if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and not item.name.endswith(".index.json"):
+                shutil.copy2(item, tmp / item.name)
+        target = getattr(torch, _DTYPES.get(dtype, "float32"))
+        tied = _tied_embeddings(source)
+        tensors: dict[str, Any] = {}
+        for name, value in state_dict.items():
+            if tied and name == "lm_head.weight":
+                continue  # tied to the input embeddings: servers take it from there
+            t = torch.as_tensor(value).detach()
+            if t.is_floating_point() and t.dtype != target:
+                t = t.to(target)
+            tensors[name] = t.contiguous().cpu()
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "polar_policy_version": str(version)})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def prune_folders(root: Path, keep: Path | None) -> None:
+    """Remove every sync folder under ``root`` but ``keep`` (the one serving)."""
+    if not root.is_dir():
+        return
+    for item in root.iterdir():
+        if item.is_dir() and (item.name.startswith("v") or item.name.startswith(".tmp-")) and item != keep:
+            shutil.rmtree(item, ignore_errors=True)
+
+
+def _tied_embeddings(folder: Path) -> bool:
+    import json
+
+    try:
+        return bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings", False))
+    except (OSError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- check
+class LogprobCheck:
+    """Scores a replica's greedy continuation of a fixed prompt with a CPU fp32 model that holds the pushed
+    weights, so a replica serving anything else (a corrupted tensor, the base weights) is caught."""
+
+    def __init__(self, folder: Path, tokenizer: Any, prompt: str, tokens: int, tolerance: float) -> None:
+        self.folder = Path(folder)
+        self.tokens = int(tokens)
+        self.tolerance = float(tolerance)
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True)
+        self.prompt_ids: list[int] = list(tokenizer.encode(rendered, add_special_tokens=False))
+        self._model: Any = None
+        self.loaded = False  # whether the model holds pushed weights (else: the served folder's own)
+
+    def _build(self) -> Any:
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32,
+                                                               local_files_only=True).eval()
+        return self._model
+
+    def load(self, state_dict: Mapping[str, Any]) -> None:
+        """Hold ``state_dict`` (the pushed weights) from now on."""
+        import torch
+
+        model = self._build()
+        current = model.state_dict()
+        unknown = [k for k in state_dict if k not in current]
+        if unknown:
+            raise WeightSyncError(f"the weights to sync name {len(unknown)} tensors the served model does not have, "
+                                  f"e.g. {unknown[:3]}; expected names like {list(current)[:3]}")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                current[name].copy_(torch.as_tensor(value).to(current[name].dtype))
+        self.loaded = True
+
+    def reference(self, token_ids: list[int]) -> list[float]:
+        """Logprobs of ``token_ids`` following the prompt, under the held weights (fp32)."""
+        import torch
+
+        model = self._build()
+        ids = torch.tensor([self.prompt_ids + list(token_ids)], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        logp = torch.log_softmax(logits[len(self.prompt_ids) - 1 : -1], dim=-1)
+        return logp.gather(1, torch.tensor(token_ids, dtype=torch.long)[:, None])[:, 0].tolist()
+
+    def compare(self, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+        if not token_ids:
+            raise WeightSyncError("the replica returned no tokens for the fixed check prompt")
+        ref = self.reference(token_ids)
+        diffs = [abs(a - b) if math.isfinite(a) else math.inf for a, b in zip(logprobs, ref, strict=True)]
+        worst = max(range(len(diffs)), key=diffs.__getitem__)
+        return {"tokens": len(diffs), "max_abs_diff": round(max(diffs), 6),
+                "mean_abs_diff": round(sum(diffs) / len(diffs), 6), "worst_token": worst,
+                "replica_logprob": round(logprobs[worst], 6), "learner_logprob": round(ref[worst], 6),
+                "tolerance": self.tolerance, "ok": max(diffs) <= self.tolerance}
+
+
+# ---------------------------------------------------------------------------------------------- servers
+async def _post(client: httpx.AsyncClient, url: str, path: str, what: str, json: Any = None,
+                params: dict[str, str] | None = None, timeout_s: float = 300.0) -> Any:
+    try:
+        resp = await client.post(f"{url}{path}", json=json, params=params, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"{url}: {what} (POST {path}) failed: {type(exc).__name__}: {exc}") from None
+    body: Any = None
+    if resp.content:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = resp.text[:300]
+    if resp.status_code == 404 and path in ("/pause", "/collective_rpc", "/update_weight_version"):
+        raise WeightSyncError(f"{url}: POST {path} is not served (HTTP 404): start vLLM with VLLM_SERVER_DEV_MODE=1 "
+                              "(polar's launched replicas have it) so its weight-reload routes exist")
+    if resp.status_code != 200 or (isinstance(body, dict) and body.get("success") is False):
+        raise WeightSyncError(f"{url}: {what} (POST {path}) was rejected (HTTP {resp.status_code}): {str(body)[:500]}")
+    return body
+
+
+class VllmControl:
+    """vLLM's dev-mode RL routes (vLLM 0.32: ``vllm/entrypoints/rl/online/api_router.py``)."""
+
+    kind = "vllm"
+
+    async def pause(self, client: httpx.AsyncClient, url: str, in_flight: str, timeout_s: float) -> None:
+        mode = "abort" if in_flight == "abort" else "wait"
+        await _post(client, url, "/pause", "pause", params={"mode": mode}, timeout_s=timeout_s)
+
+    async def resume(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> None:
+        await _post(client, url, "/resume", "resume", timeout_s=timeout_s)
+
+    async def load(self, client: httpx.AsyncClient, url: str, folder: Path, version: int, timeout_s: float) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}, "timeout": timeout_s}
+        await _post(client, url, "/collective_rpc", "reload_weights", json=body, timeout_s=timeout_s + 30)
+        await _post(client, url, "/update_weight_version", "update_weight_version",
+                    json={"new_version": str(version)}, timeout_s=timeout_s)
+
+    async def version(self, client: httpx.AsyncClient, url: str) -> str | None:
+        try:
+            resp = await client.get(f"{url}/weight_info", timeout=30.0)
+            return str(resp.json().get("weight_version")) if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    async def abort_all(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> None:
+        await _post(client, url, "/abort_requests", "abort_requests", json={}, timeout_s=timeout_s)
+
+
+class SglangControl:
+    """SGLang's documented weight-update routes (``sglang/srt/entrypoints/http_server.py``)."""
+
+    kind = "sglang"
+
+    async def pause(self, client: httpx.AsyncClient, url: str, in_flight: str, timeout_s: float) -> None:
+        # the gateway has already drained its own calls, so in_place leaves nothing running to flush
+        mode = "abort" if in_flight == "abort" else "in_place"
+        await _post(client, url, "/pause_generation", "pause_generation", json={"mode": mode}, timeout_s=timeout_s)
+
+    async def resume(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> None:
+        await _post(client, url, "/continue_generation", "continue_generation", json={}, timeout_s=timeout_s)
+
+    async def load(self, client: httpx.AsyncClient, url: str, folder: Path, version: int, timeout_s: float) -> None:
+        body = {"model_path": str(folder), "weight_version": str(version), "flush_cache": True}
+        await _post(client, url, "/update_weights_from_disk", "update_weights_from_disk", json=body, timeout_s=timeout_s)
+
+    async def version(self, client: httpx.AsyncClient, url: str) -> str | None:
+        try:
+            resp = await client.get(f"{url}/model_info", timeout=30.0)
+            return str(resp.json().get("weight_version")) if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    async def abort_all(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> None:
+        await _post(client, url, "/abort_request", "abort_request", json={"abort_all": True}, timeout_s=timeout_s)
+
+
+def control_for(kind: str) -> VllmControl | SglangControl:
+    return VllmControl() if kind == "vllm" else SglangControl()
+
+
+__all__ = ["LogprobCheck", "SglangControl", "VllmControl", "WeightSyncError", "control_for", "prune_folders",
+           "write_weights_folder"]
+
+
+def check_nccl_available(kind: str) -> None:
+    """``gateway.sync.method: nccl`` needs vLLM's trainer-side weight-transfer engine in polar's own process."""
+    if kind != "vllm":
+        raise WeightSyncError(f"gateway.sync.method: nccl is vLLM's weight-transfer API; {kind} servers sync "
+                              "with method: disk")
+    try:
+        import vllm.distributed.weight_transfer.nccl_engine  # noqa: F401
+    except ImportError as exc:
+        raise WeightSyncError(
+            f"gateway.sync.method: nccl needs vllm importable in polar's own process (the learner's, on a GPU "
+            f"machine: {exc}); install vllm there, or use gateway.sync.method: disk") from None
