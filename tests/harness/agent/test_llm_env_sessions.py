@@ -151,3 +151,22 @@ policy: {type: grpo}
 """)
     with pytest.raises(Exception, match=r"agent\.random_map is for FrozenLake"):
         session_runner(load_config(path))
+
+
+class TupleActionEnv(ImageEnv):
+    action_space = gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Discrete(2)])
+
+
+gym.register("polar-test/TupleActionEnv-v0", entry_point=TupleActionEnv)
+
+
+def test_a_task_without_a_seed_and_an_undescribable_action_space(tmp_path):
+    cfg = _cfg(tmp_path, FROZENLAKE)
+    results, engine, _ = _run(cfg, lambda text, i: '{"action": 0}', tmp_path, tasks=[{"id": "t1", "prompt": "go"}])
+    assert results[0].status == SessionStatus.ERROR and "task 't1' has no integer 'seed'" in results[0].error
+    assert not engine.requests
+    path = tmp_path / "tuple.yaml"
+    path.write_text("harness: {type: gymnasium, id: polar-test/TupleActionEnv-v0}\nagent: {type: llm}\n"
+                    "tasks: {source: seeds, count: 1}\npolicy: {type: grpo}\n")
+    with pytest.raises(Exception, match=r"agent\.type llm on polar-test/TupleActionEnv-v0: .*cannot describe"):
+        session_runner(load_config(path))
