@@ -31,8 +31,10 @@ def main(args: argparse.Namespace) -> int:
                  for r in parity[part].values()), default=0.0)
     console.print(f"exported {m['run']['checkpoint']} of {m['name']} as {m['format']} (version {m['version']}) "
                   f"to {args.out}", markup=False, highlight=False)
+    discrete = m["graph"]["kind"] in ("categorical", "multi_categorical", "q_greedy")
     console.print(f"parity on {parity['samples']} recorded observations: max |delta| {worst:.2e} "
-                  f"(tolerance {parity['tolerance']:g}); every discrete action identical", markup=False, highlight=False)
+                  f"(tolerance {parity['tolerance']:g})" + ("; every action identical" if discrete else ""),
+                  markup=False, highlight=False)
     if "int8" in m:
         q = m["int8"]
         what = (f"action agreement {q['action_agreement']:.2%}" if "action_agreement" in q
