@@ -308,3 +308,30 @@ def test_polar_serve_command(served, tmp_path):
         proc.terminate()
         proc.wait(30)
     assert proc.returncode is not None
+
+
+def test_dict_observations_through_both_routes(make_run, tmp_path):
+    run = make_run("dict")
+    export_run(run.path, tmp_path / "e", samples=32)
+    _, _, policy, _, _ = load_policy_for_eval(run.path)
+    space = policy.agent.observation_space
+    space.seed(0)
+    obs = [space.sample() for _ in range(3)]
+    with torch.inference_mode():
+        batch = {k: torch.as_tensor(np.stack([np.asarray(o[k]) for o in obs])) for k in obs[0]}
+        want = policy.act(batch, None, True)[0].numpy().tolist()
+    plain = [{"pixels": o["pixels"].tolist(), "pos": o["pos"].tolist(), "mode": int(o["mode"])} for o in obs]
+    with LiveServer(tmp_path / "e", poll_s=0) as s:
+        assert s.client.post("/v1/act", json={"observations": plain}).json()["actions"] == want
+        inputs = [{"name": "obs.mode", "shape": [3], "datatype": "INT64", "data": [int(o["mode"]) for o in obs]},
+                  {"name": "obs.pixels", "shape": [3, 8, 8, 1], "datatype": "UINT8", "data": [o["pixels"].tolist() for o in obs]},
+                  {"name": "obs.pos", "shape": [3, 3], "datatype": "FP32", "data": [o["pos"].tolist() for o in obs]}]
+        r = s.client.post("/v2/models/dict-ppo/infer", json={"inputs": inputs, "outputs": [{"name": "action"}]})
+        assert r.json()["outputs"][0]["data"] == want
+        bad = [dict(inputs[0]), {**inputs[1], "data": [300] * 192}, inputs[2]]
+        r = s.client.post("/v2/models/dict-ppo/infer", json={"inputs": bad})
+        assert r.status_code == 400 and "'inputs[1].data' has values outside UINT8's range 0..255" in r.json()["error"]
+        r = s.client.post("/v2/models/dict-ppo/infer", json={"inputs": inputs[1:]})
+        assert r.status_code == 400 and "'inputs' lacks 'obs.mode' (INT64, shape [-1])" in r.json()["error"]
+        r = s.client.post("/v1/act", json={"observation": {"pixels": plain[0]["pixels"], "pos": plain[0]["pos"]}})
+        assert r.status_code == 400 and "'observation' lacks key 'mode'" in r.json()["error"]
