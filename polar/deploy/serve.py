@@ -112,9 +112,11 @@ class Batcher:
                 if nxt is None:
                     closing = True
                     break
-                if rows + nxt.rows > self.settings.max_batch_size:
-                    await self._run([nxt])  # keeps arrival order per session: run the batch, then this one
-                    break
+                if rows + nxt.rows > self.settings.max_batch_size:  # full: run it, and start the next with nxt
+                    await self._run(batch)
+                    batch, rows = [nxt], nxt.rows
+                    deadline = loop.time() + self.settings.max_wait_ms / 1000
+                    continue
                 batch.append(nxt)
                 rows += nxt.rows
             await self._run(batch)

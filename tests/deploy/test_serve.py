@@ -107,6 +107,15 @@ def test_concurrent_requests_are_micro_batched_and_split_back(served):
     assert got == want.tolist()  # each answer is its own row's, whatever batch it ran in
     assert rows == 24 and calls < 24
 
+    async def fire_triples(url):  # 3-row requests against batches of at most 4 rows: one request per call
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            rs = await asyncio.gather(*(c.post("/v1/act", json={"observations": obs[i:i + 3]}) for i in range(0, 24, 3)))
+        return [a for r in rs for a in r.json()["actions"]]
+
+    with LiveServer(repo, poll_s=0, max_wait_ms=50, max_batch_size=4) as s:
+        assert asyncio.run(fire_triples(s.url)) == want.tolist()
+        assert s.policy_server.metrics.registry.get_sample_value("polar_serve_batch_rows_count") == 8
+
 
 def test_recurrent_state_per_session(make_run, tmp_path):
     run = make_run("cartpole", agent=LSTM)
