@@ -12,7 +12,12 @@ HELP = "evaluate a run's latest checkpoint (or a given checkpoint file)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="run directory, or a checkpoint file inside one")
+    p.add_argument("target", nargs="?", help="run directory, or a checkpoint file inside one")
+    p.add_argument("--suite", metavar="FILE", default=None,
+                   help="run an evaluation suite (YAML: policies x harnesses, docs/evaluation.md) and write "
+                        "report.json/.md/.html")
+    p.add_argument("--out", metavar="DIR", default=None, help="--suite: where the report goes (default: the "
+                                                              "suite's out_dir, else eval-reports/<name>-<time>)")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes to run (default: eval.episodes); agent runs: sessions per held-out task "
                         "(default: policy.kwargs.eval_samples)")
@@ -31,6 +36,13 @@ def main(args: argparse.Namespace) -> int:
     from polar.trainers.loading import resolve_target
     from polar.trainers.run_dir import status_line
 
+    if args.suite:
+        if args.target:
+            raise ConfigError("give either a run (polar eval RUN) or --suite FILE, not both; a suite names its "
+                              "runs and checkpoints under policies:")
+        return _run_suite(args)
+    if not args.target:
+        raise ConfigError("polar eval needs a run directory or checkpoint (polar eval RUN), or --suite FILE")
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError("--episodes must be at least 1")
     if args.record is not None and args.record < 1:
@@ -71,3 +83,29 @@ def _record(args: argparse.Namespace, run_dir, cfg, policy, ckpt: Path, state: d
                           meta={"checkpoint": str(ckpt), "env_steps": int(state["env_steps"]),
                                 "iteration": int(state["iteration"])})
     Console(stderr=True).print(f"recorded {args.record} episodes: {out}")
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    """``polar eval --suite FILE``: every (harness, policy) job, then the report (polar.evaluation)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from polar.evaluation.report import _cell
+    from polar.evaluation.runner import run_suite
+    from polar.evaluation.suite import load_suite
+
+    suite = load_suite(args.suite)
+    console = Console(stderr=True)
+    report = run_suite(suite, args.out)
+    for h in report["harnesses"]:
+        table = Table(title=f"{suite.name}: {h['name']}")
+        for col in ("policy", "n", *h["metrics"]):
+            table.add_column(col)
+        for r in (r for r in report["results"] if r["harness"] == h["name"]):
+            cells = [f"error: {r['error']}"] + [""] * (len(h["metrics"]) - 1) if r["error"] else \
+                [_cell(r["metrics"][m]) for m in h["metrics"]]
+            table.add_row(r["policy"], str(r["n"]), *cells)
+        console.print(table)
+    console.print(f"written: {report['out_dir']}/report.json, report.md, report.html")
+    failed = sum(1 for r in report["results"] if r["error"])
+    return 1 if failed else 0

@@ -268,5 +268,6 @@ def run_suite(suite: EvalSuite, out_dir: str | Path | None = None) -> dict[str, 
     t0 = time.monotonic()
     results = (_run_ray if suite.parallel.backend == "ray" else _run_local)(suite, out, jobs)
     report = build_report(suite, results, time.monotonic() - t0)
+    report["out_dir"] = str(out)
     write_report(report, out)
     return report
