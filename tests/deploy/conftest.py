@@ -17,10 +17,11 @@ ENVS = {"cartpole": "CartPole-v1", "pendulum": "Pendulum-v1",
         "image": "tests.deploy.envs:PolarDeployImage-v0", "dict": "tests.deploy.envs:PolarDeployDict-v0"}
 
 
-def run_config(env: str, agent: dict | None = None, policy: str = "ppo", continuous: bool = False, **kw):
+def run_config(env: str, agent: dict | None = None, policy: str = "ppo", continuous: bool = False,
+               multi: bool = False, **kw):
     harness = {"type": "gymnasium", "id": ENVS[env]}
-    if env in ("image", "dict") and continuous:
-        harness["kwargs"] = {"continuous": True}
+    if env in ("image", "dict") and (continuous or multi):
+        harness["kwargs"] = {"continuous": continuous, "multi": multi}
     pol: dict = {"type": policy}
     if policy in ("ppo", "appo"):
         pol["kwargs"] = {"n_steps": 16, "batch_size": 16, "normalize_obs": True}

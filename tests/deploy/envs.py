@@ -8,8 +8,11 @@ from gymnasium import spaces
 class _Base(gym.Env):
     """Reward 1 per step; episodes of 20 steps; observations from a seeded RNG."""
 
-    def __init__(self, continuous: bool = False) -> None:
-        self.action_space = spaces.Box(-2.0, 2.0, (2,), np.float32) if continuous else spaces.Discrete(3)
+    def __init__(self, continuous: bool = False, multi: bool = False) -> None:
+        if multi:
+            self.action_space = spaces.MultiDiscrete([3, 2])
+        else:
+            self.action_space = spaces.Box(-2.0, 2.0, (2,), np.float32) if continuous else spaces.Discrete(3)
         self.t = 0
 
     def reset(self, seed=None, options=None):
@@ -23,8 +26,8 @@ class _Base(gym.Env):
 
 
 class ImageEnv(_Base):
-    def __init__(self, continuous: bool = False) -> None:
-        super().__init__(continuous)
+    def __init__(self, continuous: bool = False, multi: bool = False) -> None:
+        super().__init__(continuous, multi)
         self.observation_space = spaces.Box(0, 255, (16, 16, 3), np.uint8)
 
     def _obs(self):
@@ -32,8 +35,8 @@ class ImageEnv(_Base):
 
 
 class DictEnv(_Base):
-    def __init__(self, continuous: bool = False) -> None:
-        super().__init__(continuous)
+    def __init__(self, continuous: bool = False, multi: bool = False) -> None:
+        super().__init__(continuous, multi)
         self.observation_space = spaces.Dict({
             "pixels": spaces.Box(0, 255, (8, 8, 1), np.uint8),
             "pos": spaces.Box(-5.0, 5.0, (3,), np.float32),
