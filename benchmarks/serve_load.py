@@ -128,6 +128,17 @@ async def load(url: str, concurrency: int, duration_s: float, swap) -> dict:
             "failures": len(failures), "first_failures": failures[:3], "versions": seen}
 
 
+def server_time(url: str) -> tuple[float, float]:
+    """(sum of seconds, count) the server spent in /infer handlers, from its /metrics."""
+    total = count = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('polar_serve_request_seconds_sum{endpoint="infer"}'):
+            total = float(line.split()[-1])
+        elif line.startswith('polar_serve_request_seconds_count{endpoint="infer"}'):
+            count = float(line.split()[-1])
+    return total, count
+
+
 def in_process_floor(export_onnx: Path, export_ts: Path) -> dict:
     """One call of each runtime on one observation, in process (what HTTP and batching add to)."""
     from polar.deploy.runtime import load_export, zeros_feeds
@@ -174,12 +185,16 @@ def main() -> int:
         proc = start_server(repo, port)
         rows = []
         try:
+            url = f"http://127.0.0.1:{port}"
             for c, (src, dst) in zip(CONCURRENCY, staged, strict=True):
-                row = asyncio.run(load(f"http://127.0.0.1:{port}", c, args.duration_s, lambda s=src, d=dst: os.rename(s, d)))
+                t0, n0 = server_time(url)
+                row = asyncio.run(load(url, c, args.duration_s, lambda s=src, d=dst: os.rename(s, d)))
+                t1, n1 = server_time(url)
+                row["server_ms_mean"] = 1000 * (t1 - t0) / max(1.0, n1 - n0)  # inside the handler, queueing included
                 rows.append(row)
                 print(f"{backend:12s} c={c:3d}  {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} ms  "
-                      f"p99 {row['p99_ms']:7.2f} ms  failures {row['failures']}  versions {'->'.join(row['versions'])}",
-                      flush=True)
+                      f"p99 {row['p99_ms']:7.2f} ms  in server {row['server_ms_mean']:6.2f} ms  "
+                      f"failures {row['failures']}  versions {'->'.join(row['versions'])}", flush=True)
         finally:
             proc.terminate()
             proc.wait(30)
