@@ -301,12 +301,20 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
     app = Starlette(routes=routes)
     app.state.folder = folder
 
+    warm_done = threading.Event()
+    app.state.warm_done = warm_done  # set once every run found at start is indexed and its curves downsampled
+
     def warm() -> None:  # index every run once in the background, so the first curve needs no full read
-        for run in folder.runs().values():
-            try:
-                run.metrics.update_all()
-            except Exception:
-                log.exception("dashboard: indexing %s failed", run.path)
+        try:
+            for run in folder.runs().values():
+                try:
+                    run.metrics.update_all()
+                    run.metrics.warm_curves()
+                    run.sessions.update()
+                except Exception:
+                    log.exception("dashboard: indexing %s failed", run.path)
+        finally:
+            warm_done.set()
 
     threading.Thread(target=warm, name="polar-dashboard-index", daemon=True).start()
     return app

@@ -64,30 +64,33 @@ class _Series:
 
 
 def lttb(x: np.ndarray, y: np.ndarray, n_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """Largest-Triangle-Three-Buckets (Steinarsson 2013): ``n_out`` points that keep a curve's shape.
+    """Largest-Triangle-Three-Buckets (Steinarsson 2013), vectorized: ``n_out`` points that keep a curve's shape.
 
-    The first and last points stay; each bucket between keeps the point forming the largest triangle with
-    the point kept in the bucket before and the mean of the bucket after."""
+    The first and last points stay; the points between are cut into ``n_out - 2`` buckets and each bucket
+    keeps the point forming the largest triangle with the means of the buckets before and after it (the
+    sequential original uses the point kept before instead of that bucket's mean). No Python loop: a few
+    passes of numpy over the arrays, so a curve of 10^6 points downsamples in tens of milliseconds."""
     n = len(x)
     if n_out >= n or n_out < 3:
         return x, y
-    every = (n - 2) / (n_out - 2)
-    starts = (np.arange(n_out - 1) * every).astype(np.int64) + 1  # bucket i is [starts[i], starts[i+1])
-    starts[-1] = n - 1
-    out = np.empty(n_out, dtype=np.int64)
-    out[0], out[-1] = 0, n - 1
-    a = 0
-    for i in range(n_out - 2):
-        lo, hi = starts[i], max(starts[i + 1], starts[i] + 1)
-        nlo, nhi = hi, (starts[i + 2] if i + 2 < len(starts) else n)
-        if nhi <= nlo:
-            nlo, nhi = n - 1, n
-        cx, cy = x[nlo:nhi].mean(), y[nlo:nhi].mean()
-        bx, by = x[lo:hi], y[lo:hi]
-        area = np.abs((x[a] - cx) * (by - y[a]) - (x[a] - bx) * (cy - y[a]))
-        a = lo + int(np.argmax(area))
-        out[i + 1] = a
-    return x[out], y[out]
+    m = n_out - 2
+    edges = np.linspace(1, n - 1, m + 1).astype(np.int64)  # bucket i is [edges[i], edges[i + 1])
+    counts = np.diff(edges)
+    if np.any(counts == 0):  # fewer points between the ends than buckets: keep them all
+        return x, y
+    cx, cy = np.concatenate(([0.0], np.cumsum(x))), np.concatenate(([0.0], np.cumsum(y)))
+    mx = (cx[edges[1:]] - cx[edges[:-1]]) / counts
+    my = (cy[edges[1:]] - cy[edges[:-1]]) / counts
+    ax, ay = np.concatenate(([x[0]], mx[:-1])), np.concatenate(([y[0]], my[:-1]))  # the bucket before
+    bx, by = np.concatenate((mx[1:], [x[-1]])), np.concatenate((my[1:], [y[-1]]))  # the bucket after
+    bucket = np.repeat(np.arange(m), counts)
+    xi, yi = x[1:n - 1], y[1:n - 1]
+    area = np.abs((ax - bx)[bucket] * (yi - ay[bucket]) - (ax[bucket] - xi) * (by - ay)[bucket])
+    best = np.maximum.reduceat(area, edges[:-1] - 1)
+    hits = np.flatnonzero(area == best[bucket])
+    _, first = np.unique(bucket[hits], return_index=True)  # the first point with the largest area, per bucket
+    keep = np.concatenate(([0], hits[first] + 1, [n - 1]))
+    return x[keep], y[keep]
 
 
 class MetricsIndex:
@@ -194,21 +197,26 @@ class MetricsIndex:
     def curve(self, key: str, n_out: int = 1000) -> list[list[float]]:
         """``key``'s curve as ``[[x, y], ...]``, LTTB-downsampled to at most ``n_out`` points (cached until
         the next rows arrive)."""
-        with self.lock:
+        with self.lock:  # a snapshot: rows below n never change, so the downsampling runs unlocked
             s = self.series.get(key)
             if s is None:
                 return []
             hit = self._cache.get((key, n_out))
             if hit is not None and hit[0] == s.n:
                 return hit[1]
-            x, y = s.x[: s.n], s.y[: s.n]
-            if s.n > 1 and np.any(np.diff(x) < 0):  # a resumed run may step back: draw in x order
-                order = np.argsort(x, kind="stable")
-                x, y = x[order], y[order]
-            dx, dy = lttb(x, y, n_out)
-            pts = np.stack([dx, dy], axis=1).tolist()
-            self._cache[(key, n_out)] = (s.n, pts)
-            return pts
+            n, x, y = s.n, s.x[: s.n], s.y[: s.n]
+        if n > 1 and np.any(np.diff(x) < 0):  # a resumed run may step back: draw in x order
+            order = np.argsort(x, kind="stable")
+            x, y = x[order], y[order]
+        dx, dy = lttb(x, y, n_out)
+        pts = np.stack([dx, dy], axis=1).tolist()
+        self._cache[(key, n_out)] = (n, pts)
+        return pts
+
+    def warm_curves(self, n_out: int = 1000) -> None:
+        """Downsample every curve once (the cache a page's first request then hits)."""
+        for key in self.keys:
+            self.curve(key, n_out)
 
     def summary(self) -> dict[str, Any]:
         return {"rows": self.rows, "skipped": self.skipped, "skipped_examples": list(self.skipped_examples),

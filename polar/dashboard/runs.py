@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.parquet as pq
+
 from polar.dashboard.metrics_index import MetricsIndex
 from polar.trainers.run_dir import run_status
 
@@ -167,9 +170,7 @@ class Run:
             return []
         try:
             p = safe_path(self.path / "sessions", rel)
-            import pyarrow.dataset as ds
-
-            table = ds.dataset(p, format="parquet").to_table(filter=ds.field("session_id") == summary["session_id"])
+            table = pq.read_table(p, filters=[("session_id", "==", summary["session_id"])])
         except Exception as e:
             notes.append(f"trajectory {rel} unreadable: {e}")
             return []
@@ -284,8 +285,6 @@ class Run:
 
     # ------------------------------------------------------------------ events, logs
     def events(self) -> dict[str, Any]:
-        import numpy as np
-
         counters = {}
         for key in ("connector/process_restarts", "connector/copies_restarted", "rollout/restarts",
                     "rollout/scale_events", "rollout/dropped_fragments", "nonfinite_skipped_fragments"):
