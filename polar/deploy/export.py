@@ -73,7 +73,7 @@ def load_run_policy(target: str | Path, checkpoint: int | None = None):
         target = ckpt
     elif ckpt is not None:
         target = ckpt
-    return load_policy_for_eval(target)
+    return load_policy_for_eval(Path(target))
 
 
 def config_hash(run_dir) -> str:
@@ -143,7 +143,7 @@ def graph_obs_feeds(spec: GraphSpec, obs) -> dict[str, np.ndarray]:
     if spec.obs_keys is None:
         t = spec.inputs[0]
         return {t.name: np.asarray(obs).astype(t.dtype, copy=True)}
-    return {f"obs.{k}": np.asarray(obs[k]).astype(spec.input(f"obs.{k}").dtype, copy=True) for k in spec.obs_keys}
+    return {f"obs.{k}": np.asarray(obs[k]).astype(spec.require(f"obs.{k}").dtype, copy=True) for k in spec.obs_keys}
 
 
 def _tensors(state) -> list[torch.Tensor]:
@@ -167,7 +167,7 @@ def _tracing(agent_name: str):
         except DeployError:
             raise
         except Exception as e:
-            cause = e
+            cause: BaseException | None = e
             while cause is not None and not isinstance(cause, torch.jit.TracerWarning):
                 cause = cause.__cause__ or cause.__context__
             if cause is not None:  # raised inside a C++ conversion, it arrives wrapped in a SystemError
@@ -282,8 +282,8 @@ def check_parity(runner: Runner, graph: PolicyGraph, policy, feeds: dict[str, np
     ``policy.act``, and every output, deterministic and with the same sampled noise, against the eager graph."""
     spec = graph.spec
     batch = len(next(iter(feeds.values())))
-    zero = dict(feeds)
-    sampled = dict(feeds)
+    zero: dict[str, Any] = dict(feeds)
+    sampled: dict[str, Any] = dict(feeds)
     if spec.noise is not None:
         zero["noise"] = noise_for(spec, batch, None)
         sampled["noise"] = noise_for(spec, batch, np.random.default_rng(seed))

@@ -19,6 +19,7 @@ actor's ``_dist_params`` (``act`` gives only the squashed action).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -55,7 +56,7 @@ class GraphSpec:
     obs_keys: list[str] | None  # Dict observation keys, in input order; None for a single observation
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    state: list[dict] = field(default_factory=list)  # [{"input": "state.0", "output": "next_state.0", "shape": [...]}]
+    state: list[dict[str, Any]] = field(default_factory=list)  # [{"input": "state.0", "output": "next_state.0", "shape": [...]}]
     noise: dict | None = None  # {"input": "noise", "distribution": "normal" | "gumbel", "width": K}
     epsilon: float = 0.0  # DQN: the exploration rate sampled actions use (applied outside the graph)
 
@@ -75,6 +76,12 @@ class GraphSpec:
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
+
+    def require(self, name: str) -> TensorSpec:
+        t = self.input(name)
+        if t is None:
+            raise KeyError(f"the graph has no input {name!r}")
+        return t
 
 
 def head_kind(agent) -> str:
@@ -154,8 +161,8 @@ class PolicyGraph(nn.Module):
         self.state_is_tensor = isinstance(initial, torch.Tensor)
         init = _state_tensors(initial, type(agent).__name__)
         self.n_state = len(init)
-        state = [{"input": f"state.{i}", "output": f"next_state.{i}", "shape": [-1, *t.shape[1:]]}
-                 for i, t in enumerate(init)]
+        state: list[dict[str, Any]] = [{"input": f"state.{i}", "output": f"next_state.{i}",
+                                        "shape": [-1, *t.shape[1:]]} for i, t in enumerate(init)]
         inputs += [TensorSpec(s["input"], "float32", s["shape"]) for s in state]
         self.width = action_param_size(act_space)
         noise = None

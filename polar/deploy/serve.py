@@ -233,7 +233,7 @@ class Source:
             raise DeployError(f"{cand.path} is a {manifest['format']} export, which runs on {runner.backend}, not "
                               f"--backend {want}; export it with --format "
                               f"{'onnx' if want == 'onnxruntime' else 'torchscript'}")
-        name = self.name or manifest["name"]
+        name = str(self.name or manifest["name"])
         self.name = name
         return ModelVersion(name, str(manifest["version"]), runner, manifest, str(cand.path))
 
@@ -257,7 +257,7 @@ class Source:
         manifest = {"name": self.name, "version": cand.version, "format": "checkpoint", "run": {
             "path": str(self.path), "checkpoint": cand.path.name, "iteration": int(state.get("iteration", 0))},
             "observation_space": space_json(self.spaces[0]), "action_space": space_json(self.spaces[1])}
-        return ModelVersion(self.name, cand.version, runner, manifest, str(cand.path))
+        return ModelVersion(str(self.name), cand.version, runner, manifest, str(cand.path))
 
 
 # ---------------------------------------------------------------------------------------------- sessions
@@ -412,7 +412,8 @@ class PolicyServer:
         while len(self.versions) > self.settings.max_versions:
             oldest = min((v for v in self.versions.values() if v is not self.default), key=lambda v: v.order)
             del self.versions[oldest.version]
-            oldest.batcher.retire()
+            if oldest.batcher is not None:
+                oldest.batcher.retire()
             log.info("retired version %s of %s", oldest.version, self.name)
         self.metrics.reloads.labels("loaded").inc()
         self.metrics.versions.set(len(self.versions))
@@ -468,6 +469,8 @@ class PolicyServer:
             from polar.deploy.export import noise_for
 
             feeds["noise"] = noise_for(spec, rows, None if deterministic else self.rng)
+        if mv.batcher is None:  # installed versions always have one
+            raise DeployError(f"version {mv.version} of {mv.name} is not running")
         outs = await mv.batcher.submit(feeds, rows)
         if spec.kind == "q_greedy" and not deterministic and spec.epsilon > 0:
             explore = self.rng.random(rows) < spec.epsilon
@@ -571,9 +574,9 @@ def parse_oip(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, d
     obs_names = [t.name for t in spec.inputs if t.name.startswith("obs")]
     missing = [n for n in obs_names if n not in feeds]
     if missing:
-        t = spec.input(missing[0])
+        t = spec.require(missing[0])
         raise RequestError(f"'inputs' lacks {missing[0]!r} ({OIP_DATATYPES[t.dtype]}, shape {t.shape})")
-    if rows == 0:
+    if not rows:
         raise RequestError("'inputs[0].shape': the batch is empty (0 rows)")
     state = {s["input"]: feeds.pop(s["input"]) for s in spec.state if s["input"] in feeds}
     if state and len(state) != len(spec.state):
@@ -619,7 +622,7 @@ def parse_act(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, b
                 raise RequestError(f"'{key}{f'[{i}]' if batched else ''}' lacks key {miss[0]!r} "
                                    f"(keys: {', '.join(spec.obs_keys)})")
         for k in spec.obs_keys:
-            t = spec.input(f"obs.{k}")
+            t = spec.require(f"obs.{k}")
             feeds[t.name] = _to_array([it[k] for it in items], t.dtype, [rows, *t.shape[1:]], f"{key}.{k}")
     return feeds, rows, batched
 
@@ -671,7 +674,7 @@ def build_app(server: PolicyServer):
         versions = sorted(server.versions, key=lambda v: server.versions[v].order)
         return {"name": mv.name, "versions": versions, "platform": mv.runner.platform,
                 "inputs": [t.oip() for t in mv.spec.inputs], "outputs": [t.oip() for t in mv.spec.outputs],
-                "parameters": {"version": mv.version, "default_version": server.default.version,
+                "parameters": {"version": mv.version, "default_version": server.default.version if server.default else None,
                                "kind": mv.spec.kind, "recurrent": mv.spec.recurrent, "source": mv.source,
                                "observation_space": json.dumps(mv.manifest.get("observation_space")),
                                "action_space": json.dumps(mv.manifest.get("action_space"))}}
