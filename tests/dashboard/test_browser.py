@@ -231,3 +231,50 @@ def test_ratings_need_the_token_when_one_is_set(agent_run, serve):
     for f in run.rglob("*"):  # the token never reaches disk
         if f.is_file():
             assert token.encode() not in f.read_bytes(), f
+
+
+def test_resources_events_reports_and_logs(tmp_path, serve, page):
+    """What other parts of polar write shows on its tab: ``system/`` and ``time/`` metrics, restart counters and
+    scale events, an evaluation suite's report.json (docs/evaluation.md, format 1), structured logs."""
+    runs = tmp_path / "runs"
+    run = make_run(runs / "ray", status="running")
+    append_rows(run, [{"env_steps": 100 * i, "episode_reward_mean": float(i), "connector/process_restarts": float(i >= 3),
+                       "rollout/scale_events": float(i >= 5), "system/learner/cpu_percent": 50.0 + i,
+                       "system/rollout_worker-0/rss_mb": 200.0 + i, "time/collect_s": 0.5} for i in range(8)])
+    (run / "scale_events.jsonl").write_text(json.dumps({"time": 1.0, "env_steps": 500, "from": 2, "to": 4,
+                                                        "reason": "queue depth 12 > 8"}) + "\n")
+    (run / "logs").mkdir()
+    (run / "logs" / "learner-42.jsonl").write_text(
+        json.dumps({"ts": 1.0, "level": "INFO", "role": "learner", "pid": 42, "msg": "iteration 3 done"}) + "\n"
+        + json.dumps({"ts": 2.0, "level": "WARNING", "role": "learner", "pid": 42, "msg": "connector-0 restarted"}) + "\n")
+    rep = runs / "reports" / "smoke"
+    rep.mkdir(parents=True)
+    (rep / "report.json").write_text(json.dumps({
+        "format": 1, "suite": "smoke", "interval": {"method": "bootstrap", "level": 0.95},
+        "results": [{"harness": "cartpole-noisy", "policy": "early", "n": 20, "error": None,
+                     "metrics": {"return": {"mean": 21.3, "low": 18.0, "high": 25.1, "std": 7.9, "n": 20}}},
+                    {"harness": "cartpole-noisy", "policy": "late", "n": 20, "error": None,
+                     "metrics": {"return": {"mean": 480.5, "low": 470.0, "high": 491.0, "std": 9.0, "n": 20}}}]}))
+    (rep / "report.html").write_text("<html><body>report</body></html>")
+    srv = serve(runs)
+    page.goto(f"{srv.url}/?run=ray&tab=resources")
+    for key in ("system/learner/cpu_percent", "system/rollout_worker-0/rss_mb", "time/collect_s"):
+        page.wait_for_function(f"document.querySelector('#res-charts canvas[data-key=\"{key}\"]')?.dataset.points == 8")
+    screenshot(page, "resources")
+    page.click('#tabs button[data-tab="events"]')
+    page.wait_for_selector("#events tr.event")
+    text = page.inner_text("#events")
+    assert "connector/process_restarts" in text and "+1 (total 1)" in text
+    assert "queue depth 12 > 8" in text and "rollout/scale_events" in text
+    assert page.locator("#events tr.event").count() == 3
+    page.click('#tabs button[data-tab="reports"]')
+    page.click("#reports-list tr.row")
+    page.wait_for_selector("#report-table")
+    table = page.inner_text("#report-table")
+    assert "480.5 [470, 491]" in table and "21.3 [18, 25.1]" in table
+    assert page.get_attribute('#report a[href$="report.html"]', "href") == "/files/reports/smoke/report.html"
+    page.click('#tabs button[data-tab="logs"]')
+    page.fill("#log-q", "restarted")
+    page.press("#log-q", "Enter")
+    page.wait_for_function("document.querySelectorAll('#logs tr.log').length === 1")
+    assert "connector-0 restarted" in page.inner_text("#logs")
