@@ -1,0 +1,162 @@
+"""The one training loop and its two seams: a Collector and a Learner are all a new kind of run needs, and
+build.py is the one place that picks the trainer for a config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from polar.config import RunConfig, validate
+from polar.metrics.logger import read_metrics
+from polar.trainers.agent import AgentTrainer, SessionCollector
+from polar.trainers.build import build_trainer, progress_total, run_kind
+from polar.trainers.checkpoint import load_checkpoint
+from polar.trainers.env import EnvCollector
+from polar.trainers.loop import Collector, Learner, Metrics, TrainingLoop
+from polar.trainers.off_policy import OffPolicyTrainer
+from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.ray_driver import RayLearnerDriver
+from polar.trainers.run_dir import RunDir
+from polar.types import Batch
+
+
+def env_cfg(**over: Any) -> Any:
+    return validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"},
+                                "logging": {"tensorboard": False, "checkpoint_freq": 2, "progress_bar": False},
+                                "eval": {"at_end": False}, **over})
+
+
+class CountingCollector:
+    """Batches of 10 env steps and one finished episode of return ``n``; records what was published."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.published: list[int] = []
+        self.closed = False
+
+    def start(self, weights: Mapping[str, Any], version: int) -> None:
+        self.started_at = version
+
+    def collect(self) -> Batch:
+        self.n += 1
+        return Batch(data=self.n, env_steps=10, episode_returns=[float(self.n)], episode_lengths=[10],
+                     policy_versions=[len(self.published)])
+
+    def publish(self, weights: Mapping[str, Any], version: int) -> None:
+        assert weights == {"w": self.n}
+        self.published.append(version)
+
+    def metrics(self) -> Metrics:
+        return {"collector/batches": self.n}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class CountingTrainer(TrainingLoop):
+    """A Learner that 'learns' the sum of the batches it saw; every third batch changes nothing."""
+
+    def _build(self, state: dict[str, Any] | None) -> None:
+        self.total = 0
+        if state is not None:
+            self._load_state(state)
+        self.collector = CountingCollector()
+        self.collector.n = self.iteration
+        self.collector.start(self.weights(), self.version)
+
+    def finished(self) -> bool:
+        return self.env_steps >= self.cfg.total_env_steps
+
+    def update(self, batch: Batch) -> Metrics:
+        if batch.data % 3 == 0:
+            return {"update_skipped": 1}
+        self.total += batch.data
+        return {"update_skipped": 0, "sum_loss": float(self.total)}
+
+    def weights(self) -> Mapping[str, Any]:
+        return {"w": self.collector.n if hasattr(self, "collector") else 0}
+
+    def learner_state(self) -> dict[str, Any]:
+        return {"total": self.total}
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.total = state["total"]
+
+
+def test_the_loop_counts_publishes_logs_and_checkpoints_through_the_two_seams(tmp_path):
+    assert isinstance(CountingCollector(), Collector)
+    run = RunDir.create("loop", tmp_path / "run")
+    rows: list[Metrics] = []
+    trainer = CountingTrainer(env_cfg(total_env_steps=50), run, on_iteration=rows.append)
+    result = trainer.train()
+    assert result["env_steps"] == 50 and result["iterations"] == 5 and result["episodes"] == 5
+    assert trainer.collector.closed
+    # batch 3 changed nothing: no version for it, the rest published one version each, in order
+    assert trainer.collector.published == [1, 2, 3, 4] and trainer.version == 4
+    logged = read_metrics(run.metrics_path)
+    assert [r["iteration"] for r in logged] == [1, 2, 3, 4, 5] == [r["iteration"] for r in rows]
+    assert [r["env_steps"] for r in logged] == [10, 20, 30, 40, 50]
+    assert [r["update_skipped"] for r in logged] == [0, 0, 1, 0, 0]
+    assert [r["episode_reward_mean"] for r in logged] == [1.0, 1.5, 2.0, 2.5, 3.0]
+    assert [r["policy_lag"] for r in logged] == [0, 0, 0, 0, 0]  # each batch acted with the newest weights
+    assert logged[-1]["collector/batches"] == 5
+    ckpts = sorted(p.name for p in run.checkpoints_dir.glob("ckpt_*.pt"))
+    assert ckpts == ["ckpt_00000002.pt", "ckpt_00000004.pt", "ckpt_00000005.pt"]
+    state = load_checkpoint(run.checkpoints_dir / "ckpt_00000004.pt")
+    assert state["total"] == 1 + 2 + 4 and state["iteration"] == 4 and state["policy_version"] == 3
+    assert run.read_meta()["status"] == "finished"
+
+
+def test_resume_continues_from_the_checkpoint_and_cuts_rows_logged_after_it(tmp_path):
+    run = RunDir.create("loop", tmp_path / "run")
+    CountingTrainer(env_cfg(total_env_steps=50), run).train()
+    (run.checkpoints_dir / "ckpt_00000005.pt").unlink()  # as if the run died after logging iteration 5
+    (run.checkpoints_dir / "LATEST").unlink(missing_ok=True)
+    again = CountingTrainer(env_cfg(total_env_steps=70), RunDir.open(run.path), resume=True)
+    result = again.train()
+    assert result["iterations"] == 7 and result["env_steps"] == 70
+    assert again.collector.started_at == 3  # the checkpoint's version
+    logged = read_metrics(run.metrics_path)
+    assert [r["iteration"] for r in logged] == [1, 2, 3, 4, 5, 6, 7]  # iteration 5 logged once, not twice
+    assert load_checkpoint(run.checkpoints_dir / "ckpt_00000007.pt")["total"] == 1 + 2 + 4 + 5 + 7
+
+
+def test_stop_reward_ends_the_run_once_the_window_is_full(tmp_path):
+    class Goal(CountingTrainer):
+        episode_window = 2
+
+        def stop_reward(self) -> float | None:
+            return 3.5
+
+    result = Goal(env_cfg(total_env_steps=1000), RunDir.create("loop", tmp_path / "run")).train()
+    assert result["stopped_early"] and result["iterations"] == 4  # returns 3 and 4 average 3.5
+
+
+def test_every_trainer_is_a_learner_and_both_collectors_are_collectors():
+    for cls in (OnPolicyTrainer, OffPolicyTrainer, AgentTrainer):
+        assert issubclass(cls, Learner) and issubclass(cls, TrainingLoop), cls
+    for cls in (EnvCollector, SessionCollector):
+        assert issubclass(cls, Collector), cls
+
+
+@pytest.mark.parametrize("policy, local_cls", [("ppo", OnPolicyTrainer), ("appo", OnPolicyTrainer),
+                                                ("dqn", OffPolicyTrainer), ("sac", OffPolicyTrainer)])
+def test_build_picks_the_trainer_for_every_env_algorithm_and_backend(tmp_path, policy, local_cls):
+    harness = "Pendulum-v1" if policy == "sac" else "CartPole-v1"
+    cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": harness}, "policy": {"type": policy}})
+    assert run_kind(cfg) == "env" and progress_total(cfg) == cfg.total_env_steps
+    assert type(build_trainer(cfg, RunDir.create("x", tmp_path / "local"))) is local_cls
+    ray = cfg.model_copy(update={"distribution": cfg.distribution.model_copy(update={"backend": "ray"})})
+    assert type(build_trainer(ray, RunDir.create("x", tmp_path / "ray"))) is RayLearnerDriver
+
+
+def test_build_picks_the_agent_trainer_for_agent_runs(tmp_path):
+    cfg = validate(RunConfig, {
+        "harness": {"type": "agent", "callable": "agents_for_tests:one_token"}, "tasks": "tasks.jsonl",
+        "policy": {"type": "grpo", "kwargs": {"total_steps": 3, "tasks_per_step": 2, "group_size": 4}},
+    })
+    assert run_kind(cfg) == "agent" and progress_total(cfg) == 3 * 2 * 4  # sessions
+    trainer = build_trainer(cfg, RunDir.create("x", tmp_path / "run"))
+    assert type(trainer) is AgentTrainer and trainer.total_steps == 3
