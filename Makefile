@@ -25,7 +25,8 @@ demo: setup
 	$(VENV)/bin/polar run --config examples/keydoor/demo.yaml
 
 # the tests marked vllm run against a real vLLM CPU server (tests/inference/test_vllm.py), so `make vllm` first
-test: setup vllm
+# lint first: a new upward import, a type error or a style error fails CI before the suite runs
+test: setup vllm lint
 	$(VENV)/bin/pytest -m "not slow" -q
 
 test-all: setup vllm
@@ -56,8 +57,10 @@ harnesses:
 bench: setup
 	$(PIP) install -q -e '.[bench]'
 
+# style; the import layers (pyproject [tool.importlinter], docs/DEVELOPING.md "The map"); types ([tool.mypy])
 lint: setup
-	$(VENV)/bin/ruff check polar tests
+	$(VENV)/bin/ruff check polar tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

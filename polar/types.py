@@ -118,7 +118,7 @@ class Fragment:
     connector_process_restarts: int = 0  # connector processes restarted while collecting this fragment
     connector_copies_restarted: int = 0  # episodes cut by those restarts (one per copy the process hosted)
     obs_moments: Any = None  # raw-obs (mean, var, count) per key, when normalize_obs is on
-    return_moments: tuple | None = None  # discounted-return (mean, var, count), when normalize_reward is on
+    return_moments: tuple[Any, ...] | None = None  # discounted-return (mean, var, count), when normalize_reward is on
     next_obs: Any = None
     # follows the fragment across processes (worker logs, learner logs, traces): "w<worker>-<n>-<random hex>"
     trace_id: str | None = None

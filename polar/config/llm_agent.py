@@ -144,7 +144,7 @@ def overlapping_seeds(tasks: Any, eval_tasks: Any) -> str | None:
     kinds = (SeedTasks, ReasoningGymTasks)
     if not (isinstance(tasks, kinds) and isinstance(eval_tasks, kinds)) or type(tasks) is not type(eval_tasks):
         return None
-    if isinstance(tasks, ReasoningGymTasks) and tasks.name != eval_tasks.name:
+    if isinstance(tasks, ReasoningGymTasks) and isinstance(eval_tasks, ReasoningGymTasks) and tasks.name != eval_tasks.name:
         return None
     a, b = tasks.seed_range(), eval_tasks.seed_range()
     lo, hi = max(a.start, b.start), min(a.stop, b.stop)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from polar.config.run import AgentRunConfig, EnvRunConfig
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """SafeLoader that also reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``; people write ``3e-4``)."""
 
 
@@ -139,4 +139,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> EnvRunC
 
 def dump_config(cfg: BaseModel) -> str:
     """The resolved config as YAML (what ``config.resolved.yaml`` holds)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=False), sort_keys=False)
+    return str(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=False), sort_keys=False))
