@@ -276,6 +276,16 @@ def test_a_run_directory_serves_its_checkpoints_on_torch(make_run):
         CheckpointManager(run.checkpoints_dir, keep=10).save(2, state)
         s.wait_for_version("pendulum-ppo", "2")
         got = s.client.post("/v1/act", json={"observation": obs[0]}).json()
+        # a torn or foreign checkpoint file: logged and counted, version 2 keeps serving
+        (run.checkpoints_dir / "ckpt_00000003.pt").write_bytes(b"\x80\x02garbage")
+        reg = s.policy_server.metrics.registry
+        deadline = time.monotonic() + 30
+        while not reg.get_sample_value("polar_serve_reloads_total", {"outcome": "failed"}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        why = s.policy_server.failures[str(run.checkpoints_dir / "ckpt_00000003.pt")]
+        assert "ckpt_00000003.pt is unreadable" in why
+        again = s.client.post("/v1/act", json={"observation": obs[0]}).json()
+        assert again["model_version"] == "2"
     _, _, policy, _, _ = load_policy_for_eval(run.checkpoints_dir / "ckpt_00000002.pt")
     with torch.inference_mode():
         want = np.clip(policy.act(torch.tensor(obs), None, True)[0].numpy(), -2, 2)
