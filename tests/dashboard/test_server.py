@@ -152,3 +152,22 @@ def test_huge_and_corrupt_sessions(tmp_path, serve):
         x = http.get("/api/session", params={"run": "agent", "id": "ses-x"})
         assert x.status_code == 200 and x.json()["samples"] == []
         assert any("outside the runs folder" in note for note in x.json()["notes"])
+
+
+def test_big_chunks_read_columnwise_fall_back_on_a_bad_line(tmp_path):
+    """A chunk of many rows goes through Arrow's JSON reader; one corrupt line (or NaN) in it sends the chunk
+    through the row-by-row reader instead, with the same result for the good rows."""
+    rows = [{"env_steps": i, "loss": i / 10, "ok": i % 2 == 0, "name": "x"} for i in range(2000)]
+    lines = [json.dumps(r) for r in rows]
+    clean, dirty = tmp_path / "clean.jsonl", tmp_path / "dirty.jsonl"
+    clean.write_text("\n".join(lines) + "\n")
+    dirty.write_text("\n".join([*lines[:1000], '{"env_steps": 5, "loss": NaN}', "{torn", *lines[1000:]]) + "\n")
+    a, b = MetricsIndex(clean), MetricsIndex(dirty)
+    a.update_all()
+    b.update_all()
+    assert (a.rows, a.skipped) == (2000, 0) and (b.rows, b.skipped) == (2001, 1)
+    assert a.series["loss"].n == b.series["loss"].n == 2000  # the NaN value is left out
+    assert a.curve("loss", 2000) == b.curve("loss", 2000) == [[float(i), i / 10] for i in range(2000)]
+    ok = a.series["ok"]
+    assert ok.n == 2000 and ok.y[: ok.n].sum() == 1000  # booleans are 0/1 curves
+    assert "name" not in a.series and a.last_row == rows[-1]
