@@ -37,3 +37,8 @@ def scripted(tokenizer, answer):
 
 def last_user_turn(text: str) -> str:
     return re.split(r"<\|im_start\|>(?:user|tool)\n", text)[-1]
+
+
+def bonus_on_goal(obs, action, reward, next_obs, terminated, info):
+    """A shaping function for the tests: +0.5 on the step that reaches the goal."""
+    return 0.5 if terminated and reward > 0 else 0.0

@@ -170,3 +170,14 @@ def test_a_task_without_a_seed_and_an_undescribable_action_space(tmp_path):
                     "tasks: {source: seeds, count: 1}\npolicy: {type: grpo}\n")
     with pytest.raises(Exception, match=r"agent\.type llm on polar-test/TupleActionEnv-v0: .*cannot describe"):
         session_runner(load_config(path))
+
+
+def test_reward_shaping_adds_to_the_episode_return(tmp_path):
+    cfg = _cfg(tmp_path, FROZENLAKE, action_format=(
+        ", reward: {scale: 2.0, step_penalty: -0.01, success_bonus: 0.25,"
+        " function: 'tests.harness.agent.llm_helpers:bonus_on_goal'}"))
+    results, _, _ = _run(cfg, lambda text, i: json.dumps({"action": frozenlake_move(text)}), tmp_path,
+                         tasks=load_run_tasks(cfg.tasks)[:1])
+    v = results[0].verifier_output
+    assert v["success"] and v["env_return"] == 1.0
+    assert results[0].reward == pytest.approx(2.0 - 0.01 * v["steps"] + 0.25 + 0.5)
