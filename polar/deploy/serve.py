@@ -329,6 +329,8 @@ class PolicyServer:
         self.seen: dict[str, tuple] = {}  # path -> signature already tried (loaded or failed)
         self.failures: dict[str, str] = {}  # path -> why its last load failed
         self._watch: asyncio.Task | None = None
+        self.startup_error: DeployError | None = None
+        self.on_startup_error: Any = None  # set by `serve`: stops uvicorn when no version loads
 
     @property
     def name(self) -> str:
@@ -760,7 +762,15 @@ def build_app(server: PolicyServer):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await server.start()
+        try:
+            await server.start()
+        except DeployError as e:  # nothing loads: `serve` stops uvicorn and raises it as one line
+            server.startup_error = e
+            if server.on_startup_error is None:
+                raise
+            server.on_startup_error()
+            yield
+            return
         try:
             yield
         finally:
@@ -792,5 +802,13 @@ def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings:
     if not server.source.candidates():  # a one-line error here, not a failed startup inside uvicorn
         what = "checkpoint" if server.source.run_mode else "export (a directory with manifest.json)"
         raise DeployError(f"{server.source.path} holds no {what} to serve")
-    uvicorn.run(build_app(server), host=host, port=port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5)
+    uv = uvicorn.Server(uvicorn.Config(build_app(server), host=host, port=port, log_level="warning",
+                                       access_log=False, timeout_graceful_shutdown=5))
+
+    def stop() -> None:
+        uv.should_exit = True
+
+    server.on_startup_error = stop
+    uv.run()
+    if server.startup_error is not None:
+        raise server.startup_error

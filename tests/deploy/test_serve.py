@@ -300,6 +300,16 @@ def test_polar_serve_refuses_a_directory_with_nothing_to_serve(tmp_path, capsys)
     assert "holds no export (a directory with manifest.json) to serve" in capsys.readouterr().err
 
 
+def test_polar_serve_stops_with_one_line_when_no_version_loads(served, capsys):
+    from polar.cli.main import main
+
+    _, repo = served
+    (repo / "1" / "model.onnx").write_bytes(b"corrupt")
+    assert main(["serve", str(repo), "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "error: no version in" in err and "onnxruntime cannot load" in err and "Traceback" not in err
+
+
 @pytest.mark.slow  # two interpreter starts; benchmarks/serve_load.py drives the command as well
 def test_polar_serve_command(served, tmp_path):
     import socket
