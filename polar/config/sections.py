@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -109,6 +109,14 @@ class DistributionConfig(StrictModel):
         return self.envs_per_worker or (8 if self.rollout_workers == 0 else 1)
 
 
+class MetricSinkConfig(StrictModel):
+    """One extra metric sink (polar.metrics.sinks); ``options`` go to it (wandb: project, mode; mlflow:
+    tracking_uri, experiment)."""
+
+    type: Literal["wandb", "mlflow", "otel"]
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
 class LoggingConfig(StrictModel):
     metrics: list[str] = Field(default_factory=lambda: ["episode_reward_mean", "episode_len_mean"])
     checkpoint_freq: int = Field(10, ge=0, description="checkpoint every N learner iterations (0 = only at the end)")
@@ -120,6 +128,13 @@ class LoggingConfig(StrictModel):
         30.0, ge=0, description="SIGTERM: time to finish the iteration and write a final checkpoint; after it, the "
         "run stops without one"
     )
+    system_metrics_s: float = Field(
+        5.0, ge=0, description="sample CPU%, RSS and I/O of the run's processes (and GPUs via NVML) this often "
+        "into every metrics row as system/...; 0 = off (polar.metrics.system)")
+    structured_logs: bool = Field(True, description="write JSON log lines to RUN/logs/<role>-<pid>.jsonl")
+    sinks: list[MetricSinkConfig] = Field(
+        default_factory=list, description="extra metric sinks (wandb, mlflow, otel); off unless listed, each needs "
+        "its extra: pip install 'polar-rl[wandb]'")
 
 
 class EvalConfig(StrictModel):

@@ -42,6 +42,7 @@ from polar.metrics.logger import EpisodeWindow, MetricsLogger
 from polar.trainers.checkpoint import CheckpointManager, rng_state, set_rng_state
 from polar.trainers.finite import check_losses
 from polar.trainers.lifecycle import deferred_stop, stop_requested, stopped_after_checkpoint
+from polar.trainers.observe import Observability
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch
 
@@ -172,10 +173,13 @@ class TrainingLoop(ABC):
         self.logger = MetricsLogger(self.run_dir.metrics_path,
                                     self.run_dir.tensorboard_dir if self.cfg.logging.tensorboard else None,
                                     purge_step=None if step is None else step + 1)
+        self.observe = Observability(self.cfg.logging, self.run_dir, self.cfg.name)  # system/, time/, logs/, sinks
+        self.logger.sinks.extend(self.observe.sinks)
         try:
             self._build(state)
         except BaseException:
             self.logger.close()
+            self.observe.close()
             raise
 
     def _state(self) -> dict[str, Any]:
@@ -204,6 +208,7 @@ class TrainingLoop(ABC):
     def _close(self) -> None:
         self.collector.close()
         self.logger.close()
+        self.observe.close()
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:
@@ -243,15 +248,19 @@ class TrainingLoop(ABC):
         stats: Metrics = {}
         lags: list[float] = []
         update_s = 0.0
+        timer = self.observe.timer
         while True:
-            batch = self.collector.collect()
+            with timer.stage("collect"):
+                batch = self.collector.collect()
             t_update = time.perf_counter()
             self._count(batch)
             lags.extend(self.version - v for v in batch.policy_versions)  # updates since the weights that acted
-            stats.update(self.update(batch))
+            with timer.stage("learn"):
+                stats.update(self.update(batch))
             if not stats.get("update_skipped"):
                 self.version += 1
-                self.collector.publish(self.weights(), self.version)
+                with timer.stage("publish"):
+                    self.collector.publish(self.weights(), self.version)
             update_s += time.perf_counter() - t_update
             batches.append(batch)
             if self.env_steps >= target or self.finished():
@@ -277,7 +286,9 @@ class TrainingLoop(ABC):
         metrics["learner/samples_per_s"] = sum(b.env_steps for b in batches) / max(1e-9, update_s)
         metrics.update(self.extra_metrics)
         metrics.update(self.collector.metrics())
-        metrics.update(self.periodic_eval())
+        with self.observe.timer.stage("eval"):
+            metrics.update(self.periodic_eval())
+        metrics.update(self.observe.row())  # time/<stage>_s since the last row, the latest system/ sample
         self._last_t, self._last_steps = now, self.env_steps
         logging_cfg = self.cfg.logging
         if self.iteration % logging_cfg.log_interval == 0:
