@@ -10,10 +10,10 @@ Pure, reusable pieces (no I/O, no env knowledge):
 
 ``PPOLearner`` computes GAE on the rollout (``polar.algorithms.advantages``) and runs epochs x
 minibatches with grad-norm clipping and an optional early stop on approximate KL. Every update
-differentiates ``ppo_loss``: by autograd end to end, or, for the built-in MLP with
-``policy.kwargs.fused: auto``, by autograd down to the network's outputs and a hand-written MLP
-backward from there (``polar.algorithms.ppo_fused``). Either way an edit to these functions changes
-the gradients of every run.
+follows ``ppo_loss``: by autograd, or, for the built-in MLP with ``policy.kwargs.fused: auto`` and
+the stock loss, by its hand-derived gradient (``polar.algorithms.ppo_fused``; the same numbers, a
+fraction of the overhead). The fused path checks the loss's source against the one it was derived
+from, so an edit to these functions makes every run take autograd and changes its gradients.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from torch import nn
 
 from polar.algorithms.advantages import normalize, rollout_gae
 from polar.algorithms.optim import Adam
-from polar.algorithms.ppo_fused import fused_ppo_grads, supports_fused
+from polar.algorithms.ppo_fused import changed_functions, fused_ppo_grads, supports_fused
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
+from polar.distributions import GaussianDist, gaussian_entropy, gaussian_log_prob
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,19 @@ def ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, re
                   "approx_kl": approx_kl, "clip_fraction": clip_fraction(ratio, clip_range)}
 
 
+def stock_loss_functions(agent: nn.Module) -> dict:
+    """The functions the fused path's hand-derived gradients stand for, as this module calls them now
+    (so a replaced function counts as a change): the loss, its parts and the agent's log-prob/entropy."""
+    fns = {"ppo_loss": ppo_loss, "clipped_surrogate": clipped_surrogate, "ppo_value_loss": ppo_value_loss,
+           "clip_fraction": clip_fraction, "normalize": normalize,
+           "GaussianDist.log_prob": GaussianDist.log_prob, "GaussianDist.entropy": GaussianDist.entropy,
+           "gaussian_log_prob": gaussian_log_prob, "gaussian_entropy": gaussian_entropy}
+    evaluate_outputs = getattr(type(agent), "evaluate_outputs", None)
+    if evaluate_outputs is not None:
+        fns["ActorCriticAgent.evaluate_outputs"] = evaluate_outputs
+    return fns
+
+
 class PPOLearner:
     """Owns the optimizer; ``update(rollout, progress)`` computes GAE and runs the PPO epochs on one batch."""
 
@@ -101,17 +115,22 @@ class PPOLearner:
         self.total_env_steps = total_env_steps
         self.params = [p for p in agent.parameters() if p.requires_grad]
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
-        self.fused = kwargs.fused == "auto" and supports_fused(agent)
-        log.info("PPO update path: %s", self.describe_path())
+        self.path = self._choose_path()
+        self.fused = self.path.startswith("fused")
+        log.info("PPO update path: %s", self.path)
 
-    def describe_path(self) -> str:
+    def _choose_path(self) -> str:
         """Which update path runs, and why (the run log's line at start)."""
-        if self.fused:
-            return ("fused (policy.kwargs.fused: auto; built-in MLP: ppo_loss by autograd down to the network's "
-                    "outputs, then a hand-written MLP backward)")
         if self.kw.fused == "off":
             return "autograd (policy.kwargs.fused: off)"
-        return "autograd (policy.kwargs.fused: auto, but the agent is not the built-in MLP with separate actor and critic)"
+        if not supports_fused(self.agent):
+            return "autograd (policy.kwargs.fused: auto; the agent is not the built-in MLP with separate actor and critic)"
+        changed = changed_functions(stock_loss_functions(self.agent))
+        if changed:
+            return (f"autograd (policy.kwargs.fused: auto; the loss differs from the stock one the fused gradients "
+                    f"were derived from: {', '.join(changed)} changed)")
+        return ("fused (policy.kwargs.fused: auto; built-in MLP and the stock loss: hand-derived gradients, "
+                "tested equal to autograd's; polar.algorithms.ppo_fused)")
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
         """Samples per minibatch (flat; ``num_minibatches``, else ``batch_size``, else 64 samples, so the
@@ -152,18 +171,18 @@ class PPOLearner:
             epochs += 1
             stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
             for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
-                def loss_of(logp, ent, values, batch=batch, stats_now=stats_now):
-                    return ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
-                                    clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
-
-                if self.fused:  # the same ppo_loss, by autograd down to the MLP's outputs (polar.algorithms.ppo_fused)
-                    st = fused_ppo_grads(self.agent, batch.obs, batch.actions, loss_of)
+                if self.fused:  # the hand-derived gradient of the stock ppo_loss (polar.algorithms.ppo_fused)
+                    adv = normalize(batch.advantages) if norm_per_mb else batch.advantages
+                    st = fused_ppo_grads(self.agent, batch.obs, batch.actions, batch.log_probs, batch.values, adv,
+                                         batch.returns, clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, stats_now)
                     if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
                         stop = True
                         break
                 else:
-                    loss, st = loss_of(*self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state,
-                                                                    batch.episode_starts))
+                    logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state,
+                                                                    batch.episode_starts)
+                    loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
+                                        clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
                     if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
                         stop = True
                         break
@@ -194,4 +213,4 @@ class PPOLearner:
 
 
 __all__ = ["PPOLearner", "clip_fraction", "clipped_surrogate", "ppo_loss", "ppo_policy_loss", "ppo_value_loss",
-           "schedule_value"]
+           "schedule_value", "stock_loss_functions"]

@@ -1,7 +1,8 @@
 """One PPO: the clipped surrogate lives in one function, and a run with the default config learns from it.
 
-The newcomer's test: edit ``clipped_surrogate`` (here: replace it) and the gradients of a default-config
-PPO run change, on the path that run really takes (the fused path for the built-in MLP).
+The newcomer's test: edit ``clipped_surrogate`` (here: replace it, or swap its body) and the gradients of
+a default-config PPO run change. The default run takes the fused path (hand-derived gradients) only while
+the loss is the stock one it was derived from; an edited loss sends it through autograd, so it follows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 import polar.algorithms.ppo as ppo_mod
 from polar.algorithms import appo, grpo
-from polar.algorithms.ppo import PPOLearner, clipped_surrogate, ppo_value_loss
+from polar.algorithms.ppo import PPOLearner, clipped_surrogate, ppo_value_loss, stock_loss_functions
+from polar.algorithms.ppo_fused import DERIVED_FROM, source_fingerprint
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.errors import ConfigError
@@ -68,8 +70,10 @@ def _doubled(log_ratio, advantages, clip_range, clip_range_high=None):
     return 2.0 * per_sample, ratio
 
 
-def _tight_clip(log_ratio, advantages, clip_range, clip_range_high=None):
-    return clipped_surrogate(log_ratio, advantages, 0.02)
+def _edited_body(log_ratio, advantages, clip_range, clip_range_high=None):
+    """What a researcher might type into ``clipped_surrogate``: the stock body with a tighter clip."""
+    ratio = torch.exp(log_ratio)
+    return -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1.0 - 0.02, 1.0 + 0.02)), ratio
 
 
 def test_editing_the_surrogate_changes_the_default_runs_gradients(default_rollout, monkeypatch):
@@ -79,25 +83,58 @@ def test_editing_the_surrogate_changes_the_default_runs_gradients(default_rollou
     _, again = _update_grads(default_rollout)
     assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))  # deterministic: a change is the edit's
 
-    monkeypatch.setattr(ppo_mod, "clipped_surrogate", _doubled)
-    _, doubled = _update_grads(default_rollout)
+    monkeypatch.setattr(ppo_mod, "clipped_surrogate", _doubled)  # replaced
+    learner, doubled = _update_grads(default_rollout)
+    assert not learner.fused and "clipped_surrogate changed" in learner.path
     assert not torch.allclose(doubled[0], base[0])  # from the very first step
 
-    monkeypatch.setattr(ppo_mod, "clipped_surrogate", _tight_clip)
-    _, tight = _update_grads(default_rollout)
+    monkeypatch.undo()
+    monkeypatch.setattr(clipped_surrogate, "__code__", _edited_body.__code__)  # edited in place, same function object
+    assert ppo_mod.clipped_surrogate is clipped_surrogate
+    learner, tight = _update_grads(default_rollout)
+    assert not learner.fused
     torch.testing.assert_close(tight[0], base[0])  # ratio 1 on the first step: the clip does not bind yet
     assert max((t - b).abs().max().item() for t, b in zip(tight, base, strict=True)) > 1e-3  # then it does
 
 
-def test_fused_and_autograd_paths_agree_on_the_default_run_also_when_the_surrogate_is_edited(default_rollout,
-                                                                                              monkeypatch):
-    for surrogate in (clipped_surrogate, _doubled):
-        monkeypatch.setattr(ppo_mod, "clipped_surrogate", surrogate)
-        fused_learner, fused = _update_grads(default_rollout, "auto")
-        auto_learner, autograd = _update_grads(default_rollout, "off")
-        assert fused_learner.fused and not auto_learner.fused
-        for f, a in zip(fused[:20], autograd[:20], strict=True):  # later steps drift apart by float rounding
-            torch.testing.assert_close(f, a, atol=1e-6, rtol=1e-4)
+def test_fused_and_autograd_paths_agree_on_the_default_run(default_rollout):
+    fused_learner, fused = _update_grads(default_rollout, "auto")
+    auto_learner, autograd = _update_grads(default_rollout, "off")
+    assert fused_learner.fused and not auto_learner.fused
+    for f, a in zip(fused[:20], autograd[:20], strict=True):  # later steps drift apart by float rounding
+        torch.testing.assert_close(f, a, atol=1e-6, rtol=1e-4)
+
+
+def test_the_fused_gradients_are_pinned_to_the_current_stock_loss(default_rollout):
+    """Fails when the stock loss is edited on purpose: re-derive ppo_fused.py, then update DERIVED_FROM."""
+    fns = stock_loss_functions(default_rollout[1].agent)
+    now = {name: source_fingerprint(fn) for name, fn in fns.items()}
+    assert now == DERIVED_FROM, (
+        "the stock PPO loss changed, so policy.kwargs.fused: auto now runs autograd. Re-derive "
+        f"polar/algorithms/ppo_fused.py for the new loss (test_fused_gradients_equal_autograd checks it), then set "
+        f"DERIVED_FROM = {now}")
+
+
+def test_the_fingerprint_ignores_comments_and_docstrings_only():
+    def documented():
+        def f(x):
+            """Doc."""
+            return x + 1  # a comment
+        return f
+
+    def plain():
+        def f(x):
+
+            return x + 1
+        return f
+
+    def edited():
+        def f(x):
+            return x + 2
+        return f
+
+    assert source_fingerprint(documented()) == source_fingerprint(plain()) != source_fingerprint(edited())
+    assert source_fingerprint(len) == "?"  # no Python source: never taken for the stock loss
 
 
 def test_the_run_log_says_which_path_runs(default_rollout, caplog):
@@ -106,7 +143,7 @@ def test_the_run_log_says_which_path_runs(default_rollout, caplog):
         PPOLearner(policy.agent, cfg.policy.kwargs, 1)
         PPOLearner(policy.agent, cfg.policy.kwargs.model_copy(update={"fused": "off"}), 1)
     lines = [r.getMessage() for r in caplog.records if r.name == "polar.algorithms.ppo"]
-    assert lines[0].startswith("PPO update path: fused (policy.kwargs.fused: auto")
+    assert lines[0].startswith("PPO update path: fused (policy.kwargs.fused: auto; built-in MLP and the stock loss")
     assert lines[1] == "PPO update path: autograd (policy.kwargs.fused: off)"
 
     from gymnasium import spaces
@@ -118,7 +155,7 @@ def test_the_run_log_says_which_path_runs(default_rollout, caplog):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="polar.algorithms.ppo"):
         assert not PPOLearner(lstm, cfg.policy.kwargs, 1).fused
-    assert "autograd (policy.kwargs.fused: auto, but the agent is not the built-in MLP" in caplog.text
+    assert "autograd (policy.kwargs.fused: auto; the agent is not the built-in MLP" in caplog.text
 
 
 def test_fused_is_a_typed_option():
@@ -141,7 +178,8 @@ def test_appo_and_grpo_use_the_one_surrogate_and_ppos_value_loss():
 
 
 def test_the_clip_is_written_once():
-    """No algorithm module clamps an importance ratio itself: they all call ``clipped_surrogate``."""
+    """No loss clamps an importance ratio itself: they call ``clipped_surrogate``. ppo_fused.py holds its
+    hand-derived gradient, used only while the surrogate is the stock one (pinned above)."""
     root = Path(ppo_mod.__file__).resolve().parents[1]
     writers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "clamp(ratio" in p.read_text())
-    assert writers == ["algorithms/ppo.py"]
+    assert writers == ["algorithms/ppo.py", "algorithms/ppo_fused.py"]

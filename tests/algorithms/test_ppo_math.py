@@ -155,8 +155,7 @@ def test_fused_gradients_equal_autograd(discrete, clip_range_vf, ent_coef):
     loss.backward()
     expected = opt.flat_grad.clone()
     opt.zero_grad()
-    stats = fused_ppo_grads(agent, obs, actions, lambda lp, e, val: ppo_loss(
-        lp, e, val, old_logp, old_v, adv, ret, 0.2, clip_range_vf, ent_coef, 0.5, False))
+    stats = fused_ppo_grads(agent, obs, actions, old_logp, old_v, adv, ret, 0.2, clip_range_vf, ent_coef, 0.5, True)
     torch.testing.assert_close(opt.flat_grad, expected, atol=1e-6, rtol=1e-5)
     assert expected.abs().max() > 1e-3
     for k in ("pg_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
