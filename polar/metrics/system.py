@@ -117,7 +117,6 @@ class SystemSampler:
         self.root = psutil.Process(pid or os.getpid())
         self._procs: dict[int, Any] = {}  # pid -> psutil.Process, kept so cpu_percent has a previous reading
         self._names: dict[int, str] = {}  # pid -> stable "<role>-<n>" while the process lives
-        self._counters: dict[str, int] = {}
         self._latest: dict[str, float] = {}
         self._nvml = _Nvml() if gpu else None
         self._stop = threading.Event()
@@ -132,9 +131,11 @@ class SystemSampler:
             role = self.role if proc.pid == self.root.pid else role_of(proc)
             if proc.pid == self.root.pid:
                 name = role
-            else:
-                n = self._counters.get(role, 0)
-                self._counters[role] = n + 1
+            else:  # the lowest index no live process of the role holds: keys stay few and stable across restarts
+                taken = set(self._names.values())
+                n = 0
+                while f"{role}-{n}" in taken:
+                    n += 1
                 name = f"{role}-{n}"
             self._names[proc.pid] = name
         return name
@@ -149,10 +150,13 @@ class SystemSampler:
             except psutil.Error:
                 live = []
             out: dict[str, float] = {}
-            seen = set()
+            seen = {p.pid for p in live}
+            for pid in list(self._procs):  # gone since the last sample: their names are free again
+                if pid not in seen:
+                    self._procs.pop(pid)
+                    self._names.pop(pid, None)
             for p in live:
                 proc = self._procs.setdefault(p.pid, p)
-                seen.add(p.pid)
                 try:
                     with proc.oneshot():
                         cpu = proc.cpu_percent(None)
@@ -172,10 +176,6 @@ class SystemSampler:
                 if io_r is not None:
                     out[f"{key}/io_read_mb"] = io_r / MiB
                     out[f"{key}/io_write_mb"] = io_w / MiB
-            for pid in list(self._procs):
-                if pid not in seen:
-                    self._procs.pop(pid)
-                    self._names.pop(pid, None)
             out["system/processes"] = float(len(seen))
             out["system/host/cpu_percent"] = float(psutil.cpu_percent(None))
             out["system/host/mem_used_mb"] = psutil.virtual_memory().used / MiB

@@ -7,6 +7,7 @@ carries slot ids and a few numbers per fragment.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 
 from polar.types import Fragment
+
+log = logging.getLogger(__name__)
 
 ARRAY_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
                 "trunc_values", "last_values")
@@ -59,7 +62,8 @@ def fragment_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
 
 
 def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: int, fragment_steps: int,
-                weights: dict[str, torch.Tensor], version, lock, out_q, free_q, stop, learner_alive) -> None:
+                weights: dict[str, torch.Tensor], version, lock, out_q, free_q, stop, learner_alive,
+                run_dir: str | None = None) -> None:
     """Entry point of one worker process. Reports any failure on ``out_q`` and exits.
 
     ``learner_alive`` is the read end of a pipe only the learner writes to: its EOF means the learner is
@@ -75,6 +79,10 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runner = None
+    if run_dir:  # JSON log lines in RUN/logs/rollout_worker-<pid>.jsonl (polar.metrics.logs)
+        from polar.metrics.logs import install_run_logging
+
+        install_run_logging(run_dir, "rollout_worker")
     try:
         from polar.config.base import validate
         from polar.config.run import RunConfig
@@ -97,6 +105,8 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
                     policy.load_state_dict(weights)
                     local_version = int(version.value)
             frag = runner.collect(fragment_steps, local_version, worker_id)
+            log.debug("fragment %s: %d env steps in %.3fs (policy version %d)", frag.trace_id, frag.env_steps,
+                      frag.collect_s, local_version, extra={"trace_id": frag.trace_id})
             arrays = fragment_arrays(frag)
             if slots is None:
                 slots = [{k: torch.from_numpy(np.ascontiguousarray(v)).clone().share_memory_() for k, v in arrays.items()}

@@ -19,9 +19,12 @@ class Observability:
         self.handler = None
         self.sinks: list[Any] = []
         if logging_cfg.structured_logs:
+            import os
+
             from polar.metrics.logs import install_run_logging
 
             self.handler = install_run_logging(run_dir.path, role)
+            os.environ["POLAR_RUN_DIR"] = str(run_dir.path)  # rollout workers started from here log there too
         if logging_cfg.system_metrics_s > 0:
             from polar.metrics.system import SystemSampler
 
@@ -51,3 +54,6 @@ class Observability:
 
             remove_run_logging(self.handler)
             self.handler = None
+            import os
+
+            os.environ.pop("POLAR_RUN_DIR", None)

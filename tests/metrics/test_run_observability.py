@@ -28,6 +28,7 @@ def test_keydoor_run_logs_system_metrics_per_role_and_stage_timings(tmp_path):
     assert {"learner", "rollout_worker-0", "rollout_worker-1", "connector-0", "connector-1"} <= roles
     assert all(last[f"system/{r}/rss_mb"] > 1 for r in roles)
     assert last["system/processes"] >= 5
+    assert len(list((run / "logs").glob("rollout_worker-*.jsonl"))) == 2  # one file per worker process
     logs = list((run / "logs").glob("learner-*.jsonl"))
     assert len(logs) == 1
     lines = [json.loads(line) for line in logs[0].read_text().splitlines()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import queue
 import time
 from collections import deque
@@ -94,7 +95,8 @@ class LocalBackend:
             seed = self.seed + 7919 * (w + 1)
             p = ctx.Process(target=worker_main, name=f"polar-rollout-{w}", daemon=True,
                             args=(w, cfg_data, cdir, seed, self.fragment_steps, self._weights, self._version,
-                                  self._lock, self._out_q, free_q, self._stop, learner_alive))
+                                  self._lock, self._out_q, free_q, self._stop, learner_alive),
+                            kwargs={"run_dir": os.environ.get("POLAR_RUN_DIR")})  # set by the learner's loop
             p.start()
             register_process(p.pid, "rollout_worker")  # its system/ metrics carry the role
             self._procs.append(p)
