@@ -121,7 +121,7 @@ def to_markdown(report: dict[str, Any]) -> str:
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 
 
-def svg_bars(title: str, bars: list[tuple[str, dict[str, Any]]], width: int = 360, height: int = 190) -> str:
+def svg_bars(title: str, bars: list[tuple[str, dict[str, Any]]], width: int = 360, height: int = 0) -> str:
     """Horizontal bars of each policy's mean with its interval as a whisker."""
     e = html.escape
     vals = [b for b in bars if b[1] and b[1].get("mean") is not None]

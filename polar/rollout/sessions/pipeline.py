@@ -32,6 +32,7 @@ from polar.errors import GatewayError
 from polar.gateway.sessions import session_key
 from polar.harness.agent.runners import HarnessOutcome, HarnessRunner, SessionContext
 from polar.harness.agent.verifiers import VerifyInput
+from polar.metrics.logs import trace
 from polar.rollout.sessions.nodes import GatewayNode, NodeRegistry
 from polar.rollout.sessions.session import SessionResult, SessionSpec, SessionStatus, mask_out
 from polar.types import CallRecord
@@ -196,6 +197,10 @@ class SessionPipeline:
         self._emit(live)
 
     async def _run(self, live: _Live) -> SessionResult:
+        with trace(live.spec.session_id):  # log lines of this session (and its tasks) carry its id as trace id
+            return await self._run_traced(live)
+
+    async def _run_traced(self, live: _Live) -> SessionResult:
         t0 = time.monotonic()
         deadline = t0 + self.settings.session_budget_s
         result = await self._attempt(live, deadline)
