@@ -221,7 +221,8 @@ def _run_local(suite: EvalSuite, out_dir: Path, jobs: list[tuple[str, str]]) -> 
             for (h, p) in jobs:
                 results.setdefault((h, p), {"harness": h, "policy": p, "episodes": [], "time_s": None,
                                             "error": f"timed out: the suite did not finish within parallel.job_timeout_s "
-                                                     f"= {suite.parallel.job_timeout_s:g} s per job"})
+                                                     f"= {suite.parallel.job_timeout_s:g} s per round of "
+                                                     "parallel.workers jobs"})
             for proc in list(getattr(pool, "_processes", {}).values()):  # hung jobs must not outlive the suite
                 proc.kill()
     finally:
