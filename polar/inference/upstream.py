@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import shutil
 import threading
@@ -38,19 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+import orjson
 from pydantic import Field
-
-try:  # the hot path parses ~one JSON object per token; orjson is several times faster than json
-    import orjson
-
-    _loads = orjson.loads
-    _dumps = orjson.dumps
-except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _loads = json.loads
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
 
 from polar.config.base import StrictModel, validate
 from polar.config.sync import WeightSyncConfig
@@ -70,6 +58,10 @@ from polar.inference.weight_sync import (
     prune_folders,
     write_weights_folder,
 )
+
+# the hot path parses ~one JSON object per token; orjson is several times faster than json
+_loads = orjson.loads
+_dumps = orjson.dumps
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +128,9 @@ class UpstreamEngine(Engine):
 
             folder = preset_folder(config.tokenizer) if get_preset(config.tokenizer) is not None else None
         self.model_folder: Path | None = folder.resolve() if folder is not None else None
+        # the folder the servers loaded (a launched vLLM of a tied-embeddings model: an untied copy of
+        # model_folder): its config goes into every sync folder, and a failed sync's replicas reload it
+        self.served_folder: Path | None = self.model_folder
         self.weights_dtype = "float32"  # what sync.dtype: auto writes (a launched vLLM: its --dtype)
         # recorded with every call: vLLM's default --logprobs-mode is raw_logprobs (the model's, before any
         # temperature or top-p); SGLang's depends on its version and SGLANG_RETURN_ORIGINAL_LOGPROB
@@ -148,6 +143,7 @@ class UpstreamEngine(Engine):
         self._check: LogprobCheck | None = None
         self.sync_hooks: list[Callable[[Path], None]] = []  # called with each written folder before the push
         self.last_sync: dict[str, Any] = {}
+        self._nccl: dict[str, Any] = {}  # url -> VllmNcclSender (gateway.sync.method: nccl)
 
     @classmethod
     def from_config(cls, spec: Mapping[str, Any] | UpstreamConfig, **kwargs: Any) -> UpstreamEngine:
@@ -328,7 +324,12 @@ class UpstreamEngine(Engine):
         return self._check
 
     async def _sync(self, state_dict: Mapping[str, Any], version: int) -> None:
-        source = self._source_folder()
+        self._source_folder()
+        source = self.served_folder or self._source_folder()
+        if source != self.model_folder and "lm_head.weight" not in state_dict:  # served untied: lm_head too
+            embed = next((v for k, v in state_dict.items() if k.endswith("embed_tokens.weight")), None)
+            if embed is not None:
+                state_dict = {**state_dict, "lm_head.weight": embed}
         root = self._sync_dir()
         t0 = time.monotonic()
         folder = await asyncio.to_thread(write_weights_folder, state_dict, source, root, version, self._weights_dtype())
@@ -381,22 +382,35 @@ class UpstreamEngine(Engine):
                  + ", ".join(f"{c['max_abs_diff']:.4f}" for c in checks.values()))
         del previous
 
-    async def _push(self, client: httpx.AsyncClient, control: Any, url: str, folder: Path, version: int) -> None:
-        """Pause one replica, reload ``folder`` and set ``version``, resume it (resumed even on failure)."""
+    async def _push(self, client: httpx.AsyncClient, control: Any, url: str, folder: Path, version: int,
+                    from_disk: bool = False) -> None:
+        """Pause one replica, reload ``folder`` and set ``version``, resume it (resumed even on failure).
+        With ``gateway.sync.method: nccl`` the tensors are broadcast instead (vLLM on GPU; see
+        :class:`~polar.inference.weight_sync.VllmNcclSender`), from the folder's file, except ``from_disk``
+        (rollbacks and restarted replicas reload the folder)."""
         timeout_s = self.sync_config.timeout_s
         await control.pause(client, url, self.sync_config.in_flight, timeout_s)
         try:
-            await control.load(client, url, folder, version, timeout_s)
+            if self.sync_config.method == "nccl" and not from_disk:
+                from safetensors.torch import load_file
+
+                from polar.inference.weight_sync import VllmNcclSender
+
+                sender = self._nccl.setdefault(url, VllmNcclSender(url, timeout_s))
+                state = await asyncio.to_thread(load_file, str(folder / "model.safetensors"))
+                await asyncio.to_thread(sender.send, state, version)
+            else:
+                await control.load(client, url, folder, version, timeout_s)
         finally:
             await control.resume(client, url, timeout_s)
 
     async def _roll_back(self, client: httpx.AsyncClient, control: Any, pushed: list[_Replica],
                          check: LogprobCheck | None) -> None:
         """Give every replica that took (part of) a failed sync the weights it served before."""
-        old = self._current_folder or self._source_folder()
+        old = self._current_folder or self.served_folder or self._source_folder()
         for replica in pushed:
             try:
-                await self._push(client, control, replica.url, old, self.policy_version)
+                await self._push(client, control, replica.url, old, self.policy_version, from_disk=True)
             except Exception as exc:  # it keeps failing: say so; the caller's error fails the step anyway
                 log.error("could not restore version %d on %s after a failed sync: %s", self.policy_version,
                           replica.url, exc)
@@ -449,8 +463,9 @@ class UpstreamEngine(Engine):
         if folder is None:
             return  # nothing was synced yet: the base weights are the current ones
         control = control_for(self.kind)
+        self._nccl.pop(url, None)  # a restarted replica has left its NCCL group
         async with httpx.AsyncClient(headers=self._auth()) as client:
-            await self._push(client, control, url, folder, self.policy_version)
+            await self._push(client, control, url, folder, self.policy_version, from_disk=True)
             check = self._checker()
             if check is not None and check.loaded:
                 report = await self._check_replica(client, check, url)

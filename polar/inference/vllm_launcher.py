@@ -170,8 +170,11 @@ class VllmFleet:
     """``replicas`` vLLM servers of one model folder: start, watch, restart, stop (thread-safe)."""
 
     def __init__(self, folder: str | Path, replicas: int, config: VllmLaunchConfig, log_dir: str | Path,
-                 python: Path | None = None, config_key: str = "model.name_or_path") -> None:
+                 python: Path | None = None, config_key: str = "model.name_or_path",
+                 serve_folder: str | Path | None = None) -> None:
         self.folder = Path(folder).expanduser().resolve()
+        # what vLLM loads: the folder itself, or (tied embeddings) the untied copy weight sync needs
+        self.serve_folder = Path(serve_folder).resolve() if serve_folder is not None else self.folder
         self.config = config
         self.model_key = config_key  # the key that named the model, e.g. model.name_or_path or gateway.model
         self.section = config_key.split(".")[0]  # where engine_kwargs and replicas sit
@@ -192,7 +195,7 @@ class VllmFleet:
     # ------------------------------------------------------------------ processes
     def _command(self, replica: _Replica) -> list[str]:
         c = self.config
-        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.folder),
+        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.serve_folder),
                "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
                "--served-model-name", self.served_model, "--host", "127.0.0.1", "--port", str(replica.port)]
         if c.enforce_eager:
@@ -436,6 +439,7 @@ class LaunchedVllmEngine(UpstreamEngine):
         )
         self.fleet = fleet
         self.model_folder = fleet.folder
+        self.served_folder = fleet.serve_folder
         self.weights_dtype = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(cfg.dtype, "float32")
         args = list(cfg.extra_args)
         if "--logprobs-mode" in args[:-1]:
@@ -509,7 +513,14 @@ def launch_vllm(name_or_path: str, *, replicas: int = 1, log_dir: str | Path, co
     from polar.inference.upstream import _load_tokenizer
 
     tokenizer = _load_tokenizer(str(folder))
-    fleet = VllmFleet(folder, replicas, config, log_dir, python=python, config_key=config_key).start()
+    # vLLM 0.32's in-place reload leaves a tied lm_head on the old embeddings, so a tied model is served
+    # from an untied copy (lm_head written out) that every weight sync can update whole
+    from polar.inference.weight_sync import untied_copy
+
+    dtype = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(config.dtype, "float32")
+    serve = untied_copy(folder, Path(log_dir) / "served-model", dtype)
+    fleet = VllmFleet(folder, replicas, config, log_dir, python=python, config_key=config_key,
+                      serve_folder=serve).start()
     try:
         return LaunchedVllmEngine(fleet, tokenizer=tokenizer)
     except BaseException:

@@ -48,7 +48,7 @@ class WeightSyncError(EngineError):
 
 # ---------------------------------------------------------------------------------------------- folder
 def write_weights_folder(state_dict: Mapping[str, Any], source: Path, root: Path, version: int,
-                         dtype: str = "float32") -> Path:
+                         dtype: str = "float32", keep_lm_head: bool = False) -> Path:
     """``state_dict`` as ``root/v<version>`` (model.safetensors + ``source``'s config and tokenizer
     files), written to a temporary folder first and renamed into place when complete."""
     import torch
@@ -63,7 +63,7 @@ def write_weights_folder(state_dict: Mapping[str, Any], source: Path, root: Path
             if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and not item.name.endswith(".index.json"):
                 shutil.copy2(item, tmp / item.name)
         target = getattr(torch, _DTYPES.get(dtype, "float32"))
-        tied = _tied_embeddings(source)
+        tied = _tied_embeddings(source) and not keep_lm_head
         tensors: dict[str, Any] = {}
         for name, value in state_dict.items():
             if tied and name == "lm_head.weight":
@@ -89,6 +89,46 @@ def prune_folders(root: Path, keep: Path | None) -> None:
     for item in root.iterdir():
         if item.is_dir() and (item.name.startswith("v") or item.name.startswith(".tmp-")) and item != keep:
             shutil.rmtree(item, ignore_errors=True)
+
+
+def untied_copy(folder: Path, target: Path, dtype: str = "float32") -> Path:
+    """``folder`` itself when its model does not tie its input and output embeddings; else ``target``: the
+    same model with ``tie_word_embeddings: false`` and ``lm_head.weight`` written out, rewritten only when
+    ``folder`` changed. vLLM 0.32 reloads weights layer by layer, which leaves a tied ``lm_head`` holding
+    the old embeddings; an untied one is reloaded like any other layer. Same logits as ``folder``."""
+    import json
+
+    from safetensors.torch import load_file
+
+    if not _tied_embeddings(folder):
+        return folder
+    stamp = {"source": str(folder), "mtime_ns": max(f.stat().st_mtime_ns for f in folder.iterdir()), "dtype": dtype}
+    marker = target / "polar-untied.json"
+    try:
+        if json.loads(marker.read_text()) == stamp:
+            return target
+    except (OSError, ValueError):
+        pass
+    state: dict[str, Any] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    if not state:
+        raise WeightSyncError(f"{folder} has tied embeddings but no *.safetensors weights to untie for weight sync")
+    embed = next((v for k, v in state.items() if k.endswith("embed_tokens.weight")), None)
+    if embed is None:
+        raise WeightSyncError(f"{folder}: tied embeddings, but no '*embed_tokens.weight' tensor to copy into lm_head")
+    state.setdefault("lm_head.weight", embed.clone())
+    tmp_root = target.parent / f".{target.name}-tmp"
+    shutil.rmtree(tmp_root, ignore_errors=True)
+    written = write_weights_folder(state, folder, tmp_root, 0, dtype, keep_lm_head=True)
+    cfg = json.loads((written / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (written / "config.json").write_text(json.dumps(cfg, indent=2))
+    (written / "polar-untied.json").write_text(json.dumps(stamp))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(written, target)
+    shutil.rmtree(tmp_root, ignore_errors=True)
+    return target
 
 
 def _tied_embeddings(folder: Path) -> bool:
@@ -259,3 +299,51 @@ def check_nccl_available(kind: str) -> None:
         raise WeightSyncError(
             f"gateway.sync.method: nccl needs vllm importable in polar's own process (the learner's, on a GPU "
             f"machine: {exc}); install vllm there, or use gateway.sync.method: disk") from None
+
+
+class VllmNcclSender:
+    """``gateway.sync.method: nccl`` (GPU; not run on these CPU machines): vLLM's own trainer-side NCCL
+    weight-transfer engine broadcasts the tensors into one replica, whose workers join the group through
+    ``POST /init_weight_transfer_engine``; each sync is ``/start_weight_update``, ``/update_weights`` (with the
+    broadcast), ``/finish_weight_update``, then ``/update_weight_version``. The replica must be started with
+    ``--weight-transfer-config '{"backend": "nccl"}'`` (for a launched one: in ``engine_kwargs.extra_args``)."""
+
+    def __init__(self, url: str, timeout_s: float, master_address: str = "127.0.0.1") -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.master_address = master_address
+        self._engine: Any = None
+        self._source: Any = None
+
+    def send(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Blocking (run it in a thread): the broadcast and the replica's receive rendezvous in NCCL."""
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        if self._source is None:
+            class _StateSource(WeightSource):
+                state: Mapping[str, Any] = {}
+
+                def metadata(self) -> list[Any]:
+                    return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self.state.items()]
+
+                def __iter__(self):  # type: ignore[override]
+                    return iter(self.state.items())
+
+            self._source = _StateSource()
+        self._source.state = {k: v.detach().cuda() for k, v in state_dict.items()}
+        if self._engine is None:
+            from polar.inference.vllm_launcher import free_port
+
+            world = httpx.get(f"{self.url}/get_world_size", params={"include_dp": "false"}, timeout=30).json()
+            info = NCCLTrainerInitInfo(self.master_address, free_port(), int(world["world_size"]) + 1, rank=0)
+            self._engine = NCCLTrainerWeightTransferEngine.trainer_init(
+                info, client=HTTPVLLMWeightSyncClient(self.url, timeout=self.timeout_s), source=self._source)
+        self._engine.send_weights()
+        resp = httpx.post(f"{self.url}/update_weight_version", json={"new_version": str(version)}, timeout=30)
+        if resp.status_code != 200:
+            raise WeightSyncError(f"{self.url}: update_weight_version answered HTTP {resp.status_code}: {resp.text[:300]}")
