@@ -18,12 +18,12 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import anyio
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polar.gateway import _json
 from polar.gateway.core import GatewayCore, engine_error
 from polar.gateway.drain import DrainGate, retry_after_header
 from polar.gateway.errors import ApiError, bad
@@ -216,7 +216,7 @@ class GatewayApp:
         return self._json(body, err.status)
 
     def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-        return Response(_json.dumps(obj), status, headers=headers, media_type="application/json")
+        return Response(orjson.dumps(obj), status, headers=headers, media_type="application/json")
 
     def _error(self, provider: Any, err: ApiError) -> Response:
         headers = {"retry-after": retry_after_header(err.retry_after_s)} if err.kind == "rate_limited" else None
@@ -237,8 +237,8 @@ class GatewayApp:
         if not raw.strip():
             raise bad("request body is empty; send a JSON object")
         try:
-            body = _json.loads(raw)
-        except (_json.JSONDecodeError, ValueError) as e:
+            body = orjson.loads(raw)
+        except (orjson.JSONDecodeError, ValueError) as e:
             raise bad(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise bad(f"request body must be a JSON object (got {type(body).__name__})")

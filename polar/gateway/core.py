@@ -87,10 +87,6 @@ class GatewayCore:
             raise
         return call
 
-    async def run(self, req: ChatRequest, session_id: str) -> CallOutput:
-        """Non-streaming: the whole call."""
-        return await self.finish(await self.start(req, session_id))
-
     async def finish(self, call: Call) -> CallOutput:
         """Drain a started call; an engine failure mid-generation becomes an ``ApiError``."""
         out = None

@@ -14,7 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from polar.gateway.toolcalls import ToolCall
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Key-sorted compact JSON bytes: for hashing and comparing normalized messages, tools and schemas."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
 Message = dict[str, Any]
 

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar.gateway import _json
-from polar.gateway.normalized import Message
+from polar.gateway.normalized import Message, canonical_json
 from polar.gateway.tokencache import SegmentEncoder, TooManyTokens
 from polar.inference.base import ContextLengthExceeded
 
@@ -33,12 +32,12 @@ def message_key(m: Message) -> bytes:
     calls = m.get("tool_calls")
     if calls:
         d["t"] = [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
-    return _json.canonical(d)
+    return canonical_json(d)
 
 
 def prefix_hashes(tools: Sequence[dict[str, Any]], messages: Sequence[Message]) -> list[bytes]:
     """``out[i]`` identifies (tools, messages[:i]); computed in one pass."""
-    h = hashlib.blake2b(_json.canonical(list(tools)), digest_size=16)
+    h = hashlib.blake2b(canonical_json(list(tools)), digest_size=16)
     out = [h.digest()]
     for m in messages:
         h.update(message_key(m))

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from polar.errors import GatewayError
-from polar.gateway import _json
 from polar.types import SESSION_KEY_PREFIX, CallRecord
 from polar.types import session_key as session_key  # a client names its session with it (docs/gateway.md)
 
@@ -113,7 +114,7 @@ class SessionStore:
         for path in sorted(self.dir.glob("*.jsonl")):
             try:
                 with path.open("rb") as f:
-                    first = _json.loads(f.readline())
+                    first = orjson.loads(f.readline())
                 self._owners.setdefault(first["session_id"], first.get("metadata", {}).get("owner"))
                 self._with_records.add(first["session_id"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -150,8 +151,8 @@ class SessionStore:
                 if not line.strip():
                     continue
                 try:
-                    d = _json.loads(line)
-                except _json.JSONDecodeError:
+                    d = orjson.loads(line)
+                except orjson.JSONDecodeError:
                     log.warning("%s:%d is not valid JSON (a torn last write?); skipped", path, n)
                     continue
                 rec = CallRecord.from_dict(d)
@@ -220,7 +221,7 @@ class SessionStore:
         self._index(s, rec)
         if self.dir is not None:
             path = self.dir / f"{file_id(rec.session_id)}.jsonl"
-            self._pending.setdefault(path, []).append(_json.dumps_record(rec) + b"\n")
+            self._pending.setdefault(path, []).append(orjson.dumps(rec) + b"\n")
 
     def _run_deferred(self) -> None:
         builds, self._deferred = self._deferred, []

@@ -41,12 +41,6 @@ def _stack_obs(items: list, space: gym.Space):
     return np.stack([np.asarray(o) for o in items])
 
 
-def _take(obs, idx):
-    if isinstance(obs, dict):
-        return {k: v[idx] for k, v in obs.items()}
-    return obs[idx]
-
-
 class EnvRunner:
     """Collects fragments of ``T`` steps from ``vec_env`` with ``policy`` (a ``polar.models.Policy``)."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from polar.gateway import _json
+import orjson
+
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, text_parts
@@ -195,7 +196,7 @@ def response(req: ChatRequest, call: Call, out: CallOutput) -> dict[str, Any]:
 
 async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
     def ev(kind: str, data: dict[str, Any]) -> bytes:
-        return sse(_json.dumps({"type": kind, **data}), kind)
+        return sse(orjson.dumps({"type": kind, **data}), kind)
 
     prompt_tokens = len(call.prompt.ids) if call.prompt else 0
     yield ev("message_start", {"message": {
@@ -224,7 +225,7 @@ async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
         for block in _content(out)[1 if (out.content or not out.tool_calls) else 0 :]:
             yield ev("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
             yield ev("content_block_delta", {"index": index, "delta": {
-                "type": "input_json_delta", "partial_json": _json.dumps(block["input"]).decode()}})
+                "type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}})
             yield ev("content_block_stop", {"index": index})
             index += 1
         yield ev("message_delta", {"delta": {"stop_reason": STOP[out.finish], "stop_sequence": out.stop_sequence},

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from polar.gateway import _json
+import orjson
+
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message
@@ -98,7 +99,7 @@ def parse_contents(raw: Any, system: Any) -> list[Message]:
                 check_type(fr, dict, f"{pw}.functionResponse")
                 cid = fr.get("id") or (pending.pop(0) if pending else f"call_g{n_calls}")
                 resp = fr.get("response")
-                content = resp if isinstance(resp, str) else _json.dumps(resp if resp is not None else {}).decode()
+                content = resp if isinstance(resp, str) else orjson.dumps(resp if resp is not None else {}).decode()
                 results.append({"role": "tool", "tool_call_id": cid, "name": require(fr, "name", str, f"{pw}.functionResponse."),
                                 "content": content})
             elif "text" in p or any(k in p for k in _IGNORED_PARTS):
@@ -216,9 +217,9 @@ async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
     rid = new_id("")
     async for item in call.events():
         if isinstance(item, str):
-            yield sse(_json.dumps(_chunk(req, rid, [{"text": item}], None)))
+            yield sse(orjson.dumps(_chunk(req, rid, [{"text": item}], None)))
             continue
         if item.finish == "abort":
-            yield sse(_json.dumps(error_body(ApiError("unavailable", "the inference engine aborted the request; retry"))))
+            yield sse(orjson.dumps(error_body(ApiError("unavailable", "the inference engine aborted the request; retry"))))
             return
-        yield sse(_json.dumps(_chunk(req, rid, _call_parts(item) or [{"text": ""}], item)))
+        yield sse(orjson.dumps(_chunk(req, rid, _call_parts(item) or [{"text": ""}], item)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from polar.gateway import _json
+import orjson
+
 from polar.gateway.core import Call
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
@@ -206,7 +207,7 @@ async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
     cid, created = new_id("chatcmpl-"), now()
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse(_json.dumps({
+        return sse(orjson.dumps({
             "id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }))
@@ -217,13 +218,13 @@ async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
             yield chunk({"content": ev})
             continue
         if ev.finish == "abort":
-            yield sse(_json.dumps(error_body(ApiError("unavailable", "the inference engine aborted the request; retry"))))
+            yield sse(orjson.dumps(error_body(ApiError("unavailable", "the inference engine aborted the request; retry"))))
             return
         if ev.tool_calls:
             yield chunk({"tool_calls": [{"index": i, **tc} for i, tc in enumerate(_tool_calls(ev))]})
         yield chunk({}, FINISH[ev.finish])
         if req.include_usage:
-            yield sse(_json.dumps({
+            yield sse(orjson.dumps({
                 "id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                 "choices": [], "usage": _usage(ev),
             }))

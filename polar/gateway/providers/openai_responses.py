@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from polar.gateway import _json
+import orjson
+
 from polar.gateway.core import Call
 from polar.gateway.errors import bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
@@ -173,7 +174,7 @@ async def stream(req: ChatRequest, call: Call) -> AsyncIterator[bytes]:
     def ev(kind: str, data: dict[str, Any]) -> bytes:
         nonlocal seq
         seq += 1
-        return sse(_json.dumps({"type": kind, "sequence_number": seq - 1, **data}), kind)
+        return sse(orjson.dumps({"type": kind, "sequence_number": seq - 1, **data}), kind)
 
     yield ev("response.created", {"response": _response_obj(req, rid, created, "in_progress", [], None)})
     yield ev("response.in_progress", {"response": _response_obj(req, rid, created, "in_progress", [], None)})

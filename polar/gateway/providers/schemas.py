@@ -29,8 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from polar.gateway import _json
 from polar.gateway.errors import ApiError, bad
+from polar.gateway.normalized import canonical_json
 
 # Seeds: the signed 64-bit range every engine here takes (torch.Generator.manual_seed, vLLM, SGLang).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -68,7 +68,7 @@ def _schema_error(schema: dict[str, Any]) -> str | None:
 
 def check_tool_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """An object schema that passes the JSON-schema meta-schema, else ``ValueError`` saying why."""
-    key = _json.canonical(schema)
+    key = canonical_json(schema)
     if key in _SCHEMA_VERDICTS:
         _SCHEMA_VERDICTS.move_to_end(key)
         error = _SCHEMA_VERDICTS[key]
