@@ -17,6 +17,8 @@ _LAZY = {
     "make_vector_env": "polar.harness",
     "load_config": "polar.config",
     "RunConfig": "polar.config",
+    "EnvRunConfig": "polar.config",
+    "AgentRunConfig": "polar.config",
     "PolarError": "polar.errors",
     "ConfigError": "polar.errors",
 }

@@ -17,6 +17,8 @@ from typing import Any
 
 import gymnasium as gym
 
+__all__ = ["make_env", "make_vector_env"]
+
 
 def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
                     worker_index: int = 0):
