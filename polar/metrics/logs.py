@@ -69,12 +69,16 @@ class JsonLinesHandler(logging.Handler):
         super().close()
 
 
-def install_run_logging(run_dir: str | Path, role: str, run_id: str | None = None, level: int = logging.INFO,
+def install_run_logging(run_dir: str | Path, role: str, run_id: str | None = None, level: int | None = None,
                         logger: str = "polar") -> JsonLinesHandler:
     """Attach a handler writing ``run_dir/logs/<role>-<pid>.jsonl`` to the ``logger`` tree (default ``polar``).
 
-    ``run_id`` defaults to the run directory's name. Returns the handler; ``remove_run_logging`` detaches it.
+    ``run_id`` defaults to the run directory's name; ``level`` to ``POLAR_LOG_LEVEL`` (e.g. ``DEBUG``: one
+    line per fragment, with its trace id), else INFO. Returns the handler; ``remove_run_logging`` detaches it.
     """
+    if level is None:
+        name = os.environ.get("POLAR_LOG_LEVEL", "INFO").upper()
+        level = logging.getLevelName(name) if isinstance(logging.getLevelName(name), int) else logging.INFO
     run_dir = Path(run_dir)
     handler = JsonLinesHandler(run_dir / "logs" / f"{role}-{os.getpid()}.jsonl", role, run_id or run_dir.name)
     handler.setLevel(level)

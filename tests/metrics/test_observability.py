@@ -174,3 +174,14 @@ def test_otel_sink_records_gauges_through_the_api():
     sink.log({"reward": 1.5, "note": "text is skipped"}, 3)
     assert list(sink.gauges) == ["reward"]
     sink.close()
+
+
+def test_log_level_comes_from_polar_log_level(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLAR_LOG_LEVEL", "DEBUG")
+    handler = install_run_logging(tmp_path, "rollout_worker")
+    try:
+        logging.getLogger("polar.rollout.worker").debug("fragment %s", "w0-1-ab", extra={"trace_id": "w0-1-ab"})
+    finally:
+        remove_run_logging(handler)
+        logging.getLogger("polar").setLevel(logging.NOTSET)
+    assert [(r["level"], r["trace_id"]) for r in read_logs(tmp_path)] == [("DEBUG", "w0-1-ab")]
