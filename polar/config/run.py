@@ -46,10 +46,6 @@ def _types(*models: type[StrictModel]) -> tuple[str, ...]:
     return tuple(t for m in models for t in get_args(m.model_fields["type"].annotation))
 
 
-HARNESS_TYPES = _types(GymnasiumHarnessConfig, CustomHarnessConfig, AgentHarnessConfig)
-AGENT_TYPES = _types(BuiltinAgentConfig, CustomAgentConfig, LLMAgentConfig)
-ENV_POLICIES = ("ppo", "appo", "dqn", "sac")
-AGENT_POLICIES = ("grpo", "sft")
 
 _AGENT_RUN = "agent runs (harness.type: agent, or agent: {type: llm} on an env harness)"
 _ENV_RUN = "env runs (harness.type: gymnasium or custom, with a network agent)"
@@ -80,6 +76,20 @@ EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig, Field
 NetworkAgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]
 AnyHarnessConfig = Annotated[
     GymnasiumHarnessConfig | CustomHarnessConfig | AgentHarnessConfig, Field(discriminator="type")]
+
+
+
+
+def _members(union: Any) -> tuple[type[StrictModel], ...]:
+    """The models of an ``Annotated[A | B, Field(discriminator=...)]`` union."""
+    return get_args(get_args(union)[0])
+
+
+# the type names each kind accepts, read off the unions above (adding a member there is all it takes)
+HARNESS_TYPES = _types(*_members(AnyHarnessConfig))
+AGENT_TYPES = _types(*_members(NetworkAgentConfig), LLMAgentConfig)
+ENV_POLICIES = _types(*_members(EnvPolicyConfig))
+AGENT_POLICIES = _types(*_members(AgentPolicyConfig))
 
 
 class EnvRunConfig(_RunBase):
