@@ -50,11 +50,23 @@ def _env_harness(suite: EvalSuite, h: Any, run_cfg: Any) -> tuple[Any, Path]:
     if h.harness is not None:
         return h.harness, suite.base_dir
     if h.config is not None:
-        from polar.config import load_config
-
-        path = suite.resolve(h.config)
-        return load_config(path).harness, path.resolve().parent
+        cfg = load_harness_config(suite, h)
+        return cfg.harness, cfg.config_dir
     return run_cfg.harness, run_cfg.config_dir
+
+
+def load_harness_config(suite: EvalSuite, h: Any) -> Any:
+    """The run config a harness's ``config:`` names: a YAML file (modules resolve next to it) or a run directory
+    (its config.resolved.yaml, modules where the run's config lived)."""
+    from polar.config import load_config
+    from polar.trainers.loading import load_run
+
+    path = suite.resolve(h.config)
+    if path.is_dir():
+        return load_run(path)[1]
+    cfg = load_config(path)
+    cfg._config_dir = path.resolve().parent
+    return cfg
 
 
 def env_job(suite: EvalSuite, h: Any, p: Any) -> list[dict[str, Any]]:
@@ -104,12 +116,8 @@ def env_job(suite: EvalSuite, h: Any, p: Any) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------- agent jobs
 def _agent_config(suite: EvalSuite, h: Any, resolved: list[Any]) -> Any:
-    from polar.config import load_config
-
     if h.config is not None:
-        path = suite.resolve(h.config)
-        cfg = load_config(path)
-        cfg._config_dir = path.resolve().parent
+        cfg = load_harness_config(suite, h)
     else:
         cfg = resolved[0].cfg
     if cfg.harness.type != "agent":

@@ -104,3 +104,15 @@ def test_an_ensemble_of_runs_with_different_spaces_is_refused(tmp_path, cart_run
     res = _job(tmp_path, data, "c", "e")
     assert "policy 'b' (" in res["error"] and "does not fit harness 'c'" in res["error"]
     assert json.dumps(res)  # plain data, as it crosses the process boundary
+
+
+def test_a_harness_config_may_be_a_run_directory(tmp_path, cart_run):
+    from polar.evaluation.runner import load_harness_config
+
+    suite = _suite(tmp_path, {"policies": [{"name": "a", "run": str(cart_run)}],
+                              "harnesses": [{"name": "c", "config": str(cart_run)},
+                                            {"name": "y", "config": str(EXAMPLES / "keydoor" / "demo.yaml")}]})
+    run_cfg = load_harness_config(suite, suite.harnesses[0])
+    assert run_cfg.harness.id == "CartPole-v1" and run_cfg.config_dir == EXAMPLES
+    yaml_cfg = load_harness_config(suite, suite.harnesses[1])
+    assert yaml_cfg.harness.type == "custom" and yaml_cfg.config_dir == EXAMPLES / "keydoor"
