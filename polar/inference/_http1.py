@@ -8,8 +8,16 @@ and keep the connection for the next call.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from urllib.parse import urlsplit
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it), for a server polar is about to start."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 class HttpError(Exception):

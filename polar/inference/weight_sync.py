@@ -337,7 +337,7 @@ class VllmNcclSender:
             self._source = _StateSource()
         self._source.state = {k: v.detach().cuda() for k, v in state_dict.items()}
         if self._engine is None:
-            from polar.inference.vllm_launcher import free_port
+            from polar.inference._http1 import free_port
 
             world = httpx.get(f"{self.url}/get_world_size", params={"include_dp": "false"}, timeout=30).json()
             info = NCCLTrainerInitInfo(self.master_address, free_port(), int(world["world_size"]) + 1, rank=0)
