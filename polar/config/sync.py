@@ -31,7 +31,7 @@ class WeightSyncConfig(StrictModel):
         "auto", description="dtype of the written weights; auto: the launched server's --dtype, else float32")
     check: bool = Field(True, description="after each sync, compare each replica's logprobs on a fixed prompt with the learner's")
     check_tolerance: float = Field(
-        0.2, gt=0, description="largest |replica - learner| logprob of one token of the fixed prompt's greedy "
-        "continuation (bf16 replica against the fp32 learner: about 0.03 measured on SmolLM2-135M)")
+        0.3, gt=0, description="largest |replica - learner| logprob of one token of the fixed prompt's greedy "
+        "continuation (a bf16 vLLM against the fp32 learner on SmolLM2-135M: 0.08 base, 0.13 perturbed)")
     check_tokens: int = Field(16, ge=1, le=256, description="greedy tokens of the fixed prompt that are compared")
     check_prompt: str = Field(DEFAULT_CHECK_PROMPT, description="the fixed prompt (a user message, chat-rendered)")

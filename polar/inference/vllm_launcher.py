@@ -29,7 +29,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +42,7 @@ import httpx
 from pydantic import Field
 
 from polar.config.base import StrictModel, validate
+from polar.inference._http1 import free_port
 from polar.inference.base import EngineError, GenerationRequest, TokenEvent, UpstreamUnavailable
 from polar.inference.upstream import UpstreamConfig, UpstreamEngine
 
@@ -95,12 +95,6 @@ def vllm_python(repo_root: Path | None = None) -> Path:
         f"engine: vllm needs vLLM's own venv, and there is no {DEFAULT_VENV}/bin/python in "
         f"{' or '.join(str(r) for r in dict.fromkeys(roots))}; run `make vllm` (or set {PYTHON_ENV})"
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _log_lines(path: Path, max_bytes: int = 262144) -> list[str]:
@@ -419,11 +413,38 @@ class VllmFleet:
             self._kill_group(proc)  # the engine core and anything else left in its group
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5.0)
+        # SIGKILLed processes take a moment to exit (longer on a loaded machine): return once they have
+        for proc in procs:
+            left = _wait_group_gone(proc.pid, 30.0)
+            if left:
+                log.warning("vLLM process group %d still has live processes %s after SIGKILL", proc.pid, left)
         for r in self.replicas:
             r.state = "stopped"
         for w in self._watchers:
             if w is not threading.current_thread():
                 w.join(5.0)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc (vLLM CPU runs on Linux)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                pids.append(int(entry))
+    return pids
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 class LaunchedVllmEngine(UpstreamEngine):

@@ -9,7 +9,9 @@ echo, which the parser checks), per-token logprobs, SSE streaming against one no
 ``GET /v1/models`` (served id, ``max_model_len``), ``GET /health``, the 404 for an unknown model and
 the 400 for a prompt over the context length.
 
-The restart test kills the shared replica, so it runs last in this file.
+The weight-sync tests reload the shared replica's weights and put the base ones back. The restart test
+kills the shared replica (after a sync, so it checks that the restarted one gets the synced weights
+back before serving), so it runs last in this file.
 """
 
 from __future__ import annotations
@@ -227,6 +229,143 @@ def test_model_too_large_for_its_memory_fails_with_vllms_own_error(vllm_model_fo
     assert wait_group_gone(pid, 30) == []  # its engine core and workers too
 
 
+# ---- live weight sync (polar.inference.weight_sync) into the shared replica; each test leaves the base weights
+def _base_state(folder) -> dict:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state
+
+
+def _perturbed_state(base: dict, seed: int, scale: float = 0.003) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    # every matrix, the tied embeddings too (the untied served copy must take them into lm_head as well)
+    return {k: v + scale * torch.randn(v.shape, generator=gen) if v.ndim == 2 else v for k, v in base.items()}
+
+
+def _greedy(engine, prompt):
+    return run(collect(engine.generate(GenerationRequest(prompt, max_tokens=12, temperature=0.0, stream=False))))
+
+
+@pytest.fixture
+def synced_vllm(launched_vllm, vllm_model_folder, tmp_path):
+    """The shared replica with weight sync set up; afterwards it serves the base weights again (checked)."""
+    from polar.config.sync import WeightSyncConfig
+
+    launched_vllm.configure_sync(WeightSyncConfig(), tmp_path / "sync")
+    launched_vllm.sync_hooks.clear()
+    yield launched_vllm
+    launched_vllm.sync_hooks.clear()
+    run(launched_vllm.update_weights(_base_state(vllm_model_folder), launched_vllm.policy_version + 1))
+
+
+def test_weight_sync_into_vllm_perturbed_then_corrupted_refused_then_exactly_restored(synced_vllm, vllm_model_folder):
+    """vLLM's own reload path (pause, collective_rpc reload_weights, update_weight_version, resume): perturbed
+    weights change the fixed prompt's logprobs and match the learner's within the bf16 tolerance; a tensor
+    corrupted in transit is refused with numbers while the previous weights keep serving with their version;
+    the original weights bring back the original logprobs exactly."""
+    from polar.inference.weight_sync import WeightSyncError
+
+    engine = synced_vllm
+    url = engine.fleet.urls[0]
+    prompt = chat_ids(engine.tokenizer, "Write the first five prime numbers.")
+    base = _base_state(vllm_model_folder)
+    v0 = engine.policy_version
+    before = _greedy(engine, prompt)
+
+    run(engine.update_weights(_perturbed_state(base, seed=1), v0 + 1))
+    perturbed = _greedy(engine, prompt)
+    check = engine.last_sync["checks"][url]
+    assert check["ok"] and check["max_abs_diff"] <= engine.sync_config.check_tolerance, check
+    assert perturbed.policy_version == v0 + 1 and perturbed.logprobs != before.logprobs
+    assert httpx.get(f"{url}/weight_info", timeout=30).json() == {"weight_version": str(v0 + 1)}
+    assert sorted(p.name for p in engine._sync_root.iterdir()) == [f"v{v0 + 1:06d}"]
+
+    from tests.inference.test_weight_sync import corrupt_one_tensor
+
+    engine.sync_hooks.append(corrupt_one_tensor)
+    with pytest.raises(WeightSyncError) as err:
+        run(engine.update_weights(_perturbed_state(base, seed=2), v0 + 2))
+    engine.sync_hooks.clear()
+    msg = str(err.value)
+    assert f"weight sync to version {v0 + 2} refused" in msg and f"serves version {v0 + 1} again" in msg
+    assert float(msg.split("by up to ")[1].split(" ")[0]) > engine.sync_config.check_tolerance
+    assert engine.policy_version == v0 + 1
+    still = _greedy(engine, prompt)
+    assert (still.token_ids, still.logprobs, still.policy_version) == (perturbed.token_ids, perturbed.logprobs, v0 + 1)
+    assert httpx.get(f"{url}/weight_info", timeout=30).json() == {"weight_version": str(v0 + 1)}
+
+    run(engine.update_weights(base, v0 + 3))
+    restored = _greedy(engine, prompt)
+    assert (restored.token_ids, restored.logprobs) == (before.token_ids, before.logprobs)  # exactly
+    assert restored.policy_version == v0 + 3
+
+
+def test_grpo_with_vllm_syncs_each_step_and_records_carry_the_new_versions(launched_vllm, vllm_model_folder, tmp_path):
+    """A short GRPO run (SFT warm-up, 2 steps) whose sessions run on the launched vLLM: the learner is built
+    from the served folder, every update is synced into the replica and checked, and each step's records
+    carry the version that generated them; the logprob gap is in every step's metrics."""
+    import json
+    import sys
+
+    from polar.config import load_config
+    from polar.config.sync import WeightSyncConfig
+    from polar.trainers.agent import train_agentic
+    from polar.trainers.run_dir import RunDir
+
+    here = Path(__file__).parent
+    sys.path.insert(0, str(here))  # vllm_agents: the harness and verifier
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"Name a number ({i})."}) + "\n"
+                                                  for i in range(2)))
+    (tmp_path / "demos.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "Name a number."},
+                                                                   {"role": "assistant", "content": "7"}]}) + "\n")
+    (tmp_path / "run.yaml").write_text(f"""
+name: vllm-grpo
+harness: {{type: agent, callable: "vllm_agents:one_token", timeout_s: 120}}
+tasks: {tmp_path / 'tasks.jsonl'}
+verifier: {{type: "vllm_agents:token_reward"}}
+model: {{name_or_path: {vllm_model_folder}}}
+sessions: {{max_run_workers: 8}}
+sft_warmup: {{demonstrations: {tmp_path / 'demos.jsonl'}, kwargs: {{learning_rate: 1.0e-5, epochs: 1, max_steps: 1, batch_size: 1}}}}
+policy:
+  type: grpo
+  kwargs: {{group_size: 4, tasks_per_step: 2, total_steps: 2, learning_rate: 1.0e-5, micro_batch_size: 8,
+           max_off_policy_steps: 0, eval_samples: 1, kl_coef: 0.0}}
+logging: {{checkpoint_freq: 0, tensorboard: false}}
+""")
+    cfg = load_config(tmp_path / "run.yaml")
+    cfg._config_dir = here
+    # an engine of its own over the shared replica (the run's gateway closes its engine at the end)
+    engine = UpstreamEngine(UpstreamConfig(kind="vllm", urls=launched_vllm.fleet.urls, tokenizer=str(vllm_model_folder),
+                                           served_model=launched_vllm.served_model,
+                                           context_length=launched_vllm.context_length),
+                            tokenizer=launched_vllm.tokenizer)
+    engine.served_folder = launched_vllm.served_folder  # the untied copy the replica was launched from
+    run_dir = RunDir.create("vllm-grpo", tmp_path / "run")
+    try:
+        summary = train_agentic(cfg, run_dir, engine=engine)
+    finally:  # the shared replica serves the base weights again for the tests after this one
+        launched_vllm.configure_sync(WeightSyncConfig(), tmp_path / "restore")
+        run(launched_vllm.update_weights(_base_state(vllm_model_folder), 1000))
+    assert summary["grpo"]["steps"] == 2 and summary["sft"]["steps"] == 1
+    rows = [json.loads(line) for line in run_dir.metrics_path.read_text().splitlines()]
+    steps = [r for r in rows if "logprob_gap_mean" in r]
+    assert steps and all(abs(r["logprob_gap_mean"]) < 0.5 for r in steps)  # bf16 replica, fp32 learner
+    versions = {}
+    for path in (run_dir.path / "gateway" / "sessions").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            assert rec["metadata"]["logprob_mode"] == "raw_logprobs"
+            versions[rec["policy_version"]] = versions.get(rec["policy_version"], 0) + 1
+    # the SFT sync made version 1 (step 1's sessions), step 1's update version 2 (step 2's sessions)
+    assert {1, 2} <= set(versions), versions
+    assert sorted((run_dir.path / "gateway" / "weight_sync").iterdir())[-1].name.startswith("v")
+
+
 def test_killed_replica_is_restarted_and_calls_in_flight_are_served(launched_vllm):
     """SIGKILL the shared replica's API server: calls made while it is down wait for the restart and are
     answered; the replica comes back on the same URL with a new process, and the old group is gone."""
@@ -239,12 +378,22 @@ def test_killed_replica_is_restarted_and_calls_in_flight_are_served(launched_vll
         return await collect(launched_vllm.generate(GenerationRequest(prompt, max_tokens=4, temperature=0.0,
                                                                       stream=False)))
 
+    # synced weights first: the restarted replica comes up with the base ones and must get these back
+    from polar.config.sync import WeightSyncConfig
+
+    launched_vllm.configure_sync(WeightSyncConfig(), replica.log_path.parent / "restart-sync")
+    base = _base_state(Path(launched_vllm.model_folder))
+    version = launched_vllm.policy_version + 1
+    run(launched_vllm.update_weights(_perturbed_state(base, seed=5), version))
     before = run(call())
     os.kill(old.pid, signal.SIGKILL)  # the API server alone: polar must clear what is left of its group
     old.wait(30)
     t0 = time.monotonic()
     after = run(call())  # sent while the replica is dead: waits for the restart, then served
-    assert after.token_ids == before.token_ids and after.finish_reason == before.finish_reason
+    # served by the synced weights, not the base ones it restarted with, and with their version
+    assert (after.token_ids, after.logprobs) == (before.token_ids, before.logprobs)
+    assert after.finish_reason == before.finish_reason and after.policy_version == version
+    assert httpx.get(f"{replica.url}/weight_info", timeout=30).json() == {"weight_version": str(version)}
     assert replica.proc is not old and replica.proc.poll() is None and replica.starts == 2
     assert run(launched_vllm.health())["launched"][0]["restarts"] == 1
     assert wait_group_gone(old.pid, 30) == []

@@ -123,9 +123,9 @@ def test_a_tensor_corrupted_in_transit_is_refused_and_the_old_weights_serve_with
             run(up.update_weights(perturbed(tiny_folder, seed=2), 2))
         msg = str(err.value)
         assert "weight sync to version 2 refused" in msg and "does not serve the learner's weights" in msg
-        assert "gateway.sync.check_tolerance=0.2" in msg and "every replica serves version 1 again" in msg
+        assert "gateway.sync.check_tolerance=0.3" in msg and "every replica serves version 1 again" in msg
         diff = float(msg.split("by up to ")[1].split(" ")[0])
-        assert diff > 0.2
+        assert diff > 0.3
         # the old weights serve again, with their version; the refused folder is gone
         assert up.policy_version == 1
         again = greedy(up, prompt)
