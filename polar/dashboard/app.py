@@ -34,6 +34,18 @@ RUNS_EVERY_S = 1.0  # how often the runs list (statuses) is sent when it changed
 MAX_CURVE_POINTS = 5000
 
 
+class FastJSON(JSONResponse):
+    """JSON through orjson: a page of curves is thousands of floats."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            import orjson
+
+            return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        except (ImportError, TypeError):
+            return super().render(content)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -147,7 +159,7 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
         await asyncio.to_thread(run.metrics.update_all)
         curves = await asyncio.to_thread(lambda: {k: run.metrics.curve(k, n) for k in keys})
         m = run.metrics
-        return JSONResponse({"run": run.id, "curves": curves, "rows": m.rows, "skipped": m.skipped,
+        return FastJSON({"run": run.id, "curves": curves, "rows": m.rows, "skipped": m.skipped,
                              "skipped_examples": m.skipped_examples,
                              "missing": [k for k in keys if k not in m.series]})
 

@@ -89,16 +89,21 @@ async function refreshCurves() {
   $("#all-keys").innerHTML = "";
   for (const k of all) $("#all-keys").append(el("option", { value: k }));
   for (const k of defaultCharts(all)) if (!S.charts.includes(k) && !S.removed.has(k)) S.charts.push(k);
-  const wanted = [...new Set([...S.charts, ...all.filter(isResource), ...EVENT_KEYS.filter((k) => all.includes(k))])];
-  await Promise.all(runs.map(async (rid) => {
-    const keys = wanted.filter((k) => (S.keys[rid] || []).includes(k));
-    if (!keys.length) { S.series[rid] = {}; return; }
-    try {
-      const body = await api("/api/curves?" + q({ run: rid, keys: keys.join(","), n: N_POINTS }));
-      S.series[rid] = body.curves;
-    } catch (e) { note(`${rid}: ${e.message}`); }
-  }));
-  drawAll();
+  // the charts in view first (the first paint), then the resources and event counters
+  const first = S.tab === "resources" ? all.filter(isResource) : S.charts;
+  const rest = [...all.filter(isResource), ...EVENT_KEYS.filter((k) => all.includes(k))].filter((k) => !first.includes(k));
+  for (const part of [first, rest]) {
+    await Promise.all(runs.map(async (rid) => {
+      const keys = part.filter((k) => (S.keys[rid] || []).includes(k));
+      S.series[rid] = S.series[rid] || {};
+      if (!keys.length) return;
+      try {
+        const body = await api("/api/curves?" + q({ run: rid, keys: keys.join(","), n: N_POINTS }));
+        Object.assign(S.series[rid], body.curves);
+      } catch (e) { note(`${rid}: ${e.message}`); }
+    }));
+    drawAll();
+  }
 }
 function drawAll() {
   renderChartGrid($("#charts"), S.charts, true);
