@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from polar.config.harness import CustomHarnessConfig, GymnasiumHarnessConfig
 from polar.errors import PolarError, ProtocolError
 
 SUPPORTED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict)
@@ -257,7 +258,7 @@ def check_harness(harness_cfg: Any, config_dir: Path | None = None, steps: int =
     """Build a ``gymnasium`` or ``custom`` harness from its config and check it."""
     from polar.harness import make_env
 
-    target = getattr(harness_cfg, "id", None) or _spec_name(harness_cfg)
+    target = harness_cfg.id if isinstance(harness_cfg, GymnasiumHarnessConfig) else _spec_name(harness_cfg)
     try:
         env = make_env(harness_cfg, config_dir=config_dir)
     except PolarError as e:
@@ -270,7 +271,7 @@ def check_harness(harness_cfg: Any, config_dir: Path | None = None, steps: int =
 
 
 def _spec_name(cfg: Any) -> str:
-    spec = getattr(cfg, "connector_spec", None)
-    if spec is None:
-        return str(getattr(cfg, "type", "harness"))
-    return f"{spec.module}:{spec.class_name}" if spec.module else " ".join(spec.command)
+    if not isinstance(cfg, CustomHarnessConfig):
+        return str(cfg.type)
+    spec = cfg.connector_spec
+    return f"{spec.module}:{spec.class_name}" if spec.module else " ".join(spec.command or [])

@@ -9,23 +9,29 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from polar.agents import check_act_output, map_state, reset_state
+from polar.config.appo import APPOKwargs
 from polar.config.policy import OFF_POLICY
+from polar.config.ppo import PPOKwargs
+from polar.config.run import EnvRunConfig
 from polar.errors import AgentError
 from polar.types import Fragment
 
 
-def runner_options(cfg) -> dict:
-    """``EnvRunner`` keyword arguments for a run config (what its algorithm needs from collection)."""
+def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
+    """``EnvRunner`` keyword arguments for a run config (what its algorithm needs from collection): PPO and
+    APPO normalize observations and rewards while collecting when asked; DQN and SAC keep ``next_obs``."""
     kw = cfg.policy.kwargs
-    return {"gamma": float(getattr(kw, "gamma", 0.99)),
-            "normalize_obs": bool(getattr(kw, "normalize_obs", False)),
-            "normalize_reward": bool(getattr(kw, "normalize_reward", False)),
+    normalize_obs = normalize_reward = False
+    if isinstance(kw, (PPOKwargs, APPOKwargs)):
+        normalize_obs, normalize_reward = kw.normalize_obs, kw.normalize_reward
+    return {"gamma": float(kw.gamma), "normalize_obs": normalize_obs, "normalize_reward": normalize_reward,
             "keep_next_obs": cfg.policy.type in OFF_POLICY}
 
 

@@ -55,7 +55,7 @@ class RayBackend:
         self.dist = dist
         self.fragment_steps = fragment_steps
         self.seed = seed
-        self.config_dir = config_dir if config_dir is not None else getattr(cfg, "config_dir", None)
+        self.config_dir = config_dir if config_dir is not None else cfg.config_dir
         self.envs_per_worker = dist.envs_per_runner
         self.num_workers = rollout_workers or dist.rollout_workers
         self.num_envs = self.num_workers * self.envs_per_worker
