@@ -103,7 +103,11 @@ def main() -> None:
             for side in ("before", "after") if rep % 2 == 0 else ("after", "before"):
                 _use(trees[side])
                 t = time.time()
-                res = BENCHES[name](trees[side], rep)
+                try:
+                    res = BENCHES[name](trees[side], rep)
+                except Exception as e:  # one failed trial is reported, the rest still run
+                    print(f"rep {rep} {name} {side} FAILED: {str(e)[-1500:]}", file=sys.stderr, flush=True)
+                    continue
                 loads.append(os.getloadavg()[0])
                 print(f"rep {rep} {name:10s} {side:6s} ({time.time() - t:.0f} s, load {loads[-1]:.1f}): "
                       + ", ".join(f"{k} {v:.4g}" for k, v in res.items() if v is not None), file=sys.stderr, flush=True)
@@ -117,6 +121,8 @@ def main() -> None:
     print(f"{'metric':26s}{'before':>12s}{'after':>12s}{'after/before':>14s}  better")
     for k, before in rows["before"].items():
         b = statistics.median(x for x in before if x is not None)
+        if not rows["after"].get(k):
+            continue
         a = statistics.median(x for x in rows["after"][k] if x is not None)
         better = "higher" if any(s in k for s in HIGHER_IS_BETTER) else "lower"
         print(f"{k:26s}{b:>12.4g}{a:>12.4g}{a / b if b else float('nan'):>14.3f}  {better}")

@@ -70,13 +70,13 @@ connector = {"module": "_defaults_recorder", "class_name": "RecordingKeyDoor",
 t_train = time.time()
 if side == "polar":
     import tempfile
-    from polar.config import RunConfig
+    from polar.config import RunConfig, validate
     from polar.trainers.on_policy import OnPolicyTrainer
     from polar.trainers.run_dir import RunDir
     harness = ({"type": "custom", "connector_spec": connector} if keydoor else
                {"type": "gymnasium", "id": f"_defaults_recorder:defaults_rec/{env_name}",
                 "kwargs": {**env_kwargs, "record_dir": record_dir}})
-    cfg = RunConfig.model_validate({
+    cfg = validate(RunConfig, {
         "harness": harness, "policy": {"type": "ppo", "kwargs": polar_kwargs},
         "distribution": {"envs_per_worker": n_envs}, "total_env_steps": budget, "seed": seed,
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False}})

@@ -99,11 +99,11 @@ if which == "raw":
     for i in range(steps): env.step(acts[i])
     dt = time.perf_counter() - t
 elif which == "polar":
-    from polar.config import RunConfig
+    from polar.config import RunConfig, validate
     from polar.harness import make_vector_env
     from polar.models import build_policy
     from polar.rollout.runner import EnvRunner
-    cfg = RunConfig.model_validate({"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
+    cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
     env = make_vector_env(cfg.harness, n, seed=0)
     runner = EnvRunner(env, build_policy(cfg, env.single_observation_space, env.single_action_space), seed=0)
     runner.collect(200)

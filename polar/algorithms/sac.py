@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,20 +18,19 @@ from torch import nn
 
 from polar.algorithms.optim import Adam, polyak_update_tensors
 from polar.algorithms.ppo import schedule_value
-from polar.models.off_policy import QCritic
 
 
 class SACLearner:
     """Owns the critics, their targets, the temperature and the three optimizers."""
 
-    def __init__(self, agent, kwargs, observation_space, action_space, network: tuple[list[int], str, list[int]],
+    def __init__(self, agent, kwargs, make_critic: Callable[[], nn.Module], action_space,
                  total_env_steps: int) -> None:
+        """``make_critic()`` builds one Q(s, a) network (the trainer passes ``polar.models.off_policy.QCritic``
+        for the run's spaces and network settings): the learner owns two of them and their targets."""
         self.agent = agent
         self.kw = kwargs
         self.total_env_steps = max(1, int(total_env_steps))
-        hidden, activation, channels = network
-        self.critics = nn.ModuleList([QCritic(observation_space, action_space, hidden, activation, channels)
-                                      for _ in range(2)])
+        self.critics = nn.ModuleList([make_critic() for _ in range(2)])
         self.critic_target = copy.deepcopy(self.critics)  # before the optimizers re-point parameters
         self.critic_target.requires_grad_(False)
         self._critic_params = list(self.critics.parameters())

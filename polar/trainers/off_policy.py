@@ -25,7 +25,7 @@ from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.policy import OFF_POLICY
 from polar.errors import CheckpointError
-from polar.models.off_policy import network_settings
+from polar.models.off_policy import QCritic, network_settings
 from polar.trainers.env import EnvTrainer
 from polar.trainers.loop import Metrics
 from polar.types import Batch, Fragment
@@ -65,7 +65,8 @@ class OffPolicyTrainer(EnvTrainer):
         if cfg.policy.type == "dqn":
             learner = DQNLearner(agent, self.kw, cfg.total_env_steps)
         else:
-            learner = SACLearner(agent, self.kw, space, self.backend.action_space, network_settings(cfg),
+            action_space, network = self.backend.action_space, network_settings(cfg)
+            learner = SACLearner(agent, self.kw, lambda: QCritic(space, action_space, *network), action_space,
                                  cfg.total_env_steps)
         self.nstep = NStepTransitions(self.kw.n_steps, self.kw.gamma) if self.kw.n_steps > 1 else None
         learner.set_exploration(0)

@@ -18,7 +18,7 @@ from polar.config.base import validate
 from polar.config.run import RunConfig
 from polar.config.sac import SACKwargs
 from polar.errors import ConfigError
-from polar.models.off_policy import SquashedGaussianAgent
+from polar.models.off_policy import QCritic, SquashedGaussianAgent
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 ACTION_SPACE = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([3.0, 2.0], np.float32), dtype=np.float32)
@@ -33,7 +33,8 @@ def make_agent(seed: int = 0) -> SquashedGaussianAgent:
 
 def make_learner(agent, **kw) -> SACLearner:
     base = {"batch_size": 32, "learning_rate": 1e-3, "learning_starts": 0, "gamma": 0.9}
-    return SACLearner(agent, SACKwargs(**{**base, **kw}), OBS_SPACE, ACTION_SPACE, NETWORK, total_env_steps=1000)
+    return SACLearner(agent, SACKwargs(**{**base, **kw}), lambda: QCritic(OBS_SPACE, ACTION_SPACE, *NETWORK), ACTION_SPACE,
+                      total_env_steps=1000)
 
 
 class RecordingReplay(ReplayBuffer):
