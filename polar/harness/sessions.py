@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.config.agentic import VerifierConfig
-from polar.config.llm_agent import is_agent_run
+from polar.config.llm_agent import LLMAgentConfig, is_agent_run
 from polar.errors import ConfigError
 from polar.harness.agent.build import build_runner
 from polar.harness.agent.runners import HarnessRunner
@@ -19,7 +19,7 @@ __all__ = ["agent_timeout_s", "load_run_tasks", "session_runner", "session_verif
 
 
 def _llm_agent(cfg: Any) -> bool:
-    return getattr(cfg.agent, "type", None) == "llm" and cfg.harness.type != "agent"
+    return isinstance(cfg.agent, LLMAgentConfig) and cfg.harness.type != "agent"
 
 
 def session_runner(cfg: Any) -> HarnessRunner:
