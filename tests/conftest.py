@@ -9,6 +9,27 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# ---- one small two-node Ray cluster per test session (2 logical CPUs per node, no dashboard) -------------
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Shared by every test that names it (tests/distributed, tests/trainers, tests/rollout)."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    node_args = {"num_cpus": 2, "object_store_memory": 150 * 1024**2}
+    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+    cluster.add_node(**node_args)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", include_dashboard=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 # ---- a real vLLM CPU server, launched once per test session through polar's own launcher ----------------
 @pytest.fixture(scope="session")
 def vllm_model_folder():

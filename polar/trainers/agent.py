@@ -149,8 +149,7 @@ class AgentTrainer(TrainingLoop):
         self.run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
         self.eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
         tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.policy.type == "grpo" else []
-        self.stack = build_stack(cfg, self.run_dir.path, self.engine)
-        self.stack.__enter__()
+        self.stack = build_stack(cfg, self.run_dir.path, self.engine).__enter__()  # stopped by train()
         try:
             self.policy = LLMPolicy.from_engine(self.stack.engine, kw.lora, **policy_options(cfg))
             self.version = int(self.stack.engine.policy_version)
@@ -172,6 +171,7 @@ class AgentTrainer(TrainingLoop):
             self.collector.start(self.weights(), self.version)
         except BaseException:
             self.stack.__exit__(None, None, None)
+            self.stack = None
             raise
         self._t_loop = time.monotonic()
 
@@ -270,6 +270,7 @@ class AgentTrainer(TrainingLoop):
         finally:
             if self.stack is not None:
                 self.stack.__exit__(None, None, None)
+                self.stack = None
         summary = {**result, **self.summary}
         if self.cfg.policy.type == "grpo":
             summary["grpo"] = {"steps": self.iteration, "time_s": round(time.monotonic() - self._t_loop, 1)}

@@ -28,7 +28,6 @@ from polar.rollout.worker import META_FIELDS, fragment_arrays, fragment_from_arr
 from polar.trainers.checkpoint import load_checkpoint
 from polar.trainers.off_policy import OffPolicyTrainer
 from polar.trainers.run_dir import RunDir
-from tests.distributed.conftest import ray_cluster  # noqa: F401  (the shared local Ray cluster fixture)
 
 TERMINATE_AT, TIME_LIMIT = 3, 5
 
@@ -455,7 +454,7 @@ def test_recurrent_and_custom_agents_are_config_errors_for_dqn(agent, tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_dqn_on_ray_fills_the_replay_from_both_rollout_actors(ray_cluster, tmp_path):  # noqa: F811
+def test_dqn_on_ray_fills_the_replay_from_both_rollout_actors(ray_cluster, tmp_path):
     dist = {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_resources": {"num_cpus": 0.5}}
     cfg = off_policy_cfg("dqn", total=2000, workers=2, dist=dist)
     result, trainer = train(cfg, tmp_path / "run", cls=RecordingTrainer)
@@ -468,7 +467,7 @@ def test_dqn_on_ray_fills_the_replay_from_both_rollout_actors(ray_cluster, tmp_p
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_dqn_through_the_ray_learner_actor_checkpoints_its_replay(ray_cluster, tmp_path):  # noqa: F811
+def test_dqn_through_the_ray_learner_actor_checkpoints_its_replay(ray_cluster, tmp_path):
     """What ``polar run`` does with ``backend: ray``: the trainer in a learner actor, rollout actors feeding it."""
     from polar.trainers.build import build_trainer
 
