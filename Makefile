@@ -60,6 +60,7 @@ bench: setup
 # style; the import layers (pyproject [tool.importlinter], docs/DEVELOPING.md "The map"); types ([tool.mypy])
 lint: setup
 	$(VENV)/bin/ruff check polar tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
 clean:
