@@ -52,7 +52,8 @@ def source_fingerprint(fn: Callable) -> str:
     Stable across Python versions and reformatting-insensitive only where tokens do not change."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
-        lines, line = [], []
+        lines: list[str] = []
+        line: list[tuple[int, str]] = []
         for tok in tokenize.generate_tokens(io.StringIO(src).readline):
             if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER):
                 continue

@@ -73,7 +73,7 @@ class SACLearner:
         for _ in range(gradient_steps):
             batch = replay.sample(kw.batch_size)
             actions_pi, log_pi = agent.sample(batch.obs)
-            if self.log_ent_coef is not None:
+            if self.log_ent_coef is not None and self.ent_coef_optimizer is not None:
                 ent_coef = self.log_ent_coef.detach().exp()
                 ent_loss = -(self.log_ent_coef * (log_pi + self.target_entropy).detach()).mean()
                 self._step(self.ent_coef_optimizer, ent_loss)
@@ -126,7 +126,7 @@ class SACLearner:
         self.critic_target.load_state_dict(state["critic_target"])
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        if self.log_ent_coef is not None and state.get("log_ent_coef") is not None:
+        if self.log_ent_coef is not None and self.ent_coef_optimizer is not None and state.get("log_ent_coef") is not None:
             with torch.no_grad():
                 self.log_ent_coef.copy_(state["log_ent_coef"])
             self.ent_coef_optimizer.load_state_dict(state["ent_coef_optimizer"])

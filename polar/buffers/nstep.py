@@ -76,6 +76,7 @@ class NStepTransitions:
         steps = np.zeros((ready, N), np.float32)
         last = t0.copy()
         open_ = np.ones((ready, N), bool)
+        t: np.ndarray
         for k in range(self.n):  # t0 + k < T for every window: only the first T - (n - 1) steps are ready
             t = t0 + k
             rewards += np.where(open_, (self.gamma ** k) * s["rewards"][t, env], 0.0).astype(np.float32)

@@ -61,6 +61,7 @@ class RolloutBuffer:
         self.episode_starts = _cat([f.episode_starts for f in fragments], 1)
         self.trunc_values = _cat([f.trunc_values for f in fragments], 1)
         self.last_values = _cat([f.last_values for f in fragments], 0)
+        self.initial_state: Any = None  # a tensor or a tuple of them (LSTM: h, c), or None
         if f0.initial_state is not None:
             def cat_state(*parts):
                 return torch.from_numpy(np.concatenate(parts, 0))
@@ -69,8 +70,6 @@ class RolloutBuffer:
                 self.initial_state = tuple(cat_state(*[s[i] for s in states]) for i in range(len(states[0])))
             else:
                 self.initial_state = cat_state(*states)
-        else:
-            self.initial_state = None
         self.num_steps, self.num_envs = self.rewards.shape
         self.advantages: torch.Tensor | None = None  # [T, N], set by the learner before minibatches
         self.returns: torch.Tensor | None = None
@@ -106,6 +105,7 @@ class RolloutBuffer:
     def sequence_minibatches(self, num_columns: int):
         """Minibatches of whole env columns ``[T, B]`` with their initial state, for recurrent replay."""
         self._require_targets()
+        assert self.advantages is not None and self.returns is not None
         perm = torch.randperm(self.num_envs)
         for start in range(0, self.num_envs, num_columns):
             idx = perm[start:start + num_columns]
