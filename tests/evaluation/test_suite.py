@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -163,13 +164,20 @@ def test_keydoor_numbers_match_a_direct_evaluation_through_the_connector(suite_r
     assert _row(report, "keydoor", "key-ens")["n"] == len(KEY_SEEDS)
 
 
+def _sampled(records_dir: Path) -> list[tuple[int, ...]]:
+    """Every call's sampled token ids in a gateway records folder, sorted (sessions run concurrently)."""
+    calls = [json.loads(line) for f in records_dir.glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    assert calls
+    return sorted(tuple(c["sampled_ids"]) for c in calls)
+
+
 def test_calculator_numbers_match_a_direct_evaluation(suite_run):
     from polar.evaluation.agents import GreedyEngine
     from polar.inference import load_engine
     from polar.trainers.agentic_run import evaluate_agent_run
     from polar.trainers.loading import load_run
 
-    _root, report, _, _, calc = suite_run
+    root, report, _, _, calc = suite_run
     run_dir, cfg = load_run(calc)
     for name, ckpt in (("calc-1", "ckpt_00000001.pt"), ("calc-2", "ckpt_00000002.pt")):
         engine = GreedyEngine(load_engine("tiny", seed=cfg.seed))
@@ -181,6 +189,8 @@ def test_calculator_numbers_match_a_direct_evaluation(suite_run):
         assert all(e["num_calls"] >= 1 and e["completion_tokens"] >= 1 for e in row["episodes"])
         assert row["metrics"]["tokens_per_session"]["mean"] > row["metrics"]["calls_per_session"]["mean"]
         assert row["metrics"]["cost_per_session_usd"]["mean"] == 0.0  # a local model, no prices given
+        # greedy decoding: the suite's sessions sampled exactly the tokens the direct evaluation's did
+        assert _sampled(root / "report" / "sessions" / f"calculator--{name}") == _sampled(Path(direct["records"]))
     base, ens = _row(report, "calculator", "tiny-base"), _row(report, "calculator", "calc-ens")
     # the base model and checkpoint 1 hold the same weights and decode greedily: the same sessions
     c1 = _row(report, "calculator", "calc-1")
