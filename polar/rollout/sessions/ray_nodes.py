@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ class GatewayNodeActor:
 
     def __init__(self, node_id: str, service_url: str, engine_factory: Callable[[], Any],
                  gateway_cfg: dict[str, Any] | None = None, capacity: int = 0, heartbeat_interval_s: float = 2.0,
-                 loopback: bool = True) -> None:
+                 loopback: bool = True, weights: tuple[Any, int] | None = None) -> None:
         import ray
 
         from polar.config.gateway import GatewayConfig
@@ -42,6 +43,11 @@ class GatewayNodeActor:
         host = "127.0.0.1" if loopback else "0.0.0.0"
         cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host})
         self.server = GatewayServer(cfg, engine_factory()).start()
+        if weights is not None:  # a replacement node: the run's current weights before it registers
+            state, version = weights
+            if isinstance(state, ray.ObjectRef):  # refs nested in an argument are not resolved by Ray
+                state = ray.get(state)
+            self.server.update_weights(state, int(version))
         ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
         self.url = f"http://{ip}:{self.server.port}"
         self._stop = asyncio.Event()
@@ -58,6 +64,13 @@ class GatewayNodeActor:
 
     def report(self) -> dict[str, Any]:
         return {"node": self.node_id}
+
+    def update_weights(self, state_dict: Any, version: int) -> dict[str, Any]:
+        """Through this node's gateway drain (pause, in-flight calls, swap, resume, new version)."""
+        return self.server.update_weights(state_dict, int(version))
+
+    def policy_version(self) -> int:
+        return int(self.server.engine.policy_version)
 
     def ready(self) -> dict[str, Any]:
         import ray
@@ -87,14 +100,46 @@ class RayGatewayNodes:
         self._ids = itertools.count()
         self.actors: dict[str, Any] = {}
         self.restarts = 0
+        self.weights: tuple[Any, int] | None = None  # (object ref of the state dict, version) of the last sync
         for _ in range(num_nodes):
             self._spawn()
+        self.start_timeout_s = start_timeout_s
+        self._starting: dict[str, tuple[Any, float]] = {}  # replacements not yet ready: (ready ref, spawn time)
         wait_ready([a.ready.remote() for a in self.actors.values()], start_timeout_s, "gateway node actors")
 
     def _spawn(self) -> str:
         node_id = f"ray-gateway-{next(self._ids)}"
-        self.actors[node_id] = self._cls.remote(node_id, *self._args)
+        self.actors[node_id] = self._cls.remote(node_id, *self._args, weights=self.weights)
         return node_id
+
+    def _still_starting(self, node_id: str) -> bool:
+        """A replacement still building its engine (and taking the weights) within ``start_timeout_s``."""
+        entry = self._starting.get(node_id)
+        if entry is None:
+            return False
+        ref, since = entry
+        done, _ = self._ray.wait([ref], timeout=0)
+        if done:
+            self._starting.pop(node_id)
+            return False  # ready, or failed: the usual probe below tells which
+        return time.monotonic() - since < self.start_timeout_s
+
+    def update_weights(self, state_dict: Any, version: int, timeout_s: float = 900.0) -> list[str]:
+        """Sync every node (each through its own drain); the state dict goes to the object store once.
+        Replacements started later get these weights before they register. Returns the nodes that died
+        during the sync (replaced by :meth:`check`); any other failure raises."""
+        ref = self._ray.put(dict(state_dict))
+        self.weights = (ref, int(version))
+        calls = {node_id: actor.update_weights.remote(ref, int(version)) for node_id, actor in self.actors.items()}
+        lost = []
+        for node_id, call in calls.items():
+            try:
+                self._ray.get(call, timeout=timeout_s)
+            except self._ray.exceptions.RayActorError:
+                lost.append(node_id)  # its sessions move to the others; check() replaces it with these weights
+        if len(lost) == len(calls):
+            raise RuntimeError(f"every gateway node died during the weight sync to version {version}: {lost}")
+        return lost
 
     def describe(self) -> list[dict[str, Any]]:
         return self._ray.get([a.ready.remote() for a in self.actors.values()], timeout=60)
@@ -103,6 +148,8 @@ class RayGatewayNodes:
         """Replace node actors that died (deregistering them first); returns the ids of the replacements."""
         new = []
         for node_id, actor in list(self.actors.items()):
+            if self._still_starting(node_id):
+                continue
             try:
                 self._ray.get(actor.ready.remote(), timeout=30)
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
@@ -112,7 +159,9 @@ class RayGatewayNodes:
                 with contextlib.suppress(Exception):  # a hung actor must not keep its resources
                     self._ray.kill(actor, no_restart=True)
                 self.restarts += 1
-                new.append(self._spawn())
+                replacement = self._spawn()
+                self._starting[replacement] = (self.actors[replacement].ready.remote(), time.monotonic())
+                new.append(replacement)
         return new
 
     def _deregister(self, node_id: str) -> None:
@@ -134,3 +183,107 @@ class RayGatewayNodes:
                 pass
             self._ray.kill(actor, no_restart=True)
         self.actors.clear()
+
+
+class RaySessionStack:
+    """The rollout stack of an agent run with ``distribution.backend: ray``, with :class:`LocalStack`'s
+    interface (``start``/``stop``, ``run_groups``, ``update_weights``, ``engine``), so the session Collector
+    uses either: the rollout service runs here; ``num_nodes`` gateway nodes, each with its own engine built by
+    ``engine_factory`` inside its actor, run as Ray actors with ``gateway_resources`` (``SPREAD`` over the
+    cluster's nodes); new sessions go to the least-loaded node. A watchdog thread replaces dead node actors
+    every ``check_interval_s`` (deregistering them, so their sessions move to a survivor at once), and a
+    replacement gets the current weights before it registers. ``engine`` is a local engine of the same model
+    that serves nothing: the learner is built from it."""
+
+    def __init__(self, engine: Any, engine_factory: Callable[[], Any], runner: Any, verifier: Any, settings: Any,
+                 num_nodes: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 gateway_cfg: dict[str, Any] | None = None, heartbeat_timeout_s: float = 30.0,
+                 check_interval_s: float = 5.0, start_timeout_s: float = 300.0) -> None:
+        from polar.rollout.sessions.local import RolloutServer
+
+        self.engine = engine
+        settings.model_name = engine.model_name
+        self.rollout = RolloutServer(runner, verifier, settings, heartbeat_timeout_s=heartbeat_timeout_s)
+        self._node_args: dict[str, Any] = dict(num_nodes=num_nodes, engine_factory=engine_factory, num_cpus=num_cpus,
+                               num_gpus=num_gpus, start_timeout_s=start_timeout_s,
+                               heartbeat_interval_s=max(0.2, min(2.0, heartbeat_timeout_s / 4)),
+                               gateway_cfg={"accept_any_model": True, **(gateway_cfg or {})})
+        self.nodes: RayGatewayNodes | None = None
+        self.check_interval_s = check_interval_s
+        self._lock = threading.Lock()  # the watchdog's check() and a sync never touch the actors at once
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def start(self) -> RaySessionStack:
+        self.rollout.start()
+        try:
+            self.nodes = RayGatewayNodes(service_url=self.rollout.url, **self._node_args)
+        except BaseException:
+            self.rollout.stop()
+            raise
+        self._watchdog = threading.Thread(target=self._watch, name="polar-gateway-watchdog", daemon=True)
+        self._watchdog.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.check_interval_s):
+            try:
+                with self._lock:
+                    assert self.nodes is not None
+                    replaced = self.nodes.check()
+                if replaced:
+                    log.warning("gateway node(s) replaced: %s", ", ".join(replaced))
+            except Exception:
+                log.exception("gateway node check failed")
+
+    def run_groups(self, groups: list[tuple[dict[str, Any], int, dict[str, Any]]], timeout_s: float | None = None):
+        return self.rollout.run_groups(groups, timeout_s)
+
+    def update_weights(self, state_dict: Any, version: int) -> dict[str, Any]:
+        assert self.nodes is not None, "start() first"
+        with self._lock:
+            lost = self.nodes.update_weights(state_dict, version)
+        self.engine.policy_version = int(version)
+        return {"policy_version": int(version), "nodes": len(self.nodes.actors), "lost_during_sync": lost}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(30)
+        if self.nodes is not None:
+            self.nodes.close()
+        self.rollout.stop()
+
+    def __enter__(self) -> RaySessionStack:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# distribution keys an agent run honours with each backend (the rest must stay at their defaults)
+_AGENT_KEYS = {
+    "local": {"backend", "num_gpus"},
+    "ray": {"backend", "num_gpus", "rollout_workers", "gateway_resources", "coordinator_address", "connect_timeout_s"},
+}
+
+
+def agent_distribution_problems(distribution: Any, learner_actor: bool = False) -> list[str]:
+    """The ``distribution`` keys set away from their defaults that an agent run cannot honour, each as a
+    one-line reason naming ``distribution.<key>`` (empty: all honoured). With ``backend: ray``,
+    ``rollout_workers`` is the number of gateway nodes (each with its engine; 0 means 1), and
+    ``learner_resources`` counts only when the caller places the learner as an actor (``learner_actor``)."""
+    defaults = type(distribution)()
+    honoured = set(_AGENT_KEYS.get(distribution.backend, ()))
+    if learner_actor and distribution.backend == "ray":
+        honoured |= {"learner_resources", "max_learner_restarts"}
+    problems = []
+    for key in type(distribution).model_fields:
+        if key in honoured or getattr(distribution, key) == getattr(defaults, key):
+            continue
+        why = ("agent runs with backend: local run one in-process gateway and engine" if distribution.backend == "local"
+               else "agent runs on Ray place gateway nodes (rollout_workers, gateway_resources) and nothing else")
+        problems.append(f"distribution.{key} is set ({getattr(distribution, key)!r}) but an agent run cannot honour "
+                        f"it: {why}; remove it" + ("" if distribution.backend == "ray" else ", or set backend: ray"))
+    return problems
+
