@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ratings": "polar.cli.ratings_cmd",
     "export": "polar.cli.export_cmd",
     "serve": "polar.cli.serve_cmd",
+    "collect": "polar.cli.collect_cmd",
 }
 
 console = Console(stderr=True)

@@ -12,8 +12,10 @@ from pydantic import Field
 
 from polar.config.appo import APPOKwargs
 from polar.config.base import StrictModel
+from polar.config.bc import BCKwargs
 from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.iql import IQLKwargs
 from polar.config.ppo import PPOKwargs
 from polar.config.sac import SACKwargs
 
@@ -48,10 +50,22 @@ class SACPolicyConfig(StrictModel):
     kwargs: SACKwargs = Field(default_factory=SACKwargs)
 
 
+class BCPolicyConfig(StrictModel):
+    type: Literal["bc"] = "bc"
+    kwargs: BCKwargs
+
+
+class IQLPolicyConfig(StrictModel):
+    type: Literal["iql"] = "iql"
+    kwargs: IQLKwargs
+
+
 ON_POLICY = ("ppo", "appo")  # env harnesses, polar.trainers.on_policy
 OFF_POLICY = ("dqn", "sac")  # env harnesses, polar.trainers.off_policy (replay buffer, next_obs in fragments)
+OFFLINE = ("bc", "iql")  # env harnesses, polar.trainers.offline (a dataset, no env interaction but evaluation)
 
 PolicyConfig = Annotated[
-    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig,
+    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig
+    | BCPolicyConfig | IQLPolicyConfig,
     Field(discriminator="type"),
 ]

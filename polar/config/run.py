@@ -31,8 +31,10 @@ from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, Gymnas
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.policy import (
     APPOPolicyConfig,
+    BCPolicyConfig,
     DQNPolicyConfig,
     GRPOPolicyConfig,
+    IQLPolicyConfig,
     PPOPolicyConfig,
     SACPolicyConfig,
     SFTPolicyConfig,
@@ -70,7 +72,8 @@ class _RunBase(StrictModel):
 
 
 EnvPolicyConfig = Annotated[
-    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig, Field(discriminator="type")]
+    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig,
+    Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig, Field(discriminator="type")]
 NetworkAgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]

@@ -10,18 +10,21 @@ from polar.config.run import RunConfig
 from polar.errors import ConfigError
 from polar.trainers.env import EnvTrainer
 from polar.trainers.off_policy import OffPolicyTrainer
+from polar.trainers.offline import OfflineTrainer
 from polar.trainers.on_policy import OnPolicyTrainer
 
-ENV_TRAINERS: dict[str, type[EnvTrainer]] = {
+ENV_TRAINERS: dict[str, type[EnvTrainer] | type[OfflineTrainer]] = {
     "ppo": OnPolicyTrainer,
     "appo": OnPolicyTrainer,
     "dqn": OffPolicyTrainer,
     "sac": OffPolicyTrainer,
+    "bc": OfflineTrainer,  # from a dataset (policy.kwargs.dataset), no env interaction but evaluation
+    "iql": OfflineTrainer,
 }
 AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agent.AgentTrainer
 
 
-def trainer_class(cfg: RunConfig) -> type[EnvTrainer]:
+def trainer_class(cfg: RunConfig) -> type[EnvTrainer] | type[OfflineTrainer]:
     """The env trainer for ``cfg.policy.type`` (``OffPolicyTrainer`` for DQN/SAC, ``OnPolicyTrainer`` for PPO/APPO)."""
     cls = ENV_TRAINERS.get(cfg.policy.type)
     if cls is None:
