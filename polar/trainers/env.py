@@ -53,6 +53,9 @@ class EnvCollector:
             if self.finite.accept(frag):
                 self.connector_process_restarts += frag.connector_process_restarts
                 self.connector_copies_restarted += frag.connector_copies_restarted
+                self.collect_s_max = max(getattr(self, "collect_s_max", 0.0), frag.collect_s)
+                log.debug("fragment %s from worker %d (collected in %.3fs) received", frag.trace_id, frag.worker_id,
+                          frag.collect_s, extra={"trace_id": frag.trace_id})  # the worker's line has the same id
                 return frag
             if self.on_dropped is not None:
                 self.on_dropped(frag)
@@ -71,7 +74,10 @@ class EnvCollector:
     def metrics(self) -> Metrics:
         out: Metrics = {"nonfinite_skipped_fragments": self.finite.skipped,
                         "connector/process_restarts": self.connector_process_restarts,
-                        "connector/copies_restarted": self.connector_copies_restarted}
+                        "connector/copies_restarted": self.connector_copies_restarted,
+                        # the slowest fragment since the last row: one slow connector copy or worker shows here
+                        "rollout/fragment_collect_s_max": getattr(self, "collect_s_max", 0.0)}
+        self.collect_s_max = 0.0
         backend_metrics = getattr(self.backend, "metrics", None)
         if backend_metrics is not None:  # optional hook (ray: per-role throughput, queue depth, lag, restarts)
             out.update(backend_metrics())

@@ -24,6 +24,7 @@ def test_keydoor_run_logs_system_metrics_per_role_and_stage_timings(tmp_path):
     for stage in ("collect", "learn", "publish", "eval"):
         assert last[f"time/{stage}_s"] >= 0
     assert last["time/collect_s"] > 0 and last["time/learn_s"] > 0
+    assert 0 < last["rollout/fragment_collect_s_max"] < 600
     roles = {k.split("/")[1] for k in last if k.startswith("system/") and k.endswith("/rss_mb")}
     assert {"learner", "rollout_worker-0", "rollout_worker-1", "connector-0", "connector-1"} <= roles
     assert all(last[f"system/{r}/rss_mb"] > 1 for r in roles)
