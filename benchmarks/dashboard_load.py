@@ -114,6 +114,7 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--appends", type=int, default=30)
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive re-read (minutes at 10^6 rows)")
     ap.add_argument("--dir", default=None, help="keep the generated run here and reuse it on the next call")
     ap.add_argument("--chromium", default=os.environ.get("POLAR_CHROMIUM", "/usr/bin/chromium"))
     args = ap.parse_args()
@@ -149,9 +150,9 @@ def main() -> int:
         one = http.get("/api/session", params={"run": "big", "id": f"ses-{args.sessions // 2:08d}"}).json()
         session_s = time.perf_counter() - t
         assert one["samples"] and sum(one["samples"][0]["loss_mask"]) == 60
-        naive_s = naive_curves(run / "metrics.jsonl", KEYS[:7])
+        naive_s = float("nan") if args.no_naive else naive_curves(run / "metrics.jsonl", KEYS[:7])
 
-        first, lat = [], []
+        first, lat, marks = [], [], []
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])
             for _ in range(args.repeats):
@@ -160,6 +161,7 @@ def main() -> int:
                 page.goto(f"{srv.url}/?run=big")
                 page.wait_for_function("window.__polar.firstCurveAt !== null", timeout=120_000)
                 first.append(page.evaluate("window.__polar.firstCurveAt") / 1000)
+                marks.append(page.evaluate("window.__polar.marks"))
                 ctx.close()
             ctx = b.new_context(viewport={"width": 1280, "height": 860})
             page = ctx.new_page()
@@ -192,6 +194,9 @@ def main() -> int:
     print(f"| index all of metrics.jsonl and downsample every curve at start (background) | {index_s:.2f} s | |")
     print(f"| first curve in Chromium, index warm (median of {args.repeats}) | {med(first) * 1000:.0f} ms "
           f"(min {min(first) * 1000:.0f}, max {max(first) * 1000:.0f}) | < 1 s |")
+    parts = {k: med([m[k] for m in marks if k in m]) for k in ("script", "runs", "keys", "curves")}
+    print(f"| of which (median ms since navigation): script start {parts['script']:.0f}, /api/runs {parts['runs']:.0f}, "
+          f"/api/keys {parts['keys']:.0f}, first /api/curves {parts['curves']:.0f}, drawn {med(first) * 1000:.0f} | | |")
     print(f"| SSE update: row appended -> point drawn (median / p95 of {len(lat)}) | {med(lat) * 1000:.0f} ms / "
           f"{p95 * 1000:.0f} ms | < 250 ms |")
     print(f"| /api/curves, 7 keys x 1000 points (LTTB) | {curves_s * 1000:.0f} ms | |")

@@ -46,6 +46,17 @@ class FastJSON(JSONResponse):
             return super().render(content)
 
 
+def _points(request: Request) -> int:
+    raw = request.query_params.get("n", "1000")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if not 3 <= n <= MAX_CURVE_POINTS:
+        raise ValueError(f"'n' must be an integer from 3 to {MAX_CURVE_POINTS} points (got {raw!r})")
+    return n
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -147,14 +158,18 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
     async def api_keys(request: Request) -> Response:
         run = run_of(request)
         await asyncio.to_thread(run.metrics.update_all)
-        return JSONResponse({"run": run.id, **run.metrics.summary(), "last_row": run.metrics.last_row})
+        defaults = run.metrics.default_charts()
+        curves = {}
+        if request.query_params.get("n"):  # the default charts' curves too: the first paint in one request
+            n = _points(request)
+            curves = await asyncio.to_thread(lambda: {k: run.metrics.curve(k, n) for k in defaults})
+        return FastJSON({"run": run.id, **run.metrics.summary(), "last_row": run.metrics.last_row,
+                         "defaults": defaults, "curves": curves})
 
     @_handler
     async def api_curves(request: Request) -> Response:
         run = run_of(request)
-        n = int(request.query_params.get("n", "1000"))
-        if not 3 <= n <= MAX_CURVE_POINTS:
-            raise ValueError(f"'n' must be from 3 to {MAX_CURVE_POINTS} points (got {n})")
+        n = _points(request)
         keys = [k for k in request.query_params.get("keys", "").split(",") if k]
         await asyncio.to_thread(run.metrics.update_all)
         curves = await asyncio.to_thread(lambda: {k: run.metrics.curve(k, n) for k in keys})

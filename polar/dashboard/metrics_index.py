@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ def _loads(line: bytes):
 log = logging.getLogger(__name__)
 
 X_KEYS = ("env_steps", "step", "iteration", "sft_step")
+# the curves a page charts first, in this order (the page asks the server, so this is the one list)
+DEFAULT_CHARTS = [re.compile(p) for p in (
+    r"^(episode_reward_mean|reward_mean|return_mean)$", r"^(episode_len_mean|length_mean)$", r"loss",
+    r"^(fps|rollout/env_steps_per_s|learner/samples_per_s)$", r"^(policy_lag|rollout/policy_lag_mean)$",
+    r"^(learning_rate|lr)$", r"^(success_rate|eval_success|eval/success_rate)$")]
 CHUNK_BYTES = 16 << 20  # read at most this much per pass, so one poll of a huge file stays bounded
 FAST_MIN_ROWS = 256  # chunks of at least this many rows go through Arrow's JSON reader first
 
@@ -255,6 +261,13 @@ class MetricsIndex:
         pts = np.stack([dx, dy], axis=1).tolist()
         self._cache[(key, n_out)] = (n, pts)
         return pts
+
+    def default_charts(self, limit: int = 16) -> list[str]:
+        keys = [k for k in self.keys if not k.startswith(("system/", "time/"))]
+        out: list[str] = []
+        for pat in DEFAULT_CHARTS:
+            out += [k for k in keys if pat.search(k) and k not in out]
+        return out[:limit]
 
     def warm_curves(self, n_out: int = 1000) -> None:
         """Downsample every curve once (the cache a page's first request then hits)."""

@@ -1,13 +1,8 @@
 // polar dashboard: plain JS, no build step, no network beyond this server.
 "use strict";
-const P = (window.__polar = { firstCurveAt: null, lastUpdate: null, updates: 0 });
+const P = (window.__polar = { firstCurveAt: null, lastUpdate: null, updates: 0, marks: { script: performance.now() } });
 const COLORS = ["#3b64c4", "#d9534f", "#2e9e5b", "#e39b1f", "#8e44ad", "#16a2b8", "#7f8c8d", "#c0392b"];
 const N_POINTS = 1000;
-const DEFAULT_GROUPS = [
-  /^(episode_reward_mean|reward_mean|return_mean)$/, /^(episode_len_mean|length_mean)$/, /loss/,
-  /^(fps|rollout\/env_steps_per_s|learner\/samples_per_s)$/, /^(policy_lag|rollout\/policy_lag_mean)$/,
-  /^(learning_rate|lr)$/, /^(success_rate|eval_success|eval\/success_rate)$/,
-];
 const EVENT_KEYS = ["connector/process_restarts", "connector/copies_restarted", "rollout/restarts",
   "rollout/scale_events", "rollout/target_workers", "rollout/workers"];
 
@@ -15,7 +10,7 @@ const S = {
   runs: [], selected: new Set(), focus: null, tab: "curves", keys: {}, // run -> [keys]
   series: {},          // run -> key -> [[x, y], ...]
   charts: [],          // keys shown on the curves tab
-  removed: new Set(), sessions: { offset: 0, step: null, total: 0 }, token: "",
+  defaults: {}, fresh: {}, removed: new Set(), sessions: { offset: 0, step: null, total: 0 }, token: "",
 };
 
 const $ = (sel) => document.querySelector(sel);
@@ -70,36 +65,45 @@ function focusRun(rid) {
 
 // ---------------------------------------------------------------- curves
 const isResource = (k) => k.startsWith("system/") || k.startsWith("time/");
-function defaultCharts(keys) {
+function defaultCharts() {  // the server says which keys are charted by default (polar/dashboard/metrics_index.py)
   const out = [];
-  for (const re of DEFAULT_GROUPS) for (const k of keys) if (re.test(k) && !k.startsWith("system/") && !out.includes(k)) out.push(k);
+  for (const rid of S.selected) for (const k of S.defaults[rid] || []) if (!out.includes(k)) out.push(k);
   return out.slice(0, 16);
 }
-async function loadKeys(rid) {
-  const body = await api("/api/keys?" + q({ run: rid }));
-  S.keys[rid] = body.keys;
-  if (body.skipped) note(`${rid}: ${body.skipped} corrupt lines of metrics.jsonl skipped (e.g. ${body.skipped_examples[0] || ""})`);
-  return body.keys;
+const keysPending = {};
+function loadKeys(rid) {  // keys, the default charts and their curves, in one request
+  if (keysPending[rid]) { const p = keysPending[rid]; delete keysPending[rid]; return p; }
+  return api("/api/keys?" + q({ run: rid, n: N_POINTS })).then((body) => {
+    S.keys[rid] = body.keys;
+    S.defaults[rid] = body.defaults;
+    S.series[rid] = Object.assign(S.series[rid] || {}, body.curves);
+    S.fresh[rid] = new Set(Object.keys(body.curves));
+    if (body.skipped) note(`${rid}: ${body.skipped} corrupt lines of metrics.jsonl skipped (e.g. ${body.skipped_examples[0] || ""})`);
+    return body.keys;
+  });
 }
 async function refreshCurves() {
   clearNotes();
   const runs = [...S.selected];
   await Promise.all(runs.map((r) => loadKeys(r).catch((e) => note(`${r}: ${e.message}`))));
+  P.marks.keys = P.marks.keys || performance.now();
+  drawAll();  // the default charts came with the keys
   const all = [...new Set(runs.flatMap((r) => S.keys[r] || []))].sort();
   $("#all-keys").innerHTML = "";
   for (const k of all) $("#all-keys").append(el("option", { value: k }));
-  for (const k of defaultCharts(all)) if (!S.charts.includes(k) && !S.removed.has(k)) S.charts.push(k);
+  for (const k of defaultCharts()) if (!S.charts.includes(k) && !S.removed.has(k)) S.charts.push(k);
   // the charts in view first (the first paint), then the resources and event counters
   const first = S.tab === "resources" ? all.filter(isResource) : S.charts;
   const rest = [...all.filter(isResource), ...EVENT_KEYS.filter((k) => all.includes(k))].filter((k) => !first.includes(k));
   for (const part of [first, rest]) {
     await Promise.all(runs.map(async (rid) => {
-      const keys = part.filter((k) => (S.keys[rid] || []).includes(k));
+      const keys = part.filter((k) => (S.keys[rid] || []).includes(k) && !(S.fresh[rid] || new Set()).has(k));
       S.series[rid] = S.series[rid] || {};
       if (!keys.length) return;
       try {
         const body = await api("/api/curves?" + q({ run: rid, keys: keys.join(","), n: N_POINTS }));
         Object.assign(S.series[rid], body.curves);
+        P.marks.curves = P.marks.curves || performance.now();
       } catch (e) { note(`${rid}: ${e.message}`); }
     }));
     drawAll();
@@ -447,7 +451,9 @@ window.addEventListener("resize", () => drawAll());
 
 (async function start() {
   const params = new URLSearchParams(location.search);
+  if (params.get("run")) keysPending[params.get("run")] = loadKeys(params.get("run")).catch(() => []);  // meanwhile
   const d = await api("/api/runs");
+  P.marks.runs = performance.now();
   $("#root").textContent = d.root;
   $("#token-box").hidden = !d.ratings_token;
   S.runs = d.runs;
