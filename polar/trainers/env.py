@@ -43,6 +43,7 @@ class EnvCollector:
         self.on_dropped = on_dropped
         self.connector_process_restarts = 0
         self.connector_copies_restarted = 0
+        self.collect_s_max = 0.0  # the slowest fragment since the last metrics row
 
     def start(self, weights: Mapping[str, Any], version: int) -> None:
         self.backend.start(dict(weights), version, policy=self.policy)
@@ -53,7 +54,7 @@ class EnvCollector:
             if self.finite.accept(frag):
                 self.connector_process_restarts += frag.connector_process_restarts
                 self.connector_copies_restarted += frag.connector_copies_restarted
-                self.collect_s_max = max(getattr(self, "collect_s_max", 0.0), frag.collect_s)
+                self.collect_s_max = max(self.collect_s_max, frag.collect_s)
                 log.debug("fragment %s from worker %d (collected in %.3fs) received", frag.trace_id, frag.worker_id,
                           frag.collect_s, extra={"trace_id": frag.trace_id})  # the worker's line has the same id
                 return frag
@@ -76,7 +77,7 @@ class EnvCollector:
                         "connector/process_restarts": self.connector_process_restarts,
                         "connector/copies_restarted": self.connector_copies_restarted,
                         # the slowest fragment since the last row: one slow connector copy or worker shows here
-                        "rollout/fragment_collect_s_max": getattr(self, "collect_s_max", 0.0)}
+                        "rollout/fragment_collect_s_max": self.collect_s_max}
         self.collect_s_max = 0.0
         backend_metrics = getattr(self.backend, "metrics", None)
         if backend_metrics is not None:  # optional hook (ray: per-role throughput, queue depth, lag, restarts)
