@@ -84,7 +84,7 @@ def popen_tied(args: list[str], *, pdeathsig: int = signal.SIGKILL, **kwargs: An
     (SIGTERM) suits children that must take their own children down with them (a vLLM server).
     """
     kwargs["preexec_fn"] = parent_death_hook(kwargs.get("preexec_fn"), pdeathsig)
-    return _spawn_thread().submit(subprocess.Popen, args, **kwargs).result()
+    return _spawn_thread().submit(lambda: subprocess.Popen(args, **kwargs)).result()
 
 
 def exit_when_closed(conn: Any, before_exit: Callable[[], None] | None = None, name: str = "polar-parent-watch") -> None:

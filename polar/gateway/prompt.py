@@ -184,9 +184,9 @@ class PromptBuilder:
 
             compiled = _compile_jinja_template(template)
             extra = dict(getattr(self.tokenizer, "special_tokens_map", {}) or {})
-            tools = [{"type": "function", "function": {"name": "f", "description": "d",
+            tools: list[dict[str, Any]] = [{"type": "function", "function": {"name": "f", "description": "d",
                                                        "parameters": {"type": "object", "properties": {}}}}]
-            probe = [
+            probe: list[dict[str, Any]] = [
                 {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                 {"role": "assistant", "content": "a", "tool_calls": [
                     {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},

@@ -173,7 +173,7 @@ class GatewayServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout_s)
-            if self._thread.is_alive():
+            if self._thread.is_alive() and self._server is not None:
                 self._server.force_exit = True
                 self._thread.join(timeout_s)
         if self.loop is not None and not (self._thread and self._thread.is_alive()) and not self.loop.is_running():

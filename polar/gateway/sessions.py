@@ -111,6 +111,7 @@ class SessionStore:
 
     def _index_dir(self) -> None:
         """Ids and owners of the sessions on disk, from each file's first record (one line per file)."""
+        assert self.dir is not None  # only called with a records directory
         for path in sorted(self.dir.glob("*.jsonl")):
             try:
                 with path.open("rb") as f:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
+from polar.inference.base import Engine, EngineError, FinishReason, GenerationRequest, TokenEvent
 from polar.inference.kv import cache_from_kv, left_pad, plain_kv
 from polar.inference.prefix_cache import PrefixCache, PrefixEntry
 from polar.inference.sampling import sample_rows, sequence_logprobs, top_rows
@@ -398,7 +398,7 @@ class EmbeddedEngine(Engine):
             seq.n_generated += 1
             seq.last_token = token
             seq.sampled.append(token)
-            finish = None
+            finish: FinishReason | None = None
             if token in seq.stops:
                 finish = "stop"
             elif seq.n_generated >= seq.max_tokens:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
+from polar.inference.base import Engine, EngineError, FinishReason, GenerationRequest, TokenEvent
 
 Script = str | Sequence[int]
 
@@ -96,7 +96,7 @@ class ScriptedEngine(Engine):
         max_tokens = self.check_prompt(request)
         self.requests.append(request)
         ids, stopped = self._next_ids(request)
-        finish = "stop" if stopped else "length"
+        finish: FinishReason = "stop" if stopped else "length"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
         if not ids:

@@ -52,6 +52,7 @@ from polar.inference.base import (
     ContextLengthExceeded,
     Engine,
     EngineError,
+    FinishReason,
     GenerationRequest,
     TokenEvent,
 )
@@ -81,7 +82,7 @@ class FixedEngine(Engine):
         ids = self.token_ids[:n]
         stops = set(request.stop_token_ids)
         for i, tid in enumerate(ids):
-            finish = "stop" if tid in stops else ("length" if i == len(ids) - 1 else None)
+            finish: FinishReason | None = "stop" if tid in stops else ("length" if i == len(ids) - 1 else None)
             yield TokenEvent(tid, -0.5, finish, self.policy_version if finish else None)
             if finish:
                 return
@@ -309,7 +310,7 @@ class _Standin:
                 first = True
                 async for ev in self.engine.generate(gen):
                     ids = [ev.token_id] if ev.token_id is not None else []
-                    lps = [ev.logprob] if ev.token_id is not None else []
+                    lps: list[Any] = [ev.logprob] if ev.token_id is not None else []
                     yield _sse(envelope(choice(ids, lps, ev.finish_reason, first), None))
                     first = False
                 yield _DONE

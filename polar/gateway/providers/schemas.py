@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -320,7 +321,7 @@ def _clean(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(p for p in loc if isinstance(p, int) or not _TAG.match(p))
 
 
-def _describe(errors: list[dict[str, Any]], where: str) -> str:
+def _describe(errors: Sequence[Mapping[str, Any]], where: str) -> str:
     first = errors[0]
     kind, value = first["type"], first.get("input")
     if kind == "missing":
@@ -351,7 +352,7 @@ def _error(e: ValidationError) -> ApiError:
     return bad(_describe(deepest, where), where)
 
 
-def _lost_integer(errors: list[dict[str, Any]]) -> bool:
+def _lost_integer(errors: Sequence[Mapping[str, Any]]) -> bool:
     """orjson reads integers beyond 64 bits as floats: an integer field holding a whole float that large."""
     return any(x["type"] == "int_type" and isinstance(x.get("input"), float) and x["input"].is_integer()
                and abs(x["input"]) >= 2**63 for x in errors)

@@ -46,8 +46,10 @@ def space_from_wire(desc: Any, where: str = "space") -> spaces.Space:
             return spaces.MultiDiscrete(np.asarray(desc["nvec"], dtype=np.int64))
         if kind == "MultiBinary":
             n = desc["n"]
-            n = n if isinstance(n, int) else list(n)
-            return spaces.MultiBinary(int(n[0]) if len(n) == 1 and isinstance(n[0], (int, np.integer)) else n)  # [3]: (3)
+            if isinstance(n, int):
+                return spaces.MultiBinary(n)
+            dims = list(n)
+            return spaces.MultiBinary(int(dims[0]) if len(dims) == 1 and isinstance(dims[0], (int, np.integer)) else dims)  # [3]: (3)
         if kind == "Dict":
             return spaces.Dict({k: space_from_wire(v, f"{where}.{k}") for k, v in desc["spaces"].items()})
     except (KeyError, TypeError, ValueError) as e:

@@ -52,21 +52,21 @@ class RolloutServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self.loop = asyncio.new_event_loop()
+        loop = self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
         def run() -> None:
-            asyncio.set_event_loop(self.loop)
+            asyncio.set_event_loop(loop)
             self.pipeline = SessionPipeline(self.runner, self.verifier, self.registry, self.settings)
             self.service = RolloutService(self.pipeline, self.registry)
             config = uvicorn.Config(build_app(self.service), lifespan="off", access_log=False, log_level="warning")
             self._server = uvicorn.Server(config)
             ready.set()
             try:
-                self.loop.run_until_complete(self._server.serve(sockets=[sock]))
+                loop.run_until_complete(self._server.serve(sockets=[sock]))
             finally:
-                self.loop.run_until_complete(self.pipeline.aclose())
-                self.loop.run_until_complete(self.registry.aclose())
+                loop.run_until_complete(self.pipeline.aclose())
+                loop.run_until_complete(self.registry.aclose())
 
         self._thread = threading.Thread(target=run, name=f"polar-rollout:{self.port}", daemon=True)
         self._thread.start()
