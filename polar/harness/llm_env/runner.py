@@ -109,8 +109,10 @@ class LLMEnvRunner(HarnessRunner):
             job.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job
+            so_far = {k: stats[k] for k in ("steps", "calls", "invalid_actions", "parse_failures", "env_return")
+                      if k in stats}
             return HarnessOutcome(timed_out=not done, cancelled=bool(done), details=stats,
-                                  stderr_tail=f"episode stopped at step {stats.get('steps', 0)}")
+                                  stderr_tail=f"episode stopped after {json.dumps(so_far)}")
         try:
             job.result()
         except _EpisodeError as e:
