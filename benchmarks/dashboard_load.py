@@ -196,7 +196,8 @@ def main() -> int:
           f"(min {min(first) * 1000:.0f}, max {max(first) * 1000:.0f}) | < 1 s |")
     parts = {k: med([m[k] for m in marks if k in m]) for k in ("script", "runs", "keys", "curves")}
     print(f"| of which (median ms since navigation): script start {parts['script']:.0f}, /api/runs {parts['runs']:.0f}, "
-          f"/api/keys {parts['keys']:.0f}, first /api/curves {parts['curves']:.0f}, drawn {med(first) * 1000:.0f} | | |")
+          f"/api/keys with the default curves {parts['keys']:.0f}, first curve drawn {med(first) * 1000:.0f} "
+          f"(resource and event curves follow: {parts['curves']:.0f}) | | |")
     print(f"| SSE update: row appended -> point drawn (median / p95 of {len(lat)}) | {med(lat) * 1000:.0f} ms / "
           f"{p95 * 1000:.0f} ms | < 250 ms |")
     print(f"| /api/curves, 7 keys x 1000 points (LTTB) | {curves_s * 1000:.0f} ms | |")
