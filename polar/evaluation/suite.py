@@ -11,6 +11,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, mo
 from polar.config.base import StrictModel, did_you_mean, validate
 from polar.config.harness import HarnessConfig
 from polar.config.loader import read_yaml_file
+from polar.errors import ConfigError
 
 
 # ---------------------------------------------------------------- robustness wrappers
@@ -269,6 +270,9 @@ class EvalSuite(StrictModel):
 def load_suite(path: str | Path) -> EvalSuite:
     """Read and validate a suite file; relative paths in it resolve next to it."""
     p = Path(path)
+    if not p.is_file():
+        what = "a directory" if p.is_dir() else "not found"
+        raise ConfigError(f"suite file {p} is {what}; pass a suite YAML to --suite (docs/evaluation.md shows one)")
     suite = validate(EvalSuite, read_yaml_file(p), source=str(p))
     suite._base_dir = p.resolve().parent
     return suite

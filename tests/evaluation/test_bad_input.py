@@ -116,3 +116,10 @@ def test_a_harness_config_may_be_a_run_directory(tmp_path, cart_run):
     assert run_cfg.harness.id == "CartPole-v1" and run_cfg.config_dir == EXAMPLES
     yaml_cfg = load_harness_config(suite, suite.harnesses[1])
     assert yaml_cfg.harness.type == "custom" and yaml_cfg.config_dir == EXAMPLES / "keydoor"
+
+
+def test_a_missing_suite_file_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"suite file .*nope.yaml is not found; pass a suite YAML to --suite"):
+        load_suite(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_suite(tmp_path)
