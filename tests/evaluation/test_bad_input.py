@@ -123,3 +123,19 @@ def test_a_missing_suite_file_says_so(tmp_path):
         load_suite(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="is a directory"):
         load_suite(tmp_path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "polar eval needs a run directory or checkpoint (polar eval RUN), or --suite FILE"),
+    (["runs/x", "--suite", "s.yaml"], "give either a run (polar eval RUN) or --suite FILE, not both"),
+])
+def test_polar_eval_needs_a_run_or_a_suite(argv, message):
+    import argparse
+
+    from polar.cli import eval_cmd
+
+    parser = argparse.ArgumentParser()
+    eval_cmd.add_arguments(parser)
+    with pytest.raises(ConfigError) as e:
+        eval_cmd.main(parser.parse_args(argv))
+    assert str(e.value).startswith(message)
