@@ -74,3 +74,14 @@ def test_iql_at_least_bc_on_mixed_data(tmp_path):
     bc = train(offline_config("CartPole-v1", "bc", ds, 5000), tmp_path / "bc")["eval"]["return_mean"]
     iql = train(offline_config("CartPole-v1", "iql", ds, 5000), tmp_path / "iql")["eval"]["return_mean"]
     assert iql >= bc, (iql, bc)
+
+
+def test_offline_runs_go_through_the_loop_seams(tmp_path):
+    from polar.trainers.build import run_kind
+    from polar.trainers.loop import Collector, Learner, TrainingLoop
+    from polar.trainers.offline import DatasetCollector, OfflineTrainer
+
+    assert issubclass(OfflineTrainer, Learner) and issubclass(OfflineTrainer, TrainingLoop)
+    assert issubclass(DatasetCollector, Collector)
+    cfg = offline_config("CartPole-v1", "bc", tmp_path / "none-v0")
+    assert run_kind(cfg) == "env" and type(build_trainer(cfg, create_run_dir(cfg, tmp_path / "r"))) is OfflineTrainer
