@@ -20,6 +20,9 @@ class BuiltinAgentConfig(StrictModel):
     share_encoder: bool = Field(False, description="one trunk for actor and critic (default: separate, as in SB3)")
     lstm_hidden_size: int = Field(64, ge=1)
     cnn_channels: list[int] = Field(default_factory=lambda: [16, 32])
+    cnn_arch: Literal["small", "nature"] = Field(
+        "small", description="small: 3x3 convs of cnn_channels; nature: Mnih et al. 2015's 8x8/4x4/3x3 (Atari)"
+    )
     log_std_init: float = 0.0
     ortho_init: bool = True
 

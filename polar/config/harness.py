@@ -14,10 +14,24 @@ from pydantic import Field, model_validator
 from polar.config.base import StrictModel
 
 
+class AtariPresetConfig(StrictModel):
+    """``preset: atari`` knobs; the defaults are the standard (Mnih et al. 2015 / SB3's AtariWrapper) ones."""
+
+    noop_max: int = Field(30, ge=0, description="random no-ops after a reset")
+    frame_skip: int = Field(4, ge=1, description="each action repeats this often; the last two frames max-pooled")
+    screen_size: int = Field(84, ge=8, description="observations are screen_size x screen_size grey")
+    frame_stack: int = Field(4, ge=1)
+    episodic_life: bool = Field(True, description="a lost life ends the episode (the game resets only at game over)")
+    fire_reset: bool = Field(True, description="press FIRE after a reset in games that need it (Breakout)")
+    clip_reward: bool = Field(True, description="rewards become their sign (-1, 0, 1)")
+
+
 class GymnasiumHarnessConfig(StrictModel):
     type: Literal["gymnasium"] = "gymnasium"
     id: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    preset: Literal["atari"] | None = Field(None, description="standard wrappers: atari (polar.harness.atari)")
+    atari: AtariPresetConfig = Field(default_factory=AtariPresetConfig, description="options of preset: atari")
 
 
 class ConnectorSpec(StrictModel):

@@ -31,15 +31,24 @@ def check_id(env_id: str) -> None:
         )
 
 
+def _make(cfg) -> gym.Env:
+    """One env; ``preset: atari`` wraps it in the standard Atari preprocessing (polar.harness.atari)."""
+    if getattr(cfg, "preset", None) == "atari":
+        from polar.harness.atari import atari_base_kwargs, wrap_atari
+
+        return wrap_atari(gym.make(cfg.id, **atari_base_kwargs(cfg.id, cfg.kwargs)), cfg.atari)
+    return gym.make(cfg.id, **cfg.kwargs)
+
+
 def make_gymnasium_env(cfg) -> gym.Env:
     check_id(cfg.id)
-    return gym.make(cfg.id, **cfg.kwargs)
+    return _make(cfg)
 
 
 def make_gymnasium_vector_env(cfg, num_envs: int) -> gym.vector.VectorEnv:
     """``num_envs`` copies in process, SAME_STEP autoreset (see ``polar.harness``)."""
     check_id(cfg.id)
     return gym.vector.SyncVectorEnv(
-        [lambda: gym.make(cfg.id, **cfg.kwargs) for _ in range(num_envs)],
+        [lambda: _make(cfg) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )

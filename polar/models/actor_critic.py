@@ -81,7 +81,7 @@ class ActorCriticAgent(AgentBase):
         self.bind_spaces(observation_space, action_space)
         self.recurrent = cfg.type == "lstm"
         shared = cfg.share_encoder or self.recurrent
-        args = (cfg.hidden_sizes, cfg.activation, cfg.cnn_channels)
+        args = (cfg.hidden_sizes, cfg.activation, cfg.cnn_channels, cfg.cnn_arch)
         self.pi_encoder, feat = build_encoder(observation_space, *args)
         self.vf_encoder = None if shared else build_encoder(observation_space, *args)[0]
         if self.recurrent:

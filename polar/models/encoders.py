@@ -1,4 +1,4 @@
-"""Observation encoders: MLP for vectors, a small CNN for uint8 images, one encoder per Dict key."""
+"""Observation encoders: MLP for vectors, a small or the Nature CNN for uint8 images, one encoder per Dict key."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+
+from polar.errors import ConfigError
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -72,6 +74,29 @@ class CNNEncoder(nn.Module):
         return self.net(x.permute(0, 3, 1, 2).float() / 255.0)
 
 
+class NatureCNN(nn.Module):
+    """Mnih et al. 2015's conv stack (32 8x8/4, 64 4x4/2, 64 3x3/1) for uint8 HxWxC frame stacks, scaled to [0, 1].
+
+    With ``hidden_sizes: [512]`` the head after it is the paper's 512-unit layer (SB3's NatureCNN)."""
+
+    def __init__(self, space: gym.spaces.Box) -> None:
+        super().__init__()
+        h, w, c = space.shape
+        if min(h, w) < 36:
+            raise ConfigError(f"agent.cnn_arch: nature needs images of at least 36x36 (got {h}x{w}); use small")
+        self.net = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            self.out_dim = int(self.net(torch.zeros(1, c, h, w)).shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.permute(0, 3, 1, 2).float() / 255.0)
+
+
 class DictEncoder(nn.Module):
     """One encoder per key (sorted), outputs concatenated."""
 
@@ -85,19 +110,22 @@ class DictEncoder(nn.Module):
         return torch.cat([self.encoders[k](obs[k]) for k in self.keys], -1)
 
 
-def build_encoder(space: gym.Space, hidden_sizes: list[int], activation: str, cnn_channels: list[int]) -> tuple[nn.Module, int]:
-    """An encoder for ``space`` and its output width."""
+def build_encoder(space: gym.Space, hidden_sizes: list[int], activation: str, cnn_channels: list[int],
+                  cnn_arch: str = "small") -> tuple[nn.Module, int]:
+    """An encoder for ``space`` and its output width (``cnn_arch``: small or nature, for image spaces)."""
     if isinstance(space, gym.spaces.Dict):
         encs, dims = {}, {}
         for key, sub in space.spaces.items():
-            encs[key], dims[key] = build_encoder(sub, hidden_sizes, activation, cnn_channels)
+            encs[key], dims[key] = build_encoder(sub, hidden_sizes, activation, cnn_channels, cnn_arch)
         enc = DictEncoder(encs, dims)
         return enc, enc.out_dim
     if is_image_space(space):
-        cnn = CNNEncoder(space, cnn_channels, activation)
+        cnn: CNNEncoder | NatureCNN = (
+            NatureCNN(space) if cnn_arch == "nature" else CNNEncoder(space, cnn_channels, activation)
+        )
         head, out = mlp(cnn.out_dim, hidden_sizes[-1:], "relu")
         return nn.Sequential(cnn, head), out
     body, out = mlp(flat_dim(space), hidden_sizes, activation)
-    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and space.dtype != np.uint8:
-        return body, out  # no flatten/cast on the hot path for plain vectors
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32:
+        return body, out  # no flatten/cast on the hot path for float32 vectors (float64 ones, MuJoCo's, are cast)
     return nn.Sequential(Flatten(space), body), out

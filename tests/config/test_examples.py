@@ -18,6 +18,7 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.y*ml") if p.suffix in 
 EXPECTED = {
     "agentic/calculator_command.yaml": ("agent", "agent", "grpo"),
     "agentic/calculator_grpo.yaml": ("agent", "agent", "grpo"),
+    "atari/breakout_ppo.yaml": ("env", "gymnasium", "ppo"),
     "cartpole_appo_ray.yaml": ("env", "gymnasium", "appo"),
     "cartpole_dqn.yaml": ("env", "gymnasium", "dqn"),
     "cartpole_ppo.yaml": ("env", "gymnasium", "ppo"),
@@ -25,6 +26,8 @@ EXPECTED = {
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
     "llm_reasoning_gym.yaml": ("agent", "agent", "grpo"),
+    "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
+    "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),
     "node_connector/line_walk.yaml": ("env", "custom", "ppo"),
     "pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),
