@@ -67,13 +67,18 @@ def test_polar_collect_writes_a_dataset_bc_trains_on(tmp_path):
 
 
 @pytest.mark.slow
-def test_iql_at_least_bc_on_mixed_data(tmp_path):
-    """Mixed data (the expert with 50% random actions): BC copies the noise, IQL's advantage weights filter it."""
-    eps = play("CartPole-v1", 30, cartpole_expert, epsilon=0.5, max_steps=500)
-    ds = write(tmp_path / "cartpole-mixed-v0", "CartPole-v1", eps)
-    bc = train(offline_config("CartPole-v1", "bc", ds, 5000), tmp_path / "bc")["eval"]["return_mean"]
-    iql = train(offline_config("CartPole-v1", "iql", ds, 5000), tmp_path / "iql")["eval"]["return_mean"]
-    assert iql >= bc, (iql, bc)
+def test_iql_beats_bc_on_expert_plus_adversarial_data(tmp_path):
+    """5 expert episodes (200 steps each) and 60 of the anti-controller (it pushes the wrong way: ~9 steps each)
+    around the same start states. BC copies both and falls early (measured: 11.4 and 12.8 over seeds 0 and 1);
+    IQL's advantage weights prefer the expert's actions where both appear (measured: 23.4 and 69.2). Both are far
+    from the expert's 200: this shows the direction, not a solved task."""
+    good = play("CartPole-v1", 5, cartpole_expert, max_steps=200)
+    bad = play("CartPole-v1", 60, lambda o: 1 - cartpole_expert(o), seed=100, max_steps=200)
+    ds = write(tmp_path / "cartpole-mixed-v0", "CartPole-v1", good + bad)
+    bc = train(offline_config("CartPole-v1", "bc", ds, 2000, **FAST), tmp_path / "bc")["eval"]["return_mean"]
+    iql = train(offline_config("CartPole-v1", "iql", ds, 3000, gamma=0.9, tau=0.05, **IQL_FAST),
+                tmp_path / "iql")["eval"]["return_mean"]
+    assert iql > bc, (iql, bc)
 
 
 def test_offline_runs_go_through_the_loop_seams(tmp_path):
