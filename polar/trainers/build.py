@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from polar.config.policy import OFFLINE
 from polar.config.run import AgentRunConfig, RunConfig, RunKind
 from polar.errors import ConfigError
 from polar.trainers.loop import OnIteration
@@ -49,6 +50,9 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         from polar.trainers.agent import AgentTrainer
 
         return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
+    if cfg.distribution.backend == "ray" and cfg.policy.type in OFFLINE:
+        raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
+                          "distribution.backend: local")
     if cfg.distribution.backend == "ray":
         from polar.trainers.ray_driver import RayLearnerDriver
 

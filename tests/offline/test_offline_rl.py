@@ -90,3 +90,13 @@ def test_offline_runs_go_through_the_loop_seams(tmp_path):
     assert issubclass(DatasetCollector, Collector)
     cfg = offline_config("CartPole-v1", "bc", tmp_path / "none-v0")
     assert run_kind(cfg) == "env" and type(build_trainer(cfg, create_run_dir(cfg, tmp_path / "r"))) is OfflineTrainer
+
+
+def test_an_offline_run_on_ray_is_refused_before_any_cluster(tmp_path):
+    from polar.errors import ConfigError
+
+    cfg = offline_config("CartPole-v1", "iql", tmp_path / "none-v0")
+    ray = cfg.model_copy(update={"distribution": cfg.distribution.model_copy(update={"backend": "ray"})})
+    with pytest.raises(ConfigError, match=r"policy.type 'iql' trains from a dataset in this process; set "
+                                          r"distribution.backend: local"):
+        build_trainer(ray, create_run_dir(ray, tmp_path / "r"))
