@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from polar.config import load_config
 from polar.trainers.off_policy import OffPolicyTrainer
@@ -14,6 +15,12 @@ from polar.trainers.run_dir import RunDir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "mujoco"
 QUIET = ["logging.tensorboard=false", "logging.checkpoint_freq=0", "eval.episodes=1"]
+
+
+@pytest.fixture(autouse=True)
+def _mujoco_log_in_tmp(tmp_path, monkeypatch):
+    """MuJoCo writes its warnings to MUJOCO_LOG.TXT in the working directory: keep it out of the checkout."""
+    monkeypatch.chdir(tmp_path)
 
 
 def test_sac_runs_on_halfcheetah(tmp_path):
