@@ -141,7 +141,9 @@ class GatewayServer:
             raise GatewayError(f"cannot listen on {self.config.host}:{self.config.port}: {e}; pick another port") from None
         self._sock = sock
         self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn_config(self.app.asgi, self.config))
+        # in-process: leave the host's logging alone (uvicorn's default dictConfig closes every handler the
+        # run installed, e.g. the learner's RUN/logs/ lines)
+        self._server = uvicorn.Server(uvicorn_config(self.app.asgi, self.config, log_config=None))
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"polar-gateway:{self.port}", daemon=True)
         self._thread.start()

@@ -53,6 +53,8 @@ class JsonLinesHandler(logging.Handler):
         self.fields = {"role": role, "pid": os.getpid(), "node": socket.gethostname(), "run_id": run_id}
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self._f.closed:  # a thread that picked this handler up just before the run removed it
+            return
         try:
             row: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname, "logger": record.name,
                                    "msg": record.getMessage(), **self.fields,

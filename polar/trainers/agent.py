@@ -154,7 +154,7 @@ class AgentTrainer(TrainingLoop):
             self.policy = LLMPolicy.from_engine(self.stack.engine, kw.lora, **policy_options(cfg))
             self.version = int(self.stack.engine.policy_version)
             if state is None:
-                self._sft_stage()
+                self._sft_warm_up()
             if cfg.policy.type == "grpo":
                 self.summary["eval_before"] = self.evaluate("before_grpo", kw.eval_samples)
                 self.learner = GRPOLearner(self.policy, kw)
@@ -175,7 +175,7 @@ class AgentTrainer(TrainingLoop):
             raise
         self._t_loop = time.monotonic()
 
-    def _sft_stage(self) -> None:
+    def _sft_warm_up(self) -> None:
         """Behaviour cloning before RL (``sft_warmup``), or the whole of an SFT run: iteration 0 of the run."""
         from polar.models.llm_policy import load_demonstrations
 
@@ -271,6 +271,9 @@ class AgentTrainer(TrainingLoop):
             if self.stack is not None:
                 self.stack.__exit__(None, None, None)
                 self.stack = None
+            for sink in (getattr(self, "logger", None), getattr(self, "observe", None)):
+                if sink is not None:  # after the stack's threads stopped: they log until then
+                    sink.close()
         summary = {**result, **self.summary}
         if self.cfg.policy.type == "grpo":
             summary["grpo"] = {"steps": self.iteration, "time_s": round(time.monotonic() - self._t_loop, 1)}
@@ -281,6 +284,11 @@ class AgentTrainer(TrainingLoop):
         self.run_dir.write_json("eval/summary.json", summary)
         self.run_dir.update_meta(status="finished", result=summary)
         return summary
+
+    def _close(self) -> None:
+        """The loop's end: the collector stops; the logger and the log handlers stay open until the stack that
+        the final evaluation still uses has stopped (``train``)."""
+        self.collector.close()
 
     def final_eval(self) -> dict[str, Any]:
         if self.cfg.policy.type == "grpo":

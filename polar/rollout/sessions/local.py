@@ -59,7 +59,9 @@ class RolloutServer:
             asyncio.set_event_loop(loop)
             self.pipeline = SessionPipeline(self.runner, self.verifier, self.registry, self.settings)
             self.service = RolloutService(self.pipeline, self.registry)
-            config = uvicorn.Config(build_app(self.service), lifespan="off", access_log=False, log_level="warning")
+            # log_config=None: uvicorn's default dictConfig would close the run's own log handlers
+            config = uvicorn.Config(build_app(self.service), lifespan="off", access_log=False, log_level="warning",
+                                    log_config=None)
             self._server = uvicorn.Server(config)
             ready.set()
             try:
