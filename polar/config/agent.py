@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from polar.config.base import StrictModel
-from polar.config.llm_agent import LLMAgentConfig
 
 
 class BuiltinAgentConfig(StrictModel):
@@ -34,4 +33,4 @@ class CustomAgentConfig(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-AgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig | LLMAgentConfig, Field(discriminator="type")]
+AgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]
