@@ -476,7 +476,10 @@ def test_dqn_through_the_ray_learner_actor_checkpoints_its_replay(ray_cluster, t
     run = RunDir.create(cfg.name, tmp_path / "run")
     result = build_trainer(cfg, run).train()
     assert result["env_steps"] >= 2000
-    latest = load_checkpoint(sorted((run.path / "checkpoints").glob("ckpt_*.pt"))[-1])
-    assert replay_files(run.path) == [latest["replay_file"]]
+    ckpts = sorted((run.path / "checkpoints").glob("ckpt_*.pt"))
+    latest = load_checkpoint(ckpts[-1])
+    # one replay file per kept checkpoint, each named by its checkpoint (as in the local runs above)
+    assert replay_files(run.path) == sorted(load_checkpoint(c)["replay_file"] for c in ckpts)
+    assert latest["replay_file"] == f"replay_{int(ckpts[-1].stem.removeprefix('ckpt_')):08d}.npz"
     assert replay_header(run.path / "checkpoints" / latest["replay_file"])["size"] == latest["env_steps"]
     assert latest["learner"]["n_updates"] > 0
