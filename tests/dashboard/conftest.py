@@ -25,7 +25,7 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # Playwright's sync API holds an event loop on this thread while open: close it with the module, or every later asyncio.run() fails
 def browser():
     from playwright.sync_api import sync_playwright
 
