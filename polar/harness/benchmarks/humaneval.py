@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,22 @@ def _python() -> tuple[str, list[str]]:
     return exe, [sys.base_prefix]
 
 
+_SIGNAL_WHY = {signal.SIGXCPU: "SIGXCPU: the CPU time limit", signal.SIGKILL: "SIGKILL",
+               signal.SIGXFSZ: "SIGXFSZ: the file size limit", signal.SIGSEGV: "SIGSEGV"}
+
+
+def _signal_of(returncode: int | None, wrapped: bool) -> int | None:
+    """The signal that ended the program: a negative return code, or, through bubblewrap (whose init
+    reports its child's death by signal N as exit code 128 + N), a code above 128."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    if wrapped and 128 < returncode < 128 + signal.NSIG:
+        return returncode - 128
+    return None
+
+
 async def run_sandboxed(code: str, workspace: Path, timeout_s: float = 10.0, memory_mb: int = 1024,
                         cpu_time_s: int = 10, max_processes: int = 32, runtime: str = "bwrap") -> dict[str, Any]:
     """Run ``code`` as a Python file in a no-network sandbox; ``{passed, result, returncode, timed_out, ...}``."""
@@ -113,8 +130,10 @@ async def run_sandboxed(code: str, workspace: Path, timeout_s: float = 10.0, mem
         result = "failed: wrote more than 100000 bytes of output"
     elif res.returncode == 0:
         result = "passed"
-    elif res.returncode is not None and res.returncode < 0:
-        result = f"failed: killed by signal {-res.returncode}" + (f" ({err.splitlines()[-1]})" if err else "")
+    elif (sig := _signal_of(res.returncode, wrapped=runtime == "bwrap")) is not None:
+        result = f"failed: killed by signal {sig}" + (f" ({_SIGNAL_WHY[sig]})" if sig in _SIGNAL_WHY else "")
+        if err:
+            result += f" ({err.splitlines()[-1]})"
     else:
         last = err.splitlines()[-1] if err else f"exit code {res.returncode}"
         result = f"failed: {last}"
