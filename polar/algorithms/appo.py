@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from polar.algorithms.optim import module_device
 from polar.algorithms.ppo import clip_fraction, clipped_surrogate, ppo_value_loss
 from polar.errors import ConfigError
 
@@ -129,10 +130,10 @@ def _index(x, idx):
     return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
 
 
-def _as_tensor(x):
+def _as_tensor(x, device: torch.device | None = None):
     if isinstance(x, dict):
-        return {k: torch.as_tensor(v) for k, v in x.items()}
-    return torch.as_tensor(x)
+        return {k: torch.as_tensor(v, device=device) for k, v in x.items()}
+    return torch.as_tensor(x, device=device)
 
 
 def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
@@ -149,18 +150,19 @@ def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
         )
     T, N = fragment.num_steps, fragment.num_envs
     n = T * N
-    obs = _flat(_as_tensor(fragment.obs), n)
-    actions = torch.as_tensor(fragment.actions)
+    dev = module_device(agent)  # the learner's device: every tensor of the update goes there
+    obs = _flat(_as_tensor(fragment.obs, dev), n)
+    actions = torch.as_tensor(fragment.actions, device=dev)
     actions = actions.reshape(n, *actions.shape[2:])
-    behaviour_logp = torch.as_tensor(fragment.log_probs, dtype=torch.float32)
-    raw = torch.as_tensor(fragment.rewards, dtype=torch.float32) * reward_scale
+    behaviour_logp = torch.as_tensor(fragment.log_probs, dtype=torch.float32, device=dev)
+    raw = torch.as_tensor(fragment.rewards, dtype=torch.float32, device=dev) * reward_scale
     if reward_clip is not None:
         raw = raw.clamp(-reward_clip, reward_clip)
     rewards = bootstrap_truncated_rewards(
-        raw, torch.as_tensor(fragment.truncated), torch.as_tensor(fragment.trunc_values), kw.gamma
+        raw, torch.as_tensor(fragment.truncated, device=dev), torch.as_tensor(fragment.trunc_values, device=dev), kw.gamma
     )
-    discounts = episode_discounts(torch.as_tensor(fragment.terminated), torch.as_tensor(fragment.truncated), kw.gamma)
-    bootstrap = torch.as_tensor(fragment.last_values, dtype=torch.float32)
+    discounts = episode_discounts(torch.as_tensor(fragment.terminated, device=dev), torch.as_tensor(fragment.truncated, device=dev), kw.gamma)
+    bootstrap = torch.as_tensor(fragment.last_values, dtype=torch.float32, device=dev)
     batch_size = kw.batch_size or n
     stats = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     updates, rho_sum = 0, 0.0
@@ -176,7 +178,7 @@ def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         vs = vt.vs.reshape(n)
         flat_blogp = behaviour_logp.reshape(n)
-        perm = torch.randperm(n)
+        perm = torch.randperm(n).to(dev)
         for start in range(0, n, batch_size):
             idx = perm[start:start + batch_size]
             new_logp, entropy, new_values = agent.evaluate_actions(_index(obs, idx), actions[idx])

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from polar.algorithms.optim import Adam, polyak_update
+from polar.algorithms.optim import Adam, module_device, polyak_update
 from polar.algorithms.ppo import schedule_value
 
 
@@ -38,6 +38,7 @@ class DQNLearner:
         self.target = copy.deepcopy(agent.q_net)  # before the optimizer re-points parameters into its flat buffer
         self.target.requires_grad_(False)
         self.optimizer = Adam(agent.q_net.parameters(), lr=kwargs.learning_rate)
+        self.device = module_device(agent)  # the trainer put the agent on the learner's device
         self.n_updates = 0
         self.last_target_update = 0
 
@@ -62,6 +63,7 @@ class DQNLearner:
         losses, q_means, grad_norm = [], [], 0.0
         for _ in range(gradient_steps):
             batch = replay.sample(kw.batch_size, beta) if kw.prioritized_replay else replay.sample(kw.batch_size)
+            batch = batch.to(self.device)
             with torch.no_grad():
                 next_q_target = self.target(batch.next_obs)
                 if kw.double_q:
@@ -77,7 +79,7 @@ class DQNLearner:
             grad_norm = float(self.optimizer.clip_grad_norm_(kw.max_grad_norm))
             self.optimizer.step()
             if kw.prioritized_replay:
-                replay.update_priorities(batch.indices, (q - target).detach().abs().numpy())
+                replay.update_priorities(batch.indices, (q - target).detach().abs().cpu().numpy())
             losses.append(float(loss.detach()))
             q_means.append(float(q.detach().mean()))
             self.n_updates += 1

@@ -25,6 +25,14 @@ import torch
 from torch import nn
 
 
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter (or buffer), where its learner trains it (the trainer put
+    it on ``polar.trainers.device.learner_device``); CPU for a module with neither."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
 class Adam:
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.params = [p for p in params if p.requires_grad]
@@ -34,8 +42,9 @@ class Adam:
         self.step_count = 0
         n = sum(p.numel() for p in self.params)
         dtype = self.params[0].dtype if self.params else torch.float32
-        self.flat = torch.empty(n, dtype=dtype)
-        self.flat_grad = torch.zeros(n, dtype=dtype)
+        device = self.params[0].device if self.params else torch.device("cpu")  # the learner's device
+        self.flat = torch.empty(n, dtype=dtype, device=device)
+        self.flat_grad = torch.zeros(n, dtype=dtype, device=device)
         off = 0
         with torch.no_grad():
             for p in self.params:
@@ -44,8 +53,8 @@ class Adam:
                 p.data = self.flat[off:off + k].view_as(p)
                 p.grad = self.flat_grad[off:off + k].view_as(p)
                 off += k
-        self.exp_avg = torch.zeros(n, dtype=dtype)
-        self.exp_avg_sq = torch.zeros(n, dtype=dtype)
+        self.exp_avg = torch.zeros(n, dtype=dtype, device=device)
+        self.exp_avg_sq = torch.zeros(n, dtype=dtype, device=device)
 
     def zero_grad(self) -> None:
         self._reattach_if_moved()

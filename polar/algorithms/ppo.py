@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from polar.algorithms.advantages import normalize, rollout_gae
-from polar.algorithms.optim import Adam
+from polar.algorithms.optim import Adam, module_device
 from polar.algorithms.ppo_fused import changed_functions, fused_ppo_grads, supports_fused
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.distributions import GaussianDist, gaussian_entropy, gaussian_log_prob
@@ -114,6 +114,7 @@ class PPOLearner:
         self.kw = kwargs
         self.total_env_steps = total_env_steps
         self.params = [p for p in agent.parameters() if p.requires_grad]
+        self.device = module_device(agent)  # the trainer put the agent on the learner's device
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
         self.path = self._choose_path()
         self.fused = self.path.startswith("fused")
@@ -152,6 +153,7 @@ class PPOLearner:
         to ``reward_clip``), then the epochs x minibatches; returns the mean diagnostics."""
         kw = self.kw
         buf.advantages, buf.returns = rollout_gae(buf, kw.gamma, kw.gae_lambda, reward_scale, reward_clip)
+        buf.to(self.device)  # GAE runs on CPU (numpy); the epochs on the learner's device
         lr = schedule_value(kw.learning_rate, kw.lr_schedule, progress)
         clip = schedule_value(kw.clip_range, kw.clip_range_schedule, progress)
         self.optimizer.lr = lr

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from polar.algorithms.optim import Adam, polyak_update_tensors
+from polar.algorithms.optim import Adam, module_device, polyak_update_tensors
 from polar.algorithms.ppo import schedule_value
 
 
@@ -30,7 +30,8 @@ class SACLearner:
         self.agent = agent
         self.kw = kwargs
         self.total_env_steps = max(1, int(total_env_steps))
-        self.critics = nn.ModuleList([make_critic() for _ in range(2)])
+        self.device = module_device(agent)  # the trainer put the agent on the learner's device
+        self.critics = nn.ModuleList([make_critic() for _ in range(2)]).to(self.device)
         self.critic_target = copy.deepcopy(self.critics)  # before the optimizers re-point parameters
         self.critic_target.requires_grad_(False)
         self._critic_params = list(self.critics.parameters())
@@ -44,7 +45,7 @@ class SACLearner:
         self.ent_coef_optimizer: Adam | None = None
         if isinstance(kwargs.ent_coef, str):
             init = float(kwargs.ent_coef.split("_", 1)[1]) if "_" in kwargs.ent_coef else 1.0
-            self.log_ent_coef = nn.Parameter(torch.tensor([math.log(init)]))
+            self.log_ent_coef = nn.Parameter(torch.tensor([math.log(init)], device=self.device))
             self.ent_coef_optimizer = Adam([self.log_ent_coef], lr=kwargs.learning_rate)
         self.n_updates = 0
 
@@ -71,14 +72,14 @@ class SACLearner:
                 opt.lr = lr
         sums: dict[str, float] = {"actor_loss": 0.0, "critic_loss": 0.0, "ent_coef": 0.0, "entropy": 0.0, "q_mean": 0.0}
         for _ in range(gradient_steps):
-            batch = replay.sample(kw.batch_size)
+            batch = replay.sample(kw.batch_size).to(self.device)
             actions_pi, log_pi = agent.sample(batch.obs)
             if self.log_ent_coef is not None and self.ent_coef_optimizer is not None:
                 ent_coef = self.log_ent_coef.detach().exp()
                 ent_loss = -(self.log_ent_coef * (log_pi + self.target_entropy).detach()).mean()
                 self._step(self.ent_coef_optimizer, ent_loss)
             else:
-                ent_coef = torch.tensor(float(kw.ent_coef))
+                ent_coef = torch.tensor(float(kw.ent_coef), device=self.device)
 
             with torch.no_grad():
                 next_actions, next_log_pi = agent.sample(batch.next_obs)

@@ -41,6 +41,20 @@ class ReplayBatch:
     steps: torch.Tensor  # [B] float32: env steps the transition spans; the bootstrap discount is gamma ** steps
     indices: np.ndarray
 
+    def to(self, device: torch.device) -> ReplayBatch:
+        """The batch on ``device`` (the learner's); itself on CPU. ``indices`` stay a numpy array."""
+        if device.type == "cpu":
+            return self
+
+        def move(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: v.to(device, non_blocking=True) for k, v in x.items()}
+            return x.to(device, non_blocking=True)
+
+        return ReplayBatch(obs=move(self.obs), actions=move(self.actions), rewards=move(self.rewards),
+                           next_obs=move(self.next_obs), terminated=move(self.terminated), weights=move(self.weights),
+                           steps=move(self.steps), indices=self.indices)
+
 
 def _obs_spec(space: gym.Space, where: str) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, storage dtype) of one observation; float Boxes are stored as float32."""

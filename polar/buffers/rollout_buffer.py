@@ -74,6 +74,15 @@ class RolloutBuffer:
         self.advantages: torch.Tensor | None = None  # [T, N], set by the learner before minibatches
         self.returns: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> RolloutBuffer:
+        """Every tensor (advantages and returns too, once set) on ``device``, in place; a no-op on CPU."""
+        if device.type == "cpu":
+            return self
+        for name in ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
+                     "trunc_values", "last_values", "advantages", "returns", "initial_state"):
+            setattr(self, name, map_state(lambda t: t.to(device, non_blocking=True), getattr(self, name)))
+        return self
+
     @property
     def num_samples(self) -> int:
         return self.num_steps * self.num_envs

@@ -11,6 +11,8 @@ import logging
 
 import torch
 
+from polar.algorithms.optim import module_device
+
 log = logging.getLogger(__name__)
 
 _logged: set[str] = set()
@@ -35,6 +37,27 @@ def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.warning(message)
+
+
+def learner_copy(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The module a learner trains on ``device``: ``module`` itself when it is already there (a CPU learner
+    trains the acting policy in place), else a copy moved there (the acting copy stays on CPU for the rollout
+    workers, in-process envs and evaluation; :func:`copy_weights` brings it the learner's weights)."""
+    if module_device(module) == device:
+        return module
+    import copy
+
+    return copy.deepcopy(module).to(device)
+
+
+@torch.no_grad()
+def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """``src``'s parameters and buffers into ``dst`` in place (across devices); a no-op when they are one module."""
+    if dst is src:
+        return
+    dst_state = dst.state_dict()
+    for name, value in src.state_dict().items():
+        dst_state[name].copy_(value)
 
 
 def to_cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
