@@ -275,7 +275,7 @@ def test_infinite_loops_and_hidden_sleepers_end_at_the_limits(tmp_path):
         "sleeping": (f"```python\nimport time\n{fn}    time.sleep(10 ** 6)\n```", 3, 10),
         "daemon": (f"```python\nimport os, time\n{fn}    if os.fork() == 0:\n        os.setsid()\n"
                    "        if os.fork() == 0:\n            time.sleep(10 ** 6)\n        os._exit(0)\n"
-                   "    return True\n```", 10, 10),
+                   "    return True\n```", 4, 4),
     }
     for name, (code, wall, cpu) in cases.items():
         ws = tmp_path / name
