@@ -45,6 +45,9 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
                 if any(s.loss_mask):
                     samples.append(s)
                     advs.append(a)
+    # the share of groups whose rewards differ (GRPO learns only from those): low means most of the step's
+    # sessions taught nothing; a larger group, partial-credit rewards or an SFT warm-up help
+    stats["groups_signal_share"] = stats["groups_used"] / max(1, len(groups))
     return samples, advs, dict(stats)
 
 

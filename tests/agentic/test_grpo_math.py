@@ -86,3 +86,4 @@ def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
                                        advantage="mean_std")
     assert len(samples) == 2 and advs[0] > 0 > advs[1]  # only the fresh group, without its ERROR session
     assert stats["groups_stale"] == 1 and stats["groups_no_signal"] == 1 and stats["sessions_error"] == 1
+    assert stats["groups_signal_share"] == 1 / 3  # one of the three groups carried a signal
