@@ -64,6 +64,7 @@ class SessionCollector:
         self.prefetch = prefetch
         self.step = first_step
         self.wait_s = 0.0
+        self.batch_counts: Metrics = {}
         self._order: list[int] = []
         self._pending: concurrent.futures.Future[Groups] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polar-collect")
@@ -96,6 +97,9 @@ class SessionCollector:
             self._pending = self._submit()  # collect the next batch while this one trains
         self.step += 1
         results = [r for g in groups for r in g]
+        # this batch: sessions re-dispatched after their gateway node was lost, and sessions that did not finish
+        self.batch_counts = {"sessions/step_redispatched": sum(r.redispatched for r in results),
+                             "sessions/step_failed": sum(r.status.value != "done" for r in results)}
         return Batch(data=groups, env_steps=len(results),
                      episode_returns=[float(r.reward) for r in results if r.reward is not None],
                      episode_lengths=[len(r.samples) for r in results if r.reward is not None])
@@ -104,7 +108,9 @@ class SessionCollector:
         self.stack.update_weights(weights, version)
 
     def metrics(self) -> Metrics:
-        return {"collect_wait_s": round(self.wait_s, 3)}
+        stack_metrics = getattr(self.stack, "metrics", None)  # the Ray stack: its nodes, restarts, re-dispatches
+        return {"collect_wait_s": round(self.wait_s, 3), **self.batch_counts,
+                **(stack_metrics() if callable(stack_metrics) else {})}
 
     def close(self) -> None:
         if self._pending is not None:
@@ -115,12 +121,15 @@ class SessionCollector:
 class AgentTrainer(TrainingLoop):
     """GRPO / SFT on an agent harness, through the one loop. ``engine``: an inference engine already loaded
     (tests, benchmarks) instead of the one the config names; ``collector``: a Collector factory
-    ``(trainer) -> Collector`` to replace the local ``SessionCollector`` (sessions on Ray gateway nodes)."""
+    ``(trainer) -> Collector`` to replace the local ``SessionCollector``; ``stack``: the rollout stack's
+    builder, ``(cfg, run_dir_path, engine) -> stack`` (default ``build_stack``, the in-process one; the Ray
+    learner actor passes ``build_ray_stack``: sessions on Ray gateway nodes)."""
 
     cfg: AgentRunConfig
 
     def __init__(self, cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, on_iteration: OnIteration | None = None,
-                 extra_metrics: Metrics | None = None, engine: Any = None, collector: Any = None) -> None:
+                 extra_metrics: Metrics | None = None, engine: Any = None, collector: Any = None,
+                 stack: Any = None) -> None:
         if cfg.policy.type not in ("grpo", "sft"):
             raise ConfigError(f"policy.type {cfg.policy.type!r}: agent harnesses train with 'grpo' or 'sft'")
         if cfg.policy.type == "grpo" and not cfg.tasks:
@@ -129,6 +138,7 @@ class AgentTrainer(TrainingLoop):
         self.kw: Any = cfg.policy.kwargs
         self.engine = engine
         self.collector_factory = collector
+        self.stack_factory = stack or build_stack
         self.total_steps = int(self.kw.total_steps) if cfg.policy.type == "grpo" else 0
         if cfg.policy.type == "grpo":  # episode_reward_mean: the mean over one step's sessions
             self.window = EpisodeWindow(int(self.kw.tasks_per_step * self.kw.group_size))
@@ -149,7 +159,7 @@ class AgentTrainer(TrainingLoop):
         self.run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
         self.eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
         tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.policy.type == "grpo" else []
-        self.stack = build_stack(cfg, self.run_dir.path, self.engine).__enter__()  # stopped by train()
+        self.stack = self.stack_factory(cfg, self.run_dir.path, self.engine).__enter__()  # stopped by train()
         try:
             self.policy = LLMPolicy.from_engine(self.stack.engine, kw.lora, **policy_options(cfg))
             self.version = int(self.stack.engine.policy_version)

@@ -48,6 +48,38 @@ def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineS
     )
 
 
+class EmbeddedEngineFactory:
+    """Builds the run's embedded engine (picklable: each Ray gateway node builds its own from it)."""
+
+    def __init__(self, spec: str, kwargs: dict[str, Any]) -> None:
+        self.spec, self.kwargs = spec, dict(kwargs)
+
+    def __call__(self) -> Any:
+        from polar.inference import load_engine
+
+        return load_engine(self.spec, **self.kwargs)
+
+
+def _chat_template(cfg: Any) -> str | None:
+    chat_template = (cfg.model.chat_template if cfg.model else None) or cfg.gateway.chat_template
+    if chat_template and chat_template.removeprefix("builtin:") not in ("model", "hermes-tools"):
+        chat_template = str(resolve(chat_template, cfg.config_dir))  # a file, next to the config
+    return chat_template
+
+
+def _model_spec(cfg: Any) -> tuple[str, str, Any]:
+    """``(spec, config key, the section that may ask polar to launch an engine)``."""
+    if cfg.model:
+        return cfg.model.name_or_path, "model.name_or_path", cfg.model
+    return cfg.gateway.model, "gateway.model", cfg.gateway
+
+
+def embedded_engine_factory(cfg: Any) -> EmbeddedEngineFactory:
+    spec, key, _ = _model_spec(cfg)
+    return EmbeddedEngineFactory(spec, {**({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
+                                        "config_key": key, "chat_template": _chat_template(cfg)})
+
+
 def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
     (default: the run's ``gateway/sessions/``)."""
@@ -59,21 +91,14 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     owned = engine is None
     if engine is None:
-        spec = cfg.model.name_or_path if cfg.model else cfg.gateway.model
+        spec, key, launched = _model_spec(cfg)
         # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
-        launched = cfg.model if cfg.model is not None else cfg.gateway
-        chat_template = (cfg.model.chat_template if cfg.model else None) or cfg.gateway.chat_template
-        if chat_template and chat_template.removeprefix("builtin:") not in ("model", "hermes-tools"):
-            chat_template = str(resolve(chat_template, cfg.config_dir))  # a file, next to the config
         if launched.engine != "embedded":
             engine = load_engine(spec, engine=launched.engine, replicas=launched.replicas,
                                  log_dir=str(run_dir_path / "vllm"), **launched.engine_kwargs,
-                                 config_key="model.name_or_path" if cfg.model else "gateway.model",
-                                 chat_template=chat_template)
+                                 config_key=key, chat_template=_chat_template(cfg))
         else:
-            engine = load_engine(spec, **({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
-                                 config_key="model.name_or_path" if cfg.model else "gateway.model",
-                                 chat_template=chat_template)
+            engine = embedded_engine_factory(cfg)()
     gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None})  # the run's own records: resume, eval continue
     try:
         return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
@@ -84,6 +109,48 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
 
             asyncio.run(engine.close())
         raise
+
+
+def ray_engine_problem(cfg: Any) -> str | None:
+    """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds the embedded
+    engine itself; an engine polar launches (``engine: vllm``) or an external server URL is one shared
+    thing per run, which the nodes cannot each own."""
+    spec, key, launched = _model_spec(cfg)
+    section = key.split(".")[0]
+    if launched.engine != "embedded":
+        return (f"{section}.engine is {launched.engine!r}, but with distribution.backend: ray every gateway node builds "
+                f"its own embedded engine; set {section}.engine: embedded, or distribution.backend: local")
+    if isinstance(spec, str) and ":" in spec.split("/")[0] and spec.split(":", 1)[0] in ("vllm", "sglang"):
+        return (f"{key} {spec!r} names external servers, but with distribution.backend: ray every gateway node "
+                f"builds its own embedded engine; name a model (preset or folder), or set distribution.backend: local")
+    return None
+
+
+def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None) -> Any:
+    """The rollout stack of an agent run with ``distribution.backend: ray`` (not started): this process runs
+    the rollout service and keeps a local engine the learner is built from; ``max(1, rollout_workers)``
+    gateway nodes, each building the same embedded engine inside its Ray actor, are placed with
+    ``distribution.gateway_resources`` (``SPREAD`` over the cluster). Records and finished sessions go to the
+    run directory, as with the local stack."""
+    from polar.rollout.sessions.ray_nodes import RaySessionStack
+
+    problem = ray_engine_problem(cfg)
+    if problem is not None:
+        raise ConfigError(problem)
+    runner = session_runner(cfg)
+    verifier = session_verifier(cfg)
+    settings = pipeline_settings(cfg, run_dir_path / "workspaces")
+    factory = embedded_engine_factory(cfg)
+    local = engine if engine is not None else factory()  # same spec and seed as the nodes': the same weights
+    d = cfg.distribution
+    res = d.gateway_resources
+    gateway_cfg = cfg.gateway.model_dump(mode="json", exclude={"host", "port"})
+    gateway_cfg.update(resume_records=True, chat_template=None)
+    return RaySessionStack(local, factory, runner, verifier, settings, num_nodes=max(1, d.rollout_workers),
+                           num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=dict(res.resources),
+                           gateway_cfg=gateway_cfg, start_timeout_s=max(d.connect_timeout_s, 300.0),
+                           records_dir=records_dir or run_dir_path / "gateway" / "sessions",
+                           results_dir=run_dir_path / "sessions")
 
 
 def heldout_success(stack: Any, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:

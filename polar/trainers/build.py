@@ -6,8 +6,11 @@ Two choices, made once:
 - **what learns**: an agent run (``harness.type: agent``, or ``agent: {type: llm}`` on an env harness) trains
   an LLM policy with GRPO or SFT on session groups (``polar.trainers.agent.AgentTrainer``); an env run trains
   PPO/APPO/DQN/SAC on env fragments (``polar.trainers.registry``);
-- **where the env learner runs**: ``distribution.backend: local`` in this process; ``ray`` in a learner actor
-  that runs the same loop (``polar.trainers.ray_driver``).
+- **where the learner runs**: ``distribution.backend: local`` in this process; ``ray`` in a learner actor
+  that runs the same loop (``polar.trainers.ray_driver``). An agent run on Ray also spreads its sessions over
+  ``rollout_workers`` gateway nodes (each with its engine) that the learner actor places; any
+  ``distribution`` key an agent run cannot honour fails here, before anything starts
+  (``agent_distribution_problems``).
 
 Whichever it is, the result has ``train() -> dict`` and goes through ``polar.trainers.loop``. A new
 Collector (a Ray session collector for gateway nodes, say) is chosen here and passed to the trainer.
@@ -47,6 +50,11 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
     """The trainer ``polar run`` / ``polar resume`` use. ``engine``: an inference engine already loaded
     (agent runs; tests and benchmarks), instead of the one the config names."""
     if isinstance(cfg, AgentRunConfig):
+        check_agent_distribution(cfg, engine)
+        if cfg.distribution.backend == "ray":
+            from polar.trainers.ray_driver import RayLearnerDriver
+
+            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
         from polar.trainers.agent import AgentTrainer
 
         return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
@@ -58,6 +66,29 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
 
         return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
     return trainer_class(cfg)(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+
+
+def check_agent_distribution(cfg: AgentRunConfig, engine: Any = None) -> None:
+    """Refuse, in one line naming the key, a ``distribution`` an agent run cannot honour: with ``backend:
+    local`` everything but ``num_gpus``; with ``ray`` what is not the learner actor (``learner_resources``,
+    ``max_learner_restarts``), the gateway nodes (``rollout_workers``, ``gateway_resources``), the cluster
+    (``coordinator_address``, ``connect_timeout_s``) or ``num_gpus``; on Ray also an engine the nodes cannot
+    each build, and an engine object handed in (it cannot travel to the learner actor)."""
+    from polar.rollout.sessions.ray_nodes import agent_distribution_problems
+
+    d = cfg.distribution
+    problems = agent_distribution_problems(d, learner_actor=d.backend == "ray")
+    if d.backend == "ray":
+        from polar.trainers.agentic_run import ray_engine_problem
+
+        problems += [p for p in [ray_engine_problem(cfg)] if p]
+        if engine is not None:
+            problems.append("distribution.backend is 'ray': the learner and the gateway nodes build their engines "
+                            "from the config in their actors, so an engine object cannot be passed in; drop it, or "
+                            "set distribution.backend: local")
+    if problems:
+        raise ConfigError(problems[0] + (f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})"
+                                         if len(problems) > 1 else ""))
 
 
 def progress_total(cfg: RunConfig) -> int:

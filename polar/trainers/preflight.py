@@ -30,6 +30,10 @@ def check_before_start(cfg: Any) -> None:
         _check_connector(h.connector_spec, config_dir)
     elif h.type == "agent":
         _check_agent_harness(cfg, config_dir)
+    if getattr(cfg, "kind", None) == "agent":  # distribution keys an agent run cannot honour
+        from polar.trainers.build import check_agent_distribution
+
+        check_agent_distribution(cfg)
     agent = getattr(cfg, "agent", None)
     if agent is not None and agent.type == "custom":
         from polar.models.loader import load_agent_class

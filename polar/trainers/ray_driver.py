@@ -8,6 +8,12 @@ same config and run directory as a local run); its Ray backend creates
 the rollout actors from inside the learner actor, so fragments go rollout actor -> learner actor
 through the object store and never pass through the driver.
 
+An agent run (GRPO/SFT) goes the same way: the actor runs ``polar.trainers.agent.AgentTrainer`` (the same
+loop) on ``build_ray_stack``: the rollout service and a local copy of the model (the learner's) live in the
+actor, and ``max(1, rollout_workers)`` gateway nodes, each with its own engine, are Ray actors the learner
+owns, placed with ``distribution.gateway_resources``; every new version goes to every node, and a lost
+node's sessions move to a survivor (``polar.rollout.sessions.ray_nodes``).
+
 The driver only relays progress (``progress()``, polled every ``poll_interval_s``, feeds the CLI
 progress bar / ``on_iteration``) and waits. If the learner actor dies (its process or its node), the
 driver starts a new one that resumes from the last checkpoint in the run directory, up to
@@ -80,9 +86,16 @@ class LearnerActor:
             return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, partial_start=learner_restarts > 0,
                               rollout_workers=rollout_workers, autoscale=autoscale)
 
+        extra = {"learner/restarts": learner_restarts}
+        if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
+            from polar.trainers.agent import AgentTrainer
+            from polar.trainers.agentic_run import build_ray_stack
+
+            self.trainer = AgentTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
+                                        extra_metrics=extra, stack=build_ray_stack)
+            return
         self.trainer = trainer_class(cfg)(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
-                                       backend_factory=backend_factory,
-                                       extra_metrics={"learner/restarts": learner_restarts})
+                                       backend_factory=backend_factory, extra_metrics=extra)
 
     def ready(self) -> dict[str, Any]:
         return dict(self.info)
@@ -99,6 +112,11 @@ class LearnerActor:
 
     def train(self) -> dict[str, Any]:
         return self.trainer.train()
+
+    def gateway_nodes(self) -> list[dict[str, Any]]:
+        """An agent run's gateway node actors now: ``{node_id, url, ray_node_id}`` each (operators, tests)."""
+        nodes = getattr(getattr(self.trainer, "stack", None), "nodes", None)
+        return nodes.describe() if nodes is not None else []
 
     def rollout_actors(self) -> dict[int, Any]:
         """The rollout actors this learner owns right now (for operators and tests)."""
@@ -146,6 +164,12 @@ class RayLearnerDriver:
 
     def role_requests(self) -> list[RoleRequest]:
         d = self.cfg.distribution
+        if self.cfg.kind == "agent":  # the learner, and one gateway node (with its engine) per rollout worker
+            return [
+                RoleRequest.of("learner", 1, d.learner_resources, "distribution.learner_resources"),
+                RoleRequest.of("gateway", max(1, d.rollout_workers), d.gateway_resources,
+                               "distribution.gateway_resources"),
+            ]
         return [
             RoleRequest.of("learner", 1, d.learner_resources, "distribution.learner_resources"),
             RoleRequest.of("rollout", d.rollout_workers, d.rollout_resources, "distribution.rollout_resources"),
@@ -156,7 +180,7 @@ class RayLearnerDriver:
         from polar.config.loader import dump_config
 
         d = self.cfg.distribution
-        if d.rollout_workers < 1:
+        if d.rollout_workers < 1 and self.cfg.kind != "agent":
             from polar.errors import ConfigError
 
             raise ConfigError(

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +33,8 @@ class GatewayNodeActor:
 
     def __init__(self, node_id: str, service_url: str, engine_factory: Callable[[], Any],
                  gateway_cfg: dict[str, Any] | None = None, capacity: int = 0, heartbeat_interval_s: float = 2.0,
-                 loopback: bool = True, weights: tuple[Any, int] | None = None) -> None:
+                 loopback: bool = True, weights: tuple[Any, int] | None = None,
+                 records_dir: str | None = None) -> None:
         import ray
 
         from polar.config.gateway import GatewayConfig
@@ -42,7 +44,8 @@ class GatewayNodeActor:
         self.node_id = node_id
         host = "127.0.0.1" if loopback else "0.0.0.0"
         cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host})
-        self.server = GatewayServer(cfg, engine_factory()).start()
+        # records_dir: the run's gateway/sessions/, shared by every node (session keys never repeat)
+        self.server = GatewayServer(cfg, engine_factory(), records_dir=records_dir).start()
         if weights is not None:  # a replacement node: the run's current weights before it registers
             state, version = weights
             if isinstance(state, ray.ObjectRef):  # refs nested in an argument are not resolved by Ray
@@ -75,7 +78,8 @@ class GatewayNodeActor:
     def ready(self) -> dict[str, Any]:
         import ray
 
-        return {"node_id": self.node_id, "url": self.url, "ray_node_id": ray.get_runtime_context().get_node_id()}
+        return {"node_id": self.node_id, "url": self.url, "ray_node_id": ray.get_runtime_context().get_node_id(),
+                "policy_version": int(self.server.engine.policy_version)}
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
@@ -84,19 +88,23 @@ class GatewayNodeActor:
 
 
 class RayGatewayNodes:
-    """``num_nodes`` gateway actors spread over the cluster (``SPREAD``), each with ``gateway_resources``."""
+    """``num_nodes`` gateway actors spread over the cluster (``SPREAD``), each with ``gateway_resources``
+    (``num_cpus``, ``num_gpus`` and the custom ``resources``)."""
 
     def __init__(self, num_nodes: int, service_url: str, engine_factory: Callable[[], Any],
                  num_cpus: float = 1.0, num_gpus: float = 0.0, gateway_cfg: dict[str, Any] | None = None,
                  capacity: int = 0, heartbeat_interval_s: float = 2.0, loopback: bool = True,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, resources: dict[str, float] | None = None,
+                 records_dir: str | None = None) -> None:
         import ray
 
         self._ray = ray
         self._args = (service_url, engine_factory, gateway_cfg, capacity, heartbeat_interval_s, loopback)
-        self._cls = ray.remote(GatewayNodeActor).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, scheduling_strategy="SPREAD"
-        )
+        self._records_dir = records_dir
+        opts: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, scheduling_strategy="SPREAD")
+        if resources:
+            opts["resources"] = dict(resources)
+        self._cls = ray.remote(GatewayNodeActor).options(**opts)
         self._ids = itertools.count()
         self.actors: dict[str, Any] = {}
         self.restarts = 0
@@ -109,7 +117,8 @@ class RayGatewayNodes:
 
     def _spawn(self) -> str:
         node_id = f"ray-gateway-{next(self._ids)}"
-        self.actors[node_id] = self._cls.remote(node_id, *self._args, weights=self.weights)
+        self.actors[node_id] = self._cls.remote(node_id, *self._args, weights=self.weights,
+                                                records_dir=self._records_dir)
         return node_id
 
     def _still_starting(self, node_id: str) -> bool:
@@ -193,21 +202,35 @@ class RaySessionStack:
     cluster's nodes); new sessions go to the least-loaded node. A watchdog thread replaces dead node actors
     every ``check_interval_s`` (deregistering them, so their sessions move to a survivor at once), and a
     replacement gets the current weights before it registers. ``engine`` is a local engine of the same model
-    that serves nothing: the learner is built from it."""
+    that serves nothing: the learner is built from it.
+
+    ``records_dir``: where every node writes its call records (the run's ``gateway/sessions/``; the nodes must
+    see it, as the learner must see the run directory); ``results_dir``: the finished sessions
+    (``RUN/sessions/``, :class:`~polar.rollout.sessions.store.SessionStore`). ``loopback``: the service and
+    the nodes listen on 127.0.0.1 (every Ray node on this machine); ``None`` decides from the cluster's nodes,
+    ``False`` listens on all interfaces and advertises the Ray node's IP."""
 
     def __init__(self, engine: Any, engine_factory: Callable[[], Any], runner: Any, verifier: Any, settings: Any,
                  num_nodes: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  gateway_cfg: dict[str, Any] | None = None, heartbeat_timeout_s: float = 30.0,
-                 check_interval_s: float = 5.0, start_timeout_s: float = 300.0) -> None:
+                 check_interval_s: float = 5.0, start_timeout_s: float = 300.0,
+                 resources: dict[str, float] | None = None, records_dir: str | Path | None = None,
+                 results_dir: str | Path | None = None, loopback: bool | None = None) -> None:
         from polar.rollout.sessions.local import RolloutServer
+        from polar.rollout.sessions.store import SessionStore
 
         self.engine = engine
         settings.model_name = engine.model_name
-        self.rollout = RolloutServer(runner, verifier, settings, heartbeat_timeout_s=heartbeat_timeout_s)
+        self.loopback = _all_nodes_here() if loopback is None else loopback
+        self.rollout = RolloutServer(runner, verifier, settings, heartbeat_timeout_s=heartbeat_timeout_s,
+                                     host="127.0.0.1" if self.loopback else "0.0.0.0")
         self._node_args: dict[str, Any] = dict(num_nodes=num_nodes, engine_factory=engine_factory, num_cpus=num_cpus,
-                               num_gpus=num_gpus, start_timeout_s=start_timeout_s,
+                               num_gpus=num_gpus, start_timeout_s=start_timeout_s, resources=resources,
                                heartbeat_interval_s=max(0.2, min(2.0, heartbeat_timeout_s / 4)),
+                               loopback=self.loopback, records_dir=str(records_dir) if records_dir else None,
                                gateway_cfg={"accept_any_model": True, **(gateway_cfg or {})})
+        self.session_store = (SessionStore(results_dir, records_dir, getattr(engine, "tokenizer", None))
+                              if results_dir is not None else None)
         self.nodes: RayGatewayNodes | None = None
         self.check_interval_s = check_interval_s
         self._lock = threading.Lock()  # the watchdog's check() and a sync never touch the actors at once
@@ -216,8 +239,13 @@ class RaySessionStack:
 
     def start(self) -> RaySessionStack:
         self.rollout.start()
+        url = self.rollout.url
+        if not self.loopback:  # the nodes on other machines reach the service at this Ray node's IP
+            import ray
+
+            url = f"http://{ray.util.get_node_ip_address()}:{self.rollout.port}"
         try:
-            self.nodes = RayGatewayNodes(service_url=self.rollout.url, **self._node_args)
+            self.nodes = RayGatewayNodes(service_url=url, **self._node_args)
         except BaseException:
             self.rollout.stop()
             raise
@@ -237,7 +265,24 @@ class RaySessionStack:
                 log.exception("gateway node check failed")
 
     def run_groups(self, groups: list[tuple[dict[str, Any], int, dict[str, Any]]], timeout_s: float | None = None):
-        return self.rollout.run_groups(groups, timeout_s)
+        out = self.rollout.run_groups(groups, timeout_s)
+        if self.session_store is not None:
+            self.session_store.append(r for g in out for r in g)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """``gateway/nodes`` (node actors now), ``gateway/restarts`` (replaced so far), and the rollout
+        service's ``sessions/redispatched`` / ``sessions/node_lost`` counts since the start."""
+        out: dict[str, float] = {}
+        if self.nodes is not None:
+            out.update({"gateway/nodes": float(len(self.nodes.actors)), "gateway/restarts": float(self.nodes.restarts)})
+        pipeline = self.rollout.pipeline
+        if pipeline is not None:
+            load = pipeline.load()
+            for key in ("sessions_redispatched", "sessions_node_lost"):
+                if key in load:
+                    out[key.replace("sessions_", "sessions/")] = float(load[key])
+        return out
 
     def update_weights(self, state_dict: Any, version: int) -> dict[str, Any]:
         assert self.nodes is not None, "start() first"
@@ -259,6 +304,14 @@ class RaySessionStack:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _all_nodes_here() -> bool:
+    """True when every alive Ray node runs on this machine (a local or ``cluster_utils`` cluster)."""
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    return all(n.get("NodeManagerAddress") == here for n in ray.nodes() if n.get("Alive"))
 
 
 # distribution keys an agent run honours with each backend (the rest must stay at their defaults)
