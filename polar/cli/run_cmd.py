@@ -63,4 +63,27 @@ def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float 
                           "(add 'eval_tasks: FILE.jsonl' to measure it)")
     elif "eval" in result:
         print_eval(result["eval"], title=f"evaluation ({run_dir.path.name})")
+    if result.get("continual"):
+        print_continual(console, result["continual"])
     return 0
+
+
+def print_continual(console, summary: dict) -> None:
+    """The continual-learning lines of a run's summary: return at the start (after ``init``) and at the end on
+    the run's task, and each old task's start, final and forgetting (start - final)."""
+    from rich.table import Table
+
+    from polar.cli._progress import fmt_number
+
+    if summary.get("start_return") is not None:
+        console.print(f"this task: return {fmt_number(summary['start_return'])} at the start (init from "
+                      f"{summary.get('init', {}).get('source_policy', '?')}), {fmt_number(summary.get('final_return'))} "
+                      f"at the end (improvement {fmt_number(summary.get('improvement'))})")
+    old = summary.get("old_tasks")
+    if old:
+        table = Table(title="old tasks: forgetting = start - final")
+        for col in ("task", "start", "final", "forgetting"):
+            table.add_column(col)
+        for name, t in old["tasks"].items():
+            table.add_row(name, fmt_number(t["start"]), fmt_number(t["final"]), fmt_number(t["forgetting"]))
+        console.print(table)

@@ -25,11 +25,14 @@ from pydantic_core import PydanticCustomError
 from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel, did_you_mean
+from polar.config.continual import InitConfig, ReplayMixConfig, check_continual
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.policy import (
+    OFF_POLICY,
+    ON_POLICY,
     APPOPolicyConfig,
     BCPolicyConfig,
     DQNPolicyConfig,
@@ -109,12 +112,19 @@ class EnvRunConfig(_RunBase):
     nonfinite: Literal["fail", "skip"] = Field(
         "fail", description="NaN/inf in observations or rewards: fail naming the source, or skip the fragment and "
         "count it (nonfinite_skipped_fragments); a non-finite loss always fails")
+    init: InitConfig | None = Field(None, description="start from an earlier run's weights (docs/offline.md, Continual)")
+    replay_mix: ReplayMixConfig | None = Field(None, description="DQN/SAC: a share of every batch from an old dataset")
 
     @model_validator(mode="before")
     @classmethod
     def _only_env_sections(cls, data: Any) -> Any:
         _refuse_other_kind(data, "env")
         return data
+
+    @model_validator(mode="after")
+    def _continual(self) -> EnvRunConfig:
+        check_continual(self, ON_POLICY + OFF_POLICY, OFF_POLICY)
+        return self
 
 
 class AgentRunConfig(_RunBase):

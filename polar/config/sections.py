@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
+from polar.config.continual import OldTaskConfig
 
 
 class RoleResources(StrictModel):
@@ -144,3 +145,6 @@ class EvalConfig(StrictModel):
     at_end: bool = True
     every_n_iterations: int = Field(0, ge=0)
     num_envs: int = Field(4, ge=1, description="eval env copies stepped together")
+    old_tasks: list[OldTaskConfig] = Field(
+        default_factory=list, description="env variants of an old task: evaluated at the start and with every "
+        "evaluation, logging old_task/return and forgetting (start - current); docs/offline.md, Continual")

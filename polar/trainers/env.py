@@ -19,6 +19,7 @@ from polar.errors import ConfigError
 from polar.models.normalization import RunningNorm
 from polar.models.policy import build_policy
 from polar.rollout.backends.base import RolloutBackend, make_backend
+from polar.trainers.continual import Continual
 from polar.trainers.finite import FiniteGuard, harness_name
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
@@ -108,6 +109,7 @@ class EnvTrainer(TrainingLoop):
         self.backend_factory = backend_factory or make_backend
         self.finite = FiniteGuard(cfg.nonfinite, harness_name(cfg.harness))  # NaN/inf: fail or skip
         self.reward_norm: RunningNorm | None = None
+        self.continual: Continual | None = None
 
     # ------------------------------------------------------------------ per algorithm
     def _fragment_steps(self) -> int:
@@ -149,8 +151,11 @@ class EnvTrainer(TrainingLoop):
             self.learner = self._make_learner()
             if getattr(self.kw, "normalize_reward", False):
                 self.reward_norm = RunningNorm((), self.kw.clip_reward)
+            self.continual = Continual.create(self)  # init, eval.old_tasks (polar.trainers.continual)
             if state is not None:
                 self._load_state(state)
+            if self.continual is not None:
+                self.continual.begin(state)
             attach = getattr(self.backend, "attach_run_dir", None)
             if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
                 attach(self.run_dir.path)
@@ -171,11 +176,16 @@ class EnvTrainer(TrainingLoop):
     def periodic_eval(self) -> Metrics:
         every = self.cfg.eval.every_n_iterations
         if every and self.iteration % every == 0:
-            self.evaluate(tag=f"iter_{self.iteration:08d}")
+            res = self.evaluate(tag=f"iter_{self.iteration:08d}")
+            if self.continual is not None:  # eval/return_mean, old_task/return, forgetting
+                return self.continual.metrics(res)
         return {}
 
     def final_eval(self) -> dict[str, Any]:
-        return {"eval": self.evaluate(tag="final")} if self.cfg.eval.at_end else {}
+        out = {"eval": self.evaluate(tag="final")} if self.cfg.eval.at_end else {}
+        if self.continual is not None:
+            out["continual"] = self.continual.summary(out.get("eval"))
+        return out
 
     # ------------------------------------------------------------------ the Learner seam, shared part
     def _count(self, batch: Batch) -> None:
@@ -197,13 +207,16 @@ class EnvTrainer(TrainingLoop):
 
     def learner_state(self) -> dict[str, Any]:
         return {"policy": self.policy.state_dict(), "learner": self.learner.state_dict(),
-                "reward_norm": self.reward_norm.state_dict() if self.reward_norm is not None else None}
+                "reward_norm": self.reward_norm.state_dict() if self.reward_norm is not None else None,
+                **({"continual": self.continual.state_dict()} if self.continual is not None else {})}
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
         self.learner.load_state_dict(state["learner"])
         if self.reward_norm is not None and state.get("reward_norm") is not None:
             self.reward_norm.load_state_dict(state["reward_norm"])
+        if self.continual is not None:
+            self.continual.load_state_dict(state.get("continual"))
 
     def evaluate(self, tag: str = "final", episodes: int | None = None) -> dict[str, Any]:
         from polar.trainers.evaluation import evaluate_policy

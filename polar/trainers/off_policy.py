@@ -26,6 +26,7 @@ from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.policy import OFF_POLICY
 from polar.errors import CheckpointError
 from polar.models.off_policy import QCritic, network_settings
+from polar.trainers.continual import MixedReplay, old_replay
 from polar.trainers.env import EnvTrainer
 from polar.trainers.loop import Metrics
 from polar.types import Batch, Fragment
@@ -69,6 +70,11 @@ class OffPolicyTrainer(EnvTrainer):
             learner = SACLearner(agent, self.kw, lambda: QCritic(space, action_space, *network), action_space,
                                  cfg.total_env_steps)
         self.nstep = NStepTransitions(self.kw.n_steps, self.kw.gamma) if self.kw.n_steps > 1 else None
+        # what gradient steps sample: the run's buffer, or with replay_mix a share from an old dataset too
+        self.sampler: ReplayBuffer | MixedReplay = self.replay
+        if cfg.replay_mix is not None:
+            self.sampler = MixedReplay(old_replay(cfg, space, self.backend.action_space), self.replay,
+                                       cfg.replay_mix.ratio)
         learner.set_exploration(0)
         return learner
 
@@ -86,9 +92,11 @@ class OffPolicyTrainer(EnvTrainer):
             # a resumed run whose checkpoint had no buffer waits until a batch's worth arrived again
             if self.env_steps > kw.learning_starts and len(self.replay) >= min(kw.batch_size, max(1, kw.learning_starts)):
                 steps = phase_gradient_steps(kw.gradient_steps, kw.train_freq, frag.env_steps)
-                stats.update(self.learner.train(self.replay, steps, self.env_steps) or {})
+                stats.update(self.learner.train(self.sampler, steps, self.env_steps) or {})
         self.learner.set_exploration(self.env_steps)
         stats["replay_size"] = len(self.replay)
+        if isinstance(self.sampler, MixedReplay):
+            stats.update(self.sampler.metrics())
         if self.cfg.policy.type == "dqn":  # also during the warm-up, before the first training phase
             stats["exploration_rate"] = float(self.policy.agent.explore_uniform.clamp(min=self.policy.agent.epsilon))
         return stats

@@ -1,0 +1,487 @@
+"""Continual learning for env runs (docs/offline.md, "Continual learning"): start an online run from earlier
+weights (``init``), mix an old dataset into DQN/SAC's replay (``replay_mix``), and measure forgetting on old
+tasks (``eval.old_tasks``).
+
+What ``init.source`` transfers, by the source run's ``policy.type`` and this run's:
+
+==========================  =================  ==================================================================
+source                      into               what is copied
+==========================  =================  ==================================================================
+bc, iql, ppo, appo          ppo, appo          the whole agent, key for key (and the observation normalizer)
+dqn                         dqn                the Q-network (the target network starts as its copy)
+sac                         sac                the actor, the twin critics and their targets, the entropy coefficient
+iql (Discrete actions)      dqn                IQL's first critic Q(s, .) as the Q-network
+bc, ppo, appo (Discrete)    dqn                the actor's logits as initial Q-values (greedy = the old mode)
+bc, iql, ppo, appo (Box)    sac                the actor (mean rescaled into tanh space, its log std); from iql
+                                               also the critics (the action input rescaled to SAC's [-1, 1])
+==========================  =================  ==================================================================
+
+Every copied tensor must have the shape this run's network has; a mismatch fails before training with both
+shapes and the key to change. Optimizers, schedules and counters start fresh: the new run counts its own env steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
+from polar.config.continual import old_task_harness, old_task_names
+from polar.config.policy import OFF_POLICY, ON_POLICY
+from polar.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ACTOR_CRITIC = "actor-critic"
+MANIFEST = "manifest.json"  # polar.deploy.runtime.MANIFEST (deploy sits above trainers: not imported)
+
+
+def _family(policy_type: str) -> str:
+    """The network a policy type trains: DQN's Q-network, SAC's squashed actor, or the actor-critic agent
+    (PPO/APPO and the offline algorithms)."""
+    return policy_type if policy_type in OFF_POLICY else ACTOR_CRITIC
+
+
+def _shape(t: Any) -> list[int]:
+    return list(t.shape)
+
+
+# ---------------------------------------------------------------------- the source checkpoint
+def resolve_source(ref: str, config_dir: Path) -> Path:
+    """The checkpoint file ``init.source`` names: a checkpoint file, a run directory (its latest checkpoint),
+    or a ``polar export`` folder (its manifest names the run and checkpoint). Relative to the config file."""
+    from polar.trainers.checkpoint import CheckpointManager
+
+    p = Path(ref).expanduser()
+    if not p.is_absolute():
+        p = next((c for c in (config_dir / p, Path.cwd() / p) if c.exists()), config_dir / p)
+    if p.is_file():
+        return p
+    if (p / MANIFEST).is_file():
+        try:
+            run = json.loads((p / MANIFEST).read_text())["run"]
+            ckpt = Path(run["path"]) / "checkpoints" / run["checkpoint"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"init.source: {p / MANIFEST} does not name its run and checkpoint ({e}); give the "
+                              "run directory it was exported from") from None
+        if not ckpt.is_file():
+            raise ConfigError(f"init.source: {p} was exported from {ckpt}, which is gone; an exported graph cannot "
+                              "be trained further, so give a run directory or checkpoint that still exists")
+        return ckpt
+    if (p / "checkpoints").is_dir():
+        latest = CheckpointManager(p / "checkpoints").latest()
+        if latest is None:
+            raise ConfigError(f"init.source: run {p} has no checkpoint yet; let it write one, or give another run")
+        return latest
+    raise ConfigError(f"init.source: {ref!r} is not a checkpoint file, run directory or polar export folder "
+                      f"(looked at {p}); give the run directory of the offline or online run to start from")
+
+
+def load_source(cfg: Any) -> tuple[Any, dict[str, Any], Path]:
+    """(the source run's config, its checkpoint state, the checkpoint path) for ``cfg.init``."""
+    from polar.trainers.checkpoint import load_checkpoint
+    from polar.trainers.loading import resolve_target
+
+    ckpt = resolve_source(cfg.init.source, cfg.config_dir)
+    _, src_cfg, _ = resolve_target(ckpt)
+    if src_cfg.kind != "env":
+        raise ConfigError(f"init.source: {ckpt} is an LLM agent run (policy.type {src_cfg.policy.type}); init starts "
+                          "an env run from an env run's network")
+    state = load_checkpoint(ckpt)
+    if "policy" not in state:
+        raise ConfigError(f"init.source: {ckpt} holds no policy weights; give an env run's checkpoint")
+    return src_cfg, state, ckpt
+
+
+# ---------------------------------------------------------------------- copying tensors
+class _Transfer:
+    """Checked copies into a target module; ``where`` names the source in errors."""
+
+    def __init__(self, where: str, fix: str) -> None:
+        self.where = where
+        self.fix = fix
+        self.copied = 0
+
+    def check(self, name: str, src: torch.Tensor, dst: torch.Tensor, target_name: str | None = None) -> None:
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ConfigError(f"init.source: {name} has shape {_shape(src)} in {self.where} but "
+                              f"{target_name or name} has shape {_shape(dst)} in this run; {self.fix}")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, name: str, target_name: str | None = None) -> None:
+        self.check(name, src, dst, target_name)
+        with torch.no_grad():
+            dst.copy_(src.to(dst.dtype))
+        self.copied += 1
+
+    def params(self, target: nn.Module, target_prefix: str, pairs: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy ``pairs`` (source name, tensor), in order, onto ``target``'s parameters in order."""
+        dst = list(target.named_parameters())
+        if len(dst) != len(pairs):
+            src_shapes = [_shape(t) for _, t in pairs]
+            dst_shapes = [_shape(t) for _, t in dst]
+            raise ConfigError(f"init.source: the network in {self.where} has {len(pairs)} tensors {src_shapes} but "
+                              f"{target_prefix} here has {len(dst)} {dst_shapes}; {self.fix}")
+        for (src_name, src), (dst_name, d) in zip(pairs, dst, strict=True):
+            self.copy(d.data, src, src_name, f"{target_prefix}.{dst_name}")
+
+
+def _under(sd: dict[str, torch.Tensor], prefix: str) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of ``sd`` under ``prefix.``, in their saved (registration) order."""
+    return [(k, v) for k, v in sd.items() if k.startswith(prefix + ".")]
+
+
+def _check_activation(src_act: str, dst_act: str, where: str, fix: str) -> None:
+    if src_act != dst_act:
+        raise ConfigError(f"init.source: {where} uses {src_act} activations and this run's network {dst_act}; {fix}")
+
+
+def apply_init(trainer: Any) -> dict[str, Any]:
+    """Load ``trainer.cfg.init.source``'s weights into a freshly built env trainer (its ``policy`` and
+    ``learner``); returns what was copied (logged, and kept in the run's summary)."""
+    from polar.models.off_policy import network_settings
+
+    cfg = trainer.cfg
+    src_cfg, state, ckpt = load_source(cfg)
+    src_type, dst_type = src_cfg.policy.type, cfg.policy.type
+    src_fam, dst_fam = _family(src_type), _family(dst_type)
+    sd = state["policy"]
+    where = f"{ckpt} (policy.type {src_type})"
+    agent = trainer.policy.agent
+    report: dict[str, Any] = {"source": str(ckpt), "source_policy": src_type}
+
+    if src_fam == dst_fam:
+        fix = (f"give this run the source's network: its agent section was {src_cfg.agent.model_dump(mode='json')}")
+        t = _Transfer(where, fix)
+        dst_sd = trainer.policy.state_dict()
+        skip = {"agent.epsilon", "agent.explore_uniform"}  # set by this run's exploration schedule
+        src_norm = any(k.startswith("obs_norm.") for k in sd)
+        dst_norm = any(k.startswith("obs_norm.") for k in dst_sd)
+        if src_norm != dst_norm:
+            raise ConfigError(f"init.source: {where} {'normalises' if src_norm else 'does not normalise'} observations "
+                              f"and this run {'does' if dst_norm else 'does not'}: its weights expect "
+                              f"{'normalised' if src_norm else 'raw'} inputs; set policy.kwargs.normalize_obs: "
+                              f"{str(src_norm).lower()}")
+        missing = sorted(k for k in dst_sd if k not in sd and k not in skip)
+        extra = sorted(k for k in sd if k not in dst_sd and k not in skip)
+        if missing or extra:
+            raise ConfigError(f"init.source: the agent in {where} has other layers than this run's (only in this run: "
+                              f"{missing[:4]}; only in the source: {extra[:4]}); {fix}")
+        for k, v in dst_sd.items():
+            if k not in skip:
+                t.copy(v, sd[k], k)
+        report["copied"] = "agent"
+        if dst_type == "sac":
+            _sac_critics_from_sac(trainer.learner, state.get("learner") or {}, where, t)
+            report["copied"] = "actor, critics, entropy coefficient"
+        report["tensors"] = t.copied
+    elif dst_type == "dqn" and src_fam == ACTOR_CRITIC:
+        activation = network_settings(cfg)[1]
+        if src_type == "iql":
+            critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
+            t = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
+                                 "agent.activation: relu")
+            _check_activation("relu", activation, f"the IQL critic of {where}", t.fix)
+            pairs = _under(state["learner"]["critics"], "0")
+            report["copied"] = "IQL critic Q(s, .) as the Q-network"
+        else:
+            t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
+                                 f"{src_cfg.agent.activation} (the source agent's)")
+            if src_cfg.agent.type != "mlp" and src_cfg.agent.type != "cnn":
+                raise ConfigError(f"init.source: {where} has a {src_cfg.agent.type} agent; DQN starts from mlp or cnn "
+                                  "agents only")
+            _check_activation(src_cfg.agent.activation, activation, where, t.fix)
+            pairs = _under(sd, "agent.pi_encoder") + _under(sd, "agent.pi_head")
+            report["copied"] = "actor logits as initial Q-values"
+        t.params(agent.q_net, "agent.q_net", pairs)
+        report["tensors"] = t.copied
+    elif dst_type == "sac" and src_fam == ACTOR_CRITIC:
+        report.update(_sac_from_actor_critic(trainer, src_cfg, state, where))
+    else:
+        raise ConfigError(f"init.source: a {src_type} checkpoint cannot start a {dst_type} run ({where}): "
+                          f"{_what_starts(dst_type)}")
+    _sync_learner(trainer)
+    log.info("init: %s from %s (%s tensors)", report["copied"], ckpt, report.get("tensors"))
+    return report
+
+
+def _what_starts(dst_type: str) -> str:
+    if dst_type in ON_POLICY:
+        return "ppo and appo start from bc, iql, ppo or appo runs (the same actor-critic agent)"
+    if dst_type == "dqn":
+        return "dqn starts from dqn runs, or from bc, iql, ppo or appo runs on Discrete actions"
+    return "sac starts from sac runs, or from bc, iql, ppo or appo runs on Box actions"
+
+
+def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str, t: _Transfer) -> None:
+    for name in ("critics", "critic_target"):
+        if name not in src_learner:
+            raise ConfigError(f"init.source: {where} has no SAC {name}; give a SAC run's checkpoint")
+        dst = getattr(learner, name).state_dict()
+        for k, v in dst.items():
+            if k not in src_learner[name]:
+                raise ConfigError(f"init.source: the SAC critics in {where} have no {k}; {t.fix}")
+            t.copy(v, src_learner[name][k], f"learner.{name}.{k}")
+    if learner.log_ent_coef is not None and src_learner.get("log_ent_coef") is not None:
+        with torch.no_grad():
+            learner.log_ent_coef.copy_(src_learner["log_ent_coef"])
+
+
+def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], where: str) -> dict[str, Any]:
+    """SAC's actor from a Gaussian actor-critic agent: the trunk as is, the mean mapped linearly into tanh space
+    (``mu = (mean - bias) / scale``: exact for actions well inside the bounds), the state-independent log std as the
+    log-std head's bias; from IQL also both critics, their action input rescaled to SAC's [-1, 1]."""
+    from polar.models.off_policy import network_settings
+
+    cfg, agent, learner = trainer.cfg, trainer.policy.agent, trainer.learner
+    sd = state["policy"]
+    if "agent.log_std" not in sd:
+        raise ConfigError(f"init.source: {where} has no Gaussian actor (Box actions); SAC starts from an agent that "
+                          "was trained on this Box action space")
+    activation = network_settings(cfg)[1]
+    t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
+                         f"{src_cfg.agent.activation} (the source agent's)")
+    _check_activation(src_cfg.agent.activation, activation, where, t.fix)
+    t.params(agent.trunk, "agent.trunk", _under(sd, "agent.pi_encoder"))
+    scale, bias = agent.action_scale, agent.action_bias
+    w, b = sd["agent.pi_head.weight"], sd["agent.pi_head.bias"]
+    t.check("agent.pi_head.weight", w, agent.mu.weight, "agent.mu.weight")
+    t.copy(agent.mu.weight.data, w / scale.unsqueeze(1), "agent.pi_head.weight", "agent.mu.weight")
+    t.copy(agent.mu.bias.data, (b - bias) / scale, "agent.pi_head.bias", "agent.mu.bias")
+    log_std = sd["agent.log_std"].reshape(-1)
+    with torch.no_grad():
+        agent.log_std.weight.zero_()
+    t.copy(agent.log_std.bias.data, log_std - torch.log(scale), "agent.log_std", "agent.log_std.bias")
+    report: dict[str, Any] = {"copied": "actor (mean rescaled into tanh space)"}
+    if src_cfg.policy.type == "iql":
+        critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
+        tc = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
+                              "agent.activation: relu; SAC's critics share the agent's hidden sizes")
+        _check_activation("relu", activation, f"the IQL critics of {where}", tc.fix)
+        critics = state["learner"]["critics"]
+        for i, critic in enumerate(learner.critics):
+            pairs = [(k, v.clone()) for k, v in _under(critics, str(i))]
+            # IQL's first layer sees [obs, raw action]; SAC's sees [obs, (a - bias) / scale]: fold the rescaling in
+            first_w, first_b = pairs[0][1], pairs[1][1]
+            n_act = int(scale.numel())
+            w_act = first_w[:, -n_act:]
+            first_b += w_act @ critic.action_bias.cpu()
+            first_w[:, -n_act:] = w_act * critic.action_scale.cpu()
+            tc.params(critic.head, f"learner.critics.{i}.head", pairs)
+        learner.critic_target.load_state_dict(learner.critics.state_dict())
+        report["copied"] += ", IQL critics"
+        t.copied += tc.copied
+    else:
+        log.warning("init: %s has no critics SAC can use; SAC's critics start fresh (expect a dip in return while "
+                    "they learn)", where)
+    report["tensors"] = t.copied
+    return report
+
+
+def _sync_learner(trainer: Any) -> None:
+    """After the acting policy got new weights: the learner's own copy (when it trains on another device) and
+    DQN's target network."""
+    acting = trainer.policy.agent
+    train_agent = getattr(trainer, "train_agent", acting)
+    if train_agent is not acting:
+        train_agent.load_state_dict(acting.state_dict())
+    target = getattr(trainer.learner, "target", None)
+    if trainer.cfg.policy.type == "dqn" and target is not None:
+        target.load_state_dict(train_agent.q_net.state_dict())
+
+
+# ---------------------------------------------------------------------- replay mix
+def old_replay(cfg: Any, observation_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
+    """``replay_mix.dataset``'s transitions in a replay buffer of their own (checked against the env's spaces)."""
+    from polar.datasets.minari import load_dataset
+
+    data = load_dataset(cfg.replay_mix.dataset, cfg.config_dir, observation_space, action_space,
+                        where="replay_mix.dataset")
+    buf = ReplayBuffer(len(data), observation_space, action_space, seed=cfg.seed + 1)
+    actions = data.actions.astype(np.int64) if isinstance(action_space, gym.spaces.Discrete) else data.actions
+    buf.add(data.obs, actions, data.rewards, data.next_obs, data.terminated)
+    log.info("replay_mix: %d old transitions from %s, %.0f%% of every batch", len(buf), data.dataset_id,
+             100 * cfg.replay_mix.ratio)
+    return buf
+
+
+class MixedReplay:
+    """What DQN/SAC sample from with ``replay_mix``: ``round(ratio * B)`` transitions from the old dataset and the
+    rest from the run's own buffer, in one batch. Its length is the online buffer's (``learning_starts`` counts
+    new data)."""
+
+    def __init__(self, old: ReplayBuffer, new: ReplayBuffer, ratio: float) -> None:
+        self.old = old
+        self.new = new
+        self.ratio = ratio
+        self.sampled_old = 0
+        self.sampled_new = 0
+
+    def __len__(self) -> int:
+        return len(self.new)
+
+    def sample(self, batch_size: int, beta: float | None = None) -> ReplayBatch:
+        n_old = min(batch_size - 1, max(1, round(self.ratio * batch_size))) if batch_size > 1 else 0
+        if len(self.new) == 0:
+            n_old = batch_size
+        n_new = batch_size - n_old
+        parts = [b.sample(n) for b, n in ((self.old, n_old), (self.new, n_new)) if n > 0]
+        self.sampled_old += n_old
+        self.sampled_new += n_new
+        if len(parts) == 1:
+            return parts[0]
+        a, b = parts
+
+        def cat(x: Any, y: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: torch.cat([x[k], y[k]]) for k in x}
+            return torch.cat([x, y])
+
+        return ReplayBatch(obs=cat(a.obs, b.obs), actions=cat(a.actions, b.actions), rewards=cat(a.rewards, b.rewards),
+                           next_obs=cat(a.next_obs, b.next_obs), terminated=cat(a.terminated, b.terminated),
+                           weights=cat(a.weights, b.weights), steps=cat(a.steps, b.steps),
+                           indices=np.concatenate([np.full(n_old, -1), b.indices]))
+
+    def metrics(self) -> dict[str, Any]:
+        total = max(1, self.sampled_old + self.sampled_new)
+        return {"replay_mix/old_transitions": len(self.old), "replay_mix/old_fraction": self.sampled_old / total}
+
+
+# ---------------------------------------------------------------------- forgetting
+class OldTasks:
+    """``eval.old_tasks``: each evaluated like the run's own eval (same episodes, seed, determinism); the first
+    measurement (before any online step) is the start, and ``forgetting = start - current`` (positive: worse)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        tasks = cfg.eval.old_tasks
+        self.names = old_task_names(cfg.harness, tasks)
+        self.harnesses = [old_task_harness(cfg.harness, t) for t in tasks]
+        self.start: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.start_eval: float | None = None  # the run's own task, at the start (runs with init)
+
+    def measure(self, policy: Any) -> dict[str, float]:
+        from polar.trainers.evaluation import evaluate_policy
+
+        ev = self.cfg.eval
+        out = {}
+        for name, harness in zip(self.names, self.harnesses, strict=True):
+            out[name] = float(evaluate_policy(policy, harness, ev.episodes, ev.seed, ev.deterministic, ev.num_envs,
+                                              self.cfg.config_dir)["return_mean"])
+        return out
+
+    def begin(self, policy: Any) -> None:
+        self.start = self.measure(policy)
+        self.last = dict(self.start)
+        for name, ret in self.start.items():
+            log.info("old task %s: return %.4g at the start", name, ret)
+
+    def metrics(self, policy: Any) -> dict[str, float]:
+        """``old_task/return`` and ``forgetting`` (means over the old tasks) and each task's own."""
+        self.last = self.measure(policy)
+        out: dict[str, float] = {}
+        for name, ret in self.last.items():
+            out[f"old_task/{name}/return"] = ret
+            out[f"forgetting/{name}"] = self.start[name] - ret
+        out["old_task/return"] = float(np.mean(list(self.last.values())))
+        out["forgetting"] = float(np.mean([self.start[n] - r for n, r in self.last.items()]))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        tasks = {n: {"start": self.start[n], "final": self.last[n], "forgetting": self.start[n] - self.last[n]}
+                 for n in self.names}
+        return {"tasks": tasks, "old_task_return_start": float(np.mean(list(self.start.values()))),
+                "old_task_return": float(np.mean(list(self.last.values()))),
+                "forgetting": float(np.mean([t["forgetting"] for t in tasks.values()]))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"start": dict(self.start), "last": dict(self.last), "start_eval": self.start_eval}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.start = {n: float(v) for n, v in state.get("start", {}).items()}
+        self.last = {n: float(v) for n, v in state.get("last", {}).items()}
+        self.start_eval = state.get("start_eval")
+        if set(self.start) != set(self.names):
+            raise ConfigError(f"eval.old_tasks: the checkpoint measured {sorted(self.start)} at the start, this "
+                              f"config names {self.names}; resume with the old tasks the run started with")
+
+
+# ---------------------------------------------------------------------- the env trainer's hooks
+class Continual:
+    """What an env run with ``init`` or ``eval.old_tasks`` keeps: the init report, the run's own eval return at
+    the start, and the old tasks. ``EnvTrainer`` calls ``begin`` once built, ``metrics`` with every periodic
+    evaluation and ``summary`` at the end; its state travels in checkpoints (``polar resume`` keeps the start)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.init: dict[str, Any] | None = None
+        self.start_return: float | None = None
+        self.old_tasks = OldTasks(trainer.cfg) if trainer.cfg.eval.old_tasks else None
+
+    @classmethod
+    def create(cls, trainer: Any) -> Continual | None:
+        cfg = trainer.cfg
+        return cls(trainer) if cfg.init is not None or cfg.eval.old_tasks else None
+
+    def begin(self, state: dict[str, Any] | None) -> None:
+        """A fresh run: load ``init``, then measure the start (the run's own task and the old ones)."""
+        if state is not None:
+            return
+        tr = self.trainer
+        if tr.cfg.init is not None:
+            self.init = apply_init(tr)
+            self.start_return = float(tr.evaluate(tag="start")["return_mean"])
+            log.info("init: eval return %.4g on this run's task at the start", self.start_return)
+        if self.old_tasks is not None:
+            self._sync()
+            self.old_tasks.begin(tr.policy)
+
+    def _sync(self) -> None:
+        sync = getattr(self.trainer, "sync_acting_policy", None)  # a learner on another device: its weights first
+        if sync is not None:
+            sync()
+
+    def metrics(self, eval_result: dict[str, Any] | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if eval_result is not None:
+            out["eval/return_mean"] = eval_result.get("return_mean")
+            if self.start_return is not None:
+                out["eval/improvement"] = float(eval_result["return_mean"]) - self.start_return
+        if self.old_tasks is not None:
+            self._sync()
+            out.update(self.old_tasks.metrics(self.trainer.policy))
+        return out
+
+    def summary(self, final_eval: dict[str, Any] | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.init is not None:
+            out["init"] = self.init
+        if self.start_return is not None:
+            out["start_return"] = self.start_return
+            if final_eval is not None:
+                out["final_return"] = float(final_eval["return_mean"])
+                out["improvement"] = out["final_return"] - self.start_return
+        if self.old_tasks is not None:
+            self._sync()
+            self.old_tasks.metrics(self.trainer.policy)
+            out["old_tasks"] = self.old_tasks.summary()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"init": self.init, "start_return": self.start_return,
+                "old_tasks": None if self.old_tasks is None else self.old_tasks.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if not state:
+            return
+        self.init = state.get("init")
+        self.start_return = state.get("start_return")
+        if self.old_tasks is not None and state.get("old_tasks"):
+            self.old_tasks.load_state_dict(state["old_tasks"])
