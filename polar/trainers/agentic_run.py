@@ -10,11 +10,13 @@ against the engine's recorded logprobs (``polar.algorithms.grpo.GRPOLearner``), 
 through the gateway's drain. A step with no usable group updates nothing, publishes nothing and is logged
 with ``update_skipped: 1``.
 
-Everything runs in this process: the engine behind an in-process gateway, the rollout service with its
-session pipeline, and the learner. The run directory holds the usual ``config.resolved.yaml``,
-``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``eval/``, plus ``gateway/sessions/`` (every call). The
-metrics rows carry the loop's names (``iteration``, ``env_steps``: sessions so far, ``episode_reward_mean``:
-the step's sessions, ``pg_loss``) and, for tools that read agent runs, ``step`` and ``reward_mean``.
+With ``distribution.backend: local`` everything runs in this process: the engine behind an in-process
+gateway, the rollout service with its session pipeline, and the learner (``build_stack``). With ``ray`` the
+learner actor runs this loop on ``build_ray_stack``: gateway nodes, each with its engine, as Ray actors.
+The run directory holds the usual ``config.resolved.yaml``, ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and
+``eval/``, plus ``gateway/sessions/`` (every call). The metrics rows carry the loop's names (``iteration``,
+``env_steps``: sessions so far, ``episode_reward_mean``: the step's sessions, ``pg_loss``) and, for tools
+that read agent runs, ``step`` and ``reward_mean``.
 """
 
 from __future__ import annotations

@@ -112,6 +112,7 @@ def sessions_index(run):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # ~90 s on the shared 2-core box (25 s of it the cluster): over the default suite's ~30 s
 def test_grpo_on_ray_trains_over_two_gateway_nodes_with_the_learner_where_learner_resources_says(
         learner_box_cluster, tmp_path):
     import ray
@@ -152,7 +153,7 @@ def test_grpo_on_ray_trains_over_two_gateway_nodes_with_the_learner_where_learne
 
 
 @pytest.mark.ray
-@pytest.mark.slow
+@pytest.mark.slow  # ~5 min on the shared 2-core box
 def test_grpo_on_ray_survives_a_killed_node_and_its_sessions_move_to_the_survivor(learner_box_cluster, tmp_path):
     import ray
 
