@@ -13,6 +13,7 @@ from pydantic import Field
 from polar.config.appo import APPOKwargs
 from polar.config.base import StrictModel
 from polar.config.bc import BCKwargs
+from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
@@ -60,12 +61,17 @@ class IQLPolicyConfig(StrictModel):
     kwargs: IQLKwargs
 
 
+class CQLPolicyConfig(StrictModel):
+    type: Literal["cql"] = "cql"
+    kwargs: CQLKwargs
+
+
 ON_POLICY = ("ppo", "appo")  # env harnesses, polar.trainers.on_policy
 OFF_POLICY = ("dqn", "sac")  # env harnesses, polar.trainers.off_policy (replay buffer, next_obs in fragments)
-OFFLINE = ("bc", "iql")  # env harnesses, polar.trainers.offline (a dataset, no env interaction but evaluation)
+OFFLINE = ("bc", "iql", "cql")  # env harnesses, polar.trainers.offline (a dataset, no env interaction but evaluation)
 
 PolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig
-    | BCPolicyConfig | IQLPolicyConfig,
+    | BCPolicyConfig | IQLPolicyConfig | CQLPolicyConfig,
     Field(discriminator="type"),
 ]

@@ -35,6 +35,7 @@ from polar.config.policy import (
     ON_POLICY,
     APPOPolicyConfig,
     BCPolicyConfig,
+    CQLPolicyConfig,
     DQNPolicyConfig,
     GRPOPolicyConfig,
     IQLPolicyConfig,
@@ -75,7 +76,8 @@ class _RunBase(StrictModel):
 
 
 EnvPolicyConfig = Annotated[
-    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig,
+    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
+    | CQLPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig, Field(discriminator="type")]

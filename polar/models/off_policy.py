@@ -174,7 +174,7 @@ def check_sac_action_space(action_space: gym.Space) -> None:
                           f"low={action_space.low}, high={action_space.high}. Wrap the env to give finite bounds.")
 
 
-DEFAULT_HIDDEN = {"dqn": [64, 64], "sac": [256, 256]}  # SB3's defaults
+DEFAULT_HIDDEN = {"dqn": [64, 64], "sac": [256, 256], "cql": [256, 256]}  # SB3's defaults; cql: d3rlpy's
 
 
 def network_settings(cfg) -> tuple[list[int], str, list[int]]:
@@ -194,5 +194,13 @@ def network_settings(cfg) -> tuple[list[int], str, list[int]]:
 
 def build_off_policy_agent(cfg, observation_space: gym.Space, action_space: gym.Space) -> AgentBase:
     hidden, activation, channels = network_settings(cfg)
-    cls = QNetworkAgent if cfg.policy.type == "dqn" else SquashedGaussianAgent
+    if cfg.policy.type == "cql":  # offline: DQN's Q-network for Discrete actions, SAC's actor for Box ones
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        if not discrete and not (isinstance(action_space, gym.spaces.Box) and np.all(np.isfinite(action_space.low))
+                                 and np.all(np.isfinite(action_space.high))):
+            raise ConfigError(f"policy.type cql takes Discrete actions or a Box with finite bounds (its actor "
+                              f"squashes into them); this env's is {action_space}. Wrap the env to give finite bounds.")
+        cls = QNetworkAgent if discrete else SquashedGaussianAgent
+    else:
+        cls = QNetworkAgent if cfg.policy.type == "dqn" else SquashedGaussianAgent
     return cls(observation_space, action_space, hidden, activation, channels)

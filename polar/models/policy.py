@@ -28,7 +28,7 @@ class Policy(nn.Module):
 
 def build_policy(cfg, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> Policy:
     """The policy a RunConfig describes (agent + optional obs normalizer)."""
-    if cfg.policy.type in OFF_POLICY:
+    if cfg.policy.type in OFF_POLICY or cfg.policy.type == "cql":  # cql trains DQN's / SAC's networks offline
         from polar.models.off_policy import build_off_policy_agent
 
         return Policy(build_off_policy_agent(cfg, observation_space, action_space))

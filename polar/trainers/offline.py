@@ -1,8 +1,8 @@
-"""Offline runs (BC, IQL): the one loop (``polar.trainers.loop``) fed by a dataset instead of envs.
+"""Offline runs (BC, IQL, CQL): the one loop (``polar.trainers.loop``) fed by a dataset instead of envs.
 
 ``DatasetCollector`` is the Collector: each ``collect()`` samples ``steps_per_iteration`` minibatches of the
 dataset's transitions (no env step, so ``env_steps`` stays 0); the learner (``polar.algorithms.bc`` /
-``iql``) takes a gradient step on each. The run's budget is ``policy.kwargs.gradient_steps``. The env harness
+``iql`` / ``cql``) takes a gradient step on each. The run's budget is ``policy.kwargs.gradient_steps``. The env harness
 is made once at the start to check the dataset's spaces against it, and again only to evaluate
 (``eval.every_n_iterations``, ``eval.at_end``), so a bad dataset fails before the first update.
 """
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from polar.algorithms.bc import BCLearner, OfflineBatch
+from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
 from polar.algorithms.iql import IQLLearner
 from polar.config.policy import OFFLINE
 from polar.config.run import EnvRunConfig
@@ -69,8 +70,27 @@ class DatasetCollector:
         pass
 
 
+OfflineLearner = BCLearner | CQLLearner | DiscreteCQLLearner  # IQLLearner is a BCLearner
+
+
+def make_offline_learner(cfg: EnvRunConfig, agent: Any, obs_space: gym.Space, act_space: gym.Space) -> OfflineLearner:
+    """The learner of ``cfg.policy.type`` (bc, iql, cql) for ``agent`` (what ``build_policy`` made for it)."""
+    kw: Any = cfg.policy.kwargs
+    if cfg.policy.type == "iql":
+        return IQLLearner(agent, kw, obs_space, act_space)
+    if cfg.policy.type == "cql":
+        if isinstance(act_space, gym.spaces.Discrete):
+            return DiscreteCQLLearner(agent, kw)
+        from polar.models.off_policy import network_settings
+
+        hidden, activation, _ = network_settings(cfg)
+        return CQLLearner(agent, kw, obs_space, act_space, hidden, activation)
+    return BCLearner(agent, kw)
+
+
 class OfflineTrainer(TrainingLoop):
-    """BC / IQL of a classic agent (``agent:``) on ``policy.kwargs.dataset``; evaluated on the env harness."""
+    """BC / IQL of a classic agent (``agent:``), or CQL of DQN's / SAC's networks, on ``policy.kwargs.dataset``;
+    evaluated on the env harness."""
 
     cfg: EnvRunConfig
 
@@ -104,8 +124,7 @@ class OfflineTrainer(TrainingLoop):
         log.info("dataset %s: %d transitions, %d episodes (return mean %.4g)", data.dataset_id, len(data),
                  len(data.episode_returns), float(np.mean(data.episode_returns)))
         self.policy = build_policy(cfg, obs_space, act_space, cfg.config_dir)
-        self.learner: BCLearner = (IQLLearner(self.policy.agent, kw, obs_space, act_space) if cfg.policy.type == "iql"
-                                   else BCLearner(self.policy.agent, kw))
+        self.learner = make_offline_learner(cfg, self.policy.agent, obs_space, act_space)
         if state is not None:
             self._load_state(state)
         seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)

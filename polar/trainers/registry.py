@@ -20,6 +20,7 @@ ENV_TRAINERS: dict[str, type[EnvTrainer] | type[OfflineTrainer]] = {
     "sac": OffPolicyTrainer,
     "bc": OfflineTrainer,  # from a dataset (policy.kwargs.dataset), no env interaction but evaluation
     "iql": OfflineTrainer,
+    "cql": OfflineTrainer,
 }
 AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agent.AgentTrainer
 
