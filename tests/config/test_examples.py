@@ -22,6 +22,9 @@ EXPECTED = {
     "cartpole_appo_ray.yaml": ("env", "gymnasium", "appo"),
     "cartpole_dqn.yaml": ("env", "gymnasium", "dqn"),
     "cartpole_ppo.yaml": ("env", "gymnasium", "ppo"),
+    "continual/cartpole_dqn_from_iql.yaml": ("env", "gymnasium", "dqn"),
+    "continual/cartpole_iql.yaml": ("env", "gymnasium", "iql"),
+    "continual/cartpole_ppo_from_iql.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),

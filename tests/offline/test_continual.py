@@ -259,3 +259,21 @@ def test_dqn_from_iql_with_replay_mix_improves_on_its_start(tmp_path, dataset):
     assert c["final_return"] >= c["start_return"] + 50, c
     assert c["old_tasks"]["forgetting"] == pytest.approx(c["old_tasks"]["old_task_return_start"]
                                                          - c["old_tasks"]["old_task_return"])
+
+
+def test_an_export_folder_starts_from_the_checkpoint_it_was_exported_from(tmp_path, bc_run):
+    """A deployed policy (a polar export folder): its manifest names the run and checkpoint, which are loaded (an
+    ONNX/TorchScript graph itself cannot be trained further)."""
+    bc_dir, bc_result = bc_run
+    export = tmp_path / "export"
+    export.mkdir()
+    ckpt = CheckpointManager(bc_dir.checkpoints_dir).latest()
+    (export / "manifest.json").write_text(json.dumps({"run": {"path": str(bc_dir.path), "checkpoint": ckpt.name}}))
+    cfg = online(export, {"type": "ppo"}, 1024)
+    cfg = validate(RunConfig, {**cfg.model_dump(), "eval": {"episodes": 10, "num_envs": 2}})  # no old tasks
+    result = build_trainer(cfg, create_run_dir(cfg, tmp_path / "ppo")).train()["continual"]
+    assert result["init"]["source"] == str(ckpt)
+    assert result["start_return"] == pytest.approx(bc_result["eval"]["return_mean"])
+    (export / "manifest.json").write_text(json.dumps({"run": {"path": str(tmp_path / "gone"), "checkpoint": "x.pt"}}))
+    with pytest.raises(ConfigError, match=r"init.source: .* was exported from .*, which is gone"):
+        build_trainer(cfg, create_run_dir(cfg, tmp_path / "ppo2")).train()
