@@ -8,8 +8,8 @@ What ``init.source`` transfers, by the source run's ``policy.type`` and this run
 source                      into               what is copied
 ==========================  =================  ==================================================================
 bc, iql, ppo, appo          ppo, appo          the whole agent, key for key (and the observation normalizer)
-dqn                         dqn                the Q-network (the target network starts as its copy)
-sac                         sac                the actor, the twin critics and their targets, the entropy coefficient
+dqn, cql (Discrete)         dqn                the Q-network (the target network starts as its copy)
+sac, cql (Box)              sac                the actor, the twin critics and their targets, the entropy coefficient
 iql (Discrete actions)      dqn                IQL's first critic Q(s, .) as the Q-network
 bc, ppo, appo (Discrete)    dqn                the actor's logits as initial Q-values (greedy = the old mode)
 bc, iql, ppo, appo (Box)    sac                the actor (mean rescaled into tanh space, its log std); from iql
@@ -43,9 +43,11 @@ ACTOR_CRITIC = "actor-critic"
 MANIFEST = "manifest.json"  # polar.deploy.runtime.MANIFEST (deploy sits above trainers: not imported)
 
 
-def _family(policy_type: str) -> str:
+def _family(policy_type: str, policy_state: dict[str, Any] | None = None) -> str:
     """The network a policy type trains: DQN's Q-network, SAC's squashed actor, or the actor-critic agent
-    (PPO/APPO and the offline algorithms)."""
+    (PPO/APPO, BC, IQL). CQL trains DQN's (Discrete) or SAC's (Box) networks: its saved keys tell which."""
+    if policy_type == "cql" and policy_state is not None:
+        return "dqn" if any(k.startswith("agent.q_net.") for k in policy_state) else "sac"
     return policy_type if policy_type in OFF_POLICY else ACTOR_CRITIC
 
 
@@ -150,8 +152,8 @@ def apply_init(trainer: Any) -> dict[str, Any]:
     cfg = trainer.cfg
     src_cfg, state, ckpt = load_source(cfg)
     src_type, dst_type = src_cfg.policy.type, cfg.policy.type
-    src_fam, dst_fam = _family(src_type), _family(dst_type)
     sd = state["policy"]
+    src_fam, dst_fam = _family(src_type, sd), _family(dst_type)
     where = f"{ckpt} (policy.type {src_type})"
     agent = trainer.policy.agent
     report: dict[str, Any] = {"source": str(ckpt), "source_policy": src_type}
@@ -215,19 +217,20 @@ def _what_starts(dst_type: str) -> str:
     if dst_type in ON_POLICY:
         return "ppo and appo start from bc, iql, ppo or appo runs (the same actor-critic agent)"
     if dst_type == "dqn":
-        return "dqn starts from dqn runs, or from bc, iql, ppo or appo runs on Discrete actions"
-    return "sac starts from sac runs, or from bc, iql, ppo or appo runs on Box actions"
+        return "dqn starts from dqn or cql runs, or from bc, iql, ppo or appo runs on Discrete actions"
+    return "sac starts from sac or cql runs, or from bc, iql, ppo or appo runs on Box actions"
 
 
 def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str, t: _Transfer) -> None:
     for name in ("critics", "critic_target"):
-        if name not in src_learner:
-            raise ConfigError(f"init.source: {where} has no SAC {name}; give a SAC run's checkpoint")
+        src_name = name if name in src_learner or name == "critics" else "target"  # CQL saves its targets as target
+        if src_name not in src_learner:
+            raise ConfigError(f"init.source: {where} has no SAC {name}; give a SAC or CQL run's checkpoint")
         dst = getattr(learner, name).state_dict()
         for k, v in dst.items():
-            if k not in src_learner[name]:
-                raise ConfigError(f"init.source: the SAC critics in {where} have no {k}; {t.fix}")
-            t.copy(v, src_learner[name][k], f"learner.{name}.{k}")
+            if k not in src_learner[src_name]:
+                raise ConfigError(f"init.source: the critics in {where} have no {k}; {t.fix}")
+            t.copy(v, src_learner[src_name][k], f"learner.{src_name}.{k}")
     if learner.log_ent_coef is not None and src_learner.get("log_ent_coef") is not None:
         with torch.no_grad():
             learner.log_ent_coef.copy_(src_learner["log_ent_coef"])

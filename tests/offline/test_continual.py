@@ -277,3 +277,17 @@ def test_an_export_folder_starts_from_the_checkpoint_it_was_exported_from(tmp_pa
     (export / "manifest.json").write_text(json.dumps({"run": {"path": str(tmp_path / "gone"), "checkpoint": "x.pt"}}))
     with pytest.raises(ConfigError, match=r"init.source: .* was exported from .*, which is gone"):
         build_trainer(cfg, create_run_dir(cfg, tmp_path / "ppo2")).train()
+
+
+def test_dqn_from_cql_is_a_key_for_key_copy(tmp_path, dataset):
+    """CQL (Discrete) trains DQN's own Q-network offline: DQN starts from it exactly, at CQL's eval return."""
+    cql_dir, cql_result = train_offline(tmp_path, dataset, "cql", 100, activation="relu")
+    cfg = online(cql_dir.path, {"type": "dqn", "kwargs": {"learning_starts": 10_000}}, 100, activation="relu")
+    run_dir = create_run_dir(cfg, tmp_path / "dqn")
+    c = build_trainer(cfg, run_dir).train()["continual"]
+    assert c["init"]["copied"] == "agent" and c["init"]["source_policy"] == "cql"
+    assert c["start_return"] == pytest.approx(cql_result["eval"]["return_mean"])
+    src = load_checkpoint(CheckpointManager(cql_dir.checkpoints_dir).latest())["policy"]
+    dst = load_checkpoint(CheckpointManager(run_dir.checkpoints_dir).latest())["policy"]
+    for k in ("agent.q_net.0.0.weight", "agent.q_net.1.bias"):
+        assert torch.equal(src[k], dst[k])
