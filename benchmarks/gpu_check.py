@@ -7,10 +7,10 @@ Without CUDA it says so and exits 0. With CUDA it checks, on the tiny model:
 - ``learner_device(num_gpus=1)`` picks CUDA;
 - a GRPO step (full fine-tune with a frozen KL reference, and LoRA with the adapters-off reference)
   under bf16 autocast and gradient checkpointing: weights, optimizer state and the reference on CUDA,
-  every loss statistic finite, the weights moved, and the exported serving weights load into a CPU copy.
-
-The PPO/APPO/DQN/SAC learners do not take the device rule yet (they train on CPU; see docs/inference.md,
-"Learner devices"), so they are not exercised here.
+  every loss statistic finite, the weights moved, and the exported serving weights load into a CPU copy;
+- a short PPO, APPO, DQN and SAC run with ``distribution.num_gpus: 1``: the learner trains a CUDA copy of
+  the agent (its optimizer state, SAC's critics and temperature on CUDA too), the acting policy stays on
+  CPU and holds the learner's weights after the run, and the weights moved.
 """
 
 from __future__ import annotations
@@ -71,6 +71,60 @@ def check_grpo(lora: bool) -> str:
             f"{step_s:.2f} s")
 
 
+def check_env_learner(algo: str, tmp: Path) -> str:
+    import torch
+
+    from polar.config.base import validate
+    from polar.config.run import RunConfig
+    from polar.trainers.off_policy import OffPolicyTrainer
+    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.run_dir import RunDir
+
+    off = {"learning_starts": 100, "batch_size": 64, "buffer_size": 5000, "gradient_steps": 1}
+    env_id, kwargs, total = {
+        "ppo": ("CartPole-v1", {"n_steps": 128, "batch_size": 64, "n_epochs": 2}, 1024),
+        "appo": ("CartPole-v1", {"n_steps": 64, "n_epochs": 1}, 1024),
+        "dqn": ("CartPole-v1", {**off, "train_freq": 4, "target_update_interval": 100}, 1000),
+        "sac": ("Pendulum-v1", {**off, "train_freq": 8, "ent_coef": "auto"}, 1000),
+    }[algo]
+    cfg = validate(RunConfig, {
+        "name": f"gpu-{algo}", "seed": 0, "harness": {"type": "gymnasium", "id": env_id},
+        "policy": {"type": algo, "kwargs": kwargs}, "total_env_steps": total,
+        "distribution": {"rollout_workers": 0, "envs_per_worker": 4, "num_gpus": 1},
+        "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False},
+    })
+    cls = OnPolicyTrainer if algo in ("ppo", "appo") else OffPolicyTrainer
+    trainer = cls(cfg, RunDir.create(cfg.name, tmp / algo))
+    t0 = time.perf_counter()
+    trainer._setup()
+    initial = {k: v.detach().clone() for k, v in trainer.policy.agent.state_dict().items()}
+    trainer.backend.close()
+    trainer = cls(cfg, RunDir.create(cfg.name, tmp / f"{algo}-run"))
+    result = trainer.train()
+    wall = time.perf_counter() - t0
+    agent, acting, learner = trainer.train_agent, trainer.policy.agent, trainer.learner
+    assert trainer.device.type == "cuda", trainer.device
+    assert all(p.is_cuda for p in agent.parameters()), "learner agent not on CUDA"
+    assert all(not p.is_cuda for p in acting.parameters()), "acting policy left CPU"
+    for name in ("optimizer", "actor_optimizer", "critic_optimizer"):
+        opt = getattr(learner, name, None)
+        if opt is not None and not isinstance(opt, torch.optim.Optimizer):
+            assert opt.exp_avg.is_cuda and opt.flat.is_cuda, f"{name} state not on CUDA"
+        elif opt is not None:
+            assert all(s.is_cuda for st in opt.state.values() for s in st.values()
+                       if isinstance(s, torch.Tensor) and s.dim() > 0), f"{name} state not on CUDA"
+    for name in ("critics", "critic_target", "target"):
+        mod = getattr(learner, name, None)
+        if mod is not None:
+            assert all(p.is_cuda for p in mod.parameters()), f"{name} not on CUDA"
+    learned = {k: v.cpu() for k, v in agent.state_dict().items()}
+    now = acting.state_dict()
+    assert all(torch.equal(now[k], v) for k, v in learned.items()), "acting policy lacks the learner's weights"
+    assert any(not torch.equal(initial[k], v) for k, v in learned.items()), "no weight moved"
+    return (f"{algo.upper()} on {trainer.device}: {result['env_steps']} env steps, "
+            f"reward mean {result.get('episode_reward_mean', float('nan')):.1f}, {wall:.1f} s")
+
+
 def main() -> int:
     import torch
 
@@ -80,6 +134,11 @@ def main() -> int:
     print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     for lora in (False, True):
         print("  ok:", check_grpo(lora))
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="polar-gpu-check-") as tmp:
+        for algo in ("ppo", "appo", "dqn", "sac"):
+            print("  ok:", check_env_learner(algo, Path(tmp)))
     print(f"gpu_check: passed (peak CUDA memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB)")
     return 0
 

@@ -20,6 +20,7 @@ from polar.models.normalization import RunningNorm
 from polar.models.policy import build_policy
 from polar.rollout.backends.base import RolloutBackend, make_backend
 from polar.trainers.continual import Continual
+from polar.trainers.device import copy_weights, learner_copy, learner_device
 from polar.trainers.finite import FiniteGuard, harness_name
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
@@ -131,13 +132,12 @@ class EnvTrainer(TrainingLoop):
     # ------------------------------------------------------------------ build
     def _build(self, state: dict[str, Any] | None) -> None:
         cfg = self.cfg
-        if cfg.distribution.num_gpus > 0:
-            if not torch.cuda.is_available():
-                log.warning("distribution.num_gpus=%s but no GPU is available here; the learner runs on CPU.",
-                            cfg.distribution.num_gpus)
-            else:
-                log.info("distribution.num_gpus=%s: the learner runs on CPU (its small networks are faster there).",
-                         cfg.distribution.num_gpus)
+        # the one device rule of every learner (polar.trainers.device): CUDA for num_gpus >= 1 when present,
+        # else CPU, with a log line when a GPU was asked for
+        self.device = learner_device(cfg.distribution.num_gpus)
+        if self.device.type != "cpu":
+            log.info("distribution.num_gpus=%s: the %s learner trains on %s; rollouts and evaluation act with a "
+                     "CPU copy of the policy", cfg.distribution.num_gpus, cfg.policy.type, self.device)
         torch.set_num_threads(1)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -148,6 +148,8 @@ class EnvTrainer(TrainingLoop):
         self._check_settings()
         try:
             self.policy = build_policy(cfg, self.backend.observation_space, self.backend.action_space, cfg.config_dir)
+            # what the learner trains: the acting agent itself on CPU, a copy on the learner's device otherwise
+            self.train_agent = learner_copy(self.policy.agent, self.device)
             self.learner = self._make_learner()
             if getattr(self.kw, "normalize_reward", False):
                 self.reward_norm = RunningNorm((), self.kw.clip_reward)
@@ -201,17 +203,24 @@ class EnvTrainer(TrainingLoop):
         if self.reward_norm is not None and f.return_moments is not None:
             self.reward_norm.update(*f.return_moments)
 
+    def sync_acting_policy(self) -> None:
+        """The learner's weights into the acting (CPU) policy; nothing to do when the learner trains it in place."""
+        copy_weights(self.policy.agent, self.train_agent)
+
     def weights(self) -> Mapping[str, Any]:
+        self.sync_acting_policy()
         # envs stepped in the learner act with its own tensors: no state dict to build per update
         return self.policy.state_dict() if self.backend.num_workers else {}
 
     def learner_state(self) -> dict[str, Any]:
+        self.sync_acting_policy()
         return {"policy": self.policy.state_dict(), "learner": self.learner.state_dict(),
                 "reward_norm": self.reward_norm.state_dict() if self.reward_norm is not None else None,
                 **({"continual": self.continual.state_dict()} if self.continual is not None else {})}
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
+        copy_weights(self.train_agent, self.policy.agent)
         self.learner.load_state_dict(state["learner"])
         if self.reward_norm is not None and state.get("reward_norm") is not None:
             self.reward_norm.load_state_dict(state["reward_norm"])
@@ -222,6 +231,7 @@ class EnvTrainer(TrainingLoop):
         from polar.trainers.evaluation import evaluate_policy
 
         ev = self.cfg.eval
+        self.sync_acting_policy()
         res = evaluate_policy(self.policy, self.cfg.harness, episodes or ev.episodes, ev.seed, ev.deterministic,
                               ev.num_envs, self.cfg.config_dir)
         res.update(env_steps=self.env_steps, iteration=self.iteration)

@@ -55,7 +55,7 @@ class OffPolicyTrainer(EnvTrainer):
         return int(self.kw.train_freq)
 
     def _make_learner(self) -> Any:
-        cfg, agent = self.cfg, self.policy.agent
+        cfg, agent = self.cfg, self.train_agent
         space = self.backend.observation_space
         if cfg.policy.type == "dqn" and self.kw.prioritized_replay:
             self.replay = PrioritizedReplayBuffer(self.kw.buffer_size, space, self.backend.action_space, seed=cfg.seed,
@@ -98,7 +98,8 @@ class OffPolicyTrainer(EnvTrainer):
         if isinstance(self.sampler, MixedReplay):
             stats.update(self.sampler.metrics())
         if self.cfg.policy.type == "dqn":  # also during the warm-up, before the first training phase
-            stats["exploration_rate"] = float(self.policy.agent.explore_uniform.clamp(min=self.policy.agent.epsilon))
+            agent = self.train_agent
+            stats["exploration_rate"] = float(agent.explore_uniform.clamp(min=agent.epsilon))
         return stats
 
     def _dropped(self, frag: Fragment) -> None:

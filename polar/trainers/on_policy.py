@@ -47,8 +47,8 @@ class OnPolicyTrainer(EnvTrainer):
 
     def _make_learner(self) -> Any:
         if self.cfg.policy.type == "appo":
-            return APPOLearner(self.policy.agent, self.kw)
-        return PPOLearner(self.policy.agent, self.kw, self.cfg.total_env_steps)
+            return APPOLearner(self.train_agent, self.kw)
+        return PPOLearner(self.train_agent, self.kw, self.cfg.total_env_steps)
 
     def update(self, batch: Batch) -> Metrics:
         frags = batch.data
