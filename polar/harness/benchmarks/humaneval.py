@@ -81,8 +81,8 @@ def _python() -> tuple[str, list[str]]:
     return exe, [sys.base_prefix]
 
 
-_SIGNAL_WHY = {signal.SIGXCPU: "SIGXCPU: the CPU time limit", signal.SIGKILL: "SIGKILL",
-               signal.SIGXFSZ: "SIGXFSZ: the file size limit", signal.SIGSEGV: "SIGSEGV"}
+_SIGNAL_WHY: dict[int, str] = {int(signal.SIGXCPU): "SIGXCPU: the CPU time limit", int(signal.SIGKILL): "SIGKILL",
+                               int(signal.SIGXFSZ): "SIGXFSZ: the file size limit", int(signal.SIGSEGV): "SIGSEGV"}
 
 
 def _signal_of(returncode: int | None, wrapped: bool) -> int | None:
