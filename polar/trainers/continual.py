@@ -435,9 +435,14 @@ class Continual:
 
     def begin(self, state: dict[str, Any] | None) -> None:
         """A fresh run: load ``init``, then measure the start (the run's own task and the old ones)."""
-        if state is not None:
-            return
         tr = self.trainer
+        if state is not None:
+            if self.old_tasks is not None and not self.old_tasks.start:  # old tasks added on resume (-o)
+                log.warning("eval.old_tasks: the checkpoint has no start measurement of the old tasks; forgetting "
+                            "counts from this resume instead")
+                self._sync()
+                self.old_tasks.begin(tr.policy)
+            return
         if tr.cfg.init is not None:
             self.init = apply_init(tr)
             self.start_return = float(tr.evaluate(tag="start")["return_mean"])

@@ -141,6 +141,16 @@ def test_sac_from_iql_keeps_the_critics_values(tmp_path):
         with torch.no_grad():
             torch.testing.assert_close(trainer.learner.critics[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(trainer.learner.critic_target[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
+    # SAC from that SAC run: actor, critics and targets key for key
+    sac2 = validate(RunConfig, {**sac.model_dump(), "init": {"source": str(trainer.run_dir.path)}})
+    trainer2 = build_trainer(sac2, create_run_dir(sac2, tmp_path / "sac2"))
+    trainer2.train()
+    assert trainer2.continual.init["copied"] == "actor, critics, entropy coefficient"
+    for name in ("critics", "critic_target"):
+        a, b = getattr(trainer.learner, name).state_dict(), getattr(trainer2.learner, name).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = trainer.policy.state_dict(), trainer2.policy.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if "explore" not in k)
 
 
 def test_mixed_replay_draws_the_ratio_from_the_old_data():
@@ -233,11 +243,11 @@ def test_resume_keeps_the_start_and_does_not_reload_the_source(tmp_path, bc_run)
 
     source = tmp_path / "bc-copy"
     shutil.copytree(bc_run[0].path, source)
-    cfg = online(source, {"type": "ppo"}, 2048)
+    cfg = online(source, {"type": "ppo"}, 1024)
     run_dir = create_run_dir(cfg, tmp_path / "ppo")
     first = build_trainer(cfg, run_dir).train()["continual"]
     shutil.rmtree(source)  # a resumed run reads its own checkpoint, never init.source again
-    _, cfg2 = load_run(run_dir.path, ["total_env_steps=4096"])
+    _, cfg2 = load_run(run_dir.path, ["total_env_steps=2048"])
     second = build_trainer(cfg2, run_dir, resume=True).train()["continual"]
     assert second["start_return"] == first["start_return"]
     assert second["init"] == first["init"]
@@ -291,3 +301,19 @@ def test_dqn_from_cql_is_a_key_for_key_copy(tmp_path, dataset):
     dst = load_checkpoint(CheckpointManager(run_dir.checkpoints_dir).latest())["policy"]
     for k in ("agent.q_net.0.0.weight", "agent.q_net.1.bias"):
         assert torch.equal(src[k], dst[k])
+    # a prior online run's checkpoint starts the next one the same way
+    cfg2 = online(run_dir.path, {"type": "dqn", "kwargs": {"learning_starts": 10_000}}, 100, activation="relu")
+    again = build_trainer(cfg2, create_run_dir(cfg2, tmp_path / "dqn2")).train()["continual"]
+    assert again["init"]["source_policy"] == "dqn" and again["start_return"] == c["start_return"]
+
+
+def test_old_tasks_added_on_resume_count_from_the_resume(tmp_path, bc_run):
+    cfg = online(bc_run[0].path, {"type": "ppo"}, 1024)
+    cfg = validate(RunConfig, {**cfg.model_dump(), "eval": {"episodes": 5, "num_envs": 1}})  # no old tasks
+    run_dir = create_run_dir(cfg, tmp_path / "ppo")
+    build_trainer(cfg, run_dir).train()
+    from polar.trainers.loading import load_run
+
+    _, cfg2 = load_run(run_dir.path, ["total_env_steps=2048", "eval.old_tasks=[{kwargs: {max_episode_steps: 200}}]"])
+    old = build_trainer(cfg2, run_dir, resume=True).train()["continual"]["old_tasks"]["tasks"]["CartPole-v1"]
+    assert old["forgetting"] == pytest.approx(old["start"] - old["final"])
