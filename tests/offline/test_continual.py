@@ -141,6 +141,20 @@ def test_sac_from_iql_keeps_the_critics_values(tmp_path):
         with torch.no_grad():
             torch.testing.assert_close(trainer.learner.critics[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(trainer.learner.critic_target[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
+    # the actor: the IQL agent's mean mapped into tanh space, so SAC's deterministic action is close to it where the
+    # mean is well inside the bounds (tanh(m / 2) * 2 vs m), and its std is the same in env units
+    from polar.trainers.loading import load_policy_for_eval
+
+    iql_policy = load_policy_for_eval(iql_dir.path)[2]
+    many = torch.randn(256, 3)
+    with torch.no_grad():
+        mean = iql_policy.act(many, deterministic=True)[0].reshape(-1)
+        sac_action = trainer.policy.act(many, deterministic=True)[0].reshape(-1)
+        inside = mean.abs() < 0.5
+        assert inside.sum() > 50
+        torch.testing.assert_close(sac_action[inside], mean[inside], atol=0.02, rtol=0)
+        log_std = trainer.policy.agent._dist_params(many)[1][0]
+        torch.testing.assert_close(log_std.exp() * 2.0, iql_policy.agent.log_std.exp(), atol=1e-5, rtol=1e-5)
     # SAC from that SAC run: actor, critics and targets key for key
     sac2 = validate(RunConfig, {**sac.model_dump(), "init": {"source": str(trainer.run_dir.path)}})
     trainer2 = build_trainer(sac2, create_run_dir(sac2, tmp_path / "sac2"))
