@@ -271,7 +271,8 @@ def test_infinite_loops_and_hidden_sleepers_end_at_the_limits(tmp_path):
 
     fn = "def has_close_elements(numbers, threshold):\n"
     cases = {
-        "busy": (f"```python\n{fn}    while True:\n        pass\n```", 30, 2),   # cpu limit 2 s < wall 30 s
+        # the CPU limit (1 s) far below the wall clock, which a niced process on a loaded box also needs
+        "busy": (f"```python\n{fn}    while True:\n        pass\n```", 120, 1),
         "sleeping": (f"```python\nimport time\n{fn}    time.sleep(10 ** 6)\n```", 3, 10),
         "daemon": (f"```python\nimport os, time\n{fn}    if os.fork() == 0:\n        os.setsid()\n"
                    "        if os.fork() == 0:\n            time.sleep(10 ** 6)\n        os._exit(0)\n"
@@ -286,8 +287,7 @@ def test_infinite_loops_and_hidden_sleepers_end_at_the_limits(tmp_path):
         assert took < wall + 20, (name, took)
         time.sleep(0.5)
         assert _processes_mentioning(str(ws)) == [], f"{name}: a process outlived its verification"
-        if name == "busy":  # RLIMIT_CPU (SIGXCPU, then SIGKILL) long before the 30 s wall clock
+        if name == "busy":  # RLIMIT_CPU (SIGXCPU, then SIGKILL) before the wall clock
             assert not res["timed_out"] and res["result"].startswith("failed: killed by signal 24 (SIGXCPU"), res
-            assert took < 20, took
         if name == "sleeping":
             assert res["timed_out"] and res["result"] == "timed out after 3s", res
