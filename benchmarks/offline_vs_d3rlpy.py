@@ -1,0 +1,276 @@
+"""Offline RL on datasets polar generates itself, against d3rlpy on the same files.
+
+    make d3rlpy                                        # .d3rlpy-venv: d3rlpy 2.8.1 (it pins gymnasium 1.0.0), torch 2.13.0
+    nice -n 19 .venv/bin/python benchmarks/offline_vs_d3rlpy.py --out runs/offline_bench
+
+1. **Datasets.** polar's SAC trains on Pendulum-v1 and polar's DQN on CartPole-v1, one env, checkpointed and
+   evaluated (``--source-eval`` deterministic episodes) every iteration of 1,000 env steps. Training stops at the
+   first iteration whose evaluation reaches half-way from random to expert (``random + 0.5 (expert - random)``,
+   with random/expert -1230/-150 on Pendulum and 22/500 on CartPole). From that checkpoint:
+   - ``<env>-medium-v0``: ``--medium-episodes`` episodes of that policy acting as it did in training
+     (SAC samples its Gaussian; DQN is epsilon-greedy with the epsilon it had reached), ``polar collect``'s code;
+   - ``<env>-medium-replay-v0``: the replay buffer saved with that checkpoint (every transition collected up to
+     it), cut into episodes where an observation does not continue the previous step's next observation (one
+     env); the last, unfinished episode is marked truncated.
+   Both are Minari datasets (``polar.datasets.minari``).
+2. **Offline training.** On each dataset: polar's BC, IQL and CQL, then d3rlpy's IQL (Box actions only: d3rlpy has
+   no discrete IQL), CQL (``DiscreteCQL`` on CartPole) and BC, in a subprocess of ``.d3rlpy-venv`` that reads the
+   same HDF5 file (benchmarks/_d3rlpy_offline.py). Same networks (``--hidden``, ReLU), batch size, gradient steps,
+   learning rates and IQL/CQL coefficients on both sides (d3rlpy's defaults where polar's match them).
+3. **Evaluation.** ``--eval-episodes`` deterministic episodes on the env, seeds 10000, 10001, ... for both.
+   Wall time: polar's ``train()`` (dataset load, networks, gradient steps, final evaluation) and d3rlpy's
+   ``fit`` (networks and gradient steps; its evaluation is timed apart and added), each single-threaded.
+
+Prints one table: dataset, its return mean, algo, framework, return mean +- std, wall seconds and update
+seconds (the gradient steps alone: polar's ``time/learn_s``, d3rlpy's mean ``time_step`` x steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ENVS = {
+    # id, source algorithm, random return, expert return (the reference points of "medium")
+    "pendulum": ("Pendulum-v1", "sac", -1230.0, -150.0),
+    "cartpole": ("CartPole-v1", "dqn", 22.0, 500.0),
+}
+
+
+def source_config(env: str, max_steps: int, eval_episodes: int, seed: int):
+    from polar.config import RunConfig, validate
+
+    env_id, algo, _, _ = ENVS[env]
+    if algo == "sac":  # RL Zoo's Pendulum SAC, narrower networks
+        policy = {"type": "sac", "kwargs": {"learning_rate": 1e-3, "batch_size": 128, "learning_starts": 200,
+                                            "buffer_size": 100_000}}
+        hidden = [64, 64]
+    else:  # RL Zoo's CartPole DQN (examples/cartpole_dqn.yaml), narrower network
+        policy = {"type": "dqn", "kwargs": {"learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000,
+                                            "learning_starts": 1000, "target_update_interval": 10,
+                                            "train_freq": 256, "gradient_steps": 128, "exploration_fraction": 0.16,
+                                            "exploration_final_eps": 0.04}}
+        hidden = [64, 64]
+    return validate(RunConfig, {
+        "name": f"{env}-{algo}-source", "seed": seed, "harness": {"type": "gymnasium", "id": env_id},
+        "agent": {"type": "mlp", "hidden_sizes": hidden, "activation": "relu"}, "policy": policy,
+        "distribution": {"backend": "local", "rollout_workers": 0, "envs_per_worker": 1},
+        "total_env_steps": max_steps,
+        "logging": {"tensorboard": False, "progress_bar": False, "checkpoint_freq": 1, "keep_checkpoints": 2},
+        "eval": {"episodes": eval_episodes, "every_n_iterations": 1, "num_envs": 1, "at_end": False}})
+
+
+def replay_episodes(path: Path, act_dtype):
+    """The replay file's transitions (one env, in order) as Minari episodes."""
+    from polar.datasets.minari import Episode
+
+    with np.load(path, allow_pickle=False) as z:
+        header = json.loads(str(z["header"]))
+        if header["size"] == header["capacity"] and header["pos"] != 0:
+            raise SystemExit(f"{path}: the replay buffer wrapped around; raise buffer_size")
+        obs, nxt, act = z["obs"], z["next_obs"], z["actions"]
+        rew, term = z["rewards"], z["terminated"]
+    n = len(rew)
+    ends = [i for i in range(n) if i == n - 1 or term[i] > 0 or not np.array_equal(nxt[i], obs[i + 1])]
+    out, start = [], 0
+    for e in ends:
+        sl = slice(start, e + 1)
+        terms = term[sl] > 0
+        truncs = np.zeros(e + 1 - start, bool)
+        if not terms[-1]:
+            truncs[-1] = True  # a time limit, or the unfinished last episode
+        out.append(Episode(np.concatenate([obs[sl], nxt[e:e + 1]]).astype(np.float32), act[sl].astype(act_dtype),
+                           rew[sl].astype(np.float64), terms, truncs, seed=None))
+        start = e + 1
+    return out
+
+
+def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
+    from polar.datasets.collect import collect_episodes
+    from polar.datasets.minari import write_dataset
+    from polar.harness import make_vector_env
+    from polar.trainers.build import build_trainer, create_run_dir
+    from polar.trainers.checkpoint import CheckpointManager
+    from polar.trainers.loading import load_policy_for_eval
+
+    env_id, algo, rnd, expert = ENVS[env]
+    target = rnd + 0.5 * (expert - rnd)
+    medium, replay = out / f"{env}-medium-v0", out / f"{env}-medium-replay-v0"
+    if medium.exists() and replay.exists():
+        print(f"[{env}] datasets exist in {out}; reusing them", flush=True)
+        return {"medium": medium, "medium-replay": replay}
+    cfg = source_config(env, args.source_max_steps, args.source_eval, args.seed)
+    run = out / f"{env}-{algo}-source"
+    trainer = build_trainer(cfg, create_run_dir(cfg, run))
+    reached: list[float] = []
+
+    def on_iteration(m):
+        r = m.get("eval/return_mean")
+        print(f"[{env}] {algo} {m['env_steps']:>6} env steps: eval {r}", flush=True)
+        if r is not None and r >= target:
+            reached.append(r)
+
+    trainer.on_iteration = on_iteration
+    finished = trainer.finished
+    trainer.finished = lambda: finished() or bool(reached)  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    trainer.train()
+    src_s = time.perf_counter() - t0
+    ckpt = CheckpointManager(run / "checkpoints").latest()
+    assert ckpt is not None
+    evals = sorted((run / "eval").glob("iter_*.json"))
+    src_eval = json.loads(evals[-1].read_text())["return_mean"]
+    print(f"[{env}] source {algo}: {ckpt.name}, eval {src_eval:.1f} (target {target:.1f}), {src_s:.0f} s"
+          + ("" if reached else "; target not reached, using the last checkpoint"), flush=True)
+    _, rcfg, policy, _, _ = load_policy_for_eval(ckpt)
+    probe = make_vector_env(rcfg.harness, 1, seed=0)
+    obs_space, act_space = probe.single_observation_space, probe.single_action_space
+    probe.close()
+    meta = {"env_id": env_id, "algorithm_id": f"polar-{algo}", "author": "benchmarks/offline_vs_d3rlpy.py",
+            "code_permalink": str(ckpt)}
+    write_dataset(medium, collect_episodes(policy, rcfg.harness, args.medium_episodes, seed=args.seed + 1000,
+                                           deterministic=False), obs_space, act_space, **meta)
+    iteration = int(ckpt.stem.removeprefix("ckpt_"))
+    write_dataset(replay, replay_episodes(ckpt.parent / f"replay_{iteration:08d}.npz", act_space.dtype),
+                  obs_space, act_space, **meta)
+    return {"medium": medium, "medium-replay": replay}
+
+
+def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
+    from polar.config import RunConfig, validate
+    from polar.trainers.build import build_trainer, create_run_dir
+
+    env_id = ENVS[env][0]
+    kw: dict = {"dataset": str(ds), "gradient_steps": args.steps, "steps_per_iteration": args.steps,
+                "batch_size": args.batch_size, "learning_rate": args.lr}
+    if algo == "iql":
+        kw.update(gamma=args.gamma, tau=args.tau, expectile=0.7, temperature=3.0, max_weight=100.0,
+                  critic_hidden=args.hidden)
+    elif algo == "cql":
+        kw.update(gamma=args.gamma)
+        if env == "cartpole":
+            kw.update(tau=1.0, target_update_interval=args.target_update_interval)
+        else:
+            kw.update(tau=args.tau, actor_learning_rate=args.actor_lr)
+    cfg = validate(RunConfig, {
+        "name": f"{ds.name}-{algo}", "seed": args.seed, "harness": {"type": "gymnasium", "id": env_id},
+        "agent": {"type": "mlp", "hidden_sizes": args.hidden, "activation": "relu"},
+        "policy": {"type": algo, "kwargs": kw}, "distribution": {"backend": "local"},
+        "logging": {"tensorboard": False, "progress_bar": False, "checkpoint_freq": 0},
+        "eval": {"episodes": args.eval_episodes, "seed": 10_000, "num_envs": 1, "deterministic": True}})
+    t0 = time.perf_counter()
+    res = build_trainer(cfg, create_run_dir(cfg, run)).train()
+    wall = time.perf_counter() - t0
+    ev = res["eval"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {"return_mean": ev["return_mean"], "return_std": ev["return_std"], "wall_s": wall,
+            "update_s": sum(r.get("time/learn_s", 0.0) for r in rows)}
+
+
+def d3rlpy_offline(env: str, algo: str, ds: Path, args) -> dict:
+    spec = {"dataset": str(ds), "env_id": ENVS[env][0], "algo": algo, "seed": args.seed, "hidden": args.hidden,
+            "batch_size": args.batch_size, "gamma": args.gamma, "lr": args.lr, "actor_lr": args.actor_lr,
+            "tau": args.tau, "expectile": 0.7, "temperature": 3.0, "max_weight": 100.0, "steps": args.steps,
+            "eval_episodes": args.eval_episodes, "eval_seed": 10_000,
+            "target_update_interval": args.target_update_interval}
+    env_vars = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([args.d3rlpy_python, str(ROOT / "benchmarks" / "_d3rlpy_offline.py"), json.dumps(spec)],
+                       capture_output=True, text=True, env=env_vars, cwd=str(args.out))
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout).strip().splitlines()[-1][:200]}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"return_mean": res["return_mean"], "return_std": res["return_std"], "wall_s": res["train_s"] + res["eval_s"],
+            "update_s": res["update_s"], "version": res["d3rlpy"]}
+
+
+def dataset_return(ds: Path) -> tuple[float, int, int]:
+    from polar.datasets.minari import load_dataset
+
+    d = load_dataset(ds)
+    return float(np.mean(d.episode_returns)), len(d.episode_returns), len(d)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "offline_bench")
+    p.add_argument("--envs", default="pendulum,cartpole")
+    p.add_argument("--algos", default="bc,iql,cql")
+    p.add_argument("--steps", type=int, default=1000, help="gradient steps per offline run")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--hidden", type=lambda s: [int(x) for x in s.split(",")], default=[64, 64])
+    p.add_argument("--lr", type=float, default=3e-4, help="critics' (and BC's, IQL's actor's) learning rate")
+    p.add_argument("--actor-lr", type=float, default=1e-4, help="Box CQL's actor (d3rlpy's default)")
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--tau", type=float, default=0.005)
+    p.add_argument("--target-update-interval", type=int, default=100, help="discrete CQL's hard target copy")
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--source-max-steps", type=int, default=40_000, help="env steps the source SAC/DQN may take")
+    p.add_argument("--source-eval", type=int, default=5)
+    p.add_argument("--medium-episodes", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--d3rlpy-python", default=str(ROOT / ".d3rlpy-venv" / "bin" / "python"))
+    p.add_argument("--no-d3rlpy", action="store_true")
+    p.add_argument("--d3rlpy-algos", default="iql,cql", help="the algos also run with d3rlpy (bc too: add it)")
+    p.add_argument("--table", action="store_true", help="only print the table of --out/results_*.json (runs "
+                   "with --envs pendulum and --envs cartpole can go side by side into one --out)")
+    args = p.parse_args()
+    if args.table:
+        print_table([r for f in sorted(args.out.glob("results_*.json"), reverse=True) for r in json.loads(f.read_text())])
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    use_d3rlpy = not args.no_d3rlpy
+    if use_d3rlpy and not Path(args.d3rlpy_python).exists():
+        print(f"{args.d3rlpy_python} not found: `make d3rlpy` first, or --no-d3rlpy", file=sys.stderr)
+        return 2
+    t_all = time.perf_counter()
+    rows = []
+    for env in args.envs.split(","):
+        for ds in make_datasets(env, args.out, args).values():
+            ret, eps, n = dataset_return(ds)
+            for algo in args.algos.split(","):
+                sides = ["polar"]
+                if use_d3rlpy and algo in args.d3rlpy_algos.split(",") and not (algo == "iql" and env == "cartpole"):
+                    sides.append("d3rlpy")
+                for fw in sides:
+                    if fw == "polar":
+                        r = polar_offline(env, algo, ds, args.out / "offline" / f"{ds.name}-{algo}", args)
+                    else:
+                        r = d3rlpy_offline(env, algo, ds, args)
+                    name = {"cql": "DiscreteCQL", "bc": "DiscreteBC"}.get(algo, algo) if fw == "d3rlpy" and env == "cartpole" else algo
+                    row = {"dataset": ds.name, "data_return": ret, "episodes": eps, "transitions": n, "algo": name,
+                           "framework": fw, **r}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    (args.out / f"results_{args.envs.replace(',', '_')}.json").write_text(json.dumps(rows, indent=1))
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s; steps {args.steps}, batch {args.batch_size}, hidden "
+          f"{args.hidden}, eval {args.eval_episodes} deterministic episodes\n")
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| dataset | data return (episodes, transitions) | algo | framework | return mean ± std | wall s | update s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        score = ("error: " + r["error"]) if "error" in r else f"{r['return_mean']:.1f} ± {r['return_std']:.1f}"
+        wall = "" if "error" in r else f"{r['wall_s']:.1f} | {r['update_s']:.1f}"
+        print(f"| {r['dataset']} | {r['data_return']:.1f} ({r['episodes']}, {r['transitions']}) | {r['algo']} | "
+              f"{r['framework']} | {score} | {wall} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
