@@ -193,11 +193,9 @@ def apply_init(trainer: Any) -> dict[str, Any]:
             pairs = _under(state["learner"]["critics"], "0")
             report["copied"] = "IQL critic Q(s, .) as the Q-network"
         else:
+            _builtin_feedforward(src_cfg, where, "DQN")
             t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
                                  f"{src_cfg.agent.activation} (the source agent's)")
-            if src_cfg.agent.type != "mlp" and src_cfg.agent.type != "cnn":
-                raise ConfigError(f"init.source: {where} has a {src_cfg.agent.type} agent; DQN starts from mlp or cnn "
-                                  "agents only")
             _check_activation(src_cfg.agent.activation, activation, where, t.fix)
             pairs = _under(sd, "agent.pi_encoder") + _under(sd, "agent.pi_head")
             report["copied"] = "actor logits as initial Q-values"
@@ -211,6 +209,12 @@ def apply_init(trainer: Any) -> dict[str, Any]:
     _sync_learner(trainer)
     log.info("init: %s from %s (%s tensors)", report["copied"], ckpt, report.get("tensors"))
     return report
+
+
+def _builtin_feedforward(src_cfg: Any, where: str, target: str) -> None:
+    if src_cfg.agent.type not in ("mlp", "cnn"):
+        raise ConfigError(f"init.source: {where} has a {src_cfg.agent.type} agent; {target} starts from an mlp or cnn "
+                          "actor only (its networks are feed-forward), or from a run of its own kind")
 
 
 def _what_starts(dst_type: str) -> str:
@@ -247,6 +251,7 @@ def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], wh
     if "agent.log_std" not in sd:
         raise ConfigError(f"init.source: {where} has no Gaussian actor (Box actions); SAC starts from an agent that "
                           "was trained on this Box action space")
+    _builtin_feedforward(src_cfg, where, "SAC")
     activation = network_settings(cfg)[1]
     t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
                          f"{src_cfg.agent.activation} (the source agent's)")
