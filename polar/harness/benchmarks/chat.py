@@ -21,7 +21,9 @@ async def answer(base_url: str, api_key: str, task: dict[str, Any], model: str =
         messages.append({"role": "system", "content": task["system_prompt"]})
     messages.append({"role": "user", "content": task_prompt(task)})
     extra = {"stop": task["stop"]} if task.get("stop") else {}
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+    # no client timeout of its own (the SDK's default gives up after 600 s): the harness's timeout_s bounds
+    # the call, so a slow engine is waited for as long as the config allows
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=None) as client:
         resp = await client.chat.completions.create(
             model=model, messages=messages, max_tokens=int(task.get("max_tokens", 64)),
             temperature=float(task.get("temperature", 1.0)), **extra)
