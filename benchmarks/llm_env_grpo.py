@@ -2,12 +2,12 @@
 
     # zero-shot held-out scores of each config's model (default: SmolLM2-135M-Instruct) on its eval_tasks
     python benchmarks/llm_env_grpo.py zero-shot examples/llm_frozenlake.yaml examples/llm_humaneval.yaml \
-        examples/llm_reasoning_gym.yaml [--limit 50] [--samples 1]
+        examples/llm_reasoning_gym.yaml [--limit 50] [--samples 1] [--dump DIR]
     # a whole GRPO run (polar run), then its held-out success before and after
     python benchmarks/llm_env_grpo.py train examples/llm_frozenlake.yaml [-o policy.kwargs.total_steps=10]
 
 Zero-shot runs go through the same gateway, session pipeline, runner and verifier as training (one
-process, embedded engine); ``success`` is the share of held-out sessions whose verifier says success
+process; the config's engine: embedded, or ``model: {engine: vllm, ...}`` for vLLM replicas polar launches); ``success`` is the share of held-out sessions whose verifier says success
 (env runs: the episode reached the goal; HumanEval: the tests passed, i.e. pass@1 at one sample per
 problem; reasoning-gym: score_answer == 1). Results print as a table and as one JSON line per config.
 """
@@ -38,32 +38,78 @@ def _success(result) -> float:
     return float((result.reward or 0.0) >= 1.0)
 
 
-def zero_shot(config: str, limit: int | None, samples: int, overrides: list[str]) -> dict:
+class _Engines:
+    """The engines of one invocation, one per distinct model setting: configs that name the same model
+    and engine share it (a launched vLLM starts once, not once per config). ``close()`` ends them."""
+
+    def __init__(self) -> None:
+        self.owned: dict[str, object] = {}
+        self.tmp = tempfile.TemporaryDirectory(prefix="llm-env-zero-shot-")
+
+    def get(self, cfg) -> tuple[object, float]:
+        from polar.evaluation.agents import _Proxy
+        from polar.inference import load_engine
+
+        class Kept(_Proxy):  # each run's gateway closes its engine when it stops; the shared one stays up
+            async def close(self) -> None:
+                return None
+
+        model = cfg.model
+        spec = model.name_or_path if model else "smollm2-135m"
+        key = json.dumps([spec, model.engine if model else "embedded", model.replicas if model else 1,
+                          model.engine_kwargs if model else {}], sort_keys=True, default=str)
+        t0 = time.monotonic()
+        if key not in self.owned:
+            if model is not None and model.engine == "vllm":  # polar launches vLLM (model: {engine: vllm, ...})
+                log_dir = Path(self.tmp.name) / f"vllm-{len(self.owned)}"
+                self.owned[key] = load_engine(spec, engine="vllm", replicas=model.replicas, log_dir=str(log_dir),
+                                              **model.engine_kwargs)
+            else:
+                self.owned[key] = load_engine(spec)
+        return Kept(self.owned[key]), time.monotonic() - t0
+
+    def close(self) -> None:
+        import asyncio
+
+        for engine in self.owned.values():
+            asyncio.run(engine.close())
+        self.owned.clear()
+        self.tmp.cleanup()
+
+
+def zero_shot(config: str, limit: int | None, samples: int, overrides: list[str], engines: _Engines,
+              dump: str | None = None) -> dict:
     from polar.config import load_config
     from polar.harness.benchmarks.humaneval import pass_at_k
     from polar.harness.sessions import load_run_tasks, session_runner, session_verifier
-    from polar.inference import load_engine
     from polar.rollout.sessions.local import LocalStack
     from polar.rollout.sessions.pipeline import PipelineSettings
 
     cfg = load_config(config, overrides)
     tasks = load_run_tasks(cfg.eval_tasks, cfg.config_dir)[:limit]
     spec = cfg.model.name_or_path if cfg.model else "smollm2-135m"
-    t0 = time.monotonic()
-    engine = load_engine(spec)
-    load_s = time.monotonic() - t0
+    engine_kind = cfg.model.engine if cfg.model else "embedded"
     timeout = cfg.agent.timeout_s if getattr(cfg.agent, "type", None) == "llm" else cfg.harness.timeout_s
+    engine, load_s = engines.get(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         settings = PipelineSettings(max_run_workers=cfg.sessions.max_run_workers, agent_timeout_s=timeout,
                                     session_budget_s=cfg.sessions.session_budget_s, builder=cfg.trajectory.builder,
                                     workspace_root=str(Path(tmp) / "ws"))
-        with LocalStack(engine, session_runner(cfg), session_verifier(cfg), settings) as stack:
+        records = Path(dump) / Path(config).stem if dump else None  # the gateway's call records, per config
+        with LocalStack(engine, session_runner(cfg), session_verifier(cfg), settings,
+                        records_dir=records / "gateway" if records else None) as stack:
             t1 = time.monotonic()
             groups = stack.run_groups([(t, samples, {"eval": "zero_shot"}) for t in tasks], timeout_s=7200)
             run_s = time.monotonic() - t1
     results = [r for g in groups for r in g]
+    if records is not None:
+        with (records / "sessions.jsonl").open("w") as f:
+            for r in results:
+                f.write(json.dumps({"task_id": r.task_id, "status": r.status.value, "error": r.error,
+                                    "reward": r.reward, "output": r.output, "verifier": r.verifier_output},
+                                   default=str) + "\n")
     ok = [_success(r) for r in results]
-    out = {"config": config, "model": spec, "tasks": len(tasks), "sessions": len(results),
+    out = {"config": config, "model": spec, "engine": engine_kind, "tasks": len(tasks), "sessions": len(results),
            "success": round(sum(ok) / max(1, len(ok)), 4),
            "errors": sum(r.status.value == "error" for r in results),
            "timeouts": sum(r.status.value == "timeout" for r in results),
@@ -100,13 +146,19 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="zero-shot: the first N held-out tasks")
     p.add_argument("--samples", type=int, default=1, help="zero-shot: sessions per task (pass@k needs k)")
     p.add_argument("-o", "--override", action="append", default=[])
+    p.add_argument("--dump", metavar="DIR", default=None,
+                   help="zero-shot: write DIR/<config>/sessions.jsonl and the gateway's call records")
     args = p.parse_args()
     rows = []
-    for config in args.configs:
-        row = zero_shot(config, args.limit, args.samples, args.override) if args.mode == "zero-shot" \
-            else train(config, args.override)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    engines = _Engines()
+    try:
+        for config in args.configs:
+            row = zero_shot(config, args.limit, args.samples, args.override, engines, args.dump) if args.mode == "zero-shot" \
+                else train(config, args.override)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        engines.close()
     keys = [k for k in rows[0] if k not in ("config", "grpo", "run_dir")]
     print("\n| config | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
     for row in rows:
