@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -119,18 +120,15 @@ class DiscreteCQLLearner:
 class CQLLearner:
     """SAC's actor (the agent), twin ``QCritic``s and targets, the temperature and the CQL Lagrange multiplier."""
 
-    def __init__(self, agent: Any, kwargs: Any, observation_space: gym.Space, action_space: gym.spaces.Box,
-                 hidden: list[int], activation: str) -> None:
-        from polar.models.off_policy import QCritic
-
+    def __init__(self, agent: Any, kwargs: Any, make_critic: Callable[[], nn.Module], action_space: gym.spaces.Box) -> None:
+        """``make_critic()`` builds one Q(s, a) network (the trainer passes ``polar.models.off_policy.QCritic``
+        for the run's spaces, as for SAC): the learner owns two of them and their targets."""
         self.agent = agent
         self.kw = kwargs
         self.weight = BOX_WEIGHT if kwargs.conservative_weight is None else kwargs.conservative_weight
         self.action_dim = int(np.prod(action_space.shape))
         agent.explore_uniform.fill_(0.0)  # samples its own Gaussian, never the uniform warm-up
-        critic_hidden = list(kwargs.critic_hidden or hidden)
-        self.critics = nn.ModuleList([QCritic(observation_space, action_space, critic_hidden, activation, [])
-                                      for _ in range(2)])
+        self.critics = nn.ModuleList([make_critic() for _ in range(2)])
         self.target = copy.deepcopy(self.critics)  # before the optimizers re-point parameters
         self.target.requires_grad_(False)
         self._critic_params = list(self.critics.parameters())

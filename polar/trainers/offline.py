@@ -81,10 +81,11 @@ def make_offline_learner(cfg: EnvRunConfig, agent: Any, obs_space: gym.Space, ac
     if cfg.policy.type == "cql":
         if isinstance(act_space, gym.spaces.Discrete):
             return DiscreteCQLLearner(agent, kw)
-        from polar.models.off_policy import network_settings
+        from polar.models.off_policy import QCritic, network_settings
 
         hidden, activation, _ = network_settings(cfg)
-        return CQLLearner(agent, kw, obs_space, act_space, hidden, activation)
+        critic_hidden = list(kw.critic_hidden or hidden)
+        return CQLLearner(agent, kw, lambda: QCritic(obs_space, act_space, critic_hidden, activation, []), act_space)
     return BCLearner(agent, kw)
 
 
