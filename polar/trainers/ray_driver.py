@@ -88,6 +88,8 @@ class LearnerActor:
 
         extra = {"learner/restarts": learner_restarts}
         if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
+            # an LLM learner uses the CPUs its actor reserved (env learners keep 1 thread: small networks)
+            torch.set_num_threads(max(1, int(cfg.distribution.learner_resources.num_cpus)))
             from polar.trainers.agent import AgentTrainer
             from polar.trainers.agentic_run import build_ray_stack
 

@@ -141,6 +141,7 @@ def test_grpo_on_ray_trains_over_two_gateway_nodes_with_the_learner_where_learne
     index = sessions_index(run)
     assert len(index) == 2 * 2 * 4 and all(r["status"] == "done" for r in index)
     assert {r["node_id"] for r in index} == {n["node_id"] for n in nodes}
+    assert {r["node_id"] for r in index if r["metadata"]["rollout_step"] == 1} == {n["node_id"] for n in nodes}
     # every step trained, and every node served the learner's weights: the rollout/learner logprob gap is
     # ~0 in step 2 too, whose sessions the updated weights generated on both nodes
     assert [r["iteration"] for r in rows] == [1, 2]
