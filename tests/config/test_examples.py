@@ -18,6 +18,7 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.y*ml") if p.suffix in 
 EXPECTED = {
     "agentic/calculator_command.yaml": ("agent", "agent", "grpo"),
     "agentic/calculator_grpo.yaml": ("agent", "agent", "grpo"),
+    "agentic/real_model_grpo.yaml": ("agent", "agent", "grpo"),
     "atari/breakout_ppo.yaml": ("env", "gymnasium", "ppo"),
     "cartpole_appo_ray.yaml": ("env", "gymnasium", "appo"),
     "cartpole_dqn.yaml": ("env", "gymnasium", "dqn"),
