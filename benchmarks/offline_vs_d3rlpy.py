@@ -114,8 +114,9 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
     trainer = build_trainer(cfg, create_run_dir(cfg, run))
     reached: list[float] = []
 
-    def on_iteration(m):
-        r = m.get("eval/return_mean")
+    def on_iteration(m):  # the iteration's evaluation is in eval/iter_<n>.json (written before this call)
+        f = run / "eval" / f"iter_{m['iteration']:08d}.json"
+        r = json.loads(f.read_text())["return_mean"] if f.is_file() else None
         print(f"[{env}] {algo} {m['env_steps']:>6} env steps: eval {r}", flush=True)
         if r is not None and r >= target:
             reached.append(r)
@@ -221,11 +222,14 @@ def main() -> int:
     p.add_argument("--d3rlpy-python", default=str(ROOT / ".d3rlpy-venv" / "bin" / "python"))
     p.add_argument("--no-d3rlpy", action="store_true")
     p.add_argument("--d3rlpy-algos", default="iql,cql", help="the algos also run with d3rlpy (bc too: add it)")
-    p.add_argument("--table", action="store_true", help="only print the table of --out/results_*.json (runs "
-                   "with --envs pendulum and --envs cartpole can go side by side into one --out)")
+    p.add_argument("--only-dataset", choices=["medium", "medium-replay"], default=None,
+                   help="train on this one (runs per dataset can go side by side once the datasets exist)")
+    p.add_argument("--table", action="store_true", help="only print the table of the rows in --out/*.log (runs "
+                   "logged there with > OUT/NAME.log, e.g. --envs pendulum and --envs cartpole side by side)")
     args = p.parse_args()
-    if args.table:
-        print_table([r for f in sorted(args.out.glob("results_*.json"), reverse=True) for r in json.loads(f.read_text())])
+    if args.table:  # the rows each run printed (JSON lines) into its log, as `benchmarks/... > OUT/<name>.log`
+        print_table([json.loads(line) for f in sorted(args.out.glob("*.log"), reverse=True)
+                     for line in f.read_text().splitlines() if line.startswith('{"dataset"')])
         return 0
     import torch
 
@@ -239,7 +243,9 @@ def main() -> int:
     t_all = time.perf_counter()
     rows = []
     for env in args.envs.split(","):
-        for ds in make_datasets(env, args.out, args).values():
+        for kind, ds in make_datasets(env, args.out, args).items():
+            if args.only_dataset and kind != args.only_dataset:
+                continue
             ret, eps, n = dataset_return(ds)
             for algo in args.algos.split(","):
                 sides = ["polar"]
@@ -255,7 +261,8 @@ def main() -> int:
                            "framework": fw, **r}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    (args.out / f"results_{args.envs.replace(',', '_')}.json").write_text(json.dumps(rows, indent=1))
+    tag = args.envs.replace(",", "_") + (f"_{args.only_dataset}" if args.only_dataset else "")
+    (args.out / f"results_{tag}.json").write_text(json.dumps(rows, indent=1))
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s; steps {args.steps}, batch {args.batch_size}, hidden "
           f"{args.hidden}, eval {args.eval_episodes} deterministic episodes\n")
     print_table(rows)
