@@ -42,6 +42,9 @@ from polar.types import Batch
 
 log = logging.getLogger(__name__)
 
+# below this share of groups with a signal per step, the run says so and suggests what helps
+LOW_SIGNAL_SHARE = 0.25
+
 Groups = list[list[SessionResult]]
 
 
@@ -144,6 +147,7 @@ class AgentTrainer(TrainingLoop):
             self.window = EpisodeWindow(int(self.kw.tasks_per_step * self.kw.group_size))
         self.eval_tasks: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}
+        self._low_signal_steps = 0
         self.history: list[Metrics] = []
         self.stack: Any = None
         self.learner: GRPOLearner | None = None
@@ -211,6 +215,19 @@ class AgentTrainer(TrainingLoop):
                                "demonstrations": len(demos), "time_s": round(time.monotonic() - ts, 1)}
         log.info("SFT: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
 
+    def _warn_on_low_signal(self, share: float, group_size: int) -> None:
+        """Say so when most groups carry no signal (GRPO learns only from groups whose rewards differ), with
+        what helps; once at the first such step, then every 10th, so a long run's log stays readable."""
+        if share >= LOW_SIGNAL_SHARE:
+            return
+        self._low_signal_steps += 1
+        if self._low_signal_steps % 10 != 1:
+            return
+        log.warning("GRPO step %d: only %.0f%% of the groups carry a signal (rewards differ within the group; "
+                    "the rest teach nothing). What helps: a larger group (policy.kwargs.group_size, now %d), "
+                    "partial-credit rewards from the verifier, easier tasks or a curriculum, or an SFT warm-up "
+                    "(sft_warmup) on demonstrations", self.iteration + 1, 100 * share, group_size)
+
     # ------------------------------------------------------------------ the Learner seam
     def update(self, batch: Batch) -> Metrics:
         assert self.learner is not None  # an SFT run has no GRPO iterations
@@ -220,7 +237,8 @@ class AgentTrainer(TrainingLoop):
         upd = self.learner.update(samples, advs) if samples else {}
         if not samples:  # a step with no usable group changed no weight: no swap, no new version
             log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", self.iteration + 1,
-                     ", ".join(f"{k} {int(v)}" for k, v in counts.items() if k.startswith("groups_")))
+                     ", ".join(f"{k} {v:g}" for k, v in counts.items() if k.startswith("groups_")))
+        self._warn_on_low_signal(counts.get("groups_signal_share", 1.0), kw.group_size)
         if "policy_loss" in upd:
             upd["pg_loss"] = upd.pop("policy_loss")
         rewards = batch.episode_returns

@@ -35,7 +35,9 @@ logging: {checkpoint_freq: 1, tensorboard: false}
 """
 
 
-def test_grpo_step_without_a_usable_group_keeps_the_policy_version(tmp_path):
+def test_grpo_step_without_a_usable_group_keeps_the_policy_version(tmp_path, caplog):
+    import logging
+
     from polar.inference import load_engine
 
     sys.path.insert(0, str(HERE))  # the harness module lives next to the tests
@@ -57,7 +59,8 @@ def test_grpo_step_without_a_usable_group_keeps_the_policy_version(tmp_path):
 
     engine.update_weights = spy
     run_dir = RunDir.create("no-signal", tmp_path / "run")
-    summary = train_agentic(cfg, run_dir, engine=engine)
+    with caplog.at_level(logging.WARNING, logger="polar.trainers.agent"):
+        summary = train_agentic(cfg, run_dir, engine=engine)
 
     assert summary["grpo"]["steps"] == 2
     rows = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
@@ -67,6 +70,10 @@ def test_grpo_step_without_a_usable_group_keeps_the_policy_version(tmp_path):
         assert r["update_skipped"] == 1 and r["policy_version"] == before
     assert published == [] and engine.policy_version == before  # no weight swap, no new version
     assert load_checkpoint(run_dir.checkpoints_dir / "ckpt_00000002.pt")["policy_version"] == before
+    # no group had a signal: the run says so once (not at every step) and names what helps
+    low = [r.getMessage() for r in caplog.records if "carry a signal" in r.getMessage()]
+    assert len(low) == 1 and "group_size, now 4" in low[0] and "sft_warmup" in low[0], low
+    assert all(r["groups_signal_share"] == 0.0 for r in rows)
 
 
 # ------------------------------------------------------------------ `polar run` / `polar eval` on agent runs
