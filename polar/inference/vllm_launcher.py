@@ -536,10 +536,8 @@ def launch_vllm(name_or_path: str, *, replicas: int = 1, log_dir: str | Path, co
     tokenizer = _load_tokenizer(str(folder))
     # vLLM 0.32's in-place reload leaves a tied lm_head on the old embeddings, so a tied model is served
     # from an untied copy (lm_head written out) that every weight sync can update whole
-    from polar.inference.weight_sync import untied_copy
-
     dtype = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(config.dtype, "float32")
-    serve = untied_copy(folder, Path(log_dir) / "served-model", dtype)
+    serve = untied_copy_cached(folder, dtype)
     fleet = VllmFleet(folder, replicas, config, log_dir, python=python, config_key=config_key,
                       serve_folder=serve).start()
     try:
@@ -547,6 +545,37 @@ def launch_vllm(name_or_path: str, *, replicas: int = 1, log_dir: str | Path, co
     except BaseException:
         fleet.stop()
         raise
+
+
+def served_copies_dir() -> Path:
+    """Where launched replicas' untied copies live: ``$POLAR_CACHE_DIR/vllm-served`` (beside the presets)."""
+    from polar.inference.presets import cache_dir
+
+    return cache_dir().parent / "vllm-served"
+
+
+def untied_copy_cached(folder: Path, dtype: str) -> Path:
+    """The untied copy of ``folder`` at one stable path per (folder, dtype), made once under a file lock.
+
+    vLLM keys its torch.compile cache on the model path among other things, so a fixed path lets every
+    later launch of the same model reuse the compiled graphs instead of compiling again (minutes on CPU);
+    weight syncs load other folders and never write here."""
+    import fcntl
+    import hashlib
+
+    from polar.inference.weight_sync import untied_copy
+
+    root = served_copies_dir()
+    key = hashlib.sha256(f"{folder}|{dtype}".encode()).hexdigest()[:12]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{key}.lock", "a+")
+    except OSError as e:
+        raise VllmLaunchError(f"cannot create {root} for vLLM's served model copy: {e}; "
+                              "set POLAR_CACHE_DIR to a writable folder") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        return untied_copy(folder, root / f"{folder.name}-{dtype}-{key}", dtype)
 
 
 def resolve_model_folder(name_or_path: str, config_key: str = "model.name_or_path") -> Path:
