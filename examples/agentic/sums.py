@@ -10,10 +10,12 @@ The verifier scores the harness's output (one line per model reply, the final re
 - held-out seeds: **exact success**, 1.0 only when the final reply is the sum and nothing else (surrounding
   whitespace, ``**`` and one trailing period allowed), else 0.0;
 - training seeds (``partial_credit: true``): 1.0 for an exact answer, else partial credit that gives GRPO a
-  signal while exact answers are rare: 0.3 for a bare (wrong) integer as the final reply, 0.2 when the final reply
-  holds the sum among other words, 0.1 when only an earlier reply did. The bare format scores above a wordy right
-  answer on purpose: with the order reversed (0.5 for a wordy right answer, 0.2 for a bare one) SmolLM2 settled on
-  "A + B equals C." within three steps and exact success stayed at 0.
+  signal while exact answers are rare: 0.5 for a bare (wrong) integer as the final reply, 0.1 when the final reply
+  holds the sum among other words, 0.05 when only an earlier reply did. The bare format scores far above a wordy
+  right answer on purpose. SmolLM2 gives a wordy right answer about five times as often as a bare one, and
+  GRPO follows the frequent signal: with 0.5 for wordy-right and 0.2 for bare it settled on "A + B equals C."
+  within three steps, and with 0.2 wordy-right and 0.3 bare it still drifted to wordy answers over nine steps
+  (held-out exact success 0.000 -> 0.060).
 """
 
 from __future__ import annotations
@@ -64,11 +66,11 @@ def verify(task: dict, output: str, partial_credit: bool = True) -> dict:
         reward = float(exact)
     else:
         if re.fullmatch(r"-?\d+", _bare(final)):
-            reward = 0.3  # the format asked for, a wrong number
+            reward = 0.5  # the format asked for, a wrong number
         elif str(answer) in _INT.findall(final):
-            reward = 0.2  # the right number among other words
+            reward = 0.1  # the right number among other words
         elif any(str(answer) in _INT.findall(r) for r in replies[:-1]):
-            reward = 0.1
+            reward = 0.05
         else:
             reward = 0.0
     return {"reward": reward, "exact": float(exact), "expected": answer, "got": final[:80]}

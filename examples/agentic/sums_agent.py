@@ -2,8 +2,8 @@
 
 It knows nothing about polar. Each session asks the model a sum ("What is 7 plus 12?") with one tool offered,
 ``add(a, b)``; when the model calls it, the agent runs it and sends the result back. After the model's first
-text reply it asks once more, for the bare number ("What is 7 plus 12? Reply with just the number."), and that second text reply is
-the final answer. The output is one line per text reply, the final answer last.
+text reply it asks once more, for the bare number ("Now give only the final answer as a number, nothing else.
+What is 7 plus 12?"), and that second text reply is the final answer. The output is one line per text reply, the final answer last.
 
 Run it against any Anthropic-compatible server::
 
@@ -15,13 +15,14 @@ As a polar harness (``harness: {callable: sums_agent:agent}``) the question come
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
-from anthropic import Anthropic, AsyncAnthropic
+from anthropic import AsyncAnthropic
 
 SYSTEM = "You are a helpful assistant."
-FOLLOW_UP = "{question} Reply with just the number."  # the question again, then the format
+FOLLOW_UP = "Now give only the final answer as a number, nothing else. {question}"  # the format, then the question
 TEMPERATURE = 0.7  # sent as a body field: this SDK version's create() has no temperature argument
 TOOLS = [{
     "name": "add", "description": "Add two integers.",
@@ -71,24 +72,6 @@ async def arun(client: AsyncAnthropic, question: str, model: str) -> str:
     return "\n".join(replies)
 
 
-def run(client: Anthropic, question: str, model: str) -> str:
-    """The same agent on the sync client (the command-line entry point)."""
-    messages: list = [{"role": "user", "content": question}]
-    replies: list[str] = []
-    for _ in range(MAX_CALLS):
-        msg = client.messages.create(model=model, system=SYSTEM, messages=messages, tools=TOOLS,
-                                     max_tokens=MAX_TOKENS[min(len(replies), 1)],
-                                     extra_body={"temperature": TEMPERATURE})
-        text = _step(messages, msg)
-        if text is None:
-            continue
-        replies.append(text)
-        if len(replies) == 2:
-            break
-        messages.append({"role": "user", "content": FOLLOW_UP.format(question=question)})
-    return "\n".join(replies)
-
-
 async def agent(base_url: str, task: dict, api_key: str, model: str, gateway_url: str | None = None) -> str:
     """Harness entry point for ``harness: {callable: sums_agent:agent}``: the question from the task's seed.
     ``base_url`` is the OpenAI-style ``.../v1``; the Anthropic SDK takes the root (``gateway_url``)."""
@@ -99,9 +82,15 @@ async def agent(base_url: str, task: dict, api_key: str, model: str, gateway_url
         return await arun(client, question(int(task["seed"])), model)
 
 
+async def _main(question: str, model: str) -> str:
+    # ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY from the environment
+    async with AsyncAnthropic(max_retries=2, timeout=300.0) as client:
+        return await arun(client, question, model)
+
+
 def main() -> int:
-    client = Anthropic(max_retries=2, timeout=300.0)  # ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY from the environment
-    print(run(client, sys.stdin.read().strip() or "What is 3 plus 4?", os.environ.get("ANTHROPIC_MODEL", "smollm2-135m")))
+    question = sys.stdin.read().strip() or "What is 3 plus 4?"
+    print(asyncio.run(_main(question, os.environ.get("ANTHROPIC_MODEL", "smollm2-135m"))))
     return 0
 
 

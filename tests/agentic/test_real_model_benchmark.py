@@ -43,9 +43,9 @@ def test_sums_heldout_problems_are_disjoint_and_scored_exactly(sums):
     ta, tb = sums.problem(5)
     tr = str(ta + tb)
     assert sums.verify({"seed": 5}, f"x\n{tr}")["reward"] == 1.0
-    assert sums.verify({"seed": 5}, "x\n99999")["reward"] == 0.3  # the bare format, wrong
-    assert sums.verify({"seed": 5}, f"x\nit is {tr}")["reward"] == 0.2  # right, among words
-    assert sums.verify({"seed": 5}, f"it is {tr}\nno")["reward"] == 0.1
+    assert sums.verify({"seed": 5}, "x\n99999")["reward"] == 0.5  # the bare format, wrong
+    assert sums.verify({"seed": 5}, f"x\nit is {tr}")["reward"] == 0.1  # right, among words
+    assert sums.verify({"seed": 5}, f"it is {tr}\nno")["reward"] == 0.05
     assert sums.verify({"seed": 5}, "no\nidea")["reward"] == 0.0
     assert sums.verify({"seed": 5}, "x\nit is 99999", partial_credit=False)["reward"] == 0.0
 
