@@ -3,7 +3,7 @@
 The gateway tokenizes, so these engines send **token-id prompts** and read back token ids and logprobs
 (never text), straight from each replica rather than through a router that may strip them:
 
-- vLLM: ``POST /v1/completions`` with ``prompt`` as a list of ids, ``logprobs``, ``return_token_ids``
+- vLLM: ``POST /v1/completions`` with ``prompt`` as a list of ids, ``logprobs: 0`` (the sampled token's only), ``return_token_ids``
   and ``return_tokens_as_token_ids``; ids come from ``choices[0].token_ids`` (fallback: the
   ``token_id:N`` strings in ``logprobs.tokens``), logprobs from ``logprobs.token_logprobs``. vLLM
   returns raw-model logprobs by default (its ``--logprobs-mode raw_logprobs``).
@@ -623,7 +623,7 @@ class UpstreamEngine(Engine):
             "temperature": request.temperature,
             "top_p": request.top_p,
             "stop_token_ids": list(request.stop_token_ids),
-            "logprobs": 1,
+            "logprobs": 0,  # the sampled token's logprob only: no top-k gather, no per-token top dict
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
