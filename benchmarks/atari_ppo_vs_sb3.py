@@ -38,15 +38,23 @@ see the same load on a shared box). Measured per trial:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from _sb3_compare import (
+    JOBS_HELP,
+    POLAR_TOOLS,
+    POLAR_TRAIN,
+    SB3_LEARN,
+    TRIAL_HEAD,
+    TRIAL_TOOLS,
+    run_trials,
+    spawn_trial,
+    trial_table,
+    versions,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "examples/atari/breakout_ppo.yaml"
@@ -59,27 +67,17 @@ HPARAMS = dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, cl
 LINE = ("  {which:5s} seed {seed}: {env_sps:.1f} steps/s, {wall_s:.1f}s wall, {cpu_s:.1f} CPU s, {updates} updates, "
         "update share {update_share:.0%}, return {eval_mean:.2f} (load {load_1m:.1f})")
 
-PRELUDE = r"""
-import importlib, json, resource, sys, time
-A = json.loads(sys.argv[1])
-import numpy as np, gymnasium as gym, ale_py
+# Both sides: ALE registered and polar's config (its harness builds the envs) before the first-step clock,
+# and an evaluation on one more env from that harness: an episode is one life, rewards clipped.
+PRELUDE = TRIAL_HEAD + r"""
+import ale_py
 gym.register_envs(ale_py)
 from polar.config import load_config
 cfg = load_config(A["config"], [f"seed={A['seed']}", f"total_env_steps={A['steps']}", "logging.tensorboard=false",
                                 "logging.checkpoint_freq=0", "logging.progress_bar=false", "eval.at_end=false",
                                 "distribution.rollout_workers=0", f"distribution.envs_per_worker={A['n_envs']}"]
                   + [f"policy.kwargs.{k}={json.dumps(v)}" for k, v in A["hparams"].items()])
-FIRST_STEP = []
-def _patch_first_step(env_id):
-    mod, _, name = gym.spec(env_id).entry_point.partition(":")
-    cls = getattr(importlib.import_module(mod), name)
-    orig = cls.step
-    def step(self, action):
-        FIRST_STEP.append(time.time())
-        cls.step = orig
-        return orig(self, action)
-    cls.step = step
-_patch_first_step(A["env_id"])
+""" + TRIAL_TOOLS + r"""
 def evaluate(act):
     from polar.harness import make_env
     env = make_env(cfg.harness)
@@ -95,51 +93,17 @@ def evaluate(act):
             obs, _ = env.reset()
     env.close()
     return returns or [ret]
-def cpu_s():
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-def report(t_end, cpu, env_steps, updates, update_s, act):
-    print(json.dumps({"t_end": t_end, "t_first_step": FIRST_STEP[0] if FIRST_STEP else None, "cpu_s": cpu,
-                      "env_steps": env_steps, "updates": updates, "update_s": update_s,
-                      "eval_returns": evaluate(act)}))
 """
 
-POLAR_TRIAL = PRELUDE + r"""
-import tempfile
-import torch
-from polar.rollout.runner import obs_to_tensor
+POLAR_TRIAL = PRELUDE + POLAR_TOOLS + r"""
 from polar.trainers.on_policy import OnPolicyTrainer
-from polar.trainers.run_dir import RunDir
-UPDATE = {"s": 0.0, "n": 0}
-
-class BenchTrainer(OnPolicyTrainer):
-    def _setup(self):
-        super()._setup()
-        torch.set_num_threads(A["threads"])  # the trainer sets 1; --threads applies to both sides alike
-
-    def _make_learner(self):
-        learner = super()._make_learner()
-        update = learner.update
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return update(*args, **kwargs)
-            finally:
-                UPDATE["s"] += time.perf_counter() - t
-                UPDATE["n"] += 1
-        learner.update = timed
-        return learner
-
-trainer = BenchTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp()))
-res = trainer.train()
-t_end, cpu = time.time(), cpu_s()
-policy = trainer.policy
-
+BenchTrainer = bench_trainer(OnPolicyTrainer, "update")
+""" + POLAR_TRAIN + r"""
 @torch.inference_mode()
 def act(obs):
     return int(policy.act(obs_to_tensor(obs[None]), None, False)[0][0])
 
-report(t_end, cpu, res["env_steps"], UPDATE["n"], UPDATE["s"], act)
+report(t_end, cpu, act, env_steps=res["env_steps"], updates=UPDATE["n"], update_s=UPDATE["s"])
 """
 
 SB3_TRIAL = PRELUDE + r"""
@@ -155,36 +119,17 @@ h = dict(A["hparams"])
 lr, clip = h.pop("learning_rate"), h.pop("clip_range")
 model = PPO("CnnPolicy", env, **h, learning_rate=lambda p: p * lr, clip_range=lambda p: p * clip, device="cpu",
             seed=A["seed"], verbose=0)
-UPDATE = {"s": 0.0, "n": 0}
-train = model.train
-def timed(*args, **kwargs):
-    t = time.perf_counter()
-    try:
-        return train(*args, **kwargs)
-    finally:
-        UPDATE["s"] += time.perf_counter() - t
-        UPDATE["n"] += 1
-model.train = timed
-model.learn(total_timesteps=A["steps"])
-t_end, cpu = time.time(), cpu_s()
-report(t_end, cpu, model.num_timesteps, UPDATE["n"], UPDATE["s"],
-       lambda obs: int(model.predict(obs, deterministic=False)[0]))
+""" + SB3_LEARN + r"""
+report(t_end, cpu, lambda obs: int(model.predict(obs, deterministic=False)[0]),
+       env_steps=model.num_timesteps, updates=UPDATE["n"], update_s=UPDATE["s"])
 """
 
 
 def run_trial(which: str, seed: int, steps: int, threads: int, eval_episodes: int, timeout_s: float) -> dict:
     args = {"env_id": ENV_ID, "config": str(ROOT / CONFIG), "seed": seed, "steps": steps, "hparams": HPARAMS,
             "n_envs": N_ENVS, "threads": threads, "eval_episodes": eval_episodes, "eval_seed": EVAL_SEED}
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     code = POLAR_TRIAL if which == "polar" else SB3_TRIAL
-    t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                       timeout=timeout_s, env=env, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"{which} seed {seed} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    first = out["t_first_step"] if out["t_first_step"] is not None else t0
-    from_first = out["t_end"] - first
+    out, t0, _, from_first = spawn_trial(code, args, threads, timeout_s, f"{which} seed {seed}")
     return {"seed": seed, "wall_s": out["t_end"] - t0, "from_first_step_s": from_first, "cpu_s": out["cpu_s"],
             "env_steps": out["env_steps"], "updates": out["updates"], "update_s": out["update_s"],
             "env_sps": out["env_steps"] / from_first, "fps": 4 * out["env_steps"] / from_first,
@@ -197,47 +142,6 @@ COLS = [("final return", "eval_mean", "{:.2f}"), ("wall s", "wall_s", "{:.1f}"),
         ("steps/s", "env_sps", "{:,.1f}"), ("frames/s", "fps", "{:,.0f}"), ("update share", "update_share", "{:.0%}")]
 
 
-def table(res: dict, title: str) -> str:
-    """Markdown table: one row per trial, the per-side means, and polar / SB3 of the means."""
-    header = ["framework", "seed"] + [c[0] for c in COLS]
-    rows, means = [], {}
-    for which, name in (("polar", "polar"), ("sb3", "SB3")):
-        for r in res[which]:
-            rows.append([name, str(r["seed"])] + [fmt.format(r[k]) for _, k, fmt in COLS])
-    for which, name in (("polar", "polar"), ("sb3", "SB3")):
-        m = {k: statistics.fmean([r[k] for r in res[which]]) if res[which] else None for _, k, _ in COLS}
-        means[which] = m
-        rows.append([f"**{name} mean**", ""] + [fmt.format(m[k]) if m[k] is not None else "n/a" for _, k, fmt in COLS])
-    ratio = ["**polar / SB3**", ""]
-    for _, k, _ in COLS:
-        a, b = means["polar"][k], means["sb3"][k]
-        if k == "eval_mean":
-            ratio.append("n/a" if a is None or b is None else f"{a - b:+.2f} (diff)")
-        else:
-            ratio.append("" if k == "update_share" else "n/a" if not a or not b else f"{a / b:.2f}")
-    rows.append(ratio)
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
-
-    def line(cells):
-        return "| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths, strict=True))) + " |"
-
-    sep = "|" + "|".join("-" * (w + 1) + ":" if i >= 2 else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
-    return "\n".join([title, line(header), sep, *map(line, rows)])
-
-
-def versions() -> str:
-    import ale_py
-    import gymnasium
-    import numpy
-    import stable_baselines3
-    import torch
-
-    return (f"Python {platform.python_version()}, torch {torch.__version__}, gymnasium {gymnasium.__version__}, "
-            f"ale-py {ale_py.__version__}, numpy {numpy.__version__}, stable-baselines3 {stable_baselines3.__version__}, "
-            f"{os.cpu_count()} CPUs")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
@@ -245,32 +149,25 @@ def main() -> None:
                     help="agent steps per trial, all 8 envs together (x4 frames); default 12 rollouts")
     ap.add_argument("--eval-episodes", type=int, default=10, help="episodes (lives) of the final evaluation")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, the same on both sides")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="trials run at once (default 1: one at a time). 2 runs a seed's polar and SB3 trials together, "
-                         "2 x seeds runs all: on a shared, loaded box the two sides then see the same load")
+    ap.add_argument("--jobs", type=int, default=1, help=JOBS_HELP)
     ap.add_argument("--timeout-s", type=float, default=3 * 3600, help="per trial")
     ap.add_argument("--out", type=Path, default=None, help="also write the raw results as JSON")
     args = ap.parse_args()
 
-    res: dict = {"versions": versions(), "steps": args.steps, "hparams": HPARAMS, "threads": args.threads,
-                 "polar": [], "sb3": []}
+    res: dict = {"versions": versions(("ale-py", "ale_py")), "steps": args.steps, "hparams": HPARAMS,
+                 "threads": args.threads, "polar": [], "sb3": []}
     print(res["versions"], file=sys.stderr)
 
-    def trial(which: str, seed: int) -> tuple[str, dict]:
-        return which, run_trial(which, seed, args.steps, args.threads, args.eval_episodes, args.timeout_s)
+    def trial(which: str, seed: int) -> dict:
+        return run_trial(which, seed, args.steps, args.threads, args.eval_episodes, args.timeout_s)
 
-    plan = [(which, seed) for seed in args.seeds for which in (("polar", "sb3") if seed % 2 == 0 else ("sb3", "polar"))]
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for which, r in pool.map(lambda t: trial(*t), plan):  # in plan order; the trials overlap up to --jobs
-            res[which].append(r)
-            print(LINE.format(which=which, **r), file=sys.stderr, flush=True)
-            if args.out:
-                args.out.write_text(json.dumps(res, indent=1))
+    run_trials(res, args.seeds, args.jobs, trial, LINE, args.out)
     print()
-    print(table(res, f"PPO on {ENV_ID} (polar's Atari preset on both sides, {N_ENVS} envs): {args.steps:,} agent steps "
-                     f"({4 * args.steps:,} frames) per trial, {len(args.seeds)} seed(s), {args.threads} torch thread(s), "
-                     f"{'trials one at a time' if args.jobs <= 1 else f'{args.jobs} trials at once'}, "
-                     f"final return = mean of {args.eval_episodes} sampled-action eval episodes (lives, clipped)"))
+    title = (f"PPO on {ENV_ID} (polar's Atari preset on both sides, {N_ENVS} envs): {args.steps:,} agent steps "
+             f"({4 * args.steps:,} frames) per trial, {len(args.seeds)} seed(s), {args.threads} torch thread(s), "
+             f"{'trials one at a time' if args.jobs <= 1 else f'{args.jobs} trials at once'}, "
+             f"final return = mean of {args.eval_episodes} sampled-action eval episodes (lives, clipped)")
+    print(trial_table(res, title, COLS, "{:+.2f} (diff)"))
 
 
 if __name__ == "__main__":

@@ -42,13 +42,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
 from collections import deque
 from pathlib import Path
+
+from _sb3_compare import (
+    EVALUATE_GYM,
+    POLAR_OFF_POLICY_CFG,
+    POLAR_TOOLS,
+    POLAR_TRAIN,
+    SB3_LEARN,
+    SIDES,
+    TRIAL_HEAD,
+    TRIAL_TOOLS,
+    cell,
+    markdown_lines,
+    ratio_cell,
+    spawn_trial,
+    trial_plan,
+    versions,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED = 10_000
@@ -79,79 +93,13 @@ WORKLOADS = {
     },
 }
 
-# Shared by both trial kinds: the first-env-step clock, the evaluation loop, CPU seconds.
-PRELUDE = r"""
-import importlib, json, resource, sys, time
-A = json.loads(sys.argv[1])
-import numpy as np, gymnasium as gym
-FIRST_STEP = []
-def _patch_first_step(env_id):
-    mod, _, name = gym.spec(env_id).entry_point.partition(":")
-    cls = getattr(importlib.import_module(mod), name)
-    orig = cls.step
-    def step(self, action):
-        FIRST_STEP.append(time.time())
-        cls.step = orig
-        return orig(self, action)
-    cls.step = step
-_patch_first_step(A["env_id"])
-def evaluate(act):
-    env = gym.make(A["env_id"])
-    space = env.action_space
-    returns = []
-    for i in range(A["eval_episodes"]):
-        obs, _ = env.reset(seed=A["eval_seed"] + i)
-        ret, done = 0.0, False
-        while not done:
-            a = act(obs)
-            a = int(a) if isinstance(space, gym.spaces.Discrete) else np.clip(a, space.low, space.high)
-            obs, r, term, trunc, _ = env.step(a)
-            ret += float(r)
-            done = term or trunc
-        returns.append(ret)
-    env.close()
-    return returns
-def cpu_s():
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-def report(t_end, cpu, env_steps, grad_steps, update_s, episodes, act):
-    print(json.dumps({"t_end": t_end, "t_first_step": FIRST_STEP[0] if FIRST_STEP else None, "cpu_s": cpu,
-                      "env_steps": env_steps, "grad_steps": grad_steps, "update_s": update_s, "episodes": episodes,
-                      "eval_returns": evaluate(act)}))
-"""
+# Both trial kinds: the first-env-step clock, CPU seconds, the update timer, the evaluation loop.
+PRELUDE = TRIAL_HEAD + TRIAL_TOOLS + EVALUATE_GYM
 
-POLAR_TRIAL = PRELUDE + r"""
-import tempfile
-import torch
-from polar.config import load_config
-from polar.rollout.runner import obs_to_tensor
-from polar.trainers.off_policy import OffPolicyTrainer
-from polar.trainers.run_dir import RunDir
-overrides = [f"seed={A['seed']}", f"total_env_steps={A['steps']}", "logging.tensorboard=false",
-             "logging.checkpoint_freq=0", "logging.progress_bar=false", "eval.at_end=false",
-             "policy.kwargs.save_replay_buffer=false", f"agent.hidden_sizes={json.dumps(A['net_arch'])}",
-             "distribution.rollout_workers=0", "distribution.envs_per_worker=1"]
-overrides += [f"policy.kwargs.{k}={json.dumps(v)}" for k, v in A["hparams"].items()]
-cfg = load_config(A["config"], overrides)
-EPISODES, UPDATE = [], {"s": 0.0}
+POLAR_TRIAL = PRELUDE + POLAR_TOOLS + POLAR_OFF_POLICY_CFG + r"""
+EPISODES = []
 
-class BenchTrainer(OffPolicyTrainer):
-    def _setup(self):
-        super()._setup()
-        torch.set_num_threads(A["threads"])  # the trainer sets 1; --threads applies to both sides alike
-
-    def _make_learner(self):
-        learner = super()._make_learner()
-        train = learner.train
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return train(*args, **kwargs)
-            finally:
-                UPDATE["s"] += time.perf_counter() - t
-        learner.train = timed
-        return learner
-
+class BenchTrainer(bench_trainer(OffPolicyTrainer, "train")):
     def _absorb(self, f):
         before = self.env_steps
         super()._absorb(f)
@@ -161,17 +109,13 @@ class BenchTrainer(OffPolicyTrainer):
             assert len(ends) == len(f.episode_returns), (ends, f.episode_returns)
             now = time.time()
             EPISODES.extend([int(s), float(r), now] for s, r in zip(ends, f.episode_returns))
-
-trainer = BenchTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp()))
-res = trainer.train()
-t_end, cpu = time.time(), cpu_s()
-policy = trainer.policy
-
+""" + POLAR_TRAIN + r"""
 @torch.inference_mode()
 def act(obs):
     return policy.act(obs_to_tensor(obs[None]), None, True)[0][0].numpy()
 
-report(t_end, cpu, res["env_steps"], trainer.learner.n_updates, UPDATE["s"], EPISODES, act)
+report(t_end, cpu, act, env_steps=res["env_steps"], grad_steps=trainer.learner.n_updates, update_s=UPDATE["s"],
+       episodes=EPISODES)
 """
 
 SB3_TRIAL = PRELUDE + r"""
@@ -183,23 +127,13 @@ env = make_vec_env(A["env_id"], n_envs=1, seed=A["seed"])
 cls = DQN if A["algo"] == "dqn" else SAC
 model = cls("MlpPolicy", env, **A["hparams"], policy_kwargs=dict(net_arch=A["net_arch"]), device="cpu",
             seed=A["seed"], verbose=0)
-UPDATE = {"s": 0.0}
-train = model.train
-def timed(*args, **kwargs):
-    t = time.perf_counter()
-    try:
-        return train(*args, **kwargs)
-    finally:
-        UPDATE["s"] += time.perf_counter() - t
-model.train = timed
-model.learn(total_timesteps=A["steps"])
-t_end, cpu = time.time(), cpu_s()
+""" + SB3_LEARN + r"""
 mon = env.envs[0]  # make_vec_env's Monitor: every episode's return, length and end time
 ends = np.cumsum(mon.get_episode_lengths())
 episodes = [[int(s), float(r), mon.t_start + t]
             for s, r, t in zip(ends, mon.get_episode_rewards(), mon.get_episode_times())]
-report(t_end, cpu, model.num_timesteps, model._n_updates, UPDATE["s"], episodes,
-       lambda obs: model.predict(obs, deterministic=True)[0])
+report(t_end, cpu, lambda obs: model.predict(obs, deterministic=True)[0],
+       env_steps=model.num_timesteps, grad_steps=model._n_updates, update_s=UPDATE["s"], episodes=episodes)
 """
 
 
@@ -208,16 +142,8 @@ def run_trial(which: str, workload: str, seed: int, steps: int, threads: int, ti
     args = {"algo": workload, "env_id": w["env_id"], "config": str(ROOT / w["config"]), "seed": seed, "steps": steps,
             "hparams": w["hparams"], "net_arch": w["net_arch"], "threads": threads,
             "eval_episodes": w["eval_episodes"], "eval_seed": EVAL_SEED}
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     code = POLAR_TRIAL if which == "polar" else SB3_TRIAL
-    t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                       timeout=timeout_s, env=env, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"{which} {workload} seed {seed} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    first = out["t_first_step"] if out["t_first_step"] is not None else t0
-    from_first = out["t_end"] - first
+    out, t0, first, from_first = spawn_trial(code, args, threads, timeout_s, f"{which} {workload} seed {seed}")
     r = {"seed": seed, "wall_s": out["t_end"] - t0, "first_step_s": first - t0, "from_first_step_s": from_first,
          "cpu_s": out["cpu_s"], "env_steps": out["env_steps"], "grad_steps": out["grad_steps"],
          "update_s": out["update_s"], "env_sps": out["env_steps"] / from_first,
@@ -263,58 +189,33 @@ def print_table(workload: str, res: dict, steps: int, threads: int) -> None:
         return "-" if r[key] is None else f"{r[key]['step']:,}"
 
     rows = []
-    for which, name in (("polar", "polar"), ("sb3", "SB3")):
+    for which, name in SIDES:
         for r in res[which]:
-            rows.append([name, str(r["seed"])] + [fmt.format(r[key]) if r[key] is not None else "n/a"
-                                                  for _, key, fmt in cols] + [reach_cell(r, k) for _, k in reach_cols])
+            rows.append([name, str(r["seed"])] + [cell(fmt, r[key]) for _, key, fmt in cols]
+                        + [reach_cell(r, k) for _, k in reach_cols])
     means = {}
-    for which, name in (("polar", "polar"), ("sb3", "SB3")):
+    for which, name in SIDES:
         rs = res[which]
         m = {key: mean([r[key] for r in rs]) for _, key, _ in cols}
         for _, k in reach_cols:
             hits = [r[k]["step"] for r in rs if r[k] is not None]
             m[k] = (statistics.fmean(hits) if hits else None, len(hits), len(rs))
         means[which] = m
-        rows.append([f"**{name} mean**", ""] + [fmt.format(m[key]) if m[key] is not None else "n/a"
-                                              for _, key, fmt in cols]
+        rows.append([f"**{name} mean**", ""] + [cell(fmt, m[key]) for _, key, fmt in cols]
                     + [("-" if m[k][0] is None else f"{m[k][0]:,.0f}") + f" ({m[k][1]}/{m[k][2]})"
                        for _, k in reach_cols])
-    ratio = ["**polar / SB3**", ""]
-    for _, key, _ in cols:
-        a, b = means["polar"][key], means["sb3"][key]
-        if key == "eval_mean":  # returns can be negative (Pendulum): a difference, not a ratio
-            ratio.append("n/a" if a is None or b is None else f"{a - b:+.1f} (diff)")
-        elif key == "update_share":
-            ratio.append("")
-        else:
-            ratio.append("n/a" if not a or not b else f"{a / b:.2f}")
+    # returns can be negative (Pendulum): a difference, not a ratio
+    ratio = ["**polar / SB3**", ""] + [ratio_cell(key, means["polar"][key], means["sb3"][key], "{:+.1f} (diff)")
+                                       for _, key, _ in cols]
     for _, k in reach_cols:
         (a, na, n), (b, nb, _) = means["polar"][k], means["sb3"][k]
         ratio.append(f"{a / b:.2f}" if na == nb == n and n > 0 else "n/a")
     rows.append(ratio)
 
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
-
-    def line(cells):
-        cells = [c.ljust(wd) if i < 2 else c.rjust(wd) for i, (c, wd) in enumerate(zip(cells, widths, strict=True))]
-        return "| " + " | ".join(cells) + " |"
-
     print(f"{w['title']}: {steps:,} env steps per trial, {len(res['polar'])} seeds, {threads} torch thread(s)")
-    print(line(header))
-    print("|" + "|".join("-" * (wd + 1) + ":" if i >= 2 else "-" * (wd + 2) for i, wd in enumerate(widths)) + "|")
-    for row in rows:
-        print(line(row))
+    for line in markdown_lines(header, rows):
+        print(line)
     print()
-
-
-def versions() -> str:
-    import gymnasium
-    import numpy
-    import stable_baselines3
-    import torch
-
-    return (f"Python {platform.python_version()}, torch {torch.__version__}, gymnasium {gymnasium.__version__}, "
-            f"numpy {numpy.__version__}, stable-baselines3 {stable_baselines3.__version__}, {os.cpu_count()} CPUs")
 
 
 def main() -> None:
@@ -333,14 +234,13 @@ def main() -> None:
     print(results["versions"], file=sys.stderr)
     for workload in args.workloads:
         res = {"polar": [], "sb3": [], "steps": steps[workload]}
-        for seed in range(args.seeds):
-            for which in ("polar", "sb3") if seed % 2 == 0 else ("sb3", "polar"):
-                r = run_trial(which, workload, seed, steps[workload], args.threads, args.timeout_s)
-                res[which].append(r)
-                print(f"  {workload} {which:5s} seed {seed}: {r['wall_s']:.1f}s wall "
-                      f"({r['from_first_step_s']:.1f}s from first step, {r['cpu_s']:.1f} CPU s), "
-                      f"{r['env_steps']} env steps, {r['grad_steps']} grad steps, "
-                      f"eval {r['eval_mean']:.1f} (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+        for which, seed in trial_plan(range(args.seeds)):
+            r = run_trial(which, workload, seed, steps[workload], args.threads, args.timeout_s)
+            res[which].append(r)
+            print(f"  {workload} {which:5s} seed {seed}: {r['wall_s']:.1f}s wall "
+                  f"({r['from_first_step_s']:.1f}s from first step, {r['cpu_s']:.1f} CPU s), "
+                  f"{r['env_steps']} env steps, {r['grad_steps']} grad steps, "
+                  f"eval {r['eval_mean']:.1f} (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
         results[workload] = res
     print()
     for workload in args.workloads:
