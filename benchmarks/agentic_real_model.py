@@ -136,8 +136,8 @@ def measurements(engine: str, cfg: Any, summary: dict[str, Any], steps: list[dic
         "collection": (f"{engine} engine decoding {out['tokens_per_s']} sampled tokens/s on the shared cores, "
                        f"{kw.tasks_per_step * kw.group_size} sessions per step run together; each session's calls "
                        "run one after another"),
-        "learning": (f"the learner's forward+backward on CPU: {out['trained_tokens_per_s']} trained tokens/s "
-                     f"(full sequences, prompt included, of the groups with signal)"),
+        "learning": (f"the learner's forward+backward on CPU: {out['trained_tokens_per_s']} sampled (loss) tokens/s "
+                     "of the groups with signal, each pass running over the whole sequence, prompt included"),
         "sync": (f"write {_mean(writes):.2f} s + push {_mean(pushes):.2f} s per step, the rest is the logprob check and "
                  "the gateway drain" if writes and pushes else "an in-place copy of the weights under the engine's lock"),
     }
