@@ -1,7 +1,8 @@
 """Any registered Gymnasium id from YAML, with a "did you mean" list for unknown ids.
 
 ``id: module:EnvId`` imports ``module`` first (Gymnasium's own convention), so third-party envs
-that register on import (``ale_py:ALE/Pong-v5``) also work with no code.
+that register on import (``ale_py:ALE/Pong-v5``) also work with no code. TextArena's offline board games
+are registered here as ``TextArena/<game>`` (``polar.harness.textarena_env``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import gymnasium as gym
 
 from polar.config.base import did_you_mean
 from polar.errors import ConfigError
+from polar.harness.textarena_env import NAMESPACE, register_textarena_envs, unknown_game
+
+register_textarena_envs()
 
 
 def check_id(env_id: str) -> None:
@@ -25,6 +29,8 @@ def check_id(env_id: str) -> None:
         except ImportError as e:
             raise ConfigError(f"harness.id: cannot import {module!r} to register {env_id!r} ({e}); install it or fix the id") from None
     if env_id not in gym.registry:
+        if env_id.startswith(f"{NAMESPACE}/"):
+            raise ConfigError(unknown_game(env_id))
         raise ConfigError(
             f"harness.id: unknown Gymnasium id {env_id!r}{did_you_mean(env_id, list(gym.registry))}. "
             "Register it first (import its package, or write id: package:EnvId) or fix the id."

@@ -30,6 +30,7 @@ EXPECTED = {
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
     "llm_reasoning_gym.yaml": ("agent", "agent", "grpo"),
+    "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
     "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),
