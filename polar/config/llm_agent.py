@@ -25,6 +25,10 @@ class RewardShapingConfig(StrictModel):
         None, description="'module:function' (obs, action, reward, next_obs, terminated, info) -> float, added per step")
 
 
+# the built-in universal-action translators (polar.harness.llm_env.universal.BUILTIN, plus auto)
+BUILTIN_TRANSLATORS = ("auto", "keys", "text", "grid", "commands")
+
+
 class LLMAgentConfig(StrictModel):
     """The built-in LLM agent: observation → prompt → model call through the gateway → parsed action."""
 
@@ -33,9 +37,18 @@ class LLMAgentConfig(StrictModel):
     system_prompt: str | None = Field(None, description="replaces the built-in system prompt (goal, actions, format)")
     actions: list[str] | None = Field(
         None, description="names of a Discrete space's actions, in index order (default: the renderer's, else 0..n-1)")
-    action_format: Literal["json", "function_call", "regex"] = Field(
-        "json", description='json: {"action": ...} in the answer; function_call: an `act` tool call; regex: action_regex')
+    action_format: Literal["json", "function_call", "regex", "universal"] = Field(
+        "json", description='json: {"action": ...} in the answer; function_call: an `act` tool call; regex: '
+        "action_regex; universal: click(x, y), type(text), press_key(key) or call_api(name, params), as a call or "
+        "JSON, translated into the env's action by agent.translator")
     action_regex: str | None = Field(None, description="action_format regex: a regex whose group 1 is the action")
+    translator: str | None = Field(
+        None, description="action_format universal: auto (default; by the action space), keys (Discrete, "
+        "press_key(name)), text (Text, type(text)), grid (a (2,) Box/MultiDiscrete, click(x, y)), commands "
+        "(call_api(name, params)), or 'module:function' (action_space, **translator_kwargs) -> a Translator")
+    translator_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="the translator's options: text: keys {key: string sent}; commands: "
+        "table {api: 'template with {param} fields'}; a factory's keyword arguments")
     history_turns: int | None = Field(
         None, ge=0, description="past (observation, answer) turns kept in the prompt; null = the whole episode, "
         "which keeps every call a prefix of the next (one trajectory sample per episode with prefix_merging)")
@@ -67,6 +80,14 @@ class LLMAgentConfig(StrictModel):
                 raise ValueError(f"agent.action_regex {self.action_regex!r} is not a valid regex: {e}") from None
             if groups < 1:
                 raise ValueError(f"agent.action_regex {self.action_regex!r} needs one capture group: the action")
+        if self.action_format != "universal" and (self.translator is not None or self.translator_kwargs):
+            raise ValueError("agent.translator and agent.translator_kwargs are for action_format universal; set "
+                             f"agent.action_format: universal (it is {self.action_format}) or remove them")
+        spec = self.translator
+        if spec is not None and spec not in BUILTIN_TRANSLATORS and not re.fullmatch(r"[\w.]+:[\w.]+", spec):
+            raise ValueError(f"agent.translator {spec!r} is not a translator: use one of "
+                             f"{', '.join(BUILTIN_TRANSLATORS)}, or 'module:function' (a factory (action_space, "
+                             "**translator_kwargs) that returns a Translator)")
         if self.actions is not None and len(set(self.actions)) != len(self.actions):
             raise ValueError(f"agent.actions has duplicate names: {self.actions}")
         return self

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import numpy as np
 from gymnasium import spaces
@@ -108,6 +108,14 @@ def observation_text(obs: Any, space: spaces.Space | None, mode: str = "auto",
 # ---- actions ------------------------------------------------------------------------------------------
 
 
+class ActionList(Protocol):
+    """What the prompt shows of the actions: an :class:`ActionCodec`, or a universal-action ``Translator``."""
+
+    def describe(self) -> str: ...
+
+    def example(self) -> Any: ...
+
+
 class ActionCodec:
     """An action space as the prompt shows it, and an answer's value back into an env action."""
 
@@ -190,7 +198,30 @@ class ActionCodec:
 
 # ---- answers ------------------------------------------------------------------------------------------
 
-_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+_DECODER = json.JSONDecoder()
+
+
+def json_objects(text: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects in ``text``, outermost only (an object nested in another is part of it), in order."""
+    i = text.find("{")
+    while i != -1:
+        try:
+            obj, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            yield obj
+        i = text.find("{", end)
+
+
+def last_object_with(text: str, key: str) -> dict[str, Any] | None:
+    """The last JSON object in ``text`` that has ``key``, or None."""
+    found = None
+    for obj in json_objects(text):
+        if key in obj:
+            found = obj
+    return found
 
 
 def answer_value(fmt: str, content: str | None, tool_calls: list[Any] | None, regex: str | None = None) -> Any:
@@ -216,13 +247,9 @@ def answer_value(fmt: str, content: str | None, tool_calls: list[Any] | None, re
             raise InvalidAction(f"the answer does not match {regex!r}")
         last = matches[-1]
         return last[0] if isinstance(last, tuple) else last
-    for candidate in reversed(_JSON_OBJECT.findall(text)):
-        try:
-            obj = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and "action" in obj:
-            return obj["action"]
+    obj = last_object_with(text, "action")
+    if obj is not None:
+        return obj["action"]
     if not text.strip():
         raise InvalidAction('the answer is empty; reply with {"action": ...}')
     raise InvalidAction('no JSON object with an "action" key in the answer; reply with {"action": ...}')
@@ -231,7 +258,10 @@ def answer_value(fmt: str, content: str | None, tool_calls: list[Any] | None, re
 # ---- prompt -------------------------------------------------------------------------------------------
 
 
-def format_hint(fmt: str, codec: ActionCodec, regex: str | None = None) -> str:
+def format_hint(fmt: str, codec: ActionList, regex: str | None = None) -> str:
+    if fmt == "universal":  # codec is a Translator: its example is a universal action
+        ex = codec.example()
+        return f"Reply with one action, as a call such as {ex} or as JSON such as {json.dumps(ex.as_json())}."
     if fmt == "function_call":
         return "Call the tool act with your action."
     if fmt == "regex":
@@ -239,7 +269,7 @@ def format_hint(fmt: str, codec: ActionCodec, regex: str | None = None) -> str:
     return f'Reply with a JSON object on one line, for example {json.dumps({"action": codec.example()})}.'
 
 
-def system_prompt(goal: str, codec: ActionCodec, fmt: str, regex: str | None = None) -> str:
+def system_prompt(goal: str, codec: ActionList, fmt: str, regex: str | None = None) -> str:
     return f"{goal}\nAvailable actions: {codec.describe()}.\n{format_hint(fmt, codec, regex)}"
 
 

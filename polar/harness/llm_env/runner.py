@@ -37,6 +37,7 @@ from polar.harness.llm_env.agent import (
     window,
 )
 from polar.harness.llm_env.text_envs import TextRenderer, renderer_for
+from polar.harness.llm_env.universal import Translator, build_translator, parse_universal
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,29 @@ class LLMEnvRunner(HarnessRunner):
         self.shaping = import_callable(agent_cfg.reward.function, config_dir) if agent_cfg.reward.function else None
         self.goal = agent_cfg.goal or (self.renderer.goal if self.renderer else GENERIC_GOAL)
         self.names = agent_cfg.actions or (list(self.renderer.actions) if self.renderer else None)
+        spec = agent_cfg.translator
+        self.translator_factory = import_callable(spec, config_dir) if spec and ":" in spec else None
         if harness_cfg.type == "gymnasium":  # a space the agent cannot describe fails now, not in every session
             env = self._make_env(0)
             try:
-                ActionCodec(env.action_space, self.names)
+                self._codec(env.action_space)
             except HarnessError as e:
                 raise ConfigError(f"agent.type llm on {env_id}: {e}") from None
             finally:
                 env.close()
+
+    def _codec(self, space: Any) -> ActionCodec | Translator:
+        """What turns an answer into an env action: the space's codec, or the universal-action translator."""
+        if self.cfg.action_format == "universal":
+            return build_translator(self.cfg.translator, space, self.names, self.cfg.translator_kwargs,
+                                    self.translator_factory)
+        return ActionCodec(space, self.names)
+
+    def _decode(self, codec: ActionCodec | Translator, msg: Any) -> Any:
+        """The env action in the answer ``msg``, or :class:`InvalidAction` with the reason."""
+        if isinstance(codec, ActionCodec):
+            return codec.decode(answer_value(self.cfg.action_format, msg.content, msg.tool_calls, self.cfg.action_regex))
+        return codec.translate(parse_universal(msg.content))
 
     # ---- env -------------------------------------------------------------------------------------------
 
@@ -142,11 +158,11 @@ class LLMEnvRunner(HarnessRunner):
         client = AsyncOpenAI(base_url=ctx.openai_base_url, api_key=ctx.api_key, max_retries=0, timeout=cfg.timeout_s)
         try:
             try:
-                codec = ActionCodec(env.action_space, self.names)
+                codec = self._codec(env.action_space)
             except HarnessError as e:
                 raise _EpisodeError(str(e)) from None
             system = cfg.system_prompt or system_prompt(self.goal, codec, cfg.action_format, cfg.action_regex)
-            tools = [act_tool(codec)] if cfg.action_format == "function_call" else None
+            tools = [act_tool(codec)] if isinstance(codec, ActionCodec) and cfg.action_format == "function_call" else None
             try:
                 obs, info = await asyncio.to_thread(env.reset, seed=seed)
             except Exception as e:
@@ -213,7 +229,7 @@ class LLMEnvRunner(HarnessRunner):
             return [{"role": "tool", "tool_call_id": last["tool_calls"][0]["id"], "content": text}]
         return [{"role": "user", "content": text}]
 
-    async def _ask(self, client: Any, ctx: SessionContext, system: str, tools: Any, codec: ActionCodec,
+    async def _ask(self, client: Any, ctx: SessionContext, system: str, tools: Any, codec: ActionCodec | Translator,
                    steps: list[list[dict[str, Any]]], stats: dict[str, Any]) -> tuple[Any, str]:
         """One action: a call, plus up to ``repair_retries`` re-asks; ``(None, reason)`` when none parses."""
         cfg = self.cfg
@@ -230,7 +246,7 @@ class LLMEnvRunner(HarnessRunner):
                 reply["tool_calls"] = [tc.model_dump(include={"id", "type", "function"}) for tc in msg.tool_calls]
             steps[-1].append(reply)
             try:
-                action = codec.decode(answer_value(cfg.action_format, msg.content, msg.tool_calls, cfg.action_regex))
+                action = self._decode(codec, msg)
             except InvalidAction as e:
                 reason = str(e)
                 stats["parse_failures"] += 1
