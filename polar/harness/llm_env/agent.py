@@ -130,9 +130,9 @@ class ActionCodec:
                 self.names = [str(n) for n in names]
         elif names is not None:
             raise HarnessError(f"agent.actions names Discrete actions, but the action space is {space}")
-        elif not isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary):
+        elif not isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary | spaces.Text):
             raise HarnessError(f"the built-in LLM agent cannot describe the action space {space}; it handles "
-                               "Discrete, Box, MultiDiscrete and MultiBinary")
+                               "Discrete, Box, MultiDiscrete, MultiBinary and Text")
 
     def describe(self) -> str:
         s = self.space
@@ -145,17 +145,23 @@ class ActionCodec:
                     f"{float(np.max(s.high)):g}")
         if isinstance(s, spaces.MultiDiscrete):
             return f"a list of {len(s.nvec)} integers, the i-th from 0 to nvec[i]-1 with nvec = {s.nvec.tolist()}"
+        if isinstance(s, spaces.Text):  # a command or a move, as the observation says to write it
+            return f"a move written as the observation says, as text of at most {s.max_length} characters"
         return f"a list of {int(np.prod(s.shape))} values, each 0 or 1"
 
     def example(self) -> Any:
         s = self.space
         if isinstance(s, spaces.Discrete):
             return self.names[0] if self.names else int(s.start)
+        if isinstance(s, spaces.Text):
+            return "your move"
         return _plain(np.zeros(s.shape, dtype=float).ravel()) if isinstance(s, spaces.Box) else [0] * int(np.prod(s.shape))
 
     def json_schema(self) -> dict[str, Any]:
         if isinstance(self.space, spaces.Discrete):
             return {"type": "string", "enum": self.names} if self.names else {"type": "integer"}
+        if isinstance(self.space, spaces.Text):
+            return {"type": "string"}
         return {"type": "array", "items": {"type": "number"}}
 
     def decode(self, value: Any) -> Any:
@@ -180,6 +186,18 @@ class ActionCodec:
                 raise InvalidAction(f"action {int(value)} is out of range: the actions are {lo}..{hi}"
                                     + (f" ({', '.join(self.names)})" if self.names else ""))
             return int(value)
+        if isinstance(s, spaces.Text):  # the string as is: whether it is a legal move is the env's to say
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise InvalidAction(f"{value!r} is not a move; give {self.describe()}")
+            text = str(value).strip()
+            if not text:
+                raise InvalidAction("the move is empty; give the move as text")
+            if not s.contains(text):
+                bad = "".join(sorted(set(text) - set(s.character_set)))[:12]
+                raise InvalidAction(f"{text[:40]!r} is not a move here: " + (
+                    f"it holds characters this env does not take: {bad!r}" if bad else
+                    f"give {s.min_length} to {s.max_length} characters"))
+            return text
         if not isinstance(value, list):
             raise InvalidAction(f"{value!r} is not a list; give {self.describe()}")
         try:

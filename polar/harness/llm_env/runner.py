@@ -8,6 +8,9 @@ last, so ``prefix_merging`` makes the episode one trajectory sample and GRPO tra
 
 An answer that does not parse gets up to ``repair_retries`` re-asks naming what was wrong; after that the
 step counts as an ``invalid_action`` (with ``invalid_action_penalty``) and is skipped or ends the episode.
+An action that parses but that the env refuses (a move its rules forbid) is the env's to report: it steps,
+and puts the reason in ``info["polar/invalid_action"]``; the step then counts as an ``invalid_action`` too
+(reason and penalty recorded), and the episode goes on or ends as the env says.
 An observation that cannot be written as text, a failed model call or an env that raises ends the
 session as ERROR with the reason. The outcome's ``details`` carry the episode's numbers, which the
 ``env_return`` verifier turns into the session reward.
@@ -40,6 +43,8 @@ from polar.harness.llm_env.text_envs import TextRenderer, renderer_for
 from polar.harness.llm_env.universal import Translator, build_translator, parse_universal
 
 log = logging.getLogger(__name__)
+
+REFUSED_KEY = "polar/invalid_action"  # info key: the env refused the action it was given, and why
 
 GENERIC_GOAL = "You control an agent in an environment. Choose actions that earn as much reward as possible."
 
@@ -206,6 +211,12 @@ class LLMEnvRunner(HarnessRunner):
                 stats["episode_return"] += shaped
                 obs = nobs
                 note = f"Reward: {reward:g}.\n" if reward else ""
+                refused = info.get(REFUSED_KEY) if isinstance(info, dict) else None
+                if refused:  # the env's own verdict; its next observation tells the model
+                    stats["invalid_actions"] += 1
+                    if len(stats["invalid_reasons"]) < 5:
+                        stats["invalid_reasons"].append(f"step {t + 1}: the env refused {action!r}: {refused}")
+                    stats["episode_return"] += cfg.invalid_action_penalty
                 if terminated or truncated:
                     stats["terminated"], stats["truncated"] = bool(terminated), bool(truncated)
                     stats["success"] = self._success(bool(terminated), reward, info)
