@@ -30,8 +30,9 @@ def _samples(n: int = 4, length: int = 12) -> list[TrajectorySample]:
 
 def _learner(kl_coef: float, lora: bool) -> GRPOLearner:
     model, tok = build_tiny(0)
-    cfg = LoraConfig(r=4, alpha=8) if lora else None
-    return GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=kl_coef, lora=cfg, micro_batch_size=2))
+    cfg = LoraConfig(r=4, alpha=8, target_modules=None) if lora else None
+    return GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=kl_coef, lora=cfg, micro_batch_size=2,
+                                                             learning_rate=1e-5))
 
 
 def _tensor_storage(learner: GRPOLearner) -> set[int]:
@@ -70,7 +71,7 @@ def test_full_fine_tune_reference_is_a_frozen_copy():
 def test_lora_reference_logprobs_equal_a_true_copy_of_the_base():
     model, tok = build_tiny(0)
     base_copy = copy.deepcopy(model).eval()
-    cfg = LoraConfig(r=4, alpha=8)
+    cfg = LoraConfig(r=4, alpha=8, target_modules=None)
     learner = GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=0.1, lora=cfg, learning_rate=1e-2))
     samples = _samples()
     for _ in range(2):  # move the adapters, so policy and reference differ
@@ -116,7 +117,7 @@ def test_bf16_autocast_and_gradient_checkpointing_train():
         on = getattr(policy.model, "is_activation_checkpointing", None)
         assert (policy.model.is_gradient_checkpointing if on is None else on) == (name == "checkpointed")
         assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in policy.model.parameters())
-        learner = GRPOLearner(policy, GRPOKwargs(micro_batch_size=2))
+        learner = GRPOLearner(policy, GRPOKwargs(micro_batch_size=2, learning_rate=1e-5))
         stats = learner.update(samples, advs)
         assert all(torch.isfinite(torch.tensor(v)) for v in stats.values()), stats
         # the gradient of one more backward (update() already stepped; only compare like with like)

@@ -14,7 +14,7 @@ from polar.models.llm_policy import LLMPolicy, chat_to_sample
 def test_lora_trains_adapters_and_exports_serving_weights():
     model, tok = build_tiny(0)
     serving = copy.deepcopy(model)
-    policy = LLMPolicy(model, tok, lora=LoraConfig(r=4, alpha=8))
+    policy = LLMPolicy(model, tok, lora=LoraConfig(r=4, alpha=8, target_modules=None))
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     demo = chat_to_sample([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], None, tok)
