@@ -203,6 +203,10 @@ class VllmFleet:
         env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_space_gib),
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    PYTHONUNBUFFERED="1")
+        # vLLM 0.32 CPU cannot load its own AOT-compiled artifacts ("'function' object has no attribute
+        # 'finalize_loading'") and compiles again on every start; its older compile cache loads (warm-up
+        # 13 s instead of ~60 s for SmolLM2 here). A value in the environment or engine_kwargs.env wins.
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
         env.update(self.config.env)
         return env
 
