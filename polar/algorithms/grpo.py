@@ -142,6 +142,7 @@ class GRPOLearner:
     def __init__(self, policy: TokenPolicy, kwargs: GRPOKwargs) -> None:
         self.policy = policy
         self.kw = kwargs
+        assert kwargs.learning_rate is not None  # GRPOKwargs fills it in at validation (LoRA or full rate)
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
         self.reference: Any = None
         self.reference_kind = "none"

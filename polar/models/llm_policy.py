@@ -146,7 +146,10 @@ class LLMPolicy:
 
 def _default_targets(model: Any) -> list[str]:
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    preferred = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "query", "value") if n in names]
+    # every projection of the blocks, attention and MLP (Llama/Qwen/Mistral names, then GPT-2's, then BERT-style)
+    known = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+             "c_attn", "c_proj", "c_fc", "query", "key", "value", "dense")
+    preferred = [n for n in known if n in names]
     if not preferred:
         raise ConfigError(f"cannot pick LoRA target modules for this model (linear layers: {sorted(names)}); set lora.target_modules")
     return preferred
