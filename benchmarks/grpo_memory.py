@@ -7,6 +7,10 @@ tokens with the last three quarters as targets (micro-batches of ``--micro-batch
 
     .venv/bin/python benchmarks/grpo_memory.py                      # tiny and, if available, smollm2-135m
     .venv/bin/python benchmarks/grpo_memory.py --models tiny --json out.json
+    .venv/bin/python benchmarks/grpo_memory.py --models smollm2-135m --lora-defaults   # LoraConfig() as shipped
+
+The LoRA cases use r=8 on the attention projections (the defaults before issue 11's item 6), or with
+``--lora-defaults`` today's ``LoraConfig()`` (r=16 on every linear projection).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _peak_mib() -> float:
 
 
 def run_case(model_name: str, lora: bool, kl_coef: float, sequences: int, tokens: int, micro_batch: int,
-             gradient_checkpointing: bool) -> dict:
+             gradient_checkpointing: bool, lora_defaults: bool = False) -> dict:
     """One case in this process (the parent runs each in a subprocess)."""
     import torch
 
@@ -66,7 +70,8 @@ def run_case(model_name: str, lora: bool, kl_coef: float, sequences: int, tokens
         folder = preset_folder(model_name)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(folder)
-    cfg = LoraConfig(r=8, alpha=16) if lora else None
+    cfg = (LoraConfig() if lora_defaults else LoraConfig(r=8, alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])) \
+        if lora else None
     kw = GRPOKwargs(kl_coef=kl_coef, lora=cfg, micro_batch_size=micro_batch, learning_rate=1e-5)
     policy = LLMPolicy(model, tok, cfg, gradient_checkpointing=gradient_checkpointing)
     learner = GRPOLearner(policy, kw)
@@ -96,13 +101,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--lora-defaults", action="store_true", help="LoRA cases with LoraConfig() (r=16, all linear)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case, print its JSON
     args = ap.parse_args()
     if args.case:
         model_name, lora, kl = json.loads(args.case)
         print(json.dumps(run_case(model_name, lora, kl, args.sequences, args.tokens, args.micro_batch,
-                                  args.gradient_checkpointing)))
+                                  args.gradient_checkpointing, args.lora_defaults)))
         return
     models = args.models
     if models is None:
@@ -121,6 +127,11 @@ def main() -> None:
                    "--tokens", str(args.tokens), "--micro-batch", str(args.micro_batch)]
             if args.gradient_checkpointing:
                 cmd.append("--gradient-checkpointing")
+            if args.lora_defaults:
+                cmd.append("--lora-defaults")
+                if not lora:
+                    continue  # the full fine-tune cases do not change with the LoRA defaults
+                label = label.replace("LoRA r=8", "LoRA r=16, all linear")
             out = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 print(f"{m} {label}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
