@@ -117,6 +117,7 @@ class SystemSampler:
         self.root = psutil.Process(pid or os.getpid())
         self._procs: dict[int, Any] = {}  # pid -> psutil.Process, kept so cpu_percent has a previous reading
         self._names: dict[int, str] = {}  # pid -> stable "<role>-<n>" while the process lives
+        self._cmdlines: dict[int, tuple[str, ...]] = {}  # pid -> the command line its name was given for
         self._latest: dict[str, float] = {}
         self._nvml = _Nvml() if gpu else None
         self._stop = threading.Event()
@@ -126,6 +127,15 @@ class SystemSampler:
 
     # ------------------------------------------------------------------ naming
     def _name(self, proc: Any) -> str:
+        # a child caught between fork and exec still shows its parent's command line (or none): named then,
+        # a connector would stay "rollout_worker-2" or "child-0" for life, so an exec renames the process
+        try:
+            cmdline = tuple(proc.cmdline())
+        except Exception:  # AccessDenied, gone: keep what it was called
+            cmdline = self._cmdlines.get(proc.pid, ())
+        if self._cmdlines.get(proc.pid) != cmdline:
+            self._names.pop(proc.pid, None)
+            self._cmdlines[proc.pid] = cmdline
         name = self._names.get(proc.pid)
         if name is None:
             role = self.role if proc.pid == self.root.pid else role_of(proc)
@@ -155,6 +165,7 @@ class SystemSampler:
                 if pid not in seen:
                     self._procs.pop(pid)
                     self._names.pop(pid, None)
+                    self._cmdlines.pop(pid, None)
             for p in live:
                 proc = self._procs.setdefault(p.pid, p)
                 try:

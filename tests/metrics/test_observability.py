@@ -56,6 +56,28 @@ def test_sampler_names_children_by_role_and_measures_them():
     assert "system/rollout_worker-0/cpu_percent" not in snap
 
 
+def test_a_child_seen_before_its_exec_is_renamed_by_its_new_command_line():
+    """A process first sampled between fork and exec shows its parent's command line; once it execs into
+    a connector it must be reported as one, not keep its first name for life."""
+    code = ("import os, sys\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+            "os.execv(sys.executable, [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)', "
+            "'polar.harness.' + 'connector'])")  # split: the pre-exec command line must not name it
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sampler = SystemSampler("learner", interval_s=0.2, gpu=False)
+        before = sampler.sample()
+        assert "system/child-0/rss_mb" in before and "system/connector-0/rss_mb" not in before
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "1"  # the exec'd program runs
+        after = sampler.sample()
+        assert "system/connector-0/rss_mb" in after and "system/child-0/rss_mb" not in after
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_sampler_thread_snapshot_lands_in_metrics_jsonl_and_tensorboard(tmp_path):
     sampler = SystemSampler("learner", interval_s=0.05, gpu=False).start()
     try:
