@@ -1,7 +1,8 @@
 """GRPO: group-relative advantages and a clipped, token-level policy loss. Pure functions, no I/O.
 
 One task is sampled ``group_size`` times; each sample's advantage is its reward relative to the
-others in its group, so no value network is needed. The loss is PPO's clipped surrogate
+others in its group, so no value network is needed (``advantage: value_head`` swaps the group baseline
+for a learned critic over the LLM's hidden states, ``polar.algorithms.llm_critic``: PPO with a value head). The loss is PPO's clipped surrogate
 (``polar.algorithms.ppo.clipped_surrogate``, the one copy) over the
 tokens the policy sampled (``mask == 1``), with the importance ratio taken against the logprobs the
 engine recorded when it sampled them (the behaviour policy), plus an optional k3 KL penalty to a
@@ -17,8 +18,17 @@ from typing import Any, Protocol
 
 import torch
 
-from polar.algorithms.ppo import clipped_surrogate
+from polar.algorithms.llm_critic import (
+    ValueHead,
+    explained_variance,
+    per_token,
+    state_positions,
+    turns_per_row,
+    value_advantages,
+)
+from polar.algorithms.ppo import clipped_surrogate, ppo_value_loss
 from polar.config.grpo import GRPOKwargs
+from polar.errors import ConfigError
 from polar.types import TrajectorySample
 
 
@@ -128,7 +138,27 @@ class TokenPolicy(Protocol):
 
     def logits(self, batch: Any, model: Any = None) -> torch.Tensor: ...
 
+    def logits_and_hidden(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+
     def base_logits(self, batch: Any) -> torch.Tensor: ...
+
+
+@dataclass
+class CriticTargets:
+    """What the value head's update needs per sample (one entry per sample, one value per turn): the values
+    before the update, the returns and the advantages; ``features`` (the turns' hidden states, in sample
+    order) only when the LLM is frozen, so the head trains on them without another forward pass."""
+
+    old_values: list[torch.Tensor]
+    returns: list[torch.Tensor]
+    advantages: list[torch.Tensor]
+    n_turns: int
+    features: torch.Tensor | None = None
+
+    def of(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(old values, returns, advantages) of the samples ``idx``, concatenated in that order."""
+        return (torch.cat([self.old_values[i] for i in idx]), torch.cat([self.returns[i] for i in idx]),
+                torch.cat([self.advantages[i] for i in idx]))
 
 
 class GRPOLearner:
@@ -137,13 +167,32 @@ class GRPOLearner:
 
     The reference exists only when ``kl_coef > 0``: with LoRA it is the policy's own base weights with
     the adapters switched off (``reference_kind == "adapters_off"``, no extra memory); a full fine-tune
-    keeps one frozen copy of the starting model (``"frozen_copy"``, in ``self.reference``)."""
+    keeps one frozen copy of the starting model (``"frozen_copy"``, in ``self.reference``).
+
+    ``advantage: value_head`` adds the critic (``polar.algorithms.llm_critic``): a ``ValueHead`` over the
+    LLM's last hidden state, in its own optimizer group at ``value_head.learning_rate``. ``update`` then takes
+    each sample's return instead of an advantage: a no-grad pass values every turn, the advantages are the
+    returns minus those values, and each micro-batch's loss adds ``vf_coef`` x the value loss to the same
+    clipped policy loss (the value gradient reaches the trained LLM weights too: one trunk). With
+    ``value_head.freeze_llm`` only the head trains, on the hidden states of that first pass."""
 
     def __init__(self, policy: TokenPolicy, kwargs: GRPOKwargs) -> None:
         self.policy = policy
         self.kw = kwargs
         assert kwargs.learning_rate is not None  # GRPOKwargs fills it in at validation (LoRA or full rate)
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
+        self.critic = kwargs.value_head if kwargs.advantage == "value_head" else None
+        self.value_head: ValueHead | None = None
+        groups: list[dict[str, Any]] = []
+        if self.critic is None or not self.critic.freeze_llm:
+            groups.append({"params": policy.parameters(), "lr": kwargs.learning_rate})
+        if self.critic is not None:
+            if self.critic.freeze_llm:
+                for p in policy.model.parameters():
+                    p.requires_grad_(False)
+            self.value_head = ValueHead(int(policy.model.config.hidden_size), self.critic.hidden_units).to(policy.device)
+            groups.append({"params": list(self.value_head.parameters()), "lr": self.critic.learning_rate})
+        self.params = [p for g in groups for p in g["params"]]
+        self.optimizer = torch.optim.AdamW(groups, lr=kwargs.learning_rate, weight_decay=0.0)
         self.reference: Any = None
         self.reference_kind = "none"
         if kwargs.kl_coef > 0 and policy.lora is not None:
@@ -165,12 +214,57 @@ class GRPOLearner:
         with torch.no_grad():
             return token_logprobs(self.policy.logits(batch, self.reference), batch.token_ids)
 
-    def update(self, samples: list[TrajectorySample], advantages: list[float]) -> dict[str, float]:
-        """``epochs_per_step`` optimizer steps on ``samples`` (one advantage each), with gradient accumulation
-        over ``micro_batch_size`` sequences; token-level normalization over the whole batch."""
+    def turn_values(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(V per turn, the turns' hidden states) of one batch, in ``state_positions``' order."""
+        assert self.value_head is not None
+        rows, cols = state_positions(mask)
+        features = hidden[rows, cols].float()
+        return self.value_head(features), features
+
+    def critic_targets(self, samples: list[TrajectorySample], returns: list[float]) -> CriticTargets:
+        """Values of every turn before the update (no grad, micro-batch by micro-batch), each turn's return
+        (its sample's) and advantage."""
+        assert self.critic is not None
+        pol, mb = self.policy, self.kw.micro_batch_size
+        values: list[torch.Tensor] = []
+        feats: list[torch.Tensor] = []
+        counts: list[int] = []
+        with torch.no_grad():
+            for start in range(0, len(samples), mb):
+                batch = pol.collate(samples[start:start + mb])
+                _, hidden = pol.logits_and_hidden(batch)
+                v, f = self.turn_values(hidden, batch.loss_mask)
+                values.append(v)
+                feats.append(f)
+                counts.extend(turns_per_row(batch.loss_mask))
+        flat_v = torch.cat(values)
+        flat_r = torch.cat([torch.full((n,), float(r), device=flat_v.device) for n, r in zip(counts, returns, strict=True)])
+        flat_a = value_advantages(flat_r, flat_v, self.critic.normalize_advantage)
+        cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
+
+        def split(t: torch.Tensor) -> list[torch.Tensor]:
+            return [t[cut[i]:cut[i + 1]] for i in range(len(counts))]
+
+        return CriticTargets(split(flat_v), split(flat_r), split(flat_a), len(flat_v),
+                             torch.cat(feats) if self.critic.freeze_llm else None)
+
+    def update(self, samples: list[TrajectorySample], advantages: list[float] | None = None,
+               returns: list[float] | None = None) -> dict[str, float]:
+        """``epochs_per_step`` optimizer steps on ``samples`` (one advantage each; with the value head, one
+        return each instead), with gradient accumulation over ``micro_batch_size`` sequences; token-level
+        normalization over the whole batch."""
         kw = self.kw
         pol = self.policy
         pol.model.train()
+        targets: CriticTargets | None = None
+        if self.critic is not None:
+            if returns is None:
+                raise ValueError("advantage: value_head: update() takes each sample's return (returns=)")
+            targets = self.critic_targets(samples, returns)
+            if self.critic.freeze_llm:
+                return self._fit_head(targets)
+        elif advantages is None:
+            raise ValueError(f"advantage: {kw.advantage}: update() takes each sample's advantage")
         stats: defaultdict[str, float] = defaultdict(float)
         n_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
         order = list(range(len(samples)))
@@ -181,12 +275,28 @@ class GRPOLearner:
             for start in range(0, len(order), kw.micro_batch_size):
                 idx = order[start:start + kw.micro_batch_size]
                 batch = pol.collate([samples[i] for i in idx])
-                adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32, device=pol.device)
-                logp = token_logprobs(pol.logits(batch), batch.token_ids)
+                value_loss = None
+                if targets is None:
+                    assert advantages is not None
+                    adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32, device=pol.device)
+                    logp = token_logprobs(pol.logits(batch), batch.token_ids)
+                else:
+                    assert self.critic is not None
+                    logits, hidden = pol.logits_and_hidden(batch)
+                    logp = token_logprobs(logits, batch.token_ids)
+                    old_v, ret, turn_adv = targets.of(idx)
+                    adv = per_token(turn_adv, batch.loss_mask)
+                    v, _ = self.turn_values(hidden, batch.loss_mask)
+                    if v.numel():  # the mean over this micro-batch's turns, weighted to its share of the batch's
+                        value_loss = ppo_value_loss(v, old_v, ret, self.critic.clip_range_vf) * (v.numel() / targets.n_turns)
                 ref = self.reference_logprobs(batch)
                 out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
                                 ref, kw.kl_coef, normalizer=n_tokens, tis_cap=kw.tis_cap)
-                out.loss.backward()
+                loss = out.loss
+                if value_loss is not None and self.critic is not None:
+                    loss = loss + self.critic.vf_coef * value_loss
+                    stats["value_loss"] += float(value_loss.detach())
+                loss.backward()
                 w = float(batch.loss_mask.sum()) / n_tokens
                 stats["policy_loss"] += out.policy_loss
                 stats["kl"] += out.kl
@@ -195,14 +305,49 @@ class GRPOLearner:
                 stats["logprob_gap_mean"] += out.logprob_gap_mean * w
                 stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * e_div)
                 stats["tis_weight_mean"] += out.tis_weight_mean * w
-            grad_norm = torch.nn.utils.clip_grad_norm_(pol.parameters(), kw.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, kw.max_grad_norm)
             self.optimizer.step()
             stats["grad_norm"] = float(grad_norm)
         e = float(kw.epochs_per_step)
-        return {k: (v / e if k != "grad_norm" else v) for k, v in stats.items()} | {"trained_tokens": n_tokens}
+        out_stats = {k: (v / e if k != "grad_norm" else v) for k, v in stats.items()} | {"trained_tokens": n_tokens}
+        return out_stats | (self._critic_stats(targets) if targets is not None else {})
+
+    def _fit_head(self, targets: CriticTargets) -> dict[str, float]:
+        """``value_head.freeze_llm``: ``epochs_per_step`` steps of the head alone on the turns' hidden states."""
+        assert self.value_head is not None and self.critic is not None and targets.features is not None
+        old_v, ret, _ = targets.of(list(range(len(targets.returns))))
+        value_loss = 0.0
+        grad_norm = 0.0
+        for _ in range(self.kw.epochs_per_step if targets.n_turns else 0):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = ppo_value_loss(self.value_head(targets.features), old_v, ret, self.critic.clip_range_vf)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.kw.max_grad_norm))
+            self.optimizer.step()
+            value_loss += float(loss.detach())
+        return {"value_loss": value_loss / self.kw.epochs_per_step, "grad_norm": grad_norm,
+                **self._critic_stats(targets)}
+
+    @staticmethod
+    def _critic_stats(targets: CriticTargets) -> dict[str, float]:
+        """PPO's critic diagnostics over the step's turns, from the values before the update."""
+        v, r, _ = targets.of(list(range(len(targets.returns))))
+        return {"explained_variance": explained_variance(v, r), "value_mean": float(v.mean()) if v.numel() else 0.0,
+                "return_mean": float(r.mean()) if r.numel() else 0.0, "turns": float(targets.n_turns)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        if self.value_head is not None:
+            state["value_head"] = self.value_head.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.value_head is not None:
+            if "value_head" not in state:
+                raise ConfigError("the checkpoint has no value head (its run used a group baseline); resume with "
+                                  "the advantage it was trained with, or start a new run for advantage: value_head")
+            self.value_head.load_state_dict(state["value_head"])
+        elif "value_head" in state:
+            raise ConfigError("the checkpoint holds a value head (its run used advantage: value_head); resume with "
+                              "policy.kwargs.advantage: value_head and the same value_head settings")
         self.optimizer.load_state_dict(state["optimizer"])

@@ -25,8 +25,24 @@ class LoraConfig(StrictModel):
     target_modules: list[str] | None = None
 
 
+class ValueHeadConfig(StrictModel):
+    """The critic of ``advantage: value_head`` (``polar.algorithms.llm_critic``): V(turn) from the LLM's last
+    hidden state just before each turn's first sampled token; the advantage is the session's return minus it.
+    The head is the learner's alone: checkpointed with it, never sent to the engine."""
+
+    hidden_units: int = Field(0, ge=0, description="0: a linear head; N: one hidden layer of N tanh units")
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW rate of the head (the LLM's is policy.kwargs.learning_rate)")
+    vf_coef: float = Field(0.1, gt=0, description="weight of the value loss next to the policy loss")
+    clip_range_vf: float | None = Field(
+        None, gt=0, description="PPO's clipped value loss: the new value is clipped to the step's old value +- this")
+    normalize_advantage: bool = Field(True, description="advantages to zero mean, unit std over the step's turns")
+    freeze_llm: bool = Field(
+        False, description="train the head only: the LLM (and so the served policy) stays as it is")
+
+
 class GRPOKwargs(StrictModel):
-    group_size: int = Field(8, ge=2, description="samples per task (one GRPO group)")
+    group_size: int = Field(
+        8, ge=1, description="samples per task (one GRPO group); 1 only with advantage: value_head")
     tasks_per_step: int = Field(6, ge=1, description="groups collected per optimizer step")
     total_steps: int = Field(20, ge=1, description="optimizer steps (each: collect, learn, sync weights)")
     learning_rate: float | None = Field(
@@ -34,7 +50,10 @@ class GRPOKwargs(StrictModel):
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the reference model")
     clip_range: float = Field(0.2, gt=0, description="PPO-style clip of the importance ratio (low side)")
     clip_range_high: float | None = Field(None, gt=0, description="upper clip; defaults to clip_range")
-    advantage: Literal["mean_std", "leave_one_out"] = "mean_std"
+    advantage: Literal["mean_std", "leave_one_out", "value_head"] = Field(
+        "mean_std", description="the baseline: the group's rewards (mean_std, leave_one_out) or a learned critic (value_head)")
+    value_head: ValueHeadConfig | None = Field(
+        None, description="the critic of advantage: value_head (null there: the defaults)")
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weight each token by min(exp(learner_lp - rollout_lp), tis_cap)")
     epochs_per_step: int = Field(1, ge=1, description="passes over each collected batch")
@@ -50,6 +69,25 @@ class GRPOKwargs(StrictModel):
         False, description="recompute activations in the backward pass (HF gradient_checkpointing_enable): less memory, more compute")
     eval_every: int = Field(0, ge=0, description="evaluate held-out tasks every N steps (0 = start and end only)")
     eval_samples: int = Field(1, ge=1, description="sessions per held-out task in each evaluation")
+
+    @model_validator(mode="after")
+    def _the_baseline(self) -> GRPOKwargs:
+        if self.advantage == "value_head" and self.value_head is None:
+            object.__setattr__(self, "value_head", ValueHeadConfig())
+        if self.value_head is not None and self.advantage != "value_head":
+            raise ValueError(f"value_head is set but advantage is {self.advantage!r}, which uses the group's rewards "
+                             "as the baseline; set advantage: value_head to train the critic, or drop value_head")
+        if self.group_size < 2 and self.advantage != "value_head":
+            raise ValueError(f"group_size 1: advantage {self.advantage!r} compares the samples of one task, so it needs "
+                             "group_size >= 2; or set advantage: value_head (a learned baseline needs no group)")
+        if self.value_head is not None and self.value_head.freeze_llm:
+            if self.lora is not None:
+                raise ValueError("value_head.freeze_llm trains the value head only, so lora adapters would never "
+                                 "train; drop lora, or set value_head.freeze_llm: false")
+            if self.kl_coef > 0:
+                raise ValueError("value_head.freeze_llm keeps the LLM at its reference, so kl_coef has nothing to "
+                                 "penalize; set kl_coef: 0, or value_head.freeze_llm: false")
+        return self
 
     @model_validator(mode="after")
     def _learning_rate_for_the_trained_weights(self) -> GRPOKwargs:

@@ -114,6 +114,14 @@ class LLMPolicy:
             out = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return out.float()
 
+    def logits_and_hidden(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 logits and the last layer's hidden states ``[B, T, H]`` (after the final norm: what the LM
+        head reads) of the trained model over ``batch``, from one forward pass (the value head reads them)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast == "bf16"):
+            out = self.model(input_ids=batch.token_ids, attention_mask=batch.attention_mask, use_cache=False,
+                             output_hidden_states=True)
+        return out.logits.float(), out.hidden_states[-1].float()
+
     def base_logits(self, batch: TokenBatch) -> torch.Tensor:
         """Logits of the model as it was before training, without grad: with LoRA the same base weights
         with the adapters switched off (no second copy of the model is ever made)."""

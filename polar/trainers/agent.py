@@ -11,7 +11,10 @@ sessions, SFT on demonstrations.
   advantages, the clipped update against the engine's recorded logprobs
   (``polar.algorithms.grpo.GRPOLearner``), weights to the engine through the gateway's drain (pause, wait
   in-flight, swap, resume). A step with no usable group (all filtered, or equal rewards in every group)
-  updates nothing, publishes nothing and is logged with ``update_skipped: 1``.
+  updates nothing, publishes nothing and is logged with ``update_skipped: 1``. With ``advantage:
+  value_head`` the baseline is the learner's critic instead of the group (``return_batch``: each sample's
+  return; any group size, equal rewards included); with ``value_head.freeze_llm`` only the head trains, so
+  every step logs ``update_skipped: 1`` (the served weights and policy version stay).
 
 Counters and metric names are the loop's: ``iteration`` (one GRPO step), ``env_steps`` (sessions rolled
 out; one session is one episode), ``episode_reward_mean`` (the step's sessions), ``pg_loss``; ``step`` and
@@ -35,7 +38,7 @@ from polar.metrics.logger import EpisodeWindow
 from polar.rollout.sessions.session import SessionResult
 from polar.trainers.agentic_run import build_stack, heldout_success, load_tasks, policy_options, resolve
 from polar.trainers.lifecycle import run_guard
-from polar.trainers.llm_trainer import group_batch
+from polar.trainers.llm_trainer import group_batch, return_batch
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch
@@ -232,9 +235,15 @@ class AgentTrainer(TrainingLoop):
     def update(self, batch: Batch) -> Metrics:
         assert self.learner is not None  # an SFT run has no GRPO iterations
         kw = self.kw
-        samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage)
         t_learn = time.monotonic()
-        upd = self.learner.update(samples, advs) if samples else {}
+        if kw.advantage == "value_head":  # the learner's critic gives the baseline: each sample's return
+            samples, returns, counts = return_batch(batch.data, self.version, kw.max_off_policy_steps)
+            upd = self.learner.update(samples, returns=returns) if samples else {}
+        else:
+            samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage)
+            upd = self.learner.update(samples, advs) if samples else {}
+        # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
+        frozen = kw.value_head is not None and kw.value_head.freeze_llm
         if not samples:  # a step with no usable group changed no weight: no swap, no new version
             log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", self.iteration + 1,
                      ", ".join(f"{k} {v:g}" for k, v in counts.items() if k.startswith("groups_")))
@@ -242,7 +251,7 @@ class AgentTrainer(TrainingLoop):
         if "policy_loss" in upd:
             upd["pg_loss"] = upd.pop("policy_loss")
         rewards = batch.episode_returns
-        return {"samples": len(samples), "update_skipped": int(not samples),
+        return {"samples": len(samples), "update_skipped": int(not samples or frozen),
                 "reward_mean": sum(rewards) / max(1, len(rewards)),
                 "learn_s": round(time.monotonic() - t_learn, 3), **counts, **upd}
 
