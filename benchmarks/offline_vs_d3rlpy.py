@@ -21,8 +21,11 @@
    Wall time: polar's ``train()`` (dataset load, networks, gradient steps, final evaluation) and d3rlpy's
    ``fit`` (networks and gradient steps; its evaluation is timed apart and added), each single-threaded.
 
-Prints one table: dataset, its return mean, algo, framework, return mean +- std, wall seconds and update
-seconds (the gradient steps alone: polar's ``time/learn_s``, d3rlpy's mean ``time_step`` x steps).
+Prints one table: dataset, its return mean, algo, framework, seed, gradient steps, return mean +- std, wall seconds
+and update seconds (the gradient steps alone: polar's ``time/learn_s``, d3rlpy's mean ``time_step`` x steps);
+with ``--table`` over logs of several ``--seed`` runs, a second one: the mean over seeds of each row's return mean.
+Datasets in ``--out`` are reused (``--seed`` then changes the offline runs only); polar's offline run directories
+are ``--out/offline/<dataset>-<algo>-seed<N>``, replaced when that row runs again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -253,15 +257,20 @@ def main() -> int:
                     sides.append("d3rlpy")
                 for fw in sides:
                     if fw == "polar":
-                        r = polar_offline(env, algo, ds, args.out / "offline" / f"{ds.name}-{algo}", args)
+                        run = args.out / "offline" / f"{ds.name}-{algo}-seed{args.seed}"
+                        if run.exists():  # this row is measured again: its earlier run goes
+                            print(f"[{env}] replacing {run}", flush=True)
+                            shutil.rmtree(run)
+                        r = polar_offline(env, algo, ds, run, args)
                     else:
                         r = d3rlpy_offline(env, algo, ds, args)
                     name = {"cql": "DiscreteCQL", "bc": "DiscreteBC"}.get(algo, algo) if fw == "d3rlpy" and env == "cartpole" else algo
                     row = {"dataset": ds.name, "data_return": ret, "episodes": eps, "transitions": n, "algo": name,
-                           "framework": fw, **r}
+                           "framework": fw, "seed": args.seed, "steps": args.steps, **r}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    tag = args.envs.replace(",", "_") + (f"_{args.only_dataset}" if args.only_dataset else "")
+    tag = (args.envs.replace(",", "_") + (f"_{args.only_dataset}" if args.only_dataset else "")
+           + (f"_seed{args.seed}" if args.seed else ""))
     (args.out / f"results_{tag}.json").write_text(json.dumps(rows, indent=1))
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s; steps {args.steps}, batch {args.batch_size}, hidden "
           f"{args.hidden}, eval {args.eval_episodes} deterministic episodes\n")
@@ -270,13 +279,31 @@ def main() -> int:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| dataset | data return (episodes, transitions) | algo | framework | return mean ± std | wall s | update s |")
-    print("|---|---|---|---|---|---|---|")
+    """One row per run; then, where a (dataset, algo, framework, steps) ran with more than one seed, the mean over
+    seeds of the per-seed return means, ± their std across seeds, and the mean wall and update seconds."""
+    print("| dataset | data return (episodes, transitions) | algo | framework | seed | steps | return mean ± std | "
+          "wall s | update s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         score = ("error: " + r["error"]) if "error" in r else f"{r['return_mean']:.1f} ± {r['return_std']:.1f}"
         wall = "" if "error" in r else f"{r['wall_s']:.1f} | {r['update_s']:.1f}"
         print(f"| {r['dataset']} | {r['data_return']:.1f} ({r['episodes']}, {r['transitions']}) | {r['algo']} | "
-              f"{r['framework']} | {score} | {wall} |")
+              f"{r['framework']} | {r.get('seed', '')} | {r.get('steps', '')} | {score} | {wall} |")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if "error" not in r:
+            groups.setdefault((r["dataset"], r["algo"], r["framework"], r.get("steps")), []).append(r)
+    multi = {k: g for k, g in groups.items() if len({r.get("seed") for r in g}) > 1}
+    if not multi:
+        return
+    print("\n| dataset | algo | framework | steps | seeds | return: mean over seeds ± std across seeds | "
+          "mean wall s | mean update s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (ds, algo, fw, steps), g in multi.items():
+        m = np.array([r["return_mean"] for r in g])
+        seeds = ",".join(str(s) for s in sorted({r.get("seed") for r in g}))
+        print(f"| {ds} | {algo} | {fw} | {steps} | {seeds} | {m.mean():.1f} ± {m.std():.1f} | "
+              f"{np.mean([r['wall_s'] for r in g]):.1f} | {np.mean([r['update_s'] for r in g]):.1f} |")
 
 
 if __name__ == "__main__":
