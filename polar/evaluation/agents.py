@@ -149,6 +149,9 @@ def session_records(results: list[tuple[str, Any]], records_dir: Path) -> list[d
                 "task_id": task_id, "sample": r.sample_index, "session_id": r.session_id,
                 "status": getattr(r.status, "value", str(r.status)).lower(), "reward": r.reward,
                 "error": r.error, "num_calls": int(r.num_calls),
+                # the verifier's own verdict (an LLM env agent's "reached the goal"), None when it gives none
+                "success": r.verifier_output.get("success") if isinstance(r.verifier_output.get("success"), bool)
+                else None,
                 "prompt_tokens": sum(len(c.prompt_ids) for c in calls),
                 "completion_tokens": sum(len(c.sampled_ids) for c in calls),
                 "time_to_completion_s": float(r.timings.get("total_s", 0.0)),

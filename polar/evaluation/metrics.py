@@ -54,7 +54,11 @@ def _return(rec: dict[str, Any], spec: Any) -> float | None:
 def _success(rec: dict[str, Any], spec: Any) -> float | None:
     if "return" in rec:
         return None if rec.get("success") is None else float(bool(rec["success"]))
-    return float(_agent_done(rec) and float(rec["reward"]) >= spec.success_threshold)
+    if not _agent_done(rec):
+        return 0.0
+    if isinstance(rec.get("success"), bool):  # the verifier's verdict: a shaped reward says nothing of success
+        return float(rec["success"])
+    return float(float(rec["reward"]) >= spec.success_threshold)
 
 
 def _violations(rec: dict[str, Any], spec: Any) -> float | None:

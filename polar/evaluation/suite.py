@@ -66,7 +66,8 @@ class MetricSpec(StrictModel):
     info_key: str | None = Field(None, description="constraint_violations: the info key that marks a violation")
     usd_per_1m_prompt_tokens: float = Field(0.0, ge=0, description="cost_per_session_usd: price of prompt tokens")
     usd_per_1m_completion_tokens: float = Field(0.0, ge=0, description="cost_per_session_usd: price of sampled tokens")
-    success_threshold: float = Field(1.0, description="agent success_rate: a session succeeds at reward >= this")
+    success_threshold: float = Field(1.0, description="agent success_rate: a session succeeds at reward >= this, "
+                                                      "unless its verifier gives a success verdict (LLM env agents)")
 
 
 def _metric_item(v: Any) -> Any:

@@ -216,10 +216,12 @@ def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("stage", "success", "sessions", "errors"):
+    for col in ("stage", "success", "reward mean", "sessions", "errors"):
         table.add_column(col)
     for stage, e in rows.items():
-        table.add_row(stage, f"{e['success']:.3f}", str(e["sessions"]), str(e["errors"]))
+        reward = e.get("reward_mean")
+        table.add_row(stage, f"{e['success']:.3f}", "-" if reward is None else f"{reward:.3f}", str(e["sessions"]),
+                      str(e["errors"]))
     return table
 
 

@@ -91,9 +91,20 @@ def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int
     return samples, returns, dict(stats)
 
 
+def session_success(r: SessionResult) -> float:
+    """One session's success: the verifier's own ``success`` verdict when it gives one (an LLM env agent's
+    "reached the goal", which a shaped return does not show), else its reward; 0 for ERROR and TIMEOUT."""
+    if r.status != SessionStatus.DONE or r.reward is None:
+        return 0.0
+    verdict = r.verifier_output.get("success")
+    return float(verdict) if isinstance(verdict, bool) else float(r.reward)
+
+
 def success_rate(groups: Groups) -> dict[str, float]:
-    """Mean reward over sessions that produced a verdict; ERROR sessions count as failures."""
+    """Held-out success over all sessions (``session_success``; ERROR sessions count as failures), next to the
+    mean reward, which differs from it when the reward is shaped."""
     results = [r for g in groups for r in g]
     rewards = [r.reward if r.status == SessionStatus.DONE and r.reward is not None else 0.0 for r in results]
-    return {"success": sum(rewards) / max(1, len(rewards)), "sessions": len(results),
+    return {"success": sum(map(session_success, results)) / max(1, len(results)),
+            "reward_mean": sum(rewards) / max(1, len(rewards)), "sessions": len(results),
             "errors": sum(r.status == SessionStatus.ERROR for r in results)}

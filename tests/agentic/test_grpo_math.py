@@ -87,3 +87,29 @@ def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
     assert len(samples) == 2 and advs[0] > 0 > advs[1]  # only the fresh group, without its ERROR session
     assert stats["groups_stale"] == 1 and stats["groups_no_signal"] == 1 and stats["sessions_error"] == 1
     assert stats["groups_signal_share"] == 1 / 3  # one of the three groups carried a signal
+
+
+def test_heldout_success_uses_the_verifiers_verdict_not_a_shaped_reward():
+    from polar.evaluation.metrics import get_metric
+    from polar.evaluation.suite import MetricSpec
+    from polar.rollout.sessions.session import SessionResult, SessionStatus
+    from polar.trainers.llm_trainer import success_rate
+
+    def result(i, reward, status=SessionStatus.DONE, **verdict):
+        return SessionResult(session_id=f"s{i}", task_id="t", group_id="t", sample_index=i, status=status,
+                             reward=reward, verifier_output=verdict)
+
+    # an LLM env agent with shaping: positive returns that never reached the goal, and one that did
+    env_group = [result(0, 0.33, success=False), result(1, 0.17, success=False), result(2, 1.0, success=True),
+                 result(3, None, SessionStatus.ERROR)]
+    out = success_rate([env_group])
+    assert out["success"] == 0.25 and abs(out["reward_mean"] - 1.5 / 4) < 1e-9
+    assert out["sessions"] == 4 and out["errors"] == 1
+    # a verifier without a verdict (a reasoning-gym score): success is still the mean reward
+    scored = success_rate([[result(0, 0.5), result(1, 1.0)]])
+    assert scored["success"] == scored["reward_mean"] == 0.75
+    # polar eval --suite's success_rate reads the same verdict
+    metric, spec = get_metric("success_rate"), MetricSpec(name="success_rate", success_threshold=0.1)
+    assert metric.value({"status": "done", "reward": 0.33, "success": False}, spec) == 0.0
+    assert metric.value({"status": "done", "reward": 0.33, "success": None}, spec) == 1.0
+    assert metric.value({"status": "error", "reward": None, "success": True}, spec) == 0.0
