@@ -38,3 +38,47 @@ def test_polar_run_trains_the_llm_agent_on_frozenlake_with_the_tiny_model(tmp_pa
         assert 1 <= v["steps"] <= 3 and 0 <= v["invalid_actions"] <= v["steps"]
         assert s["reward"] == round(-0.1 * v["invalid_actions"] + (1.0 if v["success"] else 0.0), 6)
     assert (run / "eval" / "before_grpo.json").exists() and (run / "eval" / "after_grpo.json").exists()
+
+
+def test_polar_run_trains_a_value_head_critic_with_lora_and_resumes_it(tmp_path):
+    """The seed's "critic over hidden states" end to end: ``advantage: value_head`` with LoRA on the tiny
+    model, one episode per task (no group), through ``polar run``; the head is checkpointed and a resumed
+    run continues from it."""
+    from polar.trainers.checkpoint import load_checkpoint
+
+    cfg = yaml.safe_load((ROOT / "examples" / "llm_frozenlake.yaml").read_text())
+    cfg["model"] = {"name_or_path": "tiny"}
+    cfg["agent"].update(max_steps=3, max_tokens=8, invalid_action_penalty=-0.1)
+    cfg["tasks"] = {"source": "seeds", "start": 0, "count": 8}
+    cfg["eval_tasks"] = None
+    cfg["policy"]["kwargs"].update(group_size=1, tasks_per_step=4, total_steps=2, lora={"r": 4, "alpha": 8},
+                                   advantage="value_head", value_head={"hidden_units": 16})
+    cfg["logging"]["checkpoint_freq"] = 1
+    path = tmp_path / "critic.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def polar(*args: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "polar.cli.main", *args, "--no-progress"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def critic_steps() -> list[dict]:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if "value_loss" in r]
+
+    polar("run", "--config", str(path), "--run-dir", str(run))
+    learned = critic_steps()
+    assert [r["step"] for r in learned] == [1, 2], learned
+    for r in learned:
+        assert r["value_loss"] >= 0 and r["turns"] >= 4 and r["update_skipped"] == 0
+        assert all(r[k] == r[k] for k in ("value_loss", "value_mean", "explained_variance"))  # no NaN
+    ckpts = sorted((run / "checkpoints").glob("ckpt_*.pt"))
+    assert len(ckpts) == 2
+    state = load_checkpoint(ckpts[-1])
+    heads = [v for v in (state, *(x for x in state.values() if isinstance(x, dict))) if "value_head" in v]
+    assert heads and all(t.ndim >= 1 for t in heads[0]["value_head"].values()), sorted(state)
+    # the resumed run loads the head (a missing one is refused by name) and continues the step count
+    polar("resume", str(run), "-o", "policy.kwargs.total_steps=4")
+    assert [r["step"] for r in critic_steps()] == [1, 2, 3, 4]
