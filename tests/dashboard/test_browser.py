@@ -49,8 +49,9 @@ def test_live_keydoor_run_then_episode_replay(tmp_path, serve, page):
         chart = 'canvas.chart[data-key="fps"]'
         page.wait_for_selector(chart)
         page.wait_for_function(f"document.querySelector('{chart}').dataset.points > 0", timeout=30_000)
-        first_x = float(page.get_attribute(chart, "data-last-x"))
-        first_n = int(page.get_attribute(chart, "data-points"))
+        # both read in one evaluation: an update landing between two reads would pair a new count with an old x
+        first_x, first_n = page.evaluate(f"(() => {{ const c = document.querySelector('{chart}'); "
+                                         "return [parseFloat(c.dataset.lastX), parseInt(c.dataset.points)]; })()")
         # the curve grows over server-sent events while the page stays open (no reload)
         page.wait_for_function(f"parseFloat(document.querySelector('{chart}').dataset.lastX) > {first_x}",
                                timeout=60_000)
