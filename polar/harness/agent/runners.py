@@ -217,8 +217,13 @@ class CallableRunner(HarnessRunner):
         else:
             job = asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))
         stop = asyncio.ensure_future(cancel.wait())
-        done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
+        try:
+            done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the session's budget ran out above us: the call stops with it
+            job.cancel()
+            raise
+        finally:
+            stop.cancel()
         if job not in done:
             job.cancel()
             return HarnessOutcome(timed_out=not done, cancelled=bool(done))

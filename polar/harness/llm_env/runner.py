@@ -124,8 +124,13 @@ class LLMEnvRunner(HarnessRunner):
         stats: dict[str, Any] = {}
         job = asyncio.ensure_future(self._episode(ctx, stats))
         stop = asyncio.ensure_future(cancel.wait())
-        done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
+        try:
+            done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the session's budget ran out above us: the episode stops with it
+            job.cancel()
+            raise
+        finally:
+            stop.cancel()
         if job not in done:
             job.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

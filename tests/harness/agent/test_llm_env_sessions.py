@@ -181,3 +181,22 @@ def test_reward_shaping_adds_to_the_episode_return(tmp_path):
     v = results[0].verifier_output
     assert v["success"] and v["env_return"] == 1.0
     assert results[0].reward == pytest.approx(2.0 - 0.01 * v["steps"] + 0.25 + 0.5)
+
+
+def test_a_spent_session_budget_stops_the_episode_and_its_engine_calls(tmp_path):
+    """The pipeline cancels the runner when the budget runs out; the episode task under it must stop too, not
+    keep stepping the env and calling the engine for a session that already ended."""
+    import time
+
+    cfg = _cfg(tmp_path, FROZENLAKE, max_steps=400)
+    tok = build_tiny_tokenizer()
+    engine = ScriptedEngine.tiny(scripted(tok, lambda text, i: json.dumps({"action": "left"})), token_delay_s=0.05)
+    settings = PipelineSettings(agent_timeout_s=120, session_budget_s=6.0, workspace_root=str(tmp_path / "ws"))
+    with LocalStack(engine, session_runner(cfg), session_verifier(cfg), settings) as stack:
+        [[result]] = stack.run_groups([(load_run_tasks(cfg.tasks)[0], 1, {})], timeout_s=60)
+        calls_at_end = len(engine.requests)
+        time.sleep(2.0)  # an episode left running would make several more calls by now
+        calls_later = len(engine.requests)
+    assert "session budget of 6.0s ran out" in (result.error or ""), result.error
+    assert 1 <= calls_at_end < 400
+    assert calls_later <= calls_at_end + 1  # at most the call that was in flight
