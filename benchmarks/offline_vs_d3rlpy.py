@@ -4,14 +4,18 @@
     nice -n 19 .venv/bin/python benchmarks/offline_vs_d3rlpy.py --out runs/offline_bench
 
 1. **Datasets.** polar's SAC trains on Pendulum-v1 and polar's DQN on CartPole-v1, one env, checkpointed and
-   evaluated (``--source-eval`` deterministic episodes) every iteration of 1,000 env steps. Training stops at the
-   first iteration whose evaluation reaches half-way from random to expert (``random + 0.5 (expert - random)``,
-   with random/expert -1230/-150 on Pendulum and 22/500 on CartPole). From that checkpoint:
-   - ``<env>-medium-v0``: ``--medium-episodes`` episodes of that policy acting as it did in training
-     (SAC samples its Gaussian; DQN is epsilon-greedy with the epsilon it had reached), ``polar collect``'s code;
-   - ``<env>-medium-replay-v0``: the replay buffer saved with that checkpoint (every transition collected up to
-     it), cut into episodes where an observation does not continue the previous step's next observation (one
-     env); the last, unfinished episode is marked truncated.
+   evaluated (``--source-eval`` deterministic episodes) every ``--source-iteration-steps`` env steps (default
+   200 on Pendulum, 512 on CartPole: its DQN trains every 256). Training stops at the first iteration whose
+   evaluation reaches half-way from random to expert (``random + 0.5 (expert - random)``, with random/expert
+   -1230/-150 on Pendulum and 22/500 on CartPole); every checkpoint is kept. As in D4RL:
+   - ``<env>-medium-v0``: ``--medium-episodes`` episodes of the policy whose evaluation is *nearest* half-way
+     (learning curves jump, so the first checkpoint past half-way is often near-expert), acting as it did in
+     training (SAC samples its Gaussian; DQN is epsilon-greedy with the epsilon it had reached), ``polar
+     collect``'s code;
+   - ``<env>-medium-replay-v0``: the replay buffer saved with the checkpoint where training stopped (every
+     transition collected until the policy reached half-way), cut into episodes where an observation does not
+     continue the previous step's next observation (one env); the last, unfinished episode is marked
+     truncated.
    Both are Minari datasets (``polar.datasets.minari``).
 2. **Offline training.** On each dataset: polar's BC, IQL and CQL, then d3rlpy's IQL (Box actions only: d3rlpy has
    no discrete IQL), CQL (``DiscreteCQL`` on CartPole) and BC, in a subprocess of ``.d3rlpy-venv`` that reads the
@@ -49,6 +53,7 @@ ENVS = {
     "pendulum": ("Pendulum-v1", "sac", -1230.0, -150.0),
     "cartpole": ("CartPole-v1", "dqn", 22.0, 500.0),
 }
+SOURCE_ITERATION_STEPS = {"pendulum": 200, "cartpole": 512}  # a multiple of the DQN's train_freq (256)
 
 
 def source_config(env: str, max_steps: int, eval_episodes: int, seed: int):
@@ -70,7 +75,7 @@ def source_config(env: str, max_steps: int, eval_episodes: int, seed: int):
         "agent": {"type": "mlp", "hidden_sizes": hidden, "activation": "relu"}, "policy": policy,
         "distribution": {"backend": "local", "rollout_workers": 0, "envs_per_worker": 1},
         "total_env_steps": max_steps,
-        "logging": {"tensorboard": False, "progress_bar": False, "checkpoint_freq": 1, "keep_checkpoints": 2},
+        "logging": {"tensorboard": False, "progress_bar": False, "checkpoint_freq": 1, "keep_checkpoints": 10_000},
         "eval": {"episodes": eval_episodes, "every_n_iterations": 1, "num_envs": 1, "at_end": False}})
 
 
@@ -116,14 +121,19 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
     cfg = source_config(env, args.source_max_steps, args.source_eval, args.seed)
     run = out / f"{env}-{algo}-source"
     trainer = build_trainer(cfg, create_run_dir(cfg, run))
+    trainer.iteration_env_steps = args.source_iteration_steps or SOURCE_ITERATION_STEPS[env]
     reached: list[float] = []
+    evals: dict[int, float] = {}  # iteration -> its evaluation's return mean
+    env_steps: dict[int, int] = {}
 
     def on_iteration(m):  # the iteration's evaluation is in eval/iter_<n>.json (written before this call)
         f = run / "eval" / f"iter_{m['iteration']:08d}.json"
         r = json.loads(f.read_text())["return_mean"] if f.is_file() else None
         print(f"[{env}] {algo} {m['env_steps']:>6} env steps: eval {r}", flush=True)
-        if r is not None and r >= target:
-            reached.append(r)
+        if r is not None:
+            evals[int(m["iteration"])], env_steps[int(m["iteration"])] = r, int(m["env_steps"])
+            if r >= target:
+                reached.append(r)
 
     trainer.on_iteration = on_iteration
     finished = trainer.finished
@@ -131,12 +141,15 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
     t0 = time.perf_counter()
     trainer.train()
     src_s = time.perf_counter() - t0
-    ckpt = CheckpointManager(run / "checkpoints").latest()
-    assert ckpt is not None
-    evals = sorted((run / "eval").glob("iter_*.json"))
-    src_eval = json.loads(evals[-1].read_text())["return_mean"]
-    print(f"[{env}] source {algo}: {ckpt.name}, eval {src_eval:.1f} (target {target:.1f}), {src_s:.0f} s"
-          + ("" if reached else "; target not reached, using the last checkpoint"), flush=True)
+    checkpoints = {int(p.stem.removeprefix("ckpt_")): p for p in CheckpointManager(run / "checkpoints").all()}
+    candidates = {i: r for i, r in evals.items() if i in checkpoints}
+    if not candidates:
+        raise SystemExit(f"{run}: no evaluated checkpoint to collect from")
+    iteration = min(candidates, key=lambda i: (abs(candidates[i] - target), i))
+    ckpt, src_eval = checkpoints[iteration], candidates[iteration]
+    print(f"[{env}] source {algo}: {ckpt.name} ({env_steps[iteration]} env steps), eval "
+          f"{src_eval:.1f}, the evaluation nearest the target {target:.1f} of {len(candidates)}; {src_s:.0f} s"
+          + ("" if reached else "; the target was never reached"), flush=True)
     _, rcfg, policy, _, _ = load_policy_for_eval(ckpt)
     probe = make_vector_env(rcfg.harness, 1, seed=0)
     obs_space, act_space = probe.single_observation_space, probe.single_action_space
@@ -145,9 +158,11 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
             "code_permalink": str(ckpt)}
     write_dataset(medium, collect_episodes(policy, rcfg.harness, args.medium_episodes, seed=args.seed + 1000,
                                            deterministic=False), obs_space, act_space, **meta)
-    iteration = int(ckpt.stem.removeprefix("ckpt_"))
-    write_dataset(replay, replay_episodes(ckpt.parent / f"replay_{iteration:08d}.npz", act_space.dtype),
-                  obs_space, act_space, **meta)
+    last = max(checkpoints)  # where training stopped: the first evaluation past half-way, or the step limit
+    print(f"[{env}] medium-replay: the replay buffer of {checkpoints[last].name} ({env_steps.get(last)} env steps)",
+          flush=True)
+    write_dataset(replay, replay_episodes(checkpoints[last].parent / f"replay_{last:08d}.npz", act_space.dtype),
+                  obs_space, act_space, **{**meta, "code_permalink": str(checkpoints[last])})
     return {"medium": medium, "medium-replay": replay}
 
 
@@ -159,8 +174,8 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
     kw: dict = {"dataset": str(ds), "gradient_steps": args.steps, "steps_per_iteration": args.steps,
                 "batch_size": args.batch_size, "learning_rate": args.lr}
     if algo == "iql":
-        kw.update(gamma=args.gamma, tau=args.tau, expectile=0.7, temperature=3.0, max_weight=100.0,
-                  critic_hidden=args.hidden)
+        kw.update(gamma=args.gamma, tau=args.tau, expectile=args.iql_expectile,
+                  temperature=args.iql_temperature, max_weight=100.0, critic_hidden=args.hidden)
     elif algo == "cql":
         kw.update(gamma=args.gamma)
         if env == "cartpole":
@@ -185,7 +200,8 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
 def d3rlpy_offline(env: str, algo: str, ds: Path, args) -> dict:
     spec = {"dataset": str(ds), "env_id": ENVS[env][0], "algo": algo, "seed": args.seed, "hidden": args.hidden,
             "batch_size": args.batch_size, "gamma": args.gamma, "lr": args.lr, "actor_lr": args.actor_lr,
-            "tau": args.tau, "expectile": 0.7, "temperature": 3.0, "max_weight": 100.0, "steps": args.steps,
+            "tau": args.tau, "expectile": args.iql_expectile, "temperature": args.iql_temperature,
+            "max_weight": 100.0, "steps": args.steps,
             "eval_episodes": args.eval_episodes, "eval_seed": 10_000,
             "target_update_interval": args.target_update_interval}
     env_vars = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -218,10 +234,14 @@ def main() -> int:
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--tau", type=float, default=0.005)
     p.add_argument("--target-update-interval", type=int, default=100, help="discrete CQL's hard target copy")
+    p.add_argument("--iql-expectile", type=float, default=0.7, help="IQL's tau (the paper's locomotion value)")
+    p.add_argument("--iql-temperature", type=float, default=3.0, help="IQL's beta (the paper's locomotion value)")
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--source-max-steps", type=int, default=40_000, help="env steps the source SAC/DQN may take")
     p.add_argument("--source-eval", type=int, default=5)
-    p.add_argument("--medium-episodes", type=int, default=20)
+    p.add_argument("--source-iteration-steps", type=int, default=None,
+                   help="env steps between the source's checkpoints and evaluations (default: per env, above)")
+    p.add_argument("--medium-episodes", type=int, default=100, help="episodes in <env>-medium-v0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--d3rlpy-python", default=str(ROOT / ".d3rlpy-venv" / "bin" / "python"))
     p.add_argument("--no-d3rlpy", action="store_true")
