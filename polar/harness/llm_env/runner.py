@@ -287,7 +287,7 @@ def env_return_verdict(harness: dict[str, Any]) -> dict[str, Any]:
         raise HarnessError("verifier env_return needs an LLM env harness (agent.type: llm), whose outcome carries "
                            "the episode return; this harness reported none")
     keep = ("success", "env_return", "steps", "calls", "invalid_actions", "parse_failures", "repaired",
-            "terminated", "truncated", "invalid_reasons", "seed")
+            "terminated", "truncated", "invalid_reasons", "seed", "actions")
     return {"reward": float(harness["episode_return"]), **{k: harness[k] for k in keep if k in harness}}
 
 

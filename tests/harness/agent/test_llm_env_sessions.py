@@ -67,6 +67,7 @@ def test_an_oracle_solves_each_seeded_map_in_one_session_per_episode(tmp_path):
         v = r.verifier_output
         assert r.reward == 1.0 and v["success"] and v["terminated"] and v["invalid_actions"] == 0
         assert v["calls"] == v["steps"] >= 6  # a 4x4 map needs at least 6 moves from S to G
+        assert len(v["actions"]) == v["steps"] and set(v["actions"]) <= {0, 1, 2, 3}  # the env's own action ids
         assert len(r.samples) == 1 and r.trainable  # the whole episode is one prefix-merged sample
         maps.add(json.dumps(v["seed"]))
     prompts = [tok.decode(req.prompt_ids) for req in engine.requests]
