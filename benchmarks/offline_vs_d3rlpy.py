@@ -245,6 +245,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--d3rlpy-python", default=str(ROOT / ".d3rlpy-venv" / "bin" / "python"))
     p.add_argument("--no-d3rlpy", action="store_true")
+    p.add_argument("--no-polar", action="store_true", help="d3rlpy's rows only (polar's were logged by another run)")
     p.add_argument("--d3rlpy-algos", default="iql,cql", help="the algos also run with d3rlpy (bc too: add it)")
     p.add_argument("--only-dataset", choices=["medium", "medium-replay"], default=None,
                    help="train on this one (runs per dataset can go side by side once the datasets exist)")
@@ -272,7 +273,7 @@ def main() -> int:
                 continue
             ret, eps, n = dataset_return(ds)
             for algo in args.algos.split(","):
-                sides = ["polar"]
+                sides = [] if args.no_polar else ["polar"]
                 if use_d3rlpy and algo in args.d3rlpy_algos.split(",") and not (algo == "iql" and env == "cartpole"):
                     sides.append("d3rlpy")
                 for fw in sides:
