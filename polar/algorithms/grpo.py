@@ -53,6 +53,58 @@ def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float
     return adv.to(torch.float32)
 
 
+def step_advantages(episodes: list[list[tuple[str, float]]], gamma: float = 0.95, normalize: str = "std",
+                    eps: float = 1e-6) -> list[list[float]]:
+    """GiGPO's step-level advantages for one group (Feng et al., 2025). ``episodes[i]`` is session i's turns in
+    order, each ``(anchor state, step reward)``. Each turn's return-to-go is ``G_t = r_t + gamma * G_{t+1}``;
+    the turns that acted from the same anchor state, across the group's episodes and within one, form a step
+    group, and a turn's advantage is its ``G`` against that group: ``(G - mean) / (std + eps)`` with
+    ``normalize == "std"``, ``G - mean`` with ``"none"``. A state no other turn shares gives 0 (nothing to
+    compare), as does a step group whose returns are equal."""
+    if normalize not in ("std", "none"):
+        raise ValueError(f"unknown step advantage normalization {normalize!r}; use 'std' or 'none'")
+    returns: list[list[float]] = []
+    by_state: defaultdict[str, list[float]] = defaultdict(list)
+    for turns in episodes:
+        g, out = 0.0, [0.0] * len(turns)
+        for t in range(len(turns) - 1, -1, -1):
+            g = turns[t][1] + gamma * g
+            out[t] = g
+        returns.append(out)
+        for (state, _), g_t in zip(turns, out, strict=True):
+            by_state[state].append(g_t)
+    stats: dict[str, tuple[float, float]] = {}
+    for state, gs in by_state.items():
+        t = torch.tensor(gs, dtype=torch.float64)
+        stats[state] = (float(t.mean()), float(t.std(unbiased=False)) if len(gs) > 1 else 0.0)
+    advs: list[list[float]] = []
+    for turns, gs in zip(episodes, returns, strict=True):
+        row = []
+        for (state, _), g_t in zip(turns, gs, strict=True):
+            mean, std = stats[state]
+            if std <= 1e-12:  # visited once, or every visit returned the same
+                row.append(0.0)
+            else:
+                row.append((g_t - mean) / (std + eps) if normalize == "std" else g_t - mean)
+        advs.append(row)
+    return advs
+
+
+def advantage_tensor(advantages: list[float | list[float]], width: int) -> torch.Tensor:
+    """``[B]`` when every sample has one advantage, else ``[B, width]``: per-token rows (aligned with the
+    sample's ``token_ids``, as ``step_advantage`` gives them) right-padded with 0 like the batch, and a
+    single advantage spread over its row."""
+    if all(isinstance(a, float | int) for a in advantages):
+        return torch.tensor(advantages, dtype=torch.float32)
+    out = torch.zeros((len(advantages), width), dtype=torch.float32)
+    for i, a in enumerate(advantages):
+        if isinstance(a, float | int):
+            out[i] = float(a)
+        else:
+            out[i, :len(a)] = torch.tensor(a, dtype=torch.float32)
+    return out
+
+
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """``logp[b, t]`` = log-prob of ``token_ids[b, t]`` given tokens ``< t`` (position 0 gets 0)."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -248,9 +300,10 @@ class GRPOLearner:
         return CriticTargets(split(flat_v), split(flat_r), split(flat_a), len(flat_v),
                              torch.cat(feats) if self.critic.freeze_llm else None)
 
-    def update(self, samples: list[TrajectorySample], advantages: list[float] | None = None,
+    def update(self, samples: list[TrajectorySample], advantages: list[float | list[float]] | None = None,
                returns: list[float] | None = None) -> dict[str, float]:
-        """``epochs_per_step`` optimizer steps on ``samples`` (one advantage each; with the value head, one
+        """``epochs_per_step`` optimizer steps on ``samples`` (one advantage each, or one per token with
+        ``step_advantage``; with the value head, one
         return each instead), with gradient accumulation over ``micro_batch_size`` sequences; token-level
         normalization over the whole batch."""
         kw = self.kw
@@ -278,7 +331,7 @@ class GRPOLearner:
                 value_loss = None
                 if targets is None:
                     assert advantages is not None
-                    adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32, device=pol.device)
+                    adv = advantage_tensor([advantages[i] for i in idx], batch.loss_mask.shape[1]).to(pol.device)
                     logp = token_logprobs(pol.logits(batch), batch.token_ids)
                 else:
                     assert self.critic is not None

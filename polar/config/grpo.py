@@ -40,6 +40,20 @@ class ValueHeadConfig(StrictModel):
         False, description="train the head only: the LLM (and so the served policy) stays as it is")
 
 
+class StepAdvantageConfig(StrictModel):
+    """GiGPO's step-level advantage (Feng et al., 2025, "Group-in-Group Policy Optimization for LLM Agent
+    Training"; ``polar.algorithms.grpo.step_advantages``): the turns of a group's episodes that acted from
+    the same observation (an *anchor state*) are compared by their discounted return-to-go, and each turn's
+    advantage is the episode's group advantage plus ``weight`` x that step advantage. It gives per-turn
+    credit without a critic: at a state where one move falls into a hole and another goes on, the two
+    differ even when the episodes' returns tie. Needs sessions that report their turns (``agent.type: llm``)."""
+
+    weight: float = Field(1.0, ge=0, description="omega: the step advantage's weight next to the episode's")
+    gamma: float = Field(0.95, ge=0, le=1, description="discount of the step rewards in each turn's return-to-go")
+    normalize: Literal["std", "none"] = Field(
+        "std", description="std: (G - mean) / std over the anchor group (GiGPO's default); none: G - mean")
+
+
 class GRPOKwargs(StrictModel):
     group_size: int = Field(
         8, ge=1, description="samples per task (one GRPO group); 1 only with advantage: value_head")
@@ -54,6 +68,8 @@ class GRPOKwargs(StrictModel):
         "mean_std", description="the baseline: the group's rewards (mean_std, leave_one_out) or a learned critic (value_head)")
     value_head: ValueHeadConfig | None = Field(
         None, description="the critic of advantage: value_head (null there: the defaults)")
+    step_advantage: StepAdvantageConfig | None = Field(
+        None, description="GiGPO's per-turn credit for multi-step LLM env episodes (null: one advantage per episode)")
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weight each token by min(exp(learner_lp - rollout_lp), tis_cap)")
     epochs_per_step: int = Field(1, ge=1, description="passes over each collected batch")
@@ -77,6 +93,9 @@ class GRPOKwargs(StrictModel):
         if self.value_head is not None and self.advantage != "value_head":
             raise ValueError(f"value_head is set but advantage is {self.advantage!r}, which uses the group's rewards "
                              "as the baseline; set advantage: value_head to train the critic, or drop value_head")
+        if self.step_advantage is not None and self.advantage == "value_head":
+            raise ValueError("step_advantage compares turns within a group, and advantage: value_head has a critic "
+                             "instead of the group; use one of them")
         if self.group_size < 2 and self.advantage != "value_head":
             raise ValueError(f"group_size 1: advantage {self.advantage!r} compares the samples of one task, so it needs "
                              "group_size >= 2; or set advantage: value_head (a learned baseline needs no group)")

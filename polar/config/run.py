@@ -162,6 +162,15 @@ class AgentRunConfig(_RunBase):
             raise ValueError(why)
         return self
 
+    @model_validator(mode="after")
+    def _step_advantage_needs_turns(self) -> AgentRunConfig:
+        kwargs = getattr(self.policy, "kwargs", None)
+        if getattr(kwargs, "step_advantage", None) is not None and self.agent is None:
+            raise ValueError("policy.kwargs.step_advantage compares the turns of env episodes, which only the built-in "
+                             "LLM agent reports (agent: {type: llm} on an env harness); an agent harness's sessions "
+                             "have no turns, so drop step_advantage")
+        return self
+
 
 def _type_of(data: Any, key: str) -> Any:
     section = data.get(key) if isinstance(data, dict) else getattr(data, key, None)

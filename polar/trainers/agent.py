@@ -240,7 +240,8 @@ class AgentTrainer(TrainingLoop):
             samples, returns, counts = return_batch(batch.data, self.version, kw.max_off_policy_steps)
             upd = self.learner.update(samples, returns=returns) if samples else {}
         else:
-            samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage)
+            samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage,
+                                                kw.step_advantage)
             upd = self.learner.update(samples, advs) if samples else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm

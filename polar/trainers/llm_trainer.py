@@ -11,7 +11,8 @@ from collections import defaultdict
 
 import torch
 
-from polar.algorithms.grpo import group_advantages
+from polar.algorithms.grpo import group_advantages, step_advantages
+from polar.config.grpo import StepAdvantageConfig
 from polar.rollout.sessions.session import SessionResult, SessionStatus
 from polar.types import TrajectorySample
 
@@ -35,11 +36,14 @@ def _stale(usable: list[SessionResult], current_version: int, max_off_policy_ste
     return current_version - oldest > max_off_policy_steps
 
 
-def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str
-                ) -> tuple[list[TrajectorySample], list[float], dict[str, float]]:
-    """Trainable samples with one advantage each (per session, shared by its samples), plus counts."""
+def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
+                step: StepAdvantageConfig | None = None
+                ) -> tuple[list[TrajectorySample], list[float | list[float]], dict[str, float]]:
+    """Trainable samples with their advantages, plus counts. Without ``step`` a sample's advantage is its
+    session's (one float, shared by its samples); with it (GiGPO) each sample gets one advantage per token:
+    the session's plus ``step.weight`` x the step advantage of the turn whose call sampled the token."""
     samples: list[TrajectorySample] = []
-    advs: list[float] = []
+    advs: list[float | list[float]] = []
     stats: defaultdict[str, float] = defaultdict(float)
     for group in groups:
         usable = _usable(group)
@@ -51,19 +55,44 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
             stats["groups_too_small"] += 1
             continue
         adv = group_advantages(torch.tensor([r.reward for r in usable]), advantage)
-        if float(adv.abs().max()) == 0.0:
+        by_call = _turn_advantages(usable, step, stats) if step is not None else None
+        if float(adv.abs().max()) == 0.0 and not (by_call and any(v for c in by_call for v in c.values())):
             stats["groups_no_signal"] += 1
             continue
         stats["groups_used"] += 1
-        for r, a in zip(usable, adv.tolist(), strict=True):
+        for i, (r, a) in enumerate(zip(usable, adv.tolist(), strict=True)):
             for s in r.samples:
                 if any(s.loss_mask):
                     samples.append(s)
-                    advs.append(a)
+                    if by_call is None:
+                        advs.append(a)
+                    else:
+                        calls = by_call[i]
+                        advs.append([a + calls.get(c, 0.0) if m else 0.0 for c, m in zip(s.call_indices, s.loss_mask,
+                                                                                        strict=True)])
     # the share of groups whose rewards differ (GRPO learns only from those): low means most of the step's
     # sessions taught nothing; a larger group, partial-credit rewards or an SFT warm-up help
     stats["groups_signal_share"] = stats["groups_used"] / max(1, len(groups))
+    if "step_advantage_abs_sum" in stats:  # the mean |step advantage| over the step's turns (before weight)
+        stats["step_advantage_abs_mean"] = stats.pop("step_advantage_abs_sum") / max(1.0, stats["turns"])
     return samples, advs, dict(stats)
+
+
+def _turn_advantages(usable: list[SessionResult], step: StepAdvantageConfig, stats: defaultdict[str, float]
+                     ) -> list[dict[int, float]]:
+    """Per session, ``{call index: weight x step advantage of its turn}`` from the turns the session reported
+    (``verifier_output["turns"]``: anchor state, ``[first, end)`` call indices, step reward). A session
+    without turns (a timeout, an agent program) gets none, and its tokens keep the episode advantage."""
+    turns = [r.verifier_output.get("turns") or [] for r in usable]
+    stats["sessions_without_turns"] += sum(not t for t in turns)
+    step_adv = step_advantages([[(str(t["state"]), float(t["reward"])) for t in ts] for ts in turns],
+                               step.gamma, step.normalize)
+    out: list[dict[int, float]] = []
+    for ts, row in zip(turns, step_adv, strict=True):
+        out.append({c: step.weight * a for t, a in zip(ts, row, strict=True) for c in range(*t["calls"])})
+        stats["step_advantage_abs_sum"] += sum(abs(a) for a in row)
+        stats["turns"] += len(row)
+    return out
 
 
 def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from polar.algorithms.grpo import group_advantages, grpo_loss, token_logprobs
@@ -113,3 +114,64 @@ def test_heldout_success_uses_the_verifiers_verdict_not_a_shaped_reward():
     assert metric.value({"status": "done", "reward": 0.33, "success": False}, spec) == 0.0
     assert metric.value({"status": "done", "reward": 0.33, "success": None}, spec) == 1.0
     assert metric.value({"status": "error", "reward": None, "success": True}, spec) == 0.0
+
+
+def test_step_advantages_compare_turns_from_the_same_state_by_their_return_to_go():
+    from polar.algorithms.grpo import step_advantages
+
+    # two episodes leave state "a" differently: one steps to "b" and on (+1 then +1), one falls (-1)
+    episodes = [[("a", 1.0), ("b", 1.0)], [("a", -1.0)], [("c", 0.5)]]
+    advs = step_advantages(episodes, gamma=0.5, normalize="none")
+    g_good, g_bad = 1.0 + 0.5 * 1.0, -1.0  # return-to-go from "a" in each episode
+    mean = (g_good + g_bad) / 2
+    assert advs[0][0] == pytest.approx(g_good - mean) and advs[1][0] == pytest.approx(g_bad - mean)
+    assert advs[0][1] == 0.0 and advs[2] == [0.0]  # "b" and "c" are visited once: nothing to compare
+    std = step_advantages(episodes, gamma=0.5)
+    assert std[0][0] == pytest.approx(1.0, abs=1e-5) and std[1][0] == pytest.approx(-1.0, abs=1e-5)
+    # a state visited twice within one episode is a step group too; equal returns there teach nothing
+    assert step_advantages([[("a", 0.0), ("a", 1.0)]], gamma=0.5, normalize="none") == [[-0.25, 0.25]]
+    assert step_advantages([[("a", 1.0)], [("a", 1.0)]]) == [[0.0], [0.0]]
+    with pytest.raises(ValueError, match="'std' or 'none'"):
+        step_advantages(episodes, normalize="rank")
+
+
+def test_group_batch_with_step_advantage_gives_each_turns_tokens_its_own_credit():
+    from polar.config.grpo import StepAdvantageConfig
+    from polar.rollout.sessions.session import SessionResult, SessionStatus
+    from polar.trainers.llm_trainer import group_batch
+    from polar.types import TrajectorySample
+
+    def res(i, reward, turns):
+        # one prefix-merged sample: call 0's prompt and answer, call 1's prompt tail and answer
+        s = TrajectorySample(f"s{i}", [1, 2, 3, 4, 5, 6], [0, 1, 1, 0, 1, 1], [0.0] * 6, [0] * 6, [0, 0, 0, 1, 1, 1],
+                             reward)
+        return SessionResult(f"s{i}", "t", "g", i, SessionStatus.DONE, reward=reward, samples=[s],
+                             verifier_output={"turns": turns})
+
+    # the same return (0), so the episode advantages are 0; but from state "x" one went on and one fell
+    tied = [res(0, 0.0, [{"state": "s0", "calls": [0, 1], "reward": 0.5}, {"state": "x", "calls": [1, 2], "reward": -0.5}]),
+            res(1, 0.0, [{"state": "s0", "calls": [0, 1], "reward": -0.5}, {"state": "x", "calls": [1, 2], "reward": 0.5}])]
+    samples, advs, stats = group_batch([tied], 0, 0, "mean_std", StepAdvantageConfig(gamma=1.0, normalize="none"))
+    assert stats["groups_used"] == 1 and stats["turns"] == 4 and len(samples) == 2
+    assert advs[0] == [0.0, 0.0, 0.0, 0.0, -0.5, -0.5]  # call 0: G(s0) ties at 0; call 1 (from x): -0.5 vs +0.5
+    assert advs[1] == [0.0, 0.0, 0.0, 0.0, 0.5, 0.5]
+    # without step_advantage the tied group teaches nothing
+    samples, _, stats = group_batch([tied], 0, 0, "mean_std")
+    assert samples == [] and stats["groups_no_signal"] == 1
+
+
+def test_step_advantage_config_is_refused_where_it_has_no_turns(tmp_path):
+    from polar.config import load_config
+    from polar.errors import ConfigError
+
+    agent_run = tmp_path / "agent.yaml"
+    agent_run.write_text("harness: {type: agent, command: ['true']}\ntasks: {source: seeds, start: 0, count: 2}\n"
+                         "verifier: {type: none}\npolicy: {type: grpo, kwargs: {step_advantage: {}}}\n")
+    with pytest.raises(ConfigError, match="only the built-in LLM agent reports"):
+        load_config(agent_run)
+    with_critic = tmp_path / "critic.yaml"
+    with_critic.write_text("harness: {type: gymnasium, id: FrozenLake-v1}\nagent: {type: llm}\n"
+                           "tasks: {source: seeds, start: 0, count: 2}\n"
+                           "policy: {type: grpo, kwargs: {advantage: value_head, step_advantage: {}}}\n")
+    with pytest.raises(ConfigError, match="use one of them"):
+        load_config(with_critic)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -47,6 +48,12 @@ log = logging.getLogger(__name__)
 REFUSED_KEY = "polar/invalid_action"  # info key: the env refused the action it was given, and why
 
 GENERIC_GOAL = "You control an agent in an environment. Choose actions that earn as much reward as possible."
+
+
+def _anchor(observation_text: str) -> str:
+    """A turn's anchor state (``policy.kwargs.step_advantage``): a digest of the observation it acted from,
+    so turns that saw the same env state compare, whatever the history or the notes around it."""
+    return hashlib.sha1(observation_text.encode()).hexdigest()[:16]
 
 
 class _EpisodeError(Exception):
@@ -160,7 +167,7 @@ class LLMEnvRunner(HarnessRunner):
                                 "seeds: tasks: {source: seeds, start: 0, count: N})")
         stats.update(seed=seed, steps=0, calls=0, invalid_actions=0, parse_failures=0, repaired=0,
                      env_return=0.0, episode_return=0.0, success=False, terminated=False, truncated=False,
-                     invalid_reasons=[], actions=[])
+                     invalid_reasons=[], actions=[], turns=[])
         try:
             env = await asyncio.to_thread(self._make_env, seed)
         except Exception as e:
@@ -188,8 +195,12 @@ class LLMEnvRunner(HarnessRunner):
                 except Exception as e:
                     raise _EpisodeError(f"observation at step {t} cannot be rendered: {type(e).__name__}: {e}") from None
                 steps.append(self._turn(steps, f"{note}Step {t + 1}.\n{text}\nWhat is your next action?"))
+                first_call = stats["calls"]
                 action, reason = await self._ask(client, ctx, system, tools, codec, steps, stats)
+                turn = {"state": _anchor(text), "calls": [first_call, stats["calls"]], "reward": 0.0}
+                stats["turns"].append(turn)
                 if action is None:
+                    turn["reward"] = cfg.invalid_action_penalty
                     stats["invalid_actions"] += 1
                     if len(stats["invalid_reasons"]) < 5:
                         stats["invalid_reasons"].append(f"step {t + 1}: {reason}")
@@ -214,6 +225,7 @@ class LLMEnvRunner(HarnessRunner):
                 stats["actions"].append(action.tolist() if hasattr(action, "tolist") else action)
                 stats["env_return"] += reward
                 stats["episode_return"] += shaped
+                turn["reward"] = shaped
                 obs = nobs
                 note = f"Reward: {reward:g}.\n" if reward else ""
                 refused = info.get(REFUSED_KEY) if isinstance(info, dict) else None
@@ -222,6 +234,7 @@ class LLMEnvRunner(HarnessRunner):
                     if len(stats["invalid_reasons"]) < 5:
                         stats["invalid_reasons"].append(f"step {t + 1}: the env refused {action!r}: {refused}")
                     stats["episode_return"] += cfg.invalid_action_penalty
+                    turn["reward"] += cfg.invalid_action_penalty
                 if terminated or truncated:
                     stats["terminated"], stats["truncated"] = bool(terminated), bool(truncated)
                     stats["success"] = self._success(bool(terminated), reward, info)
@@ -230,6 +243,7 @@ class LLMEnvRunner(HarnessRunner):
                 stats["truncated"] = True
             if stats["success"]:
                 stats["episode_return"] += cfg.reward.success_bonus
+                stats["turns"][-1]["reward"] += cfg.reward.success_bonus
             stats["episode_return"] = round(stats["episode_return"], 6)
         except APIError as e:
             raise _EpisodeError(f"model call {stats['calls']} failed: {type(e).__name__}: {e}") from None
@@ -287,7 +301,7 @@ def env_return_verdict(harness: dict[str, Any]) -> dict[str, Any]:
         raise HarnessError("verifier env_return needs an LLM env harness (agent.type: llm), whose outcome carries "
                            "the episode return; this harness reported none")
     keep = ("success", "env_return", "steps", "calls", "invalid_actions", "parse_failures", "repaired",
-            "terminated", "truncated", "invalid_reasons", "seed", "actions")
+            "terminated", "truncated", "invalid_reasons", "seed", "actions", "turns")
     return {"reward": float(harness["episode_return"]), **{k: harness[k] for k in keep if k in harness}}
 
 

@@ -86,6 +86,9 @@ def test_answers_that_never_parse_are_recorded_invalid_actions_not_crashes(tmp_p
         assert v["parse_failures"] == 6 and v["repaired"] == 0 and v["truncated"] and not v["success"]
         assert r.reward == pytest.approx(-0.3)
         assert v["invalid_reasons"][0].startswith("step 1: no JSON object")
+        # step_advantage's view: three turns from the one start cell, two calls each, the penalty each
+        assert [t["calls"] for t in v["turns"]] == [[0, 2], [2, 4], [4, 6]]
+        assert len({t["state"] for t in v["turns"]}) == 1 and [t["reward"] for t in v["turns"]] == [-0.1] * 3
     turns = [last_user_turn(tok.decode(req.prompt_ids)) for req in engine.requests]
     assert sum("That is not a valid action: no JSON object" in t for t in turns) == 9  # 3 sessions x 3 steps
     assert sum("Your last answer was not a valid action, so nothing happened" in t for t in turns) == 6
@@ -103,6 +106,14 @@ def test_an_out_of_range_action_is_repaired_once(tmp_path):
     v = results[0].verifier_output
     assert results[0].status == SessionStatus.DONE and v["success"]
     assert v["invalid_actions"] == 0 and v["repaired"] == v["steps"] and v["calls"] == 2 * v["steps"]
+    # each turn names its anchor state, the gateway calls it made (the ones its sampled tokens came from)
+    # and its reward: what policy.kwargs.step_advantage credits turn by turn
+    turns, r = v["turns"], results[0]
+    assert [t["calls"] for t in turns] == [[2 * i, 2 * i + 2] for i in range(v["steps"])]
+    sampled = sorted({c for s in r.samples for c, m in zip(s.call_indices, s.loss_mask, strict=True) if m})
+    assert sampled == list(range(v["calls"]))
+    assert len({t["state"] for t in turns}) == len(turns)  # the oracle's path never revisits a cell
+    assert [t["reward"] for t in turns] == [0.0] * (len(turns) - 1) + [1.0] and r.reward == 1.0
 
 
 def test_function_call_format_and_end_on_invalid(tmp_path):
