@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.process import ProcessLimits, run_process
@@ -191,6 +191,26 @@ def import_callable(spec: str, config_dir: Path | None = None) -> Any:
     return fn
 
 
+async def wait_or_cancel(job: asyncio.Future[Any], timeout_s: float, cancel: asyncio.Event
+                         ) -> Literal["done", "timeout", "cancelled"]:
+    """Wait for ``job`` until it ends, ``timeout_s`` passes or ``cancel`` is set, and say which. A timeout or
+    a cancel cancels ``job`` (the caller decides whether to await it); so does the caller's own cancellation
+    (the session's budget running out above it), which then propagates. The waiter on ``cancel`` never
+    outlives the call."""
+    stop = asyncio.ensure_future(cancel.wait())
+    try:
+        done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+    finally:
+        stop.cancel()
+    if job in done:
+        return "done"
+    job.cancel()
+    return "cancelled" if done else "timeout"
+
+
 class CallableRunner(HarnessRunner):
     """A Python function as a harness. Sync functions run in a thread; on timeout they are abandoned."""
 
@@ -216,17 +236,9 @@ class CallableRunner(HarnessRunner):
             job = asyncio.ensure_future(self.fn(**kwargs))
         else:
             job = asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))
-        stop = asyncio.ensure_future(cancel.wait())
-        try:
-            done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the session's budget ran out above us: the call stops with it
-            job.cancel()
-            raise
-        finally:
-            stop.cancel()
-        if job not in done:
-            job.cancel()
-            return HarnessOutcome(timed_out=not done, cancelled=bool(done))
+        ended = await wait_or_cancel(job, timeout_s, cancel)
+        if ended != "done":  # a sync function's thread cannot be stopped: it is abandoned, not awaited
+            return HarnessOutcome(timed_out=ended == "timeout", cancelled=ended == "cancelled")
         try:
             result = job.result()
         except Exception as e:  # the harness's own failure is data, not a crash

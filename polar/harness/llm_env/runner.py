@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from polar.errors import ConfigError, HarnessError
-from polar.harness.agent.runners import HarnessOutcome, HarnessRunner, SessionContext, import_callable
+from polar.harness.agent.runners import (
+    HarnessOutcome,
+    HarnessRunner,
+    SessionContext,
+    import_callable,
+    wait_or_cancel,
+)
 from polar.harness.llm_env.agent import (
     ActionCodec,
     InvalidAction,
@@ -130,21 +136,13 @@ class LLMEnvRunner(HarnessRunner):
         timeout_s = min(timeout_s, self.cfg.timeout_s)
         stats: dict[str, Any] = {}
         job = asyncio.ensure_future(self._episode(ctx, stats))
-        stop = asyncio.ensure_future(cancel.wait())
-        try:
-            done, _ = await asyncio.wait([job, stop], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the session's budget ran out above us: the episode stops with it
-            job.cancel()
-            raise
-        finally:
-            stop.cancel()
-        if job not in done:
-            job.cancel()
+        ended = await wait_or_cancel(job, timeout_s, cancel)
+        if ended != "done":
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job
             so_far = {k: stats[k] for k in ("steps", "calls", "invalid_actions", "parse_failures", "env_return")
                       if k in stats}
-            return HarnessOutcome(timed_out=not done, cancelled=bool(done), details=stats,
+            return HarnessOutcome(timed_out=ended == "timeout", cancelled=ended == "cancelled", details=stats,
                                   stderr_tail=f"episode stopped after {json.dumps(so_far)}")
         try:
             job.result()
