@@ -24,6 +24,7 @@ out; one session is one episode), ``episode_reward_mean`` (the step's sessions),
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import random
 import time
@@ -173,7 +174,7 @@ class AgentTrainer(TrainingLoop):
             if state is None:
                 self._sft_warm_up()
             if cfg.policy.type == "grpo":
-                self.summary["eval_before"] = self.evaluate("before_grpo", kw.eval_samples)
+                self.summary["eval_before"] = self._eval_before(state)
                 self.learner = GRPOLearner(self.policy, kw)
             if state is not None:
                 self._load_state(state)
@@ -191,6 +192,17 @@ class AgentTrainer(TrainingLoop):
             self.stack = None
             raise
         self._t_loop = time.monotonic()
+
+    def _eval_before(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        """Held-out success of the weights GRPO starts from. A resumed run measured it when it first started
+        (``eval/before_grpo.json``): it reads that instead of scoring the base weights again."""
+        done = self.run_dir.path / "eval" / "before_grpo.json"
+        if state is not None and done.is_file():
+            try:
+                return dict(json.loads(done.read_text()))
+            except (OSError, ValueError) as e:
+                log.warning("could not read %s (%s); evaluating the starting weights again", done, e)
+        return self.evaluate("before_grpo", self.kw.eval_samples)
 
     def _sft_warm_up(self) -> None:
         """Behaviour cloning before RL (``sft_warmup``), or the whole of an SFT run: iteration 0 of the run."""

@@ -34,7 +34,7 @@ def _config(tmp_path, total_steps):
     path = tmp_path / f"run_{total_steps}.yaml"
     path.write_text(CONFIG.replace("TOTAL", str(total_steps)))
     cfg = load_config(path)
-    cfg = cfg.model_copy(update={"tasks": str(tmp_path / "tasks.jsonl")})
+    cfg = cfg.model_copy(update={"tasks": str(tmp_path / "tasks.jsonl"), "eval_tasks": str(tmp_path / "heldout.jsonl")})
     cfg._config_dir = HERE
     cfg.sft_warmup.demonstrations = str(tmp_path / "demos.jsonl")
     return cfg
@@ -45,6 +45,7 @@ def test_agentic_grpo_run_resumes_from_its_last_checkpoint(tmp_path):
 
     sys.path.insert(0, str(HERE))  # the harness/verifier module lives next to the tests
     write_jsonl(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "prompt": f"Say something {i}."} for i in range(2)])
+    write_jsonl(tmp_path / "heldout.jsonl", [{"id": f"h{i}", "prompt": f"Say anything {i}."} for i in range(2)])
     write_jsonl(tmp_path / "demos.jsonl", [{"messages": [{"role": "user", "content": "Say something."},
                                                          {"role": "assistant", "content": ["done", "hello"][i % 2]}]}
                                            for i in range(4)])
@@ -54,6 +55,8 @@ def test_agentic_grpo_run_resumes_from_its_last_checkpoint(tmp_path):
     ckpt = load_checkpoint(sorted(run_dir.checkpoints_dir.glob("ckpt_*.pt"))[-1])
     assert ckpt["step"] == 2
 
+    before = run_dir.path / "eval" / "before_grpo.json"
+    before_written = before.stat().st_mtime_ns
     engine = load_engine("tiny")  # a fresh process's engine: random weights until the checkpoint loads
     fresh = {k: v.clone() for k, v in engine.model.state_dict().items()}
     resumed_at: dict[str, torch.Tensor] = {}
@@ -69,6 +72,9 @@ def test_agentic_grpo_run_resumes_from_its_last_checkpoint(tmp_path):
     second = train_agentic(_config(tmp_path, 4), run_dir, resume=True, engine=engine)
 
     assert "sft" not in second  # the warm-up is not repeated on resume
+    # nor the held-out score of the starting weights: the first run's is read back, not re-measured
+    assert second["eval_before"] == first["eval_before"] and before.stat().st_mtime_ns == before_written
+    assert second["eval_after"]["sessions"] == 2
     assert second["grpo"]["steps"] == 4
     assert int(resumed_at.pop("_version")) == ckpt["policy_version"]
     weights = {k: v for k, v in ckpt["model"].items() if k in resumed_at}
