@@ -122,7 +122,6 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
     run = out / f"{env}-{algo}-source"
     trainer = build_trainer(cfg, create_run_dir(cfg, run))
     trainer.iteration_env_steps = args.source_iteration_steps or SOURCE_ITERATION_STEPS[env]
-    reached: list[float] = []
     evals: dict[int, float] = {}  # iteration -> its evaluation's return mean
     env_steps: dict[int, int] = {}
 
@@ -132,12 +131,13 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
         print(f"[{env}] {algo} {m['env_steps']:>6} env steps: eval {r}", flush=True)
         if r is not None:
             evals[int(m["iteration"])], env_steps[int(m["iteration"])] = r, int(m["env_steps"])
-            if r >= target:
-                reached.append(r)
 
     trainer.on_iteration = on_iteration
     finished = trainer.finished
-    trainer.finished = lambda: finished() or bool(reached)  # type: ignore[method-assign]
+    def reached() -> bool:
+        return any(r >= target for r in evals.values())
+
+    trainer.finished = lambda: finished() or reached()  # type: ignore[method-assign]
     t0 = time.perf_counter()
     trainer.train()
     src_s = time.perf_counter() - t0
@@ -149,7 +149,7 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
     ckpt, src_eval = checkpoints[iteration], candidates[iteration]
     print(f"[{env}] source {algo}: {ckpt.name} ({env_steps[iteration]} env steps), eval "
           f"{src_eval:.1f}, the evaluation nearest the target {target:.1f} of {len(candidates)}; {src_s:.0f} s"
-          + ("" if reached else "; the target was never reached"), flush=True)
+          + ("" if reached() else "; the target was never reached"), flush=True)
     _, rcfg, policy, _, _ = load_policy_for_eval(ckpt)
     probe = make_vector_env(rcfg.harness, 1, seed=0)
     obs_space, act_space = probe.single_observation_space, probe.single_action_space
