@@ -11,6 +11,7 @@ frozen reference model.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from polar.algorithms.ppo import clipped_surrogate, ppo_value_loss
 from polar.config.grpo import GRPOKwargs
 from polar.errors import ConfigError
 from polar.types import TrajectorySample
+
+log = logging.getLogger(__name__)
 
 
 def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
@@ -51,6 +54,19 @@ def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float
     else:
         raise ValueError(f"unknown advantage method {method!r}; use 'mean_std' or 'leave_one_out'")
     return adv.to(torch.float32)
+
+
+LOGIT_BYTES = 32  # per logit at the learner's peak: fp32 logits, log-softmax and grads (the OOM-killed run: ~37)
+
+
+def memory_budget_bytes(device: torch.device) -> float:
+    """What one micro-batch's logits may take: 60% of the memory free now on ``device`` (host RAM on CPU)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return 0.6 * float(free)
+    import psutil
+
+    return 0.6 * float(psutil.virtual_memory().available)
 
 
 def step_advantages(episodes: list[list[tuple[str, float]]], gamma: float = 0.95, normalize: str = "std",
@@ -244,6 +260,7 @@ class GRPOLearner:
             self.value_head = ValueHead(int(policy.model.config.hidden_size), self.critic.hidden_units).to(policy.device)
             groups.append({"params": list(self.value_head.parameters()), "lr": self.critic.learning_rate})
         self.params = [p for g in groups for p in g["params"]]
+        self._split_logged = False
         self.optimizer = torch.optim.AdamW(groups, lr=kwargs.learning_rate, weight_decay=0.0)
         self.reference: Any = None
         self.reference_kind = "none"
@@ -325,8 +342,7 @@ class GRPOLearner:
         for _ in range(kw.epochs_per_step):
             random.shuffle(order)
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(order), kw.micro_batch_size):
-                idx = order[start:start + kw.micro_batch_size]
+            for idx in self.micro_batches(order, samples, stats):
                 batch = pol.collate([samples[i] for i in idx])
                 value_loss = None
                 if targets is None:
@@ -364,6 +380,33 @@ class GRPOLearner:
         e = float(kw.epochs_per_step)
         out_stats = {k: (v / e if k != "grad_norm" else v) for k, v in stats.items()} | {"trained_tokens": n_tokens}
         return out_stats | (self._critic_stats(targets) if targets is not None else {})
+
+    def micro_batches(self, order: list[int], samples: list[TrajectorySample],
+                      stats: defaultdict[str, float]) -> list[list[int]]:
+        """``order`` in runs of ``micro_batch_size``, each split in halves until its logits fit in memory. The
+        learner holds ``[B, T, vocab]`` fp32 logits and several copies of them (log-softmax, their grads), so a
+        micro-batch of long episodes can need more than the machine has (8 x 1,300 tokens x SmolLM2's 49,152
+        ids was OOM-killed at 19 GB); the loss is normalized over the whole batch, so a split changes the
+        memory, not the gradient."""
+        vocab = int(getattr(self.policy.model.config, "vocab_size", 0) or 0)
+        budget = memory_budget_bytes(self.policy.device)
+        out: list[list[int]] = []
+        pending = [order[i:i + self.kw.micro_batch_size] for i in range(0, len(order), self.kw.micro_batch_size)]
+        while pending:
+            idx = pending.pop(0)
+            need = len(idx) * max(len(samples[i].token_ids) for i in idx) * vocab * LOGIT_BYTES
+            if len(idx) > 1 and need > budget:
+                half = len(idx) // 2
+                pending[:0] = [idx[:half], idx[half:]]
+                if not self._split_logged:
+                    self._split_logged = True
+                    log.info("a micro-batch of %d sequences would hold ~%.1f GiB of logits, more than the %.1f GiB "
+                             "this learner allows itself; splitting it (same gradient, smaller passes)",
+                             len(idx), need / 2**30, budget / 2**30)
+                stats["micro_batches_split"] += 1
+                continue
+            out.append(idx)
+        return out
 
     def _fit_head(self, targets: CriticTargets) -> dict[str, float]:
         """``value_head.freeze_llm``: ``epochs_per_step`` steps of the head alone on the turns' hidden states."""

@@ -140,3 +140,25 @@ def test_batches_move_to_the_policy_device(lora):
     batch = collate(_samples(), 0).to(torch.device("meta"))
     assert all(getattr(batch, f).device.type == "meta"
                for f in ("token_ids", "attention_mask", "loss_mask", "old_logprobs"))
+
+
+def test_a_micro_batch_too_large_for_memory_is_split_with_the_same_gradient(monkeypatch):
+    """Long episodes at the default micro_batch_size can need more memory for their logits than the machine
+    has; the learner splits such micro-batches (the loss is normalized over the whole batch), so the update
+    is the same, only in smaller passes."""
+    import random
+
+    import polar.algorithms.grpo as grpo
+
+    def updated(budget: float) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        monkeypatch.setattr(grpo, "memory_budget_bytes", lambda device: budget)
+        learner = _learner(0.0, lora=False)
+        random.seed(0)
+        stats = learner.update(_samples(6), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+        return {k: v.detach().clone() for k, v in learner.policy.model.state_dict().items()}, stats
+
+    whole, whole_stats = updated(float("inf"))
+    split, split_stats = updated(1.0)  # no micro-batch of two fits: every one is split into single sequences
+    assert "micro_batches_split" not in whole_stats and split_stats["micro_batches_split"] == 3
+    assert all(torch.allclose(whole[k], split[k], atol=1e-6) for k in whole)
+    assert any(not torch.equal(whole[k], _learner(0.0, lora=False).policy.model.state_dict()[k]) for k in whole)
