@@ -3,6 +3,7 @@ on FrozenLake and records every session (episode numbers, invalid_action counts)
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ def test_polar_run_trains_the_llm_agent_on_frozenlake_with_the_tiny_model(tmp_pa
     cfg["eval_tasks"] = {"source": "seeds", "start": 100000, "count": 2}
     cfg["policy"]["kwargs"].update(group_size=2, tasks_per_step=2, total_steps=2, lora=None)
     cfg["logging"]["checkpoint_freq"] = 1
+    shutil.copy(ROOT / "examples" / "llm_frozenlake_shaping.py", tmp_path)  # agent.reward.function, if the example shapes
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
@@ -36,7 +38,9 @@ def test_polar_run_trains_the_llm_agent_on_frozenlake_with_the_tiny_model(tmp_pa
         v = s["verifier_output"]
         assert {"invalid_actions", "steps", "success", "calls"} <= set(v)
         assert 1 <= v["steps"] <= 3 and 0 <= v["invalid_actions"] <= v["steps"]
-        assert s["reward"] == round(-0.1 * v["invalid_actions"] + (1.0 if v["success"] else 0.0), 6)
+        # the session reward is the episode's shaped return, which its turns (what step_advantage credits) add up to
+        assert len(v["turns"]) == v["steps"] and s["reward"] == round(sum(t["reward"] for t in v["turns"]), 6)
+        assert v["success"] or s["reward"] < 1.0
     assert (run / "eval" / "before_grpo.json").exists() and (run / "eval" / "after_grpo.json").exists()
 
 
@@ -52,8 +56,9 @@ def test_polar_run_trains_a_value_head_critic_with_lora_and_resumes_it(tmp_path)
     cfg["tasks"] = {"source": "seeds", "start": 0, "count": 8}
     cfg["eval_tasks"] = None
     cfg["policy"]["kwargs"].update(group_size=1, tasks_per_step=4, total_steps=2, lora={"r": 4, "alpha": 8},
-                                   advantage="value_head", value_head={"hidden_units": 16})
+                                   advantage="value_head", value_head={"hidden_units": 16}, step_advantage=None)
     cfg["logging"]["checkpoint_freq"] = 1
+    shutil.copy(ROOT / "examples" / "llm_frozenlake_shaping.py", tmp_path)
     path = tmp_path / "critic.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
