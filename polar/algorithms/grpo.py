@@ -92,7 +92,7 @@ def step_advantages(episodes: list[list[tuple[str, float]]], gamma: float = 0.95
     stats: dict[str, tuple[float, float]] = {}
     for state, gs in by_state.items():
         t = torch.tensor(gs, dtype=torch.float64)
-        stats[state] = (float(t.mean()), float(t.std(unbiased=False)) if len(gs) > 1 else 0.0)
+        stats[state] = (float(t.mean()), float(t.std(unbiased=False)))
     advs: list[list[float]] = []
     for turns, gs in zip(episodes, returns, strict=True):
         row = []
