@@ -319,10 +319,12 @@ class GRPOLearner:
 
     def update(self, samples: list[TrajectorySample], advantages: list[float | list[float]] | None = None,
                returns: list[float] | None = None) -> dict[str, float]:
-        """``epochs_per_step`` optimizer steps on ``samples`` (one advantage each, or one per token with
-        ``step_advantage``; with the value head, one
-        return each instead), with gradient accumulation over ``micro_batch_size`` sequences; token-level
-        normalization over the whole batch."""
+        """``epochs_per_step`` passes over ``samples`` (one advantage each, or one per token with
+        ``step_advantage``; with the value head, one return each instead), each pass one optimizer step per
+        mini-batch (``num_minibatches`` shuffled slices), with gradient accumulation over
+        ``micro_batch_size`` sequences and token-level normalization over the mini-batch. Later mini-batches
+        of a step are slightly off-policy; the clipped ratio against the rollout's logprobs bounds them, as
+        in PPO."""
         kw = self.kw
         pol = self.policy
         pol.model.train()
@@ -336,49 +338,56 @@ class GRPOLearner:
         elif advantages is None:
             raise ValueError(f"advantage: {kw.advantage}: update() takes each sample's advantage")
         stats: defaultdict[str, float] = defaultdict(float)
-        n_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
+        n_batch_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
         order = list(range(len(samples)))
-        e_div = float(kw.epochs_per_step)  # the max is divided by the epoch count below like the sums
+        n_mini = max(1, min(kw.num_minibatches, len(samples)))
+        steps = float(kw.epochs_per_step * n_mini)  # the sums below are means over the optimizer steps
+        grad_norm = 0.0
         for _ in range(kw.epochs_per_step):
             random.shuffle(order)
-            self.optimizer.zero_grad(set_to_none=True)
-            for idx in self.micro_batches(order, samples, stats):
-                batch = pol.collate([samples[i] for i in idx])
-                value_loss = None
-                if targets is None:
-                    assert advantages is not None
-                    adv = advantage_tensor([advantages[i] for i in idx], batch.loss_mask.shape[1]).to(pol.device)
-                    logp = token_logprobs(pol.logits(batch), batch.token_ids)
-                else:
-                    assert self.critic is not None
-                    logits, hidden = pol.logits_and_hidden(batch)
-                    logp = token_logprobs(logits, batch.token_ids)
-                    old_v, ret, turn_adv = targets.of(idx)
-                    adv = per_token(turn_adv, batch.loss_mask)
-                    v, _ = self.turn_values(hidden, batch.loss_mask)
-                    if v.numel():  # the mean over this micro-batch's turns, weighted to its share of the batch's
-                        value_loss = ppo_value_loss(v, old_v, ret, self.critic.clip_range_vf) * (v.numel() / targets.n_turns)
-                ref = self.reference_logprobs(batch)
-                out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
-                                ref, kw.kl_coef, normalizer=n_tokens, tis_cap=kw.tis_cap)
-                loss = out.loss
-                if value_loss is not None and self.critic is not None:
-                    loss = loss + self.critic.vf_coef * value_loss
-                    stats["value_loss"] += float(value_loss.detach())
-                loss.backward()
-                w = float(batch.loss_mask.sum()) / n_tokens
-                stats["policy_loss"] += out.policy_loss
-                stats["kl"] += out.kl
-                stats["clip_fraction"] += out.clip_fraction * w
-                stats["ratio_mean"] += out.ratio_mean * w
-                stats["logprob_gap_mean"] += out.logprob_gap_mean * w
-                stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * e_div)
-                stats["tis_weight_mean"] += out.tis_weight_mean * w
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, kw.max_grad_norm)
-            self.optimizer.step()
-            stats["grad_norm"] = float(grad_norm)
-        e = float(kw.epochs_per_step)
-        out_stats = {k: (v / e if k != "grad_norm" else v) for k, v in stats.items()} | {"trained_tokens": n_tokens}
+            for m in range(n_mini):
+                minibatch = order[m * len(order) // n_mini:(m + 1) * len(order) // n_mini]
+                n_tokens = float(sum(sum(samples[i].loss_mask[1:]) for i in minibatch)) or 1.0
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in self.micro_batches(minibatch, samples, stats):
+                    batch = pol.collate([samples[i] for i in idx])
+                    value_loss = None
+                    if targets is None:
+                        assert advantages is not None
+                        adv = advantage_tensor([advantages[i] for i in idx], batch.loss_mask.shape[1]).to(pol.device)
+                        logp = token_logprobs(pol.logits(batch), batch.token_ids)
+                    else:
+                        assert self.critic is not None
+                        logits, hidden = pol.logits_and_hidden(batch)
+                        logp = token_logprobs(logits, batch.token_ids)
+                        old_v, ret, turn_adv = targets.of(idx)
+                        adv = per_token(turn_adv, batch.loss_mask)
+                        v, _ = self.turn_values(hidden, batch.loss_mask)
+                        if v.numel():  # the mean over this micro-batch's turns, weighted to its mini-batch's share
+                            mini_turns = sum(targets.old_values[i].numel() for i in minibatch)
+                            value_loss = ppo_value_loss(v, old_v, ret, self.critic.clip_range_vf) * (v.numel() / mini_turns)
+                    ref = self.reference_logprobs(batch)
+                    out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
+                                    ref, kw.kl_coef, normalizer=n_tokens, tis_cap=kw.tis_cap)
+                    loss = out.loss
+                    if value_loss is not None and self.critic is not None:
+                        loss = loss + self.critic.vf_coef * value_loss
+                        stats["value_loss"] += float(value_loss.detach())
+                    loss.backward()
+                    w = float(batch.loss_mask.sum()) / n_tokens
+                    stats["policy_loss"] += out.policy_loss
+                    stats["kl"] += out.kl
+                    stats["clip_fraction"] += out.clip_fraction * w
+                    stats["ratio_mean"] += out.ratio_mean * w
+                    stats["logprob_gap_mean"] += out.logprob_gap_mean * w
+                    stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * steps)
+                    stats["tis_weight_mean"] += out.tis_weight_mean * w
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, kw.max_grad_norm))
+                self.optimizer.step()
+        out_stats = {k: v / steps for k, v in stats.items() if k != "micro_batches_split"}
+        out_stats |= {"grad_norm": grad_norm, "trained_tokens": n_batch_tokens, "optimizer_steps": steps}
+        if "micro_batches_split" in stats:
+            out_stats["micro_batches_split"] = stats["micro_batches_split"]
         return out_stats | (self._critic_stats(targets) if targets is not None else {})
 
     def micro_batches(self, order: list[int], samples: list[TrajectorySample],

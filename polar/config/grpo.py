@@ -73,6 +73,9 @@ class GRPOKwargs(StrictModel):
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weight each token by min(exp(learner_lp - rollout_lp), tis_cap)")
     epochs_per_step: int = Field(1, ge=1, description="passes over each collected batch")
+    num_minibatches: int = Field(
+        1, ge=1, description="optimizer steps per pass: the shuffled batch is cut into this many mini-batches "
+                             "(PPO's minibatches; more updates from the same samples at the same compute)")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward pass (gradient accumulation)")
     max_grad_norm: float = Field(1.0, gt=0)
     max_off_policy_steps: int = Field(1, ge=0, description="drop groups sampled more than this many versions ago")

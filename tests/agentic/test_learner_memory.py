@@ -162,3 +162,36 @@ def test_a_micro_batch_too_large_for_memory_is_split_with_the_same_gradient(monk
     assert "micro_batches_split" not in whole_stats and split_stats["micro_batches_split"] == 3
     assert all(torch.allclose(whole[k], split[k], atol=1e-6) for k in whole)
     assert any(not torch.equal(whole[k], _learner(0.0, lora=False).policy.model.state_dict()[k]) for k in whole)
+
+
+def test_minibatches_are_sequential_optimizer_steps_on_slices_of_the_shuffled_batch():
+    """``num_minibatches: 2`` is two optimizer steps per pass, each on half of the shuffled batch, normalized
+    over its own tokens: the same weights as two one-mini-batch updates on those halves in that order."""
+    import random
+
+    samples, advs = _samples(6), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]
+
+    def learner(num_minibatches: int) -> GRPOLearner:
+        model, tok = build_tiny(0)
+        return GRPOLearner(LLMPolicy(model, tok, None), GRPOKwargs(micro_batch_size=8, learning_rate=1e-3,
+                                                                   num_minibatches=num_minibatches))
+
+    random.seed(0)
+    order = list(range(6))
+    random.shuffle(order)
+    two = learner(2)
+    random.seed(0)
+    stats = two.update(samples, advs)
+    assert stats["optimizer_steps"] == 2.0
+    assert int(two.optimizer.state_dict()["state"][0]["step"]) == 2
+
+    one = learner(1)
+    for half in (order[:3], order[3:]):
+        one.update([samples[i] for i in half], [advs[i] for i in half])
+    a, b = two.policy.model.state_dict(), one.policy.model.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    # and not the one-step update on the whole batch
+    whole = learner(1)
+    random.seed(0)
+    whole.update(samples, advs)
+    assert any(not torch.allclose(a[k], whole.policy.model.state_dict()[k], atol=1e-6) for k in a)
