@@ -208,7 +208,11 @@ class TokenPolicy(Protocol):
 
     def logits_and_hidden(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def base_logits(self, batch: Any) -> torch.Tensor: ...
+    def token_logprobs(self, batch: Any, model: Any = None) -> torch.Tensor: ...
+
+    def base_token_logprobs(self, batch: Any) -> torch.Tensor: ...
+
+    def logit_positions(self, samples: list[TrajectorySample]) -> int: ...
 
 
 @dataclass
@@ -279,9 +283,9 @@ class GRPOLearner:
         if self.reference_kind == "none":
             return None
         if self.reference_kind == "adapters_off":
-            return token_logprobs(self.policy.base_logits(batch), batch.token_ids)
+            return self.policy.base_token_logprobs(batch)
         with torch.no_grad():
-            return token_logprobs(self.policy.logits(batch, self.reference), batch.token_ids)
+            return self.policy.token_logprobs(batch, self.reference)
 
     def turn_values(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(V per turn, the turns' hidden states) of one batch, in ``state_positions``' order."""
@@ -349,13 +353,13 @@ class GRPOLearner:
                 minibatch = order[m * len(order) // n_mini:(m + 1) * len(order) // n_mini]
                 n_tokens = float(sum(sum(samples[i].loss_mask[1:]) for i in minibatch)) or 1.0
                 self.optimizer.zero_grad(set_to_none=True)
-                for idx in self.micro_batches(minibatch, samples, stats):
+                for idx in self.micro_batches(minibatch, samples, stats, full_logits=targets is not None):
                     batch = pol.collate([samples[i] for i in idx])
                     value_loss = None
                     if targets is None:
                         assert advantages is not None
                         adv = advantage_tensor([advantages[i] for i in idx], batch.loss_mask.shape[1]).to(pol.device)
-                        logp = token_logprobs(pol.logits(batch), batch.token_ids)
+                        logp = pol.token_logprobs(batch)
                     else:
                         assert self.critic is not None
                         logits, hidden = pol.logits_and_hidden(batch)
@@ -390,20 +394,27 @@ class GRPOLearner:
             out_stats["micro_batches_split"] = stats["micro_batches_split"]
         return out_stats | (self._critic_stats(targets) if targets is not None else {})
 
-    def micro_batches(self, order: list[int], samples: list[TrajectorySample],
-                      stats: defaultdict[str, float]) -> list[list[int]]:
+    def micro_batches(self, order: list[int], samples: list[TrajectorySample], stats: defaultdict[str, float],
+                      full_logits: bool = False) -> list[list[int]]:
         """``order`` in runs of ``micro_batch_size``, each split in halves until its logits fit in memory. The
-        learner holds ``[B, T, vocab]`` fp32 logits and several copies of them (log-softmax, their grads), so a
-        micro-batch of long episodes can need more than the machine has (8 x 1,300 tokens x SmolLM2's 49,152
-        ids was OOM-killed at 19 GB); the loss is normalized over the whole batch, so a split changes the
-        memory, not the gradient."""
+        learner holds the logits and several copies of them (log-softmax, their grads): ``[B, T, vocab]`` fp32
+        when it needs them at every position (``full_logits``: the value head's pass, a policy without
+        ``logits_to_keep``), else one row per trained token. A micro-batch of long episodes can need more
+        than the machine has (8 x 1,300 tokens x SmolLM2's 49,152 ids at every position was OOM-killed at
+        19 GB); the loss is normalized over the mini-batch, so a split changes the memory, not the gradient."""
         vocab = int(getattr(self.policy.model.config, "vocab_size", 0) or 0)
         budget = memory_budget_bytes(self.policy.device)
+
+        def positions(idx: list[int]) -> int:
+            if full_logits:
+                return len(idx) * max(len(samples[i].token_ids) for i in idx)
+            return self.policy.logit_positions([samples[i] for i in idx])
+
         out: list[list[int]] = []
         pending = [order[i:i + self.kw.micro_batch_size] for i in range(0, len(order), self.kw.micro_batch_size)]
         while pending:
             idx = pending.pop(0)
-            need = len(idx) * max(len(samples[i].token_ids) for i in idx) * vocab * LOGIT_BYTES
+            need = positions(idx) * vocab * LOGIT_BYTES
             if len(idx) > 1 and need > budget:
                 half = len(idx) // 2
                 pending[:0] = [idx[:half], idx[half:]]

@@ -122,13 +122,44 @@ class LLMPolicy:
                              output_hidden_states=True)
         return out.logits.float(), out.hidden_states[-1].float()
 
-    def base_logits(self, batch: TokenBatch) -> torch.Tensor:
-        """Logits of the model as it was before training, without grad: with LoRA the same base weights
-        with the adapters switched off (no second copy of the model is ever made)."""
+    def token_logprobs(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
+        """``[B, T]`` log-probs of ``batch.token_ids`` under ``model`` (default: the trained one) at the trained
+        positions (``loss_mask == 1``; 0 elsewhere, where no loss reads them). The LM head runs only at the
+        positions that predict a trained token (HF ``logits_to_keep`` as a boolean mask): a turn samples a
+        few of its hundreds of tokens, and the ``[B, T, vocab]`` logits and their log-softmax were most of
+        the learner's memory and a fifth of its compute. A model whose forward cannot keep a mask falls back
+        to full logits, with the same result."""
+        model = self.model if model is None else model
+        trained = batch.loss_mask[:, 1:] > 0
+        if _keeps_logit_mask(model):
+            keep = torch.nn.functional.pad(trained, (0, 1))  # position t-1 predicts token t
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast == "bf16"):
+                kept = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask, use_cache=False,
+                             logits_to_keep=keep).logits
+            if kept.dim() == 2 and kept.shape[0] == int(trained.sum()):
+                rows, cols = trained.nonzero(as_tuple=True)
+                picked = torch.log_softmax(kept.float(), dim=-1).gather(
+                    -1, batch.token_ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1)
+                out = torch.zeros(batch.token_ids.shape, dtype=picked.dtype, device=picked.device)
+                return out.index_put((rows, cols + 1), picked)
+            _NO_LOGIT_MASK.add(type(_base_model(model)))
+        logp = torch.log_softmax(self.logits(batch, model)[:, :-1], dim=-1)
+        picked = logp.gather(-1, batch.token_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return torch.nn.functional.pad(picked * trained, (1, 0))
+
+    def logit_positions(self, samples: list[TrajectorySample]) -> int:
+        """How many positions ``token_logprobs`` runs the LM head at for one batch of ``samples``."""
+        if _keeps_logit_mask(self.model):
+            return sum(sum(1 for m in s.loss_mask[1:] if m) for s in samples)
+        return len(samples) * max(len(s.token_ids) for s in samples)
+
+    def base_token_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """``token_logprobs`` of the model as it was before training, without grad: with LoRA the same base
+        weights with the adapters switched off (no second copy of the model is ever made)."""
         if self.lora is None:
-            raise ValueError("base_logits needs a LoRA policy; a full fine-tune keeps a frozen reference copy")
+            raise ValueError("base_token_logprobs needs a LoRA policy; a full fine-tune keeps a frozen reference copy")
         with torch.no_grad(), self.model.disable_adapter():
-            return self.logits(batch)
+            return self.token_logprobs(batch)
 
     def serving_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights as the serving engine's model names them (LoRA merged in)."""
@@ -150,6 +181,24 @@ class LLMPolicy:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
+
+
+_NO_LOGIT_MASK: set[type] = set()  # model classes whose forward took a logits_to_keep mask but did not apply it
+
+
+def _base_model(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _keeps_logit_mask(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs; a boolean
+    ``[B, T]`` mask keeps exactly its positions, flattened)."""
+    import inspect
+
+    base = _base_model(model)
+    if type(base) in _NO_LOGIT_MASK:
+        return False
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _default_targets(model: Any) -> list[str]:

@@ -195,3 +195,45 @@ def test_minibatches_are_sequential_optimizer_steps_on_slices_of_the_shuffled_ba
     random.seed(0)
     whole.update(samples, advs)
     assert any(not torch.allclose(a[k], whole.policy.model.state_dict()[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_lm_head_only_at_trained_positions_gives_the_full_logits_logprobs_and_gradient(lora, monkeypatch):
+    """``token_logprobs`` runs the LM head only where a trained token is predicted (``logits_to_keep``); at the
+    trained positions it equals the log-softmax of the full logits, and so does its gradient."""
+    import polar.models.llm_policy as llm_policy
+
+    def logprobs_and_grads(full: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        monkeypatch.setattr(llm_policy, "_keeps_logit_mask", (lambda model: False) if full else keeps)
+        model, tok = build_tiny(0)
+        cfg = LoraConfig(r=4, alpha=8, target_modules=None) if lora else None
+        torch.manual_seed(0)  # the same LoRA initialisation both times
+        policy = LLMPolicy(model, tok, cfg)
+        batch = policy.collate(_samples(5, 14))
+        logp = policy.token_logprobs(batch)
+        (logp * batch.loss_mask).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in policy.parameters()]
+
+    keeps = llm_policy._keeps_logit_mask
+    model, tok = build_tiny(0)
+    assert keeps(LLMPolicy(model, tok, None).model)  # the tiny Qwen2 takes a logits_to_keep mask
+    kept, kept_grads = logprobs_and_grads(full=False)
+    full, full_grads = logprobs_and_grads(full=True)
+    mask = collate(_samples(5, 14), 0).loss_mask.bool()
+    assert torch.allclose(kept[mask], full[mask], atol=1e-5)
+    assert (kept[~mask] == 0).all() and (full[~mask] == 0).all()
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(kept_grads, full_grads, strict=True))
+    # and both are the old full-logits computation
+    model, tok = build_tiny(0)
+    policy = LLMPolicy(model, tok, LoraConfig(r=4, alpha=8, target_modules=None) if lora else None)
+    batch = policy.collate(_samples(5, 14))
+    with torch.no_grad():
+        reference = token_logprobs(policy.logits(batch), batch.token_ids)
+    assert torch.allclose(kept[mask], reference[mask], atol=1e-5)
+
+
+def test_logit_positions_count_trained_tokens_only():
+    model, tok = build_tiny(0)
+    policy = LLMPolicy(model, tok, None)
+    samples = _samples(3, 12)  # lengths 12, 11, 10; the first 4 tokens of each are prompt
+    assert policy.logit_positions(samples) == 8 + 7 + 6
