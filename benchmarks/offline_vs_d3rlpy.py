@@ -226,9 +226,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "offline_bench")
     p.add_argument("--envs", default="pendulum,cartpole")
     p.add_argument("--algos", default="bc,iql,cql")
-    p.add_argument("--steps", type=int, default=1000, help="gradient steps per offline run")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--hidden", type=lambda s: [int(x) for x in s.split(",")], default=[64, 64])
+    p.add_argument("--steps", type=int, default=10_000, help="gradient steps per offline run")
+    p.add_argument("--batch-size", type=int, default=256, help="the IQL paper's and CORL's (polar's default)")
+    p.add_argument("--hidden", type=lambda s: [int(x) for x in s.split(",")], default=[256, 256],
+                   help="actor and critics (the IQL paper's and CORL's; 64-64 leaves IQL's critic too weak on "
+                        "Pendulum medium: docs/benchmarks.md)")
     p.add_argument("--lr", type=float, default=3e-4, help="critics' (and BC's, IQL's actor's) learning rate")
     p.add_argument("--actor-lr", type=float, default=1e-4, help="Box CQL's actor (d3rlpy's default)")
     p.add_argument("--gamma", type=float, default=0.99)
