@@ -47,3 +47,14 @@ def progress_no_bumps(obs: Any, action: Any, reward: float, next_obs: Any, termi
     if int(next_obs) == int(obs) and not terminated:
         shaped -= BUMP_PENALTY
     return shaped
+
+
+def progress_lost_in_holes(obs: Any, action: Any, reward: float, next_obs: Any, terminated: bool, info: Any) -> float:
+    """``progress_no_bumps``, but a fall into a hole also takes back the progress made, so every episode that
+    ends in a hole returns -0.5 (less its bumps), wherever the hole is. With the progress kept, three moves
+    down into the hole at row 4 returned 0, above an unparsable first answer (-0.5): the episode advantage
+    credited the fatal move, and two runs collapsed onto it (docs/benchmarks.md, "GRPO on FrozenLake")."""
+    shaped = progress_no_bumps(obs, action, reward, next_obs, terminated, info)
+    if terminated and reward <= 0:
+        shaped -= (PATH_LENGTH - _distance(next_obs)) / PATH_LENGTH
+    return shaped
