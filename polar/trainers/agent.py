@@ -11,7 +11,8 @@ sessions, SFT on demonstrations.
   advantages, the clipped update against the engine's recorded logprobs
   (``polar.algorithms.grpo.GRPOLearner``), weights to the engine through the gateway's drain (pause, wait
   in-flight, swap, resume). A step with no usable group (all filtered, or equal rewards in every group)
-  updates nothing, publishes nothing and is logged with ``update_skipped: 1``. With ``advantage:
+  updates nothing, publishes nothing and is logged with ``update_skipped: 1``; with ``kl_coef > 0`` tied
+  groups stay in at advantage 0, so the KL to the reference still trains on them. With ``advantage:
   value_head`` the baseline is the learner's critic instead of the group (``return_batch``: each sample's
   return; any group size, equal rewards included); with ``value_head.freeze_llm`` only the head trains, so
   every step logs ``update_skipped: 1`` (the served weights and policy version stay).
@@ -253,7 +254,7 @@ class AgentTrainer(TrainingLoop):
             upd = self.learner.update(samples, returns=returns) if samples else {}
         else:
             samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage,
-                                                kw.step_advantage)
+                                                kw.step_advantage, keep_tied=kw.kl_coef > 0)
             upd = self.learner.update(samples, advs) if samples else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm

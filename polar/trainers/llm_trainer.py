@@ -37,11 +37,16 @@ def _stale(usable: list[SessionResult], current_version: int, max_off_policy_ste
 
 
 def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
-                step: StepAdvantageConfig | None = None
+                step: StepAdvantageConfig | None = None, keep_tied: bool = False
                 ) -> tuple[list[TrajectorySample], list[float | list[float]], dict[str, float]]:
     """Trainable samples with their advantages, plus counts. Without ``step`` a sample's advantage is its
     session's (one float, shared by its samples); with it (GiGPO) each sample gets one advantage per token:
-    the session's plus ``step.weight`` x the step advantage of the turn whose call sampled the token."""
+    the session's plus ``step.weight`` x the step advantage of the turn whose call sampled the token.
+
+    A group whose rewards (and turns) all tie teaches the surrogate nothing and is dropped, unless
+    ``keep_tied`` (``kl_coef > 0``): then its samples stay at advantage 0, so the KL to the reference still
+    applies to them. Without that, a policy that has collapsed onto one behaviour ties every group, and the
+    penalty meant to hold it near the reference never acts (counted as ``groups_tied_kept``)."""
     samples: list[TrajectorySample] = []
     advs: list[float | list[float]] = []
     stats: defaultdict[str, float] = defaultdict(float)
@@ -58,6 +63,12 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
         by_call = _turn_advantages(usable, step, stats) if step is not None else None
         if float(adv.abs().max()) == 0.0 and not (by_call and any(v for c in by_call for v in c.values())):
             stats["groups_no_signal"] += 1
+            if keep_tied:
+                stats["groups_tied_kept"] += 1
+                for r in usable:
+                    kept = [s for s in r.samples if any(s.loss_mask)]
+                    samples.extend(kept)
+                    advs.extend([0.0] * len(kept))
             continue
         stats["groups_used"] += 1
         for i, (r, a) in enumerate(zip(usable, adv.tolist(), strict=True)):

@@ -90,6 +90,27 @@ def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
     assert stats["groups_signal_share"] == 1 / 3  # one of the three groups carried a signal
 
 
+def test_group_batch_keeps_tied_groups_at_advantage_zero_when_a_kl_term_needs_them():
+    from polar.rollout.sessions.session import SessionResult, SessionStatus
+    from polar.trainers.llm_trainer import group_batch
+    from polar.types import TrajectorySample
+
+    def res(reward, i, group):
+        s = TrajectorySample(f"{group}{i}", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [0] * 3, [0] * 3, reward,
+                             metadata={"min_policy_version": 0})
+        return SessionResult(f"{group}{i}", group, group, i, SessionStatus.DONE, reward=reward, samples=[s])
+
+    signal = [res(1.0, 0, "a"), res(0.0, 1, "a")]
+    tied = [res(0.0, 0, "b"), res(0.0, 1, "b"), res(0.0, 2, "b")]
+    dropped, _, stats = group_batch([signal, tied], 0, 0, "mean_std")
+    assert [s.session_id for s in dropped] == ["a0", "a1"] and stats["groups_no_signal"] == 1
+    kept, advs, stats = group_batch([signal, tied], 0, 0, "mean_std", keep_tied=True)
+    assert [s.session_id for s in kept] == ["a0", "a1", "b0", "b1", "b2"]
+    assert advs[0] > 0 > advs[1] and advs[2:] == [0.0, 0.0, 0.0]
+    assert stats["groups_no_signal"] == 1 and stats["groups_tied_kept"] == 1 and stats["groups_used"] == 1
+    assert stats["groups_signal_share"] == 0.5  # a kept tied group still carries no signal
+
+
 def test_heldout_success_uses_the_verifiers_verdict_not_a_shaped_reward():
     from polar.evaluation.metrics import get_metric
     from polar.evaluation.suite import MetricSpec

@@ -88,6 +88,31 @@ def test_lora_reference_logprobs_equal_a_true_copy_of_the_base():
     assert learner.policy.model.training  # switching the adapters off and on left the model as it was
 
 
+def test_the_kl_alone_pulls_a_moved_policy_back_when_every_advantage_is_zero():
+    """What a tied group kept at advantage 0 (``kl_coef > 0``) does: no surrogate gradient, and the k3 KL
+    moves the adapters back toward the base, so a collapsed policy is not left where it is."""
+    torch.manual_seed(0)  # the adapters' initialization
+    model, tok = build_tiny(0)
+    cfg = LoraConfig(r=4, alpha=8, target_modules=None)
+    learner = GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=1.0, lora=cfg, learning_rate=1e-2))
+    samples = _samples()
+    for _ in range(3):
+        learner.update(samples, [1.0, -1.0, 0.5, -0.5])
+    batch = collate(samples, 0)
+    mask = batch.loss_mask.bool()
+
+    def kl_to_base() -> float:
+        with torch.no_grad():
+            d = learner.reference_logprobs(batch) - token_logprobs(learner.policy.logits(batch), batch.token_ids)
+        return float((torch.exp(d) - d - 1.0)[mask].mean())
+
+    moved = kl_to_base()
+    assert moved > 1e-4
+    stats = [learner.update(samples, [0.0, 0.0, 0.0, 0.0]) for _ in range(5)]
+    assert all(abs(s["policy_loss"]) < 1e-9 and s["kl"] > 0 for s in stats)
+    assert kl_to_base() < 0.5 * moved
+
+
 def test_learner_device_rule(caplog):
     assert learner_device(1, cuda_available=True) == torch.device("cuda")
     assert learner_device(2, cuda_available=True) == torch.device("cuda")
