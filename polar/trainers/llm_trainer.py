@@ -63,14 +63,12 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
         by_call = _turn_advantages(usable, step, stats) if step is not None else None
         if float(adv.abs().max()) == 0.0 and not (by_call and any(v for c in by_call for v in c.values())):
             stats["groups_no_signal"] += 1
-            if keep_tied:
-                stats["groups_tied_kept"] += 1
-                for r in usable:
-                    kept = [s for s in r.samples if any(s.loss_mask)]
-                    samples.extend(kept)
-                    advs.extend([0.0] * len(kept))
-            continue
-        stats["groups_used"] += 1
+            if not keep_tied:
+                continue
+            stats["groups_tied_kept"] += 1
+            by_call = None  # every advantage is 0: one float a sample
+        else:
+            stats["groups_used"] += 1
         for i, (r, a) in enumerate(zip(usable, adv.tolist(), strict=True)):
             for s in r.samples:
                 if any(s.loss_mask):
