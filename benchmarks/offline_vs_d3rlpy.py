@@ -54,6 +54,13 @@ ENVS = {
     "cartpole": ("CartPole-v1", "dqn", 22.0, 500.0),
 }
 SOURCE_ITERATION_STEPS = {"pendulum": 200, "cartpole": 512}  # a multiple of the DQN's train_freq (256)
+# IQL's target critics' Polyak rate (--iql-tau overrides both). CORL's 0.005 is made for 1M gradient steps: at
+# 10k, on CartPole (+1 every step: all its information is in the termination, ~100 steps back at gamma 0.99),
+# the critics were still climbing at the end (q_mean 30 and rising ~3 per 1,000 steps, against a Monte-Carlo
+# discounted return-to-go of 41 on medium-replay), so the actor was weighted by the advantages of a critic
+# that had not converged. At 0.05 they level off by ~6k steps (docs/benchmarks.md). Pendulum's dense reward
+# converges at 0.005.
+IQL_TAU = {"pendulum": 0.005, "cartpole": 0.05}
 
 
 def source_config(env: str, max_steps: int, eval_episodes: int, seed: int):
@@ -174,7 +181,7 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
     kw: dict = {"dataset": str(ds), "gradient_steps": args.steps, "steps_per_iteration": args.steps,
                 "batch_size": args.batch_size, "learning_rate": args.lr}
     if algo == "iql":
-        kw.update(gamma=args.gamma, tau=args.tau, expectile=args.iql_expectile,
+        kw.update(gamma=args.gamma, tau=args.iql_tau or IQL_TAU[env], expectile=args.iql_expectile,
                   temperature=args.iql_temperature, max_weight=100.0, critic_hidden=args.hidden)
     elif algo == "cql":
         kw.update(gamma=args.gamma)
@@ -193,14 +200,17 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
     wall = time.perf_counter() - t0
     ev = res["eval"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {"return_mean": ev["return_mean"], "return_std": ev["return_std"], "wall_s": wall,
-            "update_s": sum(r.get("time/learn_s", 0.0) for r in rows)}
+    out = {"return_mean": ev["return_mean"], "return_std": ev["return_std"], "wall_s": wall,
+           "update_s": sum(r.get("time/learn_s", 0.0) for r in rows)}
+    if algo == "iql":  # the critics' mean Q over the last iteration's batches: has it levelled off?
+        out.update(iql_tau=kw["tau"], q_mean=[round(r["q_mean"], 1) for r in rows if "q_mean" in r])
+    return out
 
 
 def d3rlpy_offline(env: str, algo: str, ds: Path, args) -> dict:
     spec = {"dataset": str(ds), "env_id": ENVS[env][0], "algo": algo, "seed": args.seed, "hidden": args.hidden,
             "batch_size": args.batch_size, "gamma": args.gamma, "lr": args.lr, "actor_lr": args.actor_lr,
-            "tau": args.tau, "expectile": args.iql_expectile, "temperature": args.iql_temperature,
+            "tau": (args.iql_tau or IQL_TAU[env]) if algo == "iql" else args.tau, "expectile": args.iql_expectile, "temperature": args.iql_temperature,
             "max_weight": 100.0, "steps": args.steps,
             "eval_episodes": args.eval_episodes, "eval_seed": 10_000,
             "target_update_interval": args.target_update_interval}
@@ -234,7 +244,9 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=3e-4, help="critics' (and BC's, IQL's actor's) learning rate")
     p.add_argument("--actor-lr", type=float, default=1e-4, help="Box CQL's actor (d3rlpy's default)")
     p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--tau", type=float, default=0.005)
+    p.add_argument("--tau", type=float, default=0.005, help="Polyak rate of Box CQL's target critics (both sides)")
+    p.add_argument("--iql-tau", type=float, default=None,
+                   help="IQL's target critics' Polyak rate (both sides; default per env: 0.005 Pendulum, 0.05 CartPole)")
     p.add_argument("--target-update-interval", type=int, default=100, help="discrete CQL's hard target copy")
     p.add_argument("--iql-expectile", type=float, default=0.7, help="IQL's tau (the paper's locomotion value)")
     p.add_argument("--iql-temperature", type=float, default=3.0, help="IQL's beta (the paper's locomotion value)")
