@@ -202,8 +202,8 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     out = {"return_mean": ev["return_mean"], "return_std": ev["return_std"], "wall_s": wall,
            "update_s": sum(r.get("time/learn_s", 0.0) for r in rows)}
-    if algo == "iql":  # the critics' mean Q over the last iteration's batches: has it levelled off?
-        out.update(iql_tau=kw["tau"], q_mean=[round(r["q_mean"], 1) for r in rows if "q_mean" in r])
+    if algo == "iql":  # the critics' mean target Q over the run's batches (one metrics row: one iteration)
+        out.update(iql_tau=kw["tau"], q_mean=round(float(np.mean([r["q_mean"] for r in rows if "q_mean" in r])), 1))
     return out
 
 
