@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 from pathlib import Path
 
@@ -58,9 +57,6 @@ def main(args: argparse.Namespace) -> int:
     from polar.gateway.server import serve_forever
 
     config = load_config(args)
-    if not getattr(args, "debug", False):
-        for name in ("httpx", "httpcore"):  # one INFO line per upstream request would sit on the hot path
-            logging.getLogger(name).setLevel(logging.WARNING)
     console.print(f"loading engine [bold]{config.model}[/] ...")
 
     def announce(url: str) -> None:

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# httpx and httpcore, and the httpx2/httpcore2 that the openai, anthropic and google-genai SDKs now use
+QUIET_HTTP_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not debug:  # one INFO line per HTTP request (gateway -> engine, SDK clients) would bury the run's own logs
+        for name in QUIET_HTTP_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args._module.main(args) or 0)
     except PolarError as e:

@@ -29,6 +29,8 @@ def test_polar_run_trains_the_llm_agent_on_frozenlake_with_the_tiny_model(tmp_pa
     proc = subprocess.run([sys.executable, "-m", "polar.cli.main", "run", "--config", str(path), "--run-dir", str(run),
                            "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the run's own log lines, but not one line per model call the agent made through the openai SDK (httpx2)
+    assert "INFO polar." in proc.stderr and "HTTP Request:" not in proc.stderr, proc.stderr[-3000:]
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "reward_mean" in r] == [1, 2]
     sessions = [json.loads(line) for line in (run / "sessions" / "index.jsonl").read_text().splitlines()]
