@@ -29,7 +29,10 @@ Prints one table: dataset, its return mean, algo, framework, seed, gradient step
 and update seconds (the gradient steps alone: polar's ``time/learn_s``, d3rlpy's mean ``time_step`` x steps);
 with ``--table`` over logs of several ``--seed`` runs, a second one: the mean over seeds of each row's return mean.
 Datasets in ``--out`` are reused (``--seed`` then changes the offline runs only); polar's offline run directories
-are ``--out/offline/<dataset>-<algo>-seed<N>``, replaced when that row runs again.
+are ``--out/offline/<dataset>-<algo>-seed<N>``, replaced when that row runs again. ``--normalize-obs``: polar's
+offline runs (BC, IQL and CQL alike) standardise observations by the dataset's mean/std
+(``policy.kwargs.normalize_obs``, CORL's default); d3rlpy's rows are unchanged; their run directories end in
+``-norm`` and their rows say ``normalize_obs``.
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
 
     env_id = ENVS[env][0]
     kw: dict = {"dataset": str(ds), "gradient_steps": args.steps, "steps_per_iteration": args.steps,
-                "batch_size": args.batch_size, "learning_rate": args.lr}
+                "batch_size": args.batch_size, "learning_rate": args.lr, "normalize_obs": args.normalize_obs}
     if algo == "iql":
         kw.update(gamma=args.gamma, tau=args.iql_tau or IQL_TAU[env], expectile=args.iql_expectile,
                   temperature=args.iql_temperature, max_weight=100.0, critic_hidden=args.hidden)
@@ -257,6 +260,8 @@ def main() -> int:
                    help="env steps between the source's checkpoints and evaluations (default: per env, above)")
     p.add_argument("--medium-episodes", type=int, default=100, help="episodes in <env>-medium-v0")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--normalize-obs", action="store_true", help="polar's BC/IQL/CQL standardise observations by the "
+                   "dataset's mean/std (policy.kwargs.normalize_obs; not d3rlpy's rows)")
     p.add_argument("--d3rlpy-python", default=str(ROOT / ".d3rlpy-venv" / "bin" / "python"))
     p.add_argument("--no-d3rlpy", action="store_true")
     p.add_argument("--no-polar", action="store_true", help="d3rlpy's rows only (polar's were logged by another run)")
@@ -292,7 +297,7 @@ def main() -> int:
                     sides.append("d3rlpy")
                 for fw in sides:
                     if fw == "polar":
-                        run = args.out / "offline" / f"{ds.name}-{algo}-seed{args.seed}"
+                        run = args.out / "offline" / f"{ds.name}-{algo}-seed{args.seed}{'-norm' if args.normalize_obs else ''}"
                         if run.exists():  # this row is measured again: its earlier run goes
                             print(f"[{env}] replacing {run}", flush=True)
                             shutil.rmtree(run)
@@ -302,10 +307,12 @@ def main() -> int:
                     name = {"cql": "DiscreteCQL", "bc": "DiscreteBC"}.get(algo, algo) if fw == "d3rlpy" and env == "cartpole" else algo
                     row = {"dataset": ds.name, "data_return": ret, "episodes": eps, "transitions": n, "algo": name,
                            "framework": fw, "seed": args.seed, "steps": args.steps, **r}
+                    if fw == "polar" and args.normalize_obs:
+                        row["normalize_obs"] = True
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     tag = (args.envs.replace(",", "_") + (f"_{args.only_dataset}" if args.only_dataset else "")
-           + (f"_seed{args.seed}" if args.seed else ""))
+           + (f"_seed{args.seed}" if args.seed else "") + ("_norm" if args.normalize_obs else ""))
     (args.out / f"results_{tag}.json").write_text(json.dumps(rows, indent=1))
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s; steps {args.steps}, batch {args.batch_size}, hidden "
           f"{args.hidden}, eval {args.eval_episodes} deterministic episodes\n")
@@ -322,12 +329,14 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         score = ("error: " + r["error"]) if "error" in r else f"{r['return_mean']:.1f} ± {r['return_std']:.1f}"
         wall = "" if "error" in r else f"{r['wall_s']:.1f} | {r['update_s']:.1f}"
-        print(f"| {r['dataset']} | {r['data_return']:.1f} ({r['episodes']}, {r['transitions']}) | {r['algo']} | "
+        algo = r["algo"] + (" (normalize_obs)" if r.get("normalize_obs") else "")
+        print(f"| {r['dataset']} | {r['data_return']:.1f} ({r['episodes']}, {r['transitions']}) | {algo} | "
               f"{r['framework']} | {r.get('seed', '')} | {r.get('steps', '')} | {score} | {wall} |")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if "error" not in r:
-            groups.setdefault((r["dataset"], r["algo"], r["framework"], r.get("steps")), []).append(r)
+            algo = r["algo"] + (" (normalize_obs)" if r.get("normalize_obs") else "")
+            groups.setdefault((r["dataset"], algo, r["framework"], r.get("steps")), []).append(r)
     multi = {k: g for k, g in groups.items() if len({r.get("seed") for r in g}) > 1}
     if not multi:
         return

@@ -20,6 +20,9 @@ class OfflineKwargs(StrictModel):
     batch_size: int = Field(256, ge=1)
     learning_rate: float = Field(3e-4, gt=0)
     max_grad_norm: float | None = Field(None, gt=0)
+    normalize_obs: bool = Field(False, description="standardise Box observations by the dataset's mean/std (computed "
+                                "once, frozen, saved with checkpoints: eval, export and serve apply them)")
+    clip_obs: float = Field(10.0, gt=0, description="normalised observations are clipped to +-this")
 
 
 class BCKwargs(OfflineKwargs):

@@ -35,6 +35,12 @@ class RunningNorm(nn.Module):
         self.var.copy_(m2 / tot)
         self.count.fill_(float(tot))
 
+    def set(self, mean, var, count: float) -> None:
+        """Replace the statistics (offline runs: the dataset's, frozen from then on)."""
+        self.mean.copy_(torch.as_tensor(mean, dtype=torch.float64))
+        self.var.copy_(torch.as_tensor(var, dtype=torch.float64))
+        self.count.fill_(float(count))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean = self.mean.float()
         std = (self.var.float() + 1e-8).sqrt()
@@ -74,3 +80,10 @@ class ObsNormalizer(nn.Module):
                     norm.update(*m[k])
         elif self.norm is not None and m is not None:
             self.norm.update(*m)
+
+    def set_from_data(self, obs: np.ndarray) -> None:
+        """Set the statistics to a whole dataset's (mean, var, count), computed in float64 (offline runs)."""
+        if self.is_dict or self.norm is None:
+            raise ValueError("set_from_data takes the observations of a float Box space")
+        x = np.asarray(obs, dtype=np.float64)
+        self.norm.set(*moments(x))

@@ -27,12 +27,13 @@ class Policy(nn.Module):
 
 
 def build_policy(cfg, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> Policy:
-    """The policy a RunConfig describes (agent + optional obs normalizer)."""
+    """The policy a RunConfig describes (agent + optional obs normalizer: PPO/APPO's running statistics, or an
+    offline run's dataset statistics, which ``polar.trainers.offline`` sets)."""
+    kw = getattr(cfg.policy, "kwargs", None)
+    norm = ObsNormalizer(observation_space, kw.clip_obs) if kw is not None and getattr(kw, "normalize_obs", False) else None
     if cfg.policy.type in OFF_POLICY or cfg.policy.type == "cql":  # cql trains DQN's / SAC's networks offline
         from polar.models.off_policy import build_off_policy_agent
 
-        return Policy(build_off_policy_agent(cfg, observation_space, action_space))
+        return Policy(build_off_policy_agent(cfg, observation_space, action_space), norm)
     agent = build_agent(cfg.agent, observation_space, action_space, config_dir)
-    kw = getattr(cfg.policy, "kwargs", None)
-    norm = ObsNormalizer(observation_space, kw.clip_obs) if kw is not None and getattr(kw, "normalize_obs", False) else None
     return Policy(agent, norm)

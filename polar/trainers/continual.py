@@ -157,6 +157,10 @@ def apply_init(trainer: Any) -> dict[str, Any]:
     where = f"{ckpt} (policy.type {src_type})"
     agent = trainer.policy.agent
     report: dict[str, Any] = {"source": str(ckpt), "source_policy": src_type}
+    if dst_type in ("dqn", "sac") and any(k.startswith("obs_norm.") for k in sd):
+        raise ConfigError(f"init.source: {where} normalises observations (policy.kwargs.normalize_obs) and "
+                          f"{dst_type} has no observation normaliser, so its weights would see raw inputs; continue "
+                          "with ppo or appo (normalize_obs: true), or train the source with normalize_obs: false")
 
     if src_fam == dst_fam:
         fix = (f"give this run the source's network: its agent section was {src_cfg.agent.model_dump(mode='json')}")

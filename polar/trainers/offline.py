@@ -25,6 +25,7 @@ from polar.config.policy import OFFLINE
 from polar.config.run import EnvRunConfig
 from polar.datasets.minari import Transitions, load_dataset
 from polar.errors import ConfigError
+from polar.models.normalization import ObsNormalizer
 from polar.models.policy import build_policy
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
@@ -36,13 +37,18 @@ log = logging.getLogger(__name__)
 class DatasetCollector:
     """The Collector of offline runs: minibatches sampled uniformly from a dataset's transitions."""
 
-    def __init__(self, data: Transitions, batch_size: int, minibatches: int, seed: int) -> None:
+    def __init__(self, data: Transitions, batch_size: int, minibatches: int, seed: int,
+                 obs_norm: ObsNormalizer | None = None) -> None:
         self.data = data
         self.batch_size = batch_size
         self.minibatches = minibatches
         self.rng = np.random.default_rng(seed)
         discrete = isinstance(data.action_space, gym.spaces.Discrete)
-        self.tensors = {"obs": torch.as_tensor(data.obs), "next_obs": torch.as_tensor(data.next_obs),
+        obs, next_obs = torch.as_tensor(data.obs), torch.as_tensor(data.next_obs)
+        if obs_norm is not None:  # frozen statistics: normalising the whole dataset once is normalising each batch
+            with torch.no_grad():
+                obs, next_obs = obs_norm(obs), obs_norm(next_obs)
+        self.tensors = {"obs": obs, "next_obs": next_obs,
                         "actions": torch.as_tensor(data.actions.astype(np.int64 if discrete else np.float32)),
                         "rewards": torch.as_tensor(data.rewards), "terminated": torch.as_tensor(data.terminated)}
         self.sampled = 0
@@ -68,6 +74,19 @@ class DatasetCollector:
 
     def close(self) -> None:
         pass
+
+
+def set_dataset_statistics(norm: ObsNormalizer, data: Transitions, obs_space: gym.Space, algo: str) -> None:
+    """``policy.kwargs.normalize_obs``: the normalizer takes the dataset's observation mean/std, once. Nothing
+    updates them afterwards (offline runs fold no env moments in), so training, evaluation and the checkpoint,
+    hence ``polar eval`` / ``export`` / ``serve``, all see the same standardisation."""
+    if norm.is_dict or norm.norm is None:
+        raise ConfigError(f"policy.kwargs.normalize_obs: policy.type {algo!r} standardises float vector observations; "
+                          f"the env's are {obs_space} (images or integers); set policy.kwargs.normalize_obs: false")
+    norm.set_from_data(data.obs)
+    mean, var = norm.norm.mean.numpy(), norm.norm.var.numpy()
+    log.info("observations standardised by the dataset's mean %s and std %s", np.round(mean, 4).tolist(),
+             np.round(np.sqrt(var), 4).tolist())
 
 
 OfflineLearner = BCLearner | CQLLearner | DiscreteCQLLearner  # IQLLearner is a BCLearner
@@ -125,12 +144,14 @@ class OfflineTrainer(TrainingLoop):
         log.info("dataset %s: %d transitions, %d episodes (return mean %.4g)", data.dataset_id, len(data),
                  len(data.episode_returns), float(np.mean(data.episode_returns)))
         self.policy = build_policy(cfg, obs_space, act_space, cfg.config_dir)
+        if self.policy.obs_norm is not None:
+            set_dataset_statistics(self.policy.obs_norm, data, obs_space, cfg.policy.type)
         self.learner = make_offline_learner(cfg, self.policy.agent, obs_space, act_space)
         if state is not None:
             self._load_state(state)
         seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)
         remaining = max(1, min(kw.steps_per_iteration, kw.gradient_steps - self.learner.n_updates))
-        self.dataset = DatasetCollector(data, kw.batch_size, remaining, seed)
+        self.dataset = DatasetCollector(data, kw.batch_size, remaining, seed, self.policy.obs_norm)
         self.collector = self.dataset
         self.dataset_return_mean = float(np.mean(data.episode_returns))
 

@@ -25,6 +25,8 @@ def run_config(env: str, agent: dict | None = None, policy: str = "ppo", continu
     pol: dict = {"type": policy}
     if policy in ("ppo", "appo"):
         pol["kwargs"] = {"n_steps": 16, "batch_size": 16, "normalize_obs": True}
+    elif policy in ("bc", "iql", "cql"):  # offline: the dataset is not read by export/serve, only the checkpoint
+        pol["kwargs"] = {"dataset": "unused", "normalize_obs": True}
     return validate(RunConfig, {
         "name": f"{env}-{policy}", "harness": harness, "agent": agent or {"type": "mlp", "hidden_sizes": [32, 32], "cnn_channels": [4, 8]},
         "policy": pol, "distribution": {"backend": "local", "rollout_workers": 0, "envs_per_worker": 1},

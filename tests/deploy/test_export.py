@@ -25,6 +25,7 @@ CASES = {  # name -> (env, run_config kwargs, formats)
     "dict-multidiscrete": ("dict", {"multi": True}, ["onnx"]),
     "sac": ("pendulum", {"policy": "sac"}, ["onnx", "torchscript"]),
     "dqn": ("cartpole", {"policy": "dqn"}, ["onnx"]),
+    "bc-normalised": ("cartpole", {"policy": "bc"}, ["onnx"]),  # offline normalize_obs: dataset statistics
 }
 # the default suite runs every architecture x head x {fp32, int8}; the other formats and agents run in test-all
 SLOW = {("lstm-discrete", "torchscript"), ("dict-continuous", "torchscript"), ("dict-lstm", "onnx"),
