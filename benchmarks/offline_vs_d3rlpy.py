@@ -213,8 +213,8 @@ def polar_offline(env: str, algo: str, ds: Path, run: Path, args) -> dict:
 def d3rlpy_offline(env: str, algo: str, ds: Path, args) -> dict:
     spec = {"dataset": str(ds), "env_id": ENVS[env][0], "algo": algo, "seed": args.seed, "hidden": args.hidden,
             "batch_size": args.batch_size, "gamma": args.gamma, "lr": args.lr, "actor_lr": args.actor_lr,
-            "tau": (args.iql_tau or IQL_TAU[env]) if algo == "iql" else args.tau, "expectile": args.iql_expectile, "temperature": args.iql_temperature,
-            "max_weight": 100.0, "steps": args.steps,
+            "tau": (args.iql_tau or IQL_TAU[env]) if algo == "iql" else args.tau, "expectile": args.iql_expectile,
+            "temperature": args.iql_temperature, "max_weight": 100.0, "steps": args.steps,
             "eval_episodes": args.eval_episodes, "eval_seed": 10_000,
             "target_update_interval": args.target_update_interval}
     env_vars = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -320,6 +320,10 @@ def main() -> int:
     return 0
 
 
+def _algo_label(row: dict) -> str:
+    return row["algo"] + (" (normalize_obs)" if row.get("normalize_obs") else "")
+
+
 def print_table(rows: list[dict]) -> None:
     """One row per run; then, where a (dataset, algo, framework, steps) ran with more than one seed, the mean over
     seeds of the per-seed return means, ± their std across seeds, and the mean wall and update seconds."""
@@ -329,14 +333,13 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         score = ("error: " + r["error"]) if "error" in r else f"{r['return_mean']:.1f} ± {r['return_std']:.1f}"
         wall = "" if "error" in r else f"{r['wall_s']:.1f} | {r['update_s']:.1f}"
-        algo = r["algo"] + (" (normalize_obs)" if r.get("normalize_obs") else "")
+        algo = _algo_label(r)
         print(f"| {r['dataset']} | {r['data_return']:.1f} ({r['episodes']}, {r['transitions']}) | {algo} | "
               f"{r['framework']} | {r.get('seed', '')} | {r.get('steps', '')} | {score} | {wall} |")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if "error" not in r:
-            algo = r["algo"] + (" (normalize_obs)" if r.get("normalize_obs") else "")
-            groups.setdefault((r["dataset"], algo, r["framework"], r.get("steps")), []).append(r)
+            groups.setdefault((r["dataset"], _algo_label(r), r["framework"], r.get("steps")), []).append(r)
     multi = {k: g for k, g in groups.items() if len({r.get("seed") for r in g}) > 1}
     if not multi:
         return

@@ -11,8 +11,9 @@ sessions, SFT on demonstrations.
   advantages, the clipped update against the engine's recorded logprobs
   (``polar.algorithms.grpo.GRPOLearner``), weights to the engine through the gateway's drain (pause, wait
   in-flight, swap, resume). A step with no usable group (all filtered, or equal rewards in every group)
-  updates nothing, publishes nothing and is logged with ``update_skipped: 1``; with ``kl_coef > 0`` tied
-  groups stay in at advantage 0, so the KL to the reference still trains on them. With ``advantage:
+  updates nothing, publishes nothing and is logged with ``update_skipped: 1``; with ``kl_coef > 0`` a group
+  tied below the best reward seen so far stays in at advantage 0, so the KL to the reference still trains on
+  it (one tied at the best reward is dropped: a KL-only pull would undo what was learned). With ``advantage:
   value_head`` the baseline is the learner's critic instead of the group (``return_batch``: each sample's
   return; any group size, equal rewards included); with ``value_head.freeze_llm`` only the head trains, so
   every step logs ``update_skipped: 1`` (the served weights and policy version stay).
@@ -40,7 +41,7 @@ from polar.metrics.logger import EpisodeWindow
 from polar.rollout.sessions.session import SessionResult
 from polar.trainers.agentic_run import build_stack, heldout_success, load_tasks, policy_options, resolve
 from polar.trainers.lifecycle import run_guard
-from polar.trainers.llm_trainer import group_batch, return_batch
+from polar.trainers.llm_trainer import best_reward, group_batch, return_batch
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch
@@ -153,6 +154,7 @@ class AgentTrainer(TrainingLoop):
         self.eval_tasks: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}
         self._low_signal_steps = 0
+        self.best_reward: float | None = None  # of any usable session so far; a tie below it keeps the KL
         self.history: list[Metrics] = []
         self.stack: Any = None
         self.learner: GRPOLearner | None = None
@@ -253,8 +255,10 @@ class AgentTrainer(TrainingLoop):
             samples, returns, counts = return_batch(batch.data, self.version, kw.max_off_policy_steps)
             upd = self.learner.update(samples, returns=returns) if samples else {}
         else:
+            self.best_reward = best_reward(batch.data, self.best_reward)
             samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage,
-                                                kw.step_advantage, keep_tied=kw.kl_coef > 0)
+                                                kw.step_advantage,
+                                                keep_tied_below=self.best_reward if kw.kl_coef > 0 else None)
             upd = self.learner.update(samples, advs) if samples else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm
@@ -273,13 +277,15 @@ class AgentTrainer(TrainingLoop):
         return self.policy.serving_state_dict()
 
     def learner_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": self.policy.state_dict(), "step": self.iteration}
+        state: dict[str, Any] = {"model": self.policy.state_dict(), "step": self.iteration,
+                                 "best_reward": self.best_reward}
         if self.learner is not None:
             state.update(self.learner.state_dict())
         return state
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["model"])
+        self.best_reward = state.get("best_reward")  # None in checkpoints from before it was kept
         if self.learner is not None and "optimizer" in state:
             self.learner.load_state_dict(state)
         state.setdefault("iteration", state.get("step", 0))  # checkpoints written before the one loop

@@ -90,9 +90,9 @@ def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
     assert stats["groups_signal_share"] == 1 / 3  # one of the three groups carried a signal
 
 
-def test_group_batch_keeps_tied_groups_at_advantage_zero_when_a_kl_term_needs_them():
+def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_for_the_kl():
     from polar.rollout.sessions.session import SessionResult, SessionStatus
-    from polar.trainers.llm_trainer import group_batch
+    from polar.trainers.llm_trainer import best_reward, group_batch
     from polar.types import TrajectorySample
 
     def res(reward, i, group):
@@ -104,11 +104,25 @@ def test_group_batch_keeps_tied_groups_at_advantage_zero_when_a_kl_term_needs_th
     tied = [res(0.0, 0, "b"), res(0.0, 1, "b"), res(0.0, 2, "b")]
     dropped, _, stats = group_batch([signal, tied], 0, 0, "mean_std")
     assert [s.session_id for s in dropped] == ["a0", "a1"] and stats["groups_no_signal"] == 1
-    kept, advs, stats = group_batch([signal, tied], 0, 0, "mean_std", keep_tied=True)
+    best = best_reward([signal, tied], None)
+    assert best == 1.0
+    kept, advs, stats = group_batch([signal, tied], 0, 0, "mean_std", keep_tied_below=best)
     assert [s.session_id for s in kept] == ["a0", "a1", "b0", "b1", "b2"]
     assert advs[0] > 0 > advs[1] and advs[2:] == [0.0, 0.0, 0.0]
     assert stats["groups_no_signal"] == 1 and stats["groups_tied_kept"] == 1 and stats["groups_used"] == 1
     assert stats["groups_signal_share"] == 0.5  # a kept tied group still carries no signal
+
+    # every session reached the best outcome seen (a converged policy): no KL-only step pulls it back
+    solved = [res(1.0, 0, "c"), res(1.0, 1, "c")]
+    assert best_reward([solved], best) == 1.0
+    samples, _, stats = group_batch([solved], 0, 0, "mean_std", keep_tied_below=best_reward([solved], best))
+    assert samples == [] and stats["groups_tied_at_best"] == 1 and stats.get("groups_tied_kept", 0) == 0
+    # the same tie after a better reward was seen (a policy that fell back onto a worse answer) keeps the KL
+    samples, _, stats = group_batch([solved], 0, 0, "mean_std", keep_tied_below=best_reward([solved], 2.0))
+    assert [s.session_id for s in samples] == ["c0", "c1"] and stats["groups_tied_kept"] == 1
+    # the best is over usable sessions: an ERROR session's reward does not count
+    failed = SessionResult("c2", "c", "c", 2, SessionStatus.ERROR, reward=5.0, samples=[])
+    assert best_reward([[*solved, failed]], None) == 1.0 and best_reward([], None) is None
 
 
 def test_heldout_success_uses_the_verifiers_verdict_not_a_shaped_reward():
