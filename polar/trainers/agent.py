@@ -233,9 +233,13 @@ class AgentTrainer(TrainingLoop):
                                "demonstrations": len(demos), "time_s": round(time.monotonic() - ts, 1)}
         log.info("SFT: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
 
-    def _warn_on_low_signal(self, share: float, group_size: int) -> None:
+    def _warn_on_low_signal(self, counts: Metrics, group_size: int) -> None:
         """Say so when most groups carry no signal (GRPO learns only from groups whose rewards differ), with
-        what helps; once at the first such step, then every 10th, so a long run's log stays readable."""
+        what helps; once at the first such step, then every 10th, so a long run's log stays readable. Groups
+        tied at the best reward seen are left out: every session there did as well as any has, which is
+        convergence, not a missing signal."""
+        open_groups = counts.get("groups", 0) - counts.get("groups_tied_at_best", 0)
+        share = counts.get("groups_used", 0) / open_groups if open_groups > 0 else 1.0
         if share >= LOW_SIGNAL_SHARE:
             return
         self._low_signal_steps += 1
@@ -257,15 +261,14 @@ class AgentTrainer(TrainingLoop):
         else:
             self.best_reward = best_reward(batch.data, self.best_reward)
             samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage,
-                                                kw.step_advantage,
-                                                keep_tied_below=self.best_reward if kw.kl_coef > 0 else None)
+                                                kw.step_advantage, best=self.best_reward, keep_tied=kw.kl_coef > 0)
             upd = self.learner.update(samples, advs) if samples else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm
         if not samples:  # a step with no usable group changed no weight: no swap, no new version
             log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", self.iteration + 1,
                      ", ".join(f"{k} {v:g}" for k, v in counts.items() if k.startswith("groups_")))
-        self._warn_on_low_signal(counts.get("groups_signal_share", 1.0), kw.group_size)
+        self._warn_on_low_signal(counts, kw.group_size)
         if "policy_loss" in upd:
             upd["pg_loss"] = upd.pop("policy_loss")
         rewards = batch.episode_returns

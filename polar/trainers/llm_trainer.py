@@ -37,20 +37,21 @@ def _stale(usable: list[SessionResult], current_version: int, max_off_policy_ste
 
 
 def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
-                step: StepAdvantageConfig | None = None, keep_tied_below: float | None = None
+                step: StepAdvantageConfig | None = None, best: float | None = None, keep_tied: bool = False
                 ) -> tuple[list[TrajectorySample], list[float | list[float]], dict[str, float]]:
     """Trainable samples with their advantages, plus counts. Without ``step`` a sample's advantage is its
     session's (one float, shared by its samples); with it (GiGPO) each sample gets one advantage per token:
     the session's plus ``step.weight`` x the step advantage of the turn whose call sampled the token.
 
-    A group whose rewards (and turns) all tie teaches the surrogate nothing and is dropped, unless it tied
-    below ``keep_tied_below`` (with ``kl_coef > 0``, the best session reward the run has seen): then its
-    samples stay at advantage 0, so the KL to the reference still applies to them (``groups_tied_kept``).
-    Without that, a policy that has collapsed onto one worse behaviour ties every group, and the penalty
-    meant to hold it near the reference never acts. A group tied *at* the best reward (every session reached
-    the best outcome seen) is dropped all the same (``groups_tied_at_best``): the policy is where training
-    is taking it, and a step that is the KL alone (Adam scales even a small gradient to a full step) pulls
-    it back toward the reference; on FrozenLake one such step took held-out success from 177/200 to 88/200."""
+    A group whose rewards (and turns) all tie teaches the surrogate nothing and is dropped, unless
+    ``keep_tied`` (``kl_coef > 0``) and it tied below ``best`` (the best session reward the run has seen):
+    then its samples stay at advantage 0, so the KL to the reference still applies to them
+    (``groups_tied_kept``). Without that, a policy that has collapsed onto one worse behaviour ties every
+    group, and the penalty meant to hold it near the reference never acts. A group tied *at* ``best``
+    (every session reached the best outcome seen; ``groups_tied_at_best``) is dropped all the same: the
+    policy is where training is taking it, and a step that is the KL alone (Adam scales even a small
+    gradient to a full step) pulls it back toward the reference; on FrozenLake one such step took held-out
+    success from 177/200 to 88/200."""
     samples: list[TrajectorySample] = []
     advs: list[float | list[float]] = []
     stats: defaultdict[str, float] = defaultdict(float)
@@ -67,10 +68,10 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
         by_call = _turn_advantages(usable, step, stats) if step is not None else None
         if float(adv.abs().max()) == 0.0 and not (by_call and any(v for c in by_call for v in c.values())):
             stats["groups_no_signal"] += 1
-            if keep_tied_below is None:
-                continue
-            if usable[0].reward >= keep_tied_below:
+            if best is not None and usable[0].reward >= best:  # type: ignore[operator]
                 stats["groups_tied_at_best"] += 1
+                continue
+            if not keep_tied:
                 continue
             stats["groups_tied_kept"] += 1
             by_call = None  # every advantage is 0: one float a sample
@@ -88,6 +89,7 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
                                                                                         strict=True)])
     # the share of groups whose rewards differ (GRPO learns only from those): low means most of the step's
     # sessions taught nothing; a larger group, partial-credit rewards or an SFT warm-up help
+    stats["groups"] = len(groups)
     stats["groups_signal_share"] = stats["groups_used"] / max(1, len(groups))
     if "step_advantage_abs_sum" in stats:  # the mean |step advantage| over the step's turns (before weight)
         stats["step_advantage_abs_mean"] = stats.pop("step_advantage_abs_sum") / max(1.0, stats["turns"])

@@ -106,7 +106,7 @@ def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_f
     assert [s.session_id for s in dropped] == ["a0", "a1"] and stats["groups_no_signal"] == 1
     best = best_reward([signal, tied], None)
     assert best == 1.0
-    kept, advs, stats = group_batch([signal, tied], 0, 0, "mean_std", keep_tied_below=best)
+    kept, advs, stats = group_batch([signal, tied], 0, 0, "mean_std", best=best, keep_tied=True)
     assert [s.session_id for s in kept] == ["a0", "a1", "b0", "b1", "b2"]
     assert advs[0] > 0 > advs[1] and advs[2:] == [0.0, 0.0, 0.0]
     assert stats["groups_no_signal"] == 1 and stats["groups_tied_kept"] == 1 and stats["groups_used"] == 1
@@ -115,11 +115,14 @@ def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_f
     # every session reached the best outcome seen (a converged policy): no KL-only step pulls it back
     solved = [res(1.0, 0, "c"), res(1.0, 1, "c")]
     assert best_reward([solved], best) == 1.0
-    samples, _, stats = group_batch([solved], 0, 0, "mean_std", keep_tied_below=best_reward([solved], best))
+    samples, _, stats = group_batch([solved], 0, 0, "mean_std", best=best_reward([solved], best), keep_tied=True)
     assert samples == [] and stats["groups_tied_at_best"] == 1 and stats.get("groups_tied_kept", 0) == 0
     # the same tie after a better reward was seen (a policy that fell back onto a worse answer) keeps the KL
-    samples, _, stats = group_batch([solved], 0, 0, "mean_std", keep_tied_below=best_reward([solved], 2.0))
+    samples, _, stats = group_batch([solved], 0, 0, "mean_std", best=best_reward([solved], 2.0), keep_tied=True)
     assert [s.session_id for s in samples] == ["c0", "c1"] and stats["groups_tied_kept"] == 1
+    # without a KL term a tie at the best is counted all the same (the low-signal warning leaves it out)
+    samples, _, stats = group_batch([solved, tied], 0, 0, "mean_std", best=1.0)
+    assert samples == [] and stats["groups_tied_at_best"] == 1 and stats["groups_no_signal"] == 2
     # the best is over usable sessions: an ERROR session's reward does not count
     failed = SessionResult("c2", "c", "c", 2, SessionStatus.ERROR, reward=5.0, samples=[])
     assert best_reward([[*solved, failed]], None) == 1.0 and best_reward([], None) is None
@@ -210,3 +213,19 @@ def test_step_advantage_config_is_refused_where_it_has_no_turns(tmp_path):
                            "policy: {type: grpo, kwargs: {advantage: value_head, step_advantage: {}}}\n")
     with pytest.raises(ConfigError, match="use one of them"):
         load_config(with_critic)
+
+
+def test_low_signal_warning_leaves_out_groups_tied_at_the_best_reward(caplog):
+    """A converged step (every group tied at the best reward seen) is not a missing signal: no advice to
+    enlarge the group; a step whose groups tied below the best still gets it."""
+    from types import SimpleNamespace
+
+    from polar.trainers.agent import AgentTrainer
+
+    trainer = SimpleNamespace(_low_signal_steps=0, iteration=26)
+    warn = AgentTrainer._warn_on_low_signal
+    with caplog.at_level("WARNING", logger="polar.trainers.agent"):
+        warn(trainer, {"groups": 2, "groups_used": 0, "groups_no_signal": 2, "groups_tied_at_best": 2}, 16)
+        assert not caplog.records and trainer._low_signal_steps == 0
+        warn(trainer, {"groups": 2, "groups_used": 0, "groups_no_signal": 2, "groups_tied_at_best": 1}, 16)
+    assert len(caplog.records) == 1 and "only 0% of the groups carry a signal" in caplog.text
