@@ -41,7 +41,7 @@ from polar.metrics.logger import EpisodeWindow
 from polar.rollout.sessions.session import SessionResult
 from polar.trainers.agentic_run import build_stack, heldout_success, load_tasks, policy_options, resolve
 from polar.trainers.lifecycle import run_guard
-from polar.trainers.llm_trainer import best_reward, group_batch, return_batch
+from polar.trainers.llm_trainer import best_reward, group_batch, return_batch, reward_range
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch
@@ -154,7 +154,7 @@ class AgentTrainer(TrainingLoop):
         self.eval_tasks: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}
         self._low_signal_steps = 0
-        self.best_reward: float | None = None  # of any usable session so far; a tie below it keeps the KL
+        self.reward_range: tuple[float, float] | None = None  # of any usable session so far (best_reward)
         self.history: list[Metrics] = []
         self.stack: Any = None
         self.learner: GRPOLearner | None = None
@@ -259,9 +259,10 @@ class AgentTrainer(TrainingLoop):
             samples, returns, counts = return_batch(batch.data, self.version, kw.max_off_policy_steps)
             upd = self.learner.update(samples, returns=returns) if samples else {}
         else:
-            self.best_reward = best_reward(batch.data, self.best_reward)
+            self.reward_range = reward_range(batch.data, self.reward_range)
             samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage,
-                                                kw.step_advantage, best=self.best_reward, keep_tied=kw.kl_coef > 0)
+                                                kw.step_advantage, best=best_reward(self.reward_range),
+                                                keep_tied=kw.kl_coef > 0)
             upd = self.learner.update(samples, advs) if samples else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm
@@ -281,14 +282,15 @@ class AgentTrainer(TrainingLoop):
 
     def learner_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": self.policy.state_dict(), "step": self.iteration,
-                                 "best_reward": self.best_reward}
+                                 "reward_range": list(self.reward_range) if self.reward_range else None}
         if self.learner is not None:
             state.update(self.learner.state_dict())
         return state
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["model"])
-        self.best_reward = state.get("best_reward")  # None in checkpoints from before it was kept
+        seen = state.get("reward_range")  # None in checkpoints from before it was kept
+        self.reward_range = (float(seen[0]), float(seen[1])) if seen else None
         if self.learner is not None and "optimizer" in state:
             self.learner.load_state_dict(state)
         state.setdefault("iteration", state.get("step", 0))  # checkpoints written before the one loop

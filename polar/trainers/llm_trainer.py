@@ -96,13 +96,20 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
     return samples, advs, dict(stats)
 
 
-def best_reward(groups: Groups, best_so_far: float | None) -> float | None:
-    """The best reward of any usable session so far: ``best_so_far`` and this step's ``groups`` (None when
-    neither has one). A tied group below it is one the KL should still act on (``group_batch``)."""
+def reward_range(groups: Groups, seen: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The lowest and highest reward of any usable session so far: ``seen`` widened by this step's ``groups``
+    (None while neither has one)."""
     rewards = [float(r.reward) for group in groups for r in _usable(group)]  # type: ignore[arg-type]
-    if best_so_far is not None:
-        rewards.append(best_so_far)
-    return max(rewards, default=None)
+    if seen is not None:
+        rewards.extend(seen)
+    return (min(rewards), max(rewards)) if rewards else None
+
+
+def best_reward(seen: tuple[float, float] | None) -> float | None:
+    """The best reward seen, once some session has done worse (``group_batch``'s ``best``). Before that every
+    reward so far is the same: a tie at it is a policy that has not found a better outcome yet, not one that
+    has converged on the best."""
+    return seen[1] if seen is not None and seen[0] < seen[1] else None
 
 
 def _turn_advantages(usable: list[SessionResult], step: StepAdvantageConfig, stats: defaultdict[str, float]

@@ -92,7 +92,7 @@ def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
 
 def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_for_the_kl():
     from polar.rollout.sessions.session import SessionResult, SessionStatus
-    from polar.trainers.llm_trainer import best_reward, group_batch
+    from polar.trainers.llm_trainer import best_reward, group_batch, reward_range
     from polar.types import TrajectorySample
 
     def res(reward, i, group):
@@ -104,8 +104,9 @@ def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_f
     tied = [res(0.0, 0, "b"), res(0.0, 1, "b"), res(0.0, 2, "b")]
     dropped, _, stats = group_batch([signal, tied], 0, 0, "mean_std")
     assert [s.session_id for s in dropped] == ["a0", "a1"] and stats["groups_no_signal"] == 1
-    best = best_reward([signal, tied], None)
-    assert best == 1.0
+    seen = reward_range([signal, tied], None)
+    assert seen == (0.0, 1.0) and best_reward(seen) == 1.0
+    best = best_reward(seen)
     kept, advs, stats = group_batch([signal, tied], 0, 0, "mean_std", best=best, keep_tied=True)
     assert [s.session_id for s in kept] == ["a0", "a1", "b0", "b1", "b2"]
     assert advs[0] > 0 > advs[1] and advs[2:] == [0.0, 0.0, 0.0]
@@ -114,18 +115,22 @@ def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_f
 
     # every session reached the best outcome seen (a converged policy): no KL-only step pulls it back
     solved = [res(1.0, 0, "c"), res(1.0, 1, "c")]
-    assert best_reward([solved], best) == 1.0
-    samples, _, stats = group_batch([solved], 0, 0, "mean_std", best=best_reward([solved], best), keep_tied=True)
+    seen = reward_range([solved], seen)
+    assert seen == (0.0, 1.0)
+    samples, _, stats = group_batch([solved], 0, 0, "mean_std", best=best_reward(seen), keep_tied=True)
     assert samples == [] and stats["groups_tied_at_best"] == 1 and stats.get("groups_tied_kept", 0) == 0
     # the same tie after a better reward was seen (a policy that fell back onto a worse answer) keeps the KL
-    samples, _, stats = group_batch([solved], 0, 0, "mean_std", best=best_reward([solved], 2.0), keep_tied=True)
+    samples, _, stats = group_batch([solved], 0, 0, "mean_std", best=best_reward(reward_range([solved], (0.0, 2.0))),
+                                    keep_tied=True)
     assert [s.session_id for s in samples] == ["c0", "c1"] and stats["groups_tied_kept"] == 1
     # without a KL term a tie at the best is counted all the same (the low-signal warning leaves it out)
     samples, _, stats = group_batch([solved, tied], 0, 0, "mean_std", best=1.0)
     assert samples == [] and stats["groups_tied_at_best"] == 1 and stats["groups_no_signal"] == 2
     # the best is over usable sessions: an ERROR session's reward does not count
     failed = SessionResult("c2", "c", "c", 2, SessionStatus.ERROR, reward=5.0, samples=[])
-    assert best_reward([[*solved, failed]], None) == 1.0 and best_reward([], None) is None
+    assert reward_range([[*solved, failed]], None) == (1.0, 1.0) and reward_range([], None) is None
+    # a run where every reward so far is the same has no best yet: its ties are not convergence
+    assert best_reward(reward_range([tied], None)) is None and best_reward(None) is None
 
 
 def test_heldout_success_uses_the_verifiers_verdict_not_a_shaped_reward():

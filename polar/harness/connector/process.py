@@ -49,6 +49,9 @@ _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
 # Small on purpose: with fresh seeds per restart, a crash that rare gives up with a probability of about
 # (1 - exp(-10 / few hundred)) ** (max_restarts + 1), i.e. never, however long the run.
 HEALTHY_ENV_STEPS = 10
+# how long an error message waits for a dead process's output still in the pipe (bounded: a grandchild that
+# escaped the process group may hold the pipe open)
+OUTPUT_DRAIN_S = 2.0
 SEED_KEY = "seed"
 REPLY_KEYS = {"init": ("action_space",), "reset": ("obs",), "step": ("obs", "rewards", "terminated", "truncated")}
 
@@ -135,6 +138,7 @@ class ConnectorProcess:
         self.dead_reason: str | None = None
         self.last_io = time.monotonic()
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._drain_thread: threading.Thread | None = None
         self._proc: subprocess.Popen | None = None
         self._conn: FrameSocket | None = None
         self._tmpdir: str | None = None
@@ -190,7 +194,9 @@ class ConnectorProcess:
             cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        threading.Thread(target=self._drain, args=(self._proc,), daemon=True, name=f"polar-{self.label}-out").start()
+        self._drain_thread = threading.Thread(target=self._drain, args=(self._proc,), daemon=True,
+                                              name=f"polar-{self.label}-out")
+        self._drain_thread.start()
         self.dead_reason = None
         self.steps_since_start = 0
 
@@ -239,7 +245,6 @@ class ConnectorProcess:
                 break
             except TimeoutError:
                 if self._proc.poll() is not None:
-                    time.sleep(0.05)  # let the drain thread catch the last lines
                     raise ProcessFailed(f"the process exited with code {self._proc.returncode} before connecting") from None
                 if time.monotonic() > deadline:
                     raise ProcessFailed(f"the process did not connect within start_timeout_s={self.spec.start_timeout_s}") from None
@@ -313,6 +318,10 @@ class ConnectorProcess:
         return self._proc.pid if self._proc else None
 
     def tail_text(self, n: int = 15) -> str:
+        """The process's last output lines, for an error message. Once it has exited, the drain thread is given
+        up to OUTPUT_DRAIN_S to read what is still in the pipe: its last words are the ones that explain it."""
+        if self._proc is not None and self._proc.poll() is not None and self._drain_thread is not None:
+            self._drain_thread.join(OUTPUT_DRAIN_S)
         lines = list(self._tail)[-n:]
         if not lines:
             return " It printed nothing."
