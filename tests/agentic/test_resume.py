@@ -10,7 +10,7 @@ import torch
 from polar.config import load_config
 from polar.metrics.logger import read_metrics
 from polar.trainers.agent import train_agentic
-from polar.trainers.checkpoint import load_checkpoint
+from polar.trainers.checkpoint import load_checkpoint, save_checkpoint
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import HERE, write_jsonl
 
@@ -52,8 +52,14 @@ def test_agentic_grpo_run_resumes_from_its_last_checkpoint(tmp_path):
     run_dir = RunDir.create("resume", tmp_path / "run")
     first = train_agentic(_config(tmp_path, 2), run_dir, engine=load_engine("tiny"))
     assert first["grpo"]["steps"] == 2 and "sft" in first
-    ckpt = load_checkpoint(sorted(run_dir.checkpoints_dir.glob("ckpt_*.pt"))[-1])
+    last = sorted(run_dir.checkpoints_dir.glob("ckpt_*.pt"))[-1]
+    ckpt = load_checkpoint(last)
     assert ckpt["step"] == 2
+    # the rewards seen so far (what tells a tie at the best reward from one below it) are in the checkpoint;
+    # widened here so that the resumed run can only end with this range if it restored and kept it
+    assert ckpt["reward_range"] is not None and ckpt["reward_range"][0] <= ckpt["reward_range"][1]
+    ckpt["reward_range"] = [-100.0, 100.0]
+    save_checkpoint(last, ckpt)
 
     before = run_dir.path / "eval" / "before_grpo.json"
     before_written = before.stat().st_mtime_ns
@@ -88,3 +94,4 @@ def test_agentic_grpo_run_resumes_from_its_last_checkpoint(tmp_path):
     assert [r["policy_version"] for r in rows[2:]] == [ckpt["policy_version"] + sum(s <= step for s in updated)
                                                        for step in (3, 4)]
     assert sorted(p.name for p in run_dir.checkpoints_dir.glob("ckpt_*.pt"))[-1] == "ckpt_00000004.pt"
+    assert load_checkpoint(run_dir.checkpoints_dir / "ckpt_00000004.pt")["reward_range"] == [-100.0, 100.0]
