@@ -43,7 +43,7 @@ from typing import Any
 
 from polar.errors import HarnessError
 from polar.harness.agent.process import ProcessLimits, ProcessResult, run_process
-from polar.harness.agent.sandbox import NOBODY, bwrap_args, bwrap_unusable, setpriv_args
+from polar.harness.agent.sandbox import NOBODY, _chown_tree, bwrap_args, bwrap_unusable, setpriv_args
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class CopyReport:
     dropped_links: list[str] = field(default_factory=list)  # links that point out of the copy
     skipped: list[str] = field(default_factory=list)  # FIFOs, sockets, devices
     removed: list[str] = field(default_factory=list)  # files the task owns, taken out of the copy
+    keep_task_owned: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"files": self.files, "bytes": self.bytes, "dropped_links": self.dropped_links[:50],
@@ -208,11 +209,13 @@ def _task_owned(name: str) -> bool:
 
 
 def copy_workspace(src: Path, dst: Path, *, owner: int | None = None, max_bytes: int = 256 << 20,
-                   max_files: int = 20_000, report: CopyReport | None = None) -> CopyReport:
-    """Copy ``src`` into the empty folder ``dst`` without following any link: files the task owns,
-    caches and CLI state are left out; links are kept only when they point inside the copy; FIFOs,
-    sockets and devices are skipped. Over ``max_bytes`` or ``max_files`` it raises WorkspaceRefused."""
+                   max_files: int = 20_000, report: CopyReport | None = None, keep_task_owned: bool = False) -> CopyReport:
+    """Copy ``src`` into the empty folder ``dst`` without following any link: files the task owns (unless
+    ``keep_task_owned``: a copy to diff, not to run), caches and CLI state are left out; links are kept only
+    when they point inside the copy; FIFOs, sockets and devices are skipped. Over ``max_bytes`` or
+    ``max_files`` it raises WorkspaceRefused."""
     report = report or CopyReport()
+    report.keep_task_owned = keep_task_owned
     src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     dst_fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -244,7 +247,7 @@ def _copy_dir(src_fd: int, dst_fd: int, rel: str, owner: int | None, max_bytes: 
             finally:
                 os.close(s)
                 os.close(d)
-        elif _task_owned(name):
+        elif name.endswith((".pyc", ".pyo")) or (_task_owned(name) and not report.keep_task_owned):
             report.removed.append(path)
         elif stat.S_ISLNK(st.st_mode):
             target = os.readlink(name, dir_fd=src_fd)
@@ -325,6 +328,11 @@ def restore_from_task(copy: Path, task_root: Path, rels: Iterable[str] = (), *, 
         write_nofollow(copy, rel, data, owner=owner)
         restored.append(rel)
     return restored
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    """Give ``path`` and everything under it to ``uid`` (links themselves, never their targets)."""
+    _chown_tree(path, uid, uid)
 
 
 def _remove_tree(path: Path) -> None:
@@ -479,3 +487,62 @@ class VerifySandbox:
         if len(fields) == 3 and secrets.compare_digest(fields[0], nonce) and fields[1].lstrip("-").isdigit():
             code, how = int(fields[1]), fields[2]
         return IsolatedRun(res, code, how, self.isolation, signal_of(res.returncode, wrapped=self.isolated))
+
+
+#: The pytest configuration polar gives with ``-c``: the workspace's own ini files, ``addopts`` and plugin
+#: entry points never apply.
+PYTEST_INI = "[pytest]\naddopts =\njunit_family = xunit1\n"
+
+
+@dataclass
+class PytestRun:
+    """Per-test outcomes (``PASSED``/``FAILED``/``SKIPPED``; ``MISSING`` when the report lacks a test) and
+    whether the run counts: the runner's verdict arrived, pytest exited 0, and the report agrees."""
+
+    outcomes: dict[str, str]
+    all_passed: bool
+    run: IsolatedRun
+    why: str | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {**self.run.details(), "tests": self.outcomes, "all_passed": self.all_passed,
+                **({"why": self.why} if self.why else {})}
+
+
+async def run_pytest(box: VerifySandbox, tests: list[str], extra_args: Iterable[str] = ()) -> PytestRun:
+    """Run pytest on ``box.work`` for the node ids ``tests`` with polar's config (``-c``), the copy as
+    rootdir and confcutdir, no cache, plugin autoload off, append import mode (a workspace module cannot
+    shadow pytest or the standard library), and the junit report written to ``out/``."""
+    import xml.etree.ElementTree as ET
+
+    ini = box.write_polar_file("pytest.ini", PYTEST_INI)
+    report = box.out / "report.xml"
+    args = ["-c", str(ini), f"--rootdir={box.work}", f"--confcutdir={box.work}", "-p", "no:cacheprovider",
+            "--import-mode=append", "-q", f"--junitxml={report}", *extra_args, *tests]
+    run = await box.run("pytest", args)
+    outcomes = {t: "MISSING" for t in tests}
+    raw = read_untrusted(report, 16 << 20)
+    if raw is not None:
+        try:
+            root = ET.fromstring(raw)
+        except ET.ParseError:
+            root = None
+        for case in root.iter("testcase") if root is not None else ():
+            file = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+            test_id = f"{file}::{case.get('name')}"
+            status = "PASSED"
+            for child in case:
+                if child.tag in ("failure", "error"):
+                    status = "FAILED"
+                elif child.tag == "skipped" and status == "PASSED":
+                    status = "SKIPPED"
+            if test_id in outcomes:
+                outcomes[test_id] = status if outcomes[test_id] in ("MISSING", "PASSED") else outcomes[test_id]
+    why = run.why_not()
+    if why is None and run.exit_code != 0:
+        why = f"pytest exited {run.exit_code}"
+    elif why is None and run.how != "completed":
+        why = f"the runner ended as {run.how!r}"
+    elif why is None and any(s != "PASSED" for s in outcomes.values()):
+        why = "pytest exited 0 but its report does not show every test passed"
+    return PytestRun(outcomes, why is None, run, why)
