@@ -353,12 +353,10 @@ def test_code_running_verifiers_refuse_without_bwrap_unless_trusted_workspace(
     """With no bubblewrap on PATH, python_tests, swe_grader and humaneval refuse to run the workspace's code
     and name the key that allows it; ``trusted_workspace: true`` runs it, and the log says what that means."""
     from polar.config.agentic import VerifierConfig
-    from polar.harness.agent import isolation
     from polar.harness.agent.verifiers import build_verifier
     from polar.harness.benchmarks import humaneval
 
     monkeypatch.setenv("PATH", _path_without_bwrap(tmp_path))
-    monkeypatch.setattr(isolation, "_WARNED", set())
     assert bwrap_unusable() is not None
     with pytest.raises(HarnessError, match="trusted_workspace: true") as e:
         build_verifier(VerifierConfig(type="python_tests"))
@@ -372,6 +370,9 @@ def test_code_running_verifiers_refuse_without_bwrap_unless_trusted_workspace(
     with pytest.raises(HarnessError, match="trusted_workspace: true"):
         asyncio.run(humaneval.verify(he_task, "    return 1\n", tmp_path / "he"))
 
+    from polar.harness.agent import isolation
+
+    monkeypatch.setattr(isolation, "_WARNED", set())  # the log line is said once per verifier and process
     sol = tmp_path / "sol"
     sol.mkdir()
     (sol / "sol.py").write_text("def add(a, b):\n    return a + b\n")
@@ -381,3 +382,24 @@ def test_code_running_verifiers_refuse_without_bwrap_unless_trusted_workspace(
     assert verdict.reward == 1.0 and verdict.details["isolation"]["runtime"] == "none (trusted_workspace)"
     said = [r.getMessage() for r in caplog.records if "trusted_workspace: true" in r.getMessage()]
     assert len(said) == 1 and "runs on this host" in said[0] and "never for a model's output" in said[0], said
+
+
+# ---- workspace checks ------------------------------------------------------------------------------------
+
+
+def test_workspace_check_planted_link_or_fifo_fails_the_check_without_reading_the_host(tmp_path: Path) -> None:
+    """``workspace`` only reads; a link the agent planted out of the workspace (to a host secret) fails its
+    check instead of being read (or raising, which made the session ERROR), and a FIFO does not hang it."""
+    from polar.harness.agent.verifiers import WorkspaceCheck
+
+    secret = tmp_path / "host_secret.txt"
+    secret.write_text("TOKEN-123\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "answer.txt").symlink_to(secret)
+    os.mkfifo(ws / "pipe.txt")
+    (ws / "ok.txt").write_text("42\n")
+    checks = {"answer.txt": "TOKEN", "pipe.txt": "", "ok.txt": "42"}
+    verdict = asyncio.run(asyncio.wait_for(
+        WorkspaceCheck(files=checks, strict=False)(VerifyInput(task={}, output="", workspace=ws)), timeout=20))
+    assert verdict.details["checks"] == {"answer.txt": False, "pipe.txt": False, "ok.txt": True}, verdict.details
