@@ -23,6 +23,7 @@ from typing import Any
 
 from polar.harness.agent.isolation import (
     VerifySandbox,
+    WorkspaceRefused,
     chown_tree,
     copy_workspace,
     restore_from_task,
@@ -95,7 +96,7 @@ async def run_tests(task: dict[str, Any], repo: Path, patch: str, trusted_worksp
     tests = [*task.get("fail_to_pass", []), *task.get("pass_to_pass", [])]
     with VerifySandbox("swe_grader", trusted_workspace=trusted_workspace, timeout_s=timeout_s,
                        cpu_time_s=int(timeout_s), memory_mb=2048) as box:
-        box.copy_in(repo)  # the task's clean repository
+        box.copy_in(repo, keep_task_owned=True)  # the task's clean repository, whole, for the patch
         if patch.strip():
             res = _git(box.work, "apply", "--whitespace=nowarn", "-", stdin=patch)
             if res.returncode != 0:
@@ -120,7 +121,10 @@ def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | 
     the verifier config's key: without bubblewrap the tests run only when it is true.
     """
     repo = _repo(task, tasks_root)
-    patch = make_patch(repo, Path(workspace))
+    try:
+        patch = make_patch(repo, Path(workspace))
+    except WorkspaceRefused as e:  # too large or too many files to grade: the session's doing, reward 0
+        return {"reward": 0.0, "resolved": False, "reason": f"workspace refused: {e}", "patch": ""}
     seen = {}
     if harness:
         seen = {"cli": harness.get("cli"), "transcript_events": len(harness.get("transcript") or []),

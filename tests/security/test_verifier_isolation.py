@@ -403,3 +403,37 @@ def test_workspace_check_planted_link_or_fifo_fails_the_check_without_reading_th
     verdict = asyncio.run(asyncio.wait_for(
         WorkspaceCheck(files=checks, strict=False)(VerifyInput(task={}, output="", workspace=ws)), timeout=20))
     assert verdict.details["checks"] == {"answer.txt": False, "pipe.txt": False, "ok.txt": True}, verdict.details
+
+
+@needs_bwrap
+def test_swe_grader_agent_edit_of_the_task_conftest_is_reverted_and_the_fix_still_grades(grader: Any,
+                                                                                          tmp_path: Path) -> None:
+    """A task whose repository has its own ``conftest.py`` (a fixture the tests need): the agent's patch
+    edits it to force passes and also fixes the bug. The patch still applies, the task's conftest is the
+    one that runs (its fixture works, the forcing hook is gone), and the real fix is what resolves."""
+    task = dict({t["id"]: t for t in grader.load_tasks()}["median"])
+    repo = tmp_path / "task-repo"
+    shutil.copytree(task["repo"], repo)
+    (repo / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef answer():\n    return 2.5\n")
+    tests = repo / "tests" / "test_core.py"
+    tests.write_text(tests.read_text() + "\n\ndef test_fixture_from_task_conftest(answer):\n    assert answer == 2.5\n")
+    task.update(repo=str(repo), pass_to_pass=[*task["pass_to_pass"], "tests/test_core.py::test_fixture_from_task_conftest"])
+    marker = tmp_path / "hook-ran-on-host"
+
+    def workspace_with(fix: bool) -> Path:
+        ws = tmp_path / f"ws-{fix}"
+        shutil.copytree(repo, ws)
+        (ws / "conftest.py").write_text((ws / "conftest.py").read_text() + FORCE_PASS_HOOK.format(marker=str(marker)))
+        if fix:
+            import subprocess
+
+            subprocess.run(["git", "apply", "-"], cwd=ws, check=True, text=True,
+                           input=(Path(grader.HERE) / "tasks" / "median" / "gold.patch").read_text())
+        return ws
+
+    unfixed = grader.grade(task, workspace_with(False))
+    assert unfixed["reward"] == 0.0, unfixed
+    assert unfixed["fail_to_pass"]["tests/test_core.py::test_median_even"] == "FAILED", unfixed
+    fixed = grader.grade(task, workspace_with(True))
+    assert fixed["reward"] == 1.0 and fixed["resolved"], fixed
+    assert not marker.exists()

@@ -444,11 +444,15 @@ class VerifySandbox:
                 "network": "none" if self.isolated else "host",
                 "user": "nobody" if self.uid is not None else f"uid {os.geteuid()}"}
 
-    def copy_in(self, workspace: Path, **limits: int) -> CopyReport:
-        """Copy the workspace (the untrusted part) into ``work/``."""
+    def copy_in(self, workspace: Path, max_bytes: int = 256 << 20, max_files: int = 20_000,
+                keep_task_owned: bool = False) -> CopyReport:
+        """Copy a folder into ``work/``: the workspace (files the task owns left out), or with
+        ``keep_task_owned`` the task's own clean repository (a patch applies to it whole; :func:`sanitize`
+        and :func:`restore_from_task` run after)."""
         if not workspace.is_dir():
             raise HarnessError(f"verifier {self.verifier}: workspace {workspace} is not a folder")
-        return copy_workspace(workspace, self.work, owner=self.uid, report=self.report, **limits)
+        return copy_workspace(workspace, self.work, owner=self.uid, report=self.report, max_bytes=max_bytes,
+                              max_files=max_files, keep_task_owned=keep_task_owned)
 
     def write_polar_file(self, name: str, text: str) -> Path:
         """A file polar owns (tests, the pytest config): read-only to the code."""

@@ -85,15 +85,14 @@ _SIGNAL_WHY: dict[int, str] = {int(signal.SIGXCPU): "SIGXCPU: the CPU time limit
                                int(signal.SIGXFSZ): "SIGXFSZ: the file size limit", int(signal.SIGSEGV): "SIGSEGV"}
 
 
-async def run_sandboxed(code: str, workspace: Path | None = None, timeout_s: float = 10.0, memory_mb: int = 1024,
-                        cpu_time_s: int = 10, max_processes: int = 32,
-                        trusted_workspace: bool = False) -> dict[str, Any]:
+async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, cpu_time_s: int = 10,
+                        max_processes: int = 32, trusted_workspace: bool = False) -> dict[str, Any]:
     """Run ``code`` as a Python file in a no-network sandbox (:class:`VerifySandbox`: bubblewrap, ``nobody``,
     limits, a fresh folder as its working directory); ``{passed, result, returncode, timed_out, ...}``.
 
     It passes only when the file runs to its end (the runner's verdict): a completion that calls
-    ``os._exit(0)`` or raises ``SystemExit`` before ``check`` finishes fails. ``workspace`` is not used by
-    the run (the code never sees the session's folder); it is kept for callers that pass it."""
+    ``os._exit(0)`` or raises ``SystemExit`` before ``check`` finishes fails. The code never sees the
+    session's workspace, only a fresh folder."""
     python, ro = _python()
     with VerifySandbox("humaneval", trusted_workspace=trusted_workspace, timeout_s=timeout_s, cpu_time_s=cpu_time_s,
                        memory_mb=memory_mb, file_size_mb=16, max_processes=max_processes, open_files=64,
@@ -135,8 +134,8 @@ async def verify(task: dict[str, Any], output: str, workspace: Path, timeout_s: 
     for key in ("code_prompt", "test", "entry_point"):
         if key not in task:
             raise HarnessError(f"verifier humaneval needs task field {key!r}; use tasks: {{source: humaneval}}")
-    res = await run_sandboxed(program(task, output), Path(workspace) / "humaneval", timeout_s, memory_mb,
-                              cpu_time_s, max_processes, trusted_workspace)
+    res = await run_sandboxed(program(task, output), timeout_s, memory_mb, cpu_time_s, max_processes,
+                              trusted_workspace)
     return {"reward": float(res["passed"]), **res}
 
 
