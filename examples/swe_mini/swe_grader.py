@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.agent.isolation import (
+    CopyReport,
     VerifySandbox,
     WorkspaceRefused,
     chown_tree,
@@ -66,7 +67,7 @@ def _git(cwd: Path, *args: str, stdin: str | None = None) -> subprocess.Complete
     )
 
 
-def make_patch(repo: Path, workspace: Path) -> str:
+def make_patch(repo: Path, workspace: Path, report: CopyReport | None = None) -> str:
     """``git diff`` of ``workspace`` against ``repo`` (binary-safe), ignoring CLI state and caches.
 
     The workspace is copied without following links (a link out of it is dropped, a FIFO skipped), so
@@ -80,7 +81,8 @@ def make_patch(repo: Path, workspace: Path) -> str:
         for child in d.iterdir():
             if child.name != ".git":
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        copy_workspace(workspace, d, keep_task_owned=True)  # the diff shows a planted conftest.py; grading drops it
+        # the diff shows a planted conftest.py (grading drops it); links out of the workspace never enter it
+        copy_workspace(workspace, d, keep_task_owned=True, report=report)
         _git(d, "add", "-A")
         res = _git(d, "diff", "--cached", "--binary", "HEAD")
         if res.returncode != 0:
@@ -121,8 +123,9 @@ def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | 
     the verifier config's key: without bubblewrap the tests run only when it is true.
     """
     repo = _repo(task, tasks_root)
+    copied = CopyReport()
     try:
-        patch = make_patch(repo, Path(workspace))
+        patch = make_patch(repo, Path(workspace), copied)
     except WorkspaceRefused as e:  # too large or too many files to grade: the session's doing, reward 0
         return {"reward": 0.0, "resolved": False, "reason": f"workspace refused: {e}", "patch": ""}
     seen = {}
@@ -147,7 +150,8 @@ def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | 
     if not result["applied"]:
         out["reason"] = f"patch did not apply: {result.get('apply_error', '')}"
     else:
-        out.update(isolation=result["isolation"], removed=result["removed"], dropped_links=result["dropped_links"])
+        out.update(isolation=result["isolation"], removed=result["removed"],
+                   dropped_links=[*copied.dropped_links, *result["dropped_links"]])
         if not resolved:
             out.update(log=result.get("log", ""), reason=result.get("why") or "a test did not pass")
     return out

@@ -437,3 +437,35 @@ def test_swe_grader_agent_edit_of_the_task_conftest_is_reverted_and_the_fix_stil
     fixed = grader.grade(task, workspace_with(True))
     assert fixed["reward"] == 1.0 and fixed["resolved"], fixed
     assert not marker.exists()
+
+
+@needs_bwrap
+def test_swe_grader_symlinked_test_folder_does_not_let_the_restore_write_a_host_folder(grader: Any,
+                                                                                        tmp_path: Path) -> None:
+    """The workspace turns ``tests/`` into a link to a host folder: restoring the task's test file must not
+    create or overwrite a file there (the old grader wrote ``tests/test_core.py`` into it, as root)."""
+    task, ws = _median_ws(grader, tmp_path)
+    host_dir = tmp_path / "host-folder"
+    host_dir.mkdir()
+    shutil.rmtree(ws / "tests")
+    (ws / "tests").symlink_to(host_dir)
+    result = grader.grade(task, ws)
+    assert list(host_dir.iterdir()) == [], "the grader wrote into a host folder through a planted link"
+    assert result["reward"] == 0.0, result
+    assert any(d.startswith("tests") for d in result["dropped_links"]), result
+
+
+def test_the_copy_is_capped_in_files_and_bytes(tmp_path: Path) -> None:
+    """A workspace bloated past the copy's caps is refused (reward 0 with the reason), not copied whole."""
+    from polar.harness.agent.isolation import WorkspaceRefused, copy_workspace
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(5):
+        (ws / f"f{i}.txt").write_bytes(b"x" * 1000)
+    with pytest.raises(WorkspaceRefused, match="more than 3 files"):
+        (tmp_path / "a").mkdir()
+        copy_workspace(ws, tmp_path / "a", max_files=3)
+    with pytest.raises(WorkspaceRefused, match="more than 0 MiB"):
+        (tmp_path / "b").mkdir()
+        copy_workspace(ws, tmp_path / "b", max_bytes=2000)

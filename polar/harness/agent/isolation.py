@@ -79,9 +79,9 @@ def require_isolation(verifier: str, trusted_workspace: bool) -> bool:
         return True
     if not trusted_workspace:
         raise HarnessError(
-            f"verifier {verifier} runs the workspace's code, which is untrusted, and runs it only inside "
-            f"bubblewrap, but {why}; install it (apt-get install -y bubblewrap), or set "
-            f"verifier.{TRUSTED_KEY}: true to run it on this host unisolated (only for workspaces you trust)")
+            f"verifier {verifier} runs code the model wrote (untrusted) and runs it only inside bubblewrap, but "
+            f"{why}; make bubblewrap work, or set verifier.{TRUSTED_KEY}: true to run it on this host unisolated "
+            "(only for code you trust)")
     if verifier not in _WARNED:
         _WARNED.add(verifier)
         log.warning(_trusted_meaning(verifier, why))
@@ -336,14 +336,19 @@ def chown_tree(path: Path, uid: int) -> None:
 
 
 def _remove_tree(path: Path) -> None:
+    """Delete a verify folder, whatever modes the sandboxed code left on it (links are never followed)."""
     def retry(func: Any, p: str, _exc: Any) -> None:
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
         with contextlib.suppress(OSError):
             func(p)
 
-    shutil.rmtree(path, onerror=retry)
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
 
 
 # ---- the sandbox ---------------------------------------------------------------------------------------
