@@ -18,6 +18,10 @@ class VerifierConfig(StrictModel):
     type: str = "exact_match"
     kwargs: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(60.0, gt=0)
+    trusted_workspace: bool = Field(
+        False, description="a verifier that runs the workspace's code (python_tests, humaneval, swe_grader, ...) "
+        "runs it in bubblewrap, and refuses where bubblewrap cannot work; true lets it run the code unisolated "
+        "on this host there. Only for workspaces you wrote yourself: a model's code could change its own reward")
 
     @field_validator("type")
     @classmethod
