@@ -28,7 +28,8 @@ from polar.gateway.core import GatewayCore, engine_error
 from polar.gateway.drain import DrainGate, retry_after_header
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.providers import anthropic, gemini, openai_chat, openai_responses, schemas
-from polar.gateway.sessions import SessionStore, key_hash, key_session_id
+from polar.gateway.sessions import SessionStore, key_hash, key_session_id, session_id_problem
+from polar.types import SESSION_KEY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +86,18 @@ def _unquote(raw: bytes) -> str:
 
 def session_of(request: Request) -> str:
     """URL prefix, then the ``x-polar-session`` header, then the API key (by its hash: keys never reach disk)."""
-    given = request.scope.get("polar_session") or request.headers.get(SESSION_HEADER)
-    if given:
-        return given
-    key = api_key(request)
-    return key_session_id(key) if key else DEFAULT_SESSION
+    given, source = request.scope.get("polar_session"), "the /s/{session_id} URL prefix"
+    if not given:
+        given, source = request.headers.get(SESSION_HEADER), f"the '{SESSION_HEADER}' header"
+    if not given:
+        key = api_key(request)
+        if not key:
+            return DEFAULT_SESSION
+        given, source = key_session_id(key), f"the API key ({SESSION_KEY_PREFIX}<session id>)"
+    problem = session_id_problem(given)  # checked before the call is admitted: ids reach headers and files
+    if problem is not None:
+        raise bad(f"{problem} (from {source}); e.g. /s/run1-task7/v1", "session_id")
+    return given
 
 
 def caller_of(request: Request) -> str | None:
@@ -222,7 +230,8 @@ class GatewayApp:
         headers = {"retry-after": retry_after_header(err.retry_after_s)} if err.kind == "rate_limited" else None
         return self._json(provider.error_body(err), err.status, headers)
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _read(self, request: Request) -> bytes:
+        """The body, refused (413) as soon as it passes ``max_body_bytes``, declared or streamed."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -233,17 +242,13 @@ class GatewayApp:
             if size > limit:
                 raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
             chunks.append(chunk)
-        raw = b"".join(chunks)
-        if not raw.strip():
-            raise bad("request body is empty; send a JSON object")
-        try:
-            body = orjson.loads(raw)
-        except (orjson.JSONDecodeError, ValueError) as e:
-            raise bad(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise bad(f"request body must be a JSON object (got {type(body).__name__})")
-        request.scope[schemas.RAW_BODY_KEY] = raw  # for schemas.validate: exact big integers in its messages
-        return body
+        return b"".join(chunks)
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        raw = await self._read(request)
+        if len(raw) > INLINE_PARSE_BYTES:  # a big body is parsed on a worker thread: the loop keeps serving
+            return await asyncio.to_thread(_parse_json, raw, request)
+        return _parse_json(raw, request)
 
     def check_model(self, name: str) -> None:
         if self.config.accept_any_model or name in self.model_names:
@@ -268,14 +273,21 @@ class GatewayApp:
     def _provider(self, provider: Any) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             try:
-                body = await self._body(request)
-                req = provider.parse_request(body, request)
+                raw = await self._read(request)
+                if len(raw) > INLINE_PARSE_BYTES:  # parse and validate a big body off the event loop
+                    req = await asyncio.to_thread(lambda: provider.parse_request(_parse_json(raw, request), request))
+                else:
+                    req = provider.parse_request(_parse_json(raw, request), request)
                 self.check_model(req.model)
                 sid = session_of(request)
                 self._may_append(request, sid)
                 if req.stream:
                     call = await self.core.start(req, sid)
-                    return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
+                    try:  # once built, the response's own finally closes the call
+                        return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
+                    except BaseException as e:  # building it failed: record the call, leave the drain gate
+                        await call.close(e)
+                        raise
                 done = await until_disconnect(request, self._call(req, sid))
                 if done is None:  # the client hung up: generation was cancelled, the record says so
                     return Response(status_code=499)
@@ -329,8 +341,11 @@ class GatewayApp:
         except Exception as e:  # a broken engine is reported, not raised
             engine = {"state": "unavailable", "error": f"{type(e).__name__}: {e}"}
         state = engine.get("state", "unavailable")
+        records_error = self.store.writable()  # a gateway that cannot record its calls cannot serve them
+        if records_error is not None:
+            state = "unavailable"
         body = {"status": state, "model": self.engine.model_name, "policy_version": int(self.engine.policy_version),
-                **self.gate.status(), "engine": engine}
+                **self.gate.status(), "engine": engine, "records_error": records_error}
         return self._json(body, 503 if state == "unavailable" else 200)
 
     # ---- session reads -------------------------------------------------------------------------
@@ -463,6 +478,26 @@ class GatewayApp:
             finally:
                 self.gate.resume()
         return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
+
+
+INLINE_PARSE_BYTES = 256 * 1024  # bodies above this are parsed and validated off the event loop
+
+
+def _parse_json(raw: bytes, request: Request) -> dict[str, Any]:
+    """A request body: one JSON object, nested at most ``schemas.MAX_JSON_DEPTH`` levels; else a 400."""
+    if not raw.strip():
+        raise bad("request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError) as e:
+        raise bad(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad(f"request body must be a JSON object (got {type(body).__name__})")
+    problem = schemas.depth_problem(body)
+    if problem is not None:
+        raise bad(problem)
+    request.scope[schemas.RAW_BODY_KEY] = raw  # for schemas.validate: exact big integers in its messages
+    return body
 
 
 def _timeout_param(request: Request, default: float) -> float:
