@@ -242,6 +242,26 @@ def test_non_latin1_streaming_session_id_cannot_leak_a_drain_slot(start):
     assert text == "fine" and gw.records("ses-0123abcd-attempt2")[-1].policy_version == 7
 
 
+def test_streaming_response_that_fails_to_build_cannot_leak_a_drain_slot(start, monkeypatch):
+    """Whatever fails while a started streaming call's response is built (here: a header the server cannot
+    encode), the call is recorded and leaves the drain gate, so weight syncs keep working."""
+    import polar.gateway.app as gateway_app
+
+    gw = start("fine")
+
+    class Unbuildable(gateway_app.SSEResponse):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise UnicodeEncodeError("latin-1", "\u2603", 0, 1, "ordinal not in range(256)")
+
+    monkeypatch.setattr(gateway_app, "SSEResponse", Unbuildable)
+    r = _post(gw.port, "/s/unbuildable/v1/chat/completions", {"model": "tiny", "messages": MSGS, "stream": True})
+    assert r.status_code == 500
+    assert _health(gw.port)[1]["inflight"] == 0
+    assert gw.update_weights({}, version=3, timeout_s=2.0)["policy_version"] == 3
+    (rec,) = gw.records("unbuildable")
+    assert not rec.complete and "UnicodeEncodeError" in rec.error
+
+
 # ---- integers and nesting -------------------------------------------------------------------------------
 
 
