@@ -237,11 +237,16 @@ class GatewayApp:
         if declared and declared.isdigit() and int(declared) > limit:
             raise ApiError("too_large", f"request body is {declared} bytes; the limit is {limit} (gateway.max_body_bytes)")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):  # a body dripped slowly must not hold its connection
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError("timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({size} bytes "
+                           "read); send it at once") from None
         return b"".join(chunks)
 
     async def _body(self, request: Request) -> dict[str, Any]:
@@ -481,6 +486,7 @@ class GatewayApp:
 
 
 INLINE_PARSE_BYTES = 256 * 1024  # bodies above this are parsed and validated off the event loop
+BODY_TIMEOUT_S = 60.0  # the most a request body may take to arrive, once its headers have (docs/gateway.md, Limits)
 
 
 def _parse_json(raw: bytes, request: Request) -> dict[str, Any]:

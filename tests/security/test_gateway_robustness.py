@@ -409,6 +409,34 @@ def test_slowloris_dripping_headers_is_cut(start):
         sock.close()
 
 
+def test_slow_dripped_body_is_cut_with_a_408(start, monkeypatch):
+    import polar.gateway.app as gateway_app
+
+    monkeypatch.setattr(gateway_app, "BODY_TIMEOUT_S", 1.0, raising=False)
+    gw = start("fine")
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    try:
+        sock.sendall(b"POST /s/drip/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100000\r\n\r\n{\"model\": ")
+        t0 = time.monotonic()
+        answer = b""
+        for _ in range(60):  # a byte every 0.1 s for up to 6 s
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(b" ")
+            sock.settimeout(0.1)
+            try:
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue
+            break
+        elapsed_s = time.monotonic() - t0
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"did not arrive within 1 s" in answer and elapsed_s < 4
+    assert _health(gw.port)[1]["inflight"] == 0
+
+
 def test_hundred_megabyte_header_is_refused_quickly(start):
     gw = start("fine")
     cap = MAX_HEADER_BYTES
