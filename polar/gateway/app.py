@@ -297,6 +297,9 @@ class GatewayApp:
                 if done is None:  # the client hung up: generation was cancelled, the record says so
                     return Response(status_code=499)
                 call, out = done
+                if self.config.fsync and self.store.write_error is not None:  # its record was written, or it fails
+                    raise ApiError("unavailable", f"{self.store.write_error}; the call's record is kept in memory "
+                                   "until it can be written, and its answer is withheld (gateway.fsync: true)")
                 return self._json(provider.response(req, call, out))
             except ApiError as e:
                 return self._error(provider, e)

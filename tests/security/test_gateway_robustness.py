@@ -507,11 +507,12 @@ def small_disk(tmp_path: Path) -> Iterator[tuple[Path, Callable[[], None], Calla
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def test_full_disk_refuses_calls_and_loses_no_acknowledged_record(start, small_disk):
+@pytest.mark.parametrize("fsync", [False, True])
+def test_full_disk_refuses_calls_and_loses_no_acknowledged_record(small_disk, start, fsync):
     from openai import OpenAI
 
     records, fill, free = small_disk
-    gw = start("a reply worth recording", records_dir=records)
+    gw = start("a reply worth recording", records_dir=records, fsync=fsync)
     client = OpenAI(base_url=f"{gw.url}/s/disk/v1", api_key="x", max_retries=0, timeout=30)
     acknowledged = 0
     for _ in range(3):
@@ -530,6 +531,11 @@ def test_full_disk_refuses_calls_and_loses_no_acknowledged_record(start, small_d
         break
     assert refused is not None, "the gateway acknowledged 10 calls on a full disk"
     assert refused.status_code == 503, refused.text
+    generated = acknowledged
+    if fsync:  # each record is written before its answer: every answered call is on disk right now
+        on_disk = (records / "disk.jsonl").read_bytes().splitlines()
+        assert [json.loads(line)["call_index"] for line in on_disk] == list(range(acknowledged))
+        generated += 1  # the refused call's record is kept (in memory, then on disk), its answer withheld
     assert "cannot write call records" in refused.json()["error"]["message"]
     status, health = _health(gw.port)
     assert status == 503 and health["status"] == "unavailable" and "cannot write call records" in health["records_error"]
@@ -537,17 +543,17 @@ def test_full_disk_refuses_calls_and_loses_no_acknowledged_record(start, small_d
     assert r.status_code == 503
     # every acknowledged call is still readable...
     read = httpx.get(f"{gw.url}/sessions/disk", timeout=30)
-    assert read.status_code == 200 and len(read.json()["records"]) == acknowledged
+    assert read.status_code == 200 and len(read.json()["records"]) == generated
 
     # ...and once there is room again, written: whole lines, none torn, none lost
     free()
     status, health = _health(gw.port)
     assert status == 200 and health["records_error"] is None
     client.chat.completions.create(model="tiny", messages=MSGS)
-    acknowledged += 1
+    generated += 1
     gw.flush()
     lines = (records / "disk.jsonl").read_bytes().splitlines()
-    assert [json.loads(line)["call_index"] for line in lines] == list(range(acknowledged))
+    assert [json.loads(line)["call_index"] for line in lines] == list(range(generated))
 
 
 def test_full_disk_torn_write_is_cut_back(tmp_path):
