@@ -300,6 +300,8 @@ class GatewayApp:
                 if self.config.fsync and self.store.write_error is not None:  # its record was written, or it fails
                     raise ApiError("unavailable", f"{self.store.write_error}; the call's record is kept in memory "
                                    "until it can be written, and its answer is withheld (gateway.fsync: true)")
+                if req.logprobs or len(out.sampled_ids) > INLINE_RESPONSE_TOKENS:  # a big answer is built off the loop
+                    return await asyncio.to_thread(lambda: self._json(provider.response(req, call, out)))
                 return self._json(provider.response(req, call, out))
             except ApiError as e:
                 return self._error(provider, e)
@@ -489,6 +491,7 @@ class GatewayApp:
 
 
 INLINE_PARSE_BYTES = 256 * 1024  # bodies above this are parsed and validated off the event loop
+INLINE_RESPONSE_TOKENS = 2048  # answers longer than this (or with logprobs) are serialized off the event loop
 BODY_TIMEOUT_S = 60.0  # the most a request body may take to arrive, once its headers have (docs/gateway.md, Limits)
 
 
