@@ -490,7 +490,7 @@ class GatewayApp:
         return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
 
 
-INLINE_PARSE_BYTES = 256 * 1024  # bodies above this are parsed and validated off the event loop
+INLINE_PARSE_BYTES = 64 * 1024  # bodies above this are parsed and validated off the event loop
 INLINE_RESPONSE_TOKENS = 2048  # answers longer than this (or with logprobs) are serialized off the event loop
 BODY_TIMEOUT_S = 60.0  # the most a request body may take to arrive, once its headers have (docs/gateway.md, Limits)
 

@@ -42,7 +42,9 @@ class IncrementalDetokenizer:
         self.ids.append(token_id)
         prefix_text = self._decode(self.ids[self._prefix : self._read])
         new_text = self._decode(self.ids[self._prefix :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+        # a character spans at most 4 bytes: past that many pending ids the bytes are invalid UTF-8, shown as
+        # U+FFFD, so a model emitting invalid bytes cannot make each step decode an ever longer window
+        if len(new_text) > len(prefix_text) and (not new_text.endswith("\ufffd") or len(self.ids) - self._read > 8):
             delta = new_text[len(prefix_text) :]
             self._prefix, self._read = self._read, len(self.ids)
             return delta

@@ -198,6 +198,22 @@ def test_twenty_thousand_stop_strings_cannot_freeze_health(start):
     assert rec.finish_reason == "stop_sequence" and rec.metadata["stop_sequence"] == longest[-1]
 
 
+def test_invalid_utf8_output_cannot_make_each_token_decode_all_before_it(tokenizer):
+    """A policy emitting bytes that never form a character: each step used to decode the whole pending
+    window again (quadratic, and nothing shown); now the bytes are shown as U+FFFD within a few tokens."""
+    from polar.gateway.textstream import IncrementalDetokenizer
+
+    byte_ff = tokenizer.convert_tokens_to_ids("\u00ff")  # the byte-level token of byte 0xFF: never valid UTF-8
+    decoded: list[int] = []
+    detok = IncrementalDetokenizer(tokenizer)
+    decode = detok._decode
+    detok._decode = lambda ids: decoded.append(len(ids)) or decode(ids)  # how many ids each step decodes
+    deltas = [detok.push(byte_ff) for _ in range(2000)]
+    assert sum(1 for d in deltas if d) >= 2000 // 10
+    assert "".join(deltas) + detok.flush() == "\ufffd" * 2000
+    assert max(decoded) <= 20, f"a step decoded {max(decoded)} ids"
+
+
 # ---- session ids and the drain gate ---------------------------------------------------------------------
 
 
