@@ -279,10 +279,9 @@ class GatewayApp:
         async def endpoint(request: Request) -> Response:
             try:
                 raw = await self._read(request)
-                if len(raw) > INLINE_PARSE_BYTES:  # parse and validate a big body off the event loop
-                    req = await asyncio.to_thread(lambda: provider.parse_request(_parse_json(raw, request), request))
-                else:
-                    req = provider.parse_request(_parse_json(raw, request), request)
+                # parsed and validated on a worker thread: checking a tool schema costs ~5 us per byte the first
+                # time it is seen (jsonschema), so even a small body could hold the event loop for a while
+                req = await asyncio.to_thread(lambda: provider.parse_request(_parse_json(raw, request), request))
                 self.check_model(req.model)
                 sid = session_of(request)
                 self._may_append(request, sid)
@@ -317,7 +316,9 @@ class GatewayApp:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            req = anthropic.parse_request(await self._body(request), request, count_only=True)
+            raw = await self._read(request)
+            req = await asyncio.to_thread(
+                lambda: anthropic.parse_request(_parse_json(raw, request), request, count_only=True))
             tools = [] if req.tool_choice == "none" else req.tools
             prompt = await asyncio.to_thread(self.core.prompts.build, req.messages, tools, lambda key: None)
             ids = prompt.ids  # tokenized on a worker thread: a huge prompt must not hold up the event loop
@@ -490,7 +491,7 @@ class GatewayApp:
         return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
 
 
-INLINE_PARSE_BYTES = 64 * 1024  # bodies above this are parsed and validated off the event loop
+INLINE_PARSE_BYTES = 64 * 1024  # admin bodies above this are parsed off the event loop (model calls: all)
 INLINE_RESPONSE_TOKENS = 2048  # answers longer than this (or with logprobs) are serialized off the event loop
 BODY_TIMEOUT_S = 60.0  # the most a request body may take to arrive, once its headers have (docs/gateway.md, Limits)
 

@@ -14,6 +14,7 @@ multi-byte character yields nothing until the character completes, so clients ne
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -113,18 +114,22 @@ class StopMatcher:
 
 _MATCHERS: OrderedDict[tuple[str, ...], StopMatcher] = OrderedDict()
 _MAX_MATCHERS = 256
+_MATCHERS_LOCK = threading.Lock()
 
 
 def matcher_for(patterns: Sequence[str]) -> StopMatcher:
     """The (cached) automaton for ``patterns``: harnesses send the same stop strings on every call."""
     key = tuple(patterns)
-    m = _MATCHERS.get(key)
-    if m is None:
-        m = _MATCHERS[key] = StopMatcher(key)
+    with _MATCHERS_LOCK:  # streams are set up on worker threads
+        m = _MATCHERS.get(key)
+        if m is not None:
+            _MATCHERS.move_to_end(key)
+            return m
+    m = StopMatcher(key)
+    with _MATCHERS_LOCK:
+        _MATCHERS[key] = m
         while len(_MATCHERS) > _MAX_MATCHERS:
             _MATCHERS.popitem(last=False)
-    else:
-        _MATCHERS.move_to_end(key)
     return m
 
 

@@ -57,8 +57,9 @@ def start(tmp_path: Path, tokenizer: Any) -> Iterator[Callable[..., GatewayServe
     servers: list[GatewayServer] = []
 
     def make(reply: str = "ok", records_dir: Path | None = None, limits: Any = None, token_delay_s: float = 0.0,
-             **config: Any) -> GatewayServer:
-        engine = ScriptedEngine(tokenizer, lambda req, i: reply, model_name="tiny", token_delay_s=token_delay_s)
+             context_length: int = 4096, **config: Any) -> GatewayServer:
+        engine = ScriptedEngine(tokenizer, lambda req, i: reply, model_name="tiny", token_delay_s=token_delay_s,
+                                context_length=context_length)
         kwargs = {"limits": limits} if limits is not None else {}
         gw = GatewayServer(GatewayConfig(**config), engine=engine,
                            records_dir=records_dir or tmp_path / f"records{len(servers)}", **kwargs).start()
@@ -196,6 +197,30 @@ def test_twenty_thousand_stop_strings_cannot_freeze_health(start):
     assert result.get("value") == ("before ", "stop"), result
     rec = gw2.records("cap")[-1]
     assert rec.finish_reason == "stop_sequence" and rec.metadata["stop_sequence"] == longest[-1]
+
+
+def test_large_new_tool_schema_cannot_stall_health(start):
+    """Checking a tool schema against the JSON-schema meta-schema costs ~5 us per byte the first time it is
+    seen: a 70 KB schema held the event loop for about half a second. Bodies are validated off the loop."""
+    gw = start("fine", context_length=2**20)
+    attempt = iter(range(1_000_000))
+
+    def schema() -> dict[str, Any]:
+        n = next(attempt)  # a schema never seen before on every attempt: the verdict cache cannot help
+        props = {f"a{n}p{i}": {"type": "object", "properties": {f"q{j}": {"type": "string", "enum": ["a", "b"]}
+                                                                for j in range(8)}} for i in range(200)}
+        return {"type": "object", "properties": props}
+
+    def attack() -> httpx.Response:
+        tool = {"type": "function", "function": {"name": "big", "parameters": schema()}}
+        return _post(gw.port, "/s/schema/v1/chat/completions", {"model": "tiny", "messages": MSGS, "tools": [tool]})
+
+    def control() -> httpx.Response:
+        return _post(gw.port, "/s/control/v1/chat/completions", {"model": "tiny", "messages": MSGS})
+
+    result, attempts = _responsive_while(gw.port, attack, control)
+    assert attempts[-1][0] < attempts[-1][1], f"slowest /health call (s), bound (s), polls: {attempts}"
+    assert result["value"].status_code == 200, result["value"].text
 
 
 def test_invalid_utf8_output_cannot_make_each_token_decode_all_before_it(tokenizer):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -82,6 +83,7 @@ def _deep_path(obj: Any, limit: int) -> str:
 
 _SCHEMA_VERDICTS: OrderedDict[bytes, str | None] = OrderedDict()  # canonical schema -> error (None: valid)
 _MAX_VERDICTS = 4096
+_VERDICTS_LOCK = threading.Lock()
 
 
 def _schema_error(schema: dict[str, Any]) -> str | None:
@@ -102,16 +104,20 @@ def _schema_error(schema: dict[str, Any]) -> str | None:
 
 
 def check_tool_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """An object schema that passes the JSON-schema meta-schema, else ``ValueError`` saying why."""
+    """An object schema that passes the JSON-schema meta-schema, else ``ValueError`` saying why.
+    Bodies are validated on worker threads: the verdict cache is shared under a lock."""
     key = canonical_json(schema)
-    if key in _SCHEMA_VERDICTS:
-        _SCHEMA_VERDICTS.move_to_end(key)
-        error = _SCHEMA_VERDICTS[key]
-    else:
+    with _VERDICTS_LOCK:
+        cached = key in _SCHEMA_VERDICTS
+        if cached:
+            _SCHEMA_VERDICTS.move_to_end(key)
+            error = _SCHEMA_VERDICTS[key]
+    if not cached:
         error = _schema_error(schema)
-        _SCHEMA_VERDICTS[key] = error
-        while len(_SCHEMA_VERDICTS) > _MAX_VERDICTS:
-            _SCHEMA_VERDICTS.popitem(last=False)
+        with _VERDICTS_LOCK:
+            _SCHEMA_VERDICTS[key] = error
+            while len(_SCHEMA_VERDICTS) > _MAX_VERDICTS:
+                _SCHEMA_VERDICTS.popitem(last=False)
     if error is not None:
         raise ValueError(error)
     return schema
