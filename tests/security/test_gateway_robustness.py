@@ -344,6 +344,29 @@ def test_integer_beyond_64_bits_cannot_lose_a_record_or_break_its_session(start,
     assert [rec["call_index"] for rec in read.json()["records"]] == [0, 1]
 
 
+def test_record_that_cannot_be_serialized_is_kept_not_lost(tmp_path):
+    """The last line of defence behind the request bounds: a record holding an integer beyond 64 bits is
+    stored with its token data and ``complete: false``, and its session stays readable."""
+    import orjson
+
+    from polar.gateway.sessions import SessionStore
+    from polar.types import CallRecord
+
+    store = SessionStore(tmp_path / "records")
+    rec = CallRecord(session_id="s", call_index=0, provider="openai_chat", model="tiny", messages=MSGS,
+                     prompt_ids=[1, 2], sampled_ids=[3], logprobs=[-0.5], finish_reason="stop", policy_version=0,
+                     started_at=0.0, ended_at=1.0, complete=True, metadata={"sampling": {"max_tokens": HUGE}})
+    store.append(rec)
+    store.append(CallRecord(**{**rec.to_dict(), "call_index": 1, "metadata": {}}))
+    store.close()
+    (kept, ordinary) = store.records("s")
+    assert kept.prompt_ids == [1, 2] and kept.sampled_ids == [3] and not kept.complete
+    assert "could not be serialized" in kept.error and ordinary.complete
+    orjson.dumps([r.to_dict() for r in store.records("s")])  # the session serializes (GET /sessions/s)
+    lines = (tmp_path / "records" / "s.jsonl").read_bytes().splitlines()
+    assert [json.loads(line)["call_index"] for line in lines] == [0, 1]
+
+
 def _nested(depth: int) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object", "properties": {}}
     inner = schema
