@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -303,6 +304,8 @@ class SessionStore:
             data = memoryview(b"".join(lines))
             while data:
                 n = f.write(data)  # an unbuffered write may be short (a nearly full disk)
+                if not n:
+                    raise OSError(errno.ENOSPC, "the file system accepted no more bytes")
                 data = data[n:]
             if self.fsync:
                 os.fsync(f.fileno())
