@@ -76,8 +76,16 @@ class GatewayCore:
             refusal = tools_refusal(self.engine)
             if refusal is not None:
                 raise bad(refusal, "tools")
+        unwritable = self.store.writable()  # never acknowledge a call whose record cannot be written
+        if unwritable is not None:
+            raise ApiError("unavailable", f"{unwritable}; calls are refused until the gateway can record them "
+                           "again (free space on the records' filesystem; GET /health says when)")
         await self.gate.enter()
-        call = Call(self, req, session_id)
+        try:
+            call = Call(self, req, session_id)
+        except BaseException:
+            self.gate.exit()  # nothing was started: the slot is free again
+            raise
         try:
             await call.prepare()
         except BaseException as e:
@@ -122,6 +130,7 @@ class Call:
         self.parsed: ParsedOutput | None = None
         self._gen: Any = None
         self._first: TokenEvent | None = None
+        self._text_stream: TextStream | None = None  # built with the prompt, off the event loop
         self._recorded = False
         self._closed = False
 
@@ -140,6 +149,7 @@ class Call:
         A prompt refused here is recorded by its token count and hash, never by its ids."""
         core, req = self.core, self.req
         store, sid = core.store, self.session_id
+        self._text_stream = TextStream(req.stop, parse_tools=bool(self.tools))  # its stop-string automaton
         try:
             prompt = core.prompts.build(req.messages, self.tools, lambda k: store.lookup(sid, k),
                                         getattr(core.engine, "context_length", None))
@@ -167,7 +177,7 @@ class Call:
     async def events(self) -> AsyncIterator[str | CallOutput]:
         """Text deltas as they become showable, then one ``CallOutput``. Records in ``finally``."""
         detok = IncrementalDetokenizer(self.core.engine.tokenizer, self.core.stop_ids)
-        ts = TextStream(self.req.stop, parse_tools=bool(self.tools))
+        ts = self._text_stream or TextStream(self.req.stop, parse_tools=bool(self.tools))
         # non-streaming calls without stop strings decode once at the end instead of per token
         incremental = self.req.stream or bool(self.req.stop)
         finish = "abort"
