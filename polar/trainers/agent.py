@@ -170,7 +170,7 @@ class AgentTrainer(TrainingLoop):
         self.run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
         self.eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
         tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.policy.type == "grpo" else []
-        self.stack = self.stack_factory(cfg, self.run_dir.path, self.engine).__enter__()  # stopped by train()
+        self.stack = self.stack_factory(cfg, self.run_dir.path, self.engine, training=True).__enter__()  # stopped by train()
         try:
             self.policy = LLMPolicy.from_engine(self.stack.engine, kw.lora, **policy_options(cfg))
             self.version = int(self.stack.engine.policy_version)
