@@ -22,11 +22,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from polar.config import load_config
-    from polar.trainers.build import create_run_dir
     from polar.trainers.preflight import check_before_start
 
+    # the checks first, each importing only what it needs: a config error costs no torch and no run directory
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
     check_before_start(cfg)  # unknown ids, missing programs and modules: before the run directory exists
+    from polar.trainers.build import create_run_dir
+
     run_dir = create_run_dir(cfg, args.run_dir)
     return train(cfg, run_dir, resume=False, progress=not args.no_progress, log_every_s=args.log_every_s)
 
