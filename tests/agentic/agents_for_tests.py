@@ -94,3 +94,8 @@ async def asks_its_own_sampling(base_url, task, api_key):
         r = await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=48, temperature=1.0)
     return r.choices[0].message.content or ""
+
+
+def always_one(output):
+    """Every finished session passes (what is dropped is then dropped for another reason)."""
+    return 1.0
