@@ -46,13 +46,19 @@ def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float 
     console.print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
     # run.json records this process as the run's owner and its final status, however it ends
+    # GRPO agent runs count sessions and steps (session words); env runs and SFT count env/optimizer steps
+    total_steps = int(cfg.policy.kwargs.total_steps) if run_kind(cfg) == "agent" and cfg.policy.type == "grpo" else None
     with run_guard(run_dir, cfg.logging.sigterm_grace_s), \
-            TrainingProgress(progress_total(cfg), 0, enabled, cfg.logging.metrics, log_every_s) as bar:
+            TrainingProgress(progress_total(cfg), 0, enabled, cfg.logging.metrics, log_every_s, total_steps) as bar:
         # local: the learner runs here; ray: in a learner actor this process starts and watches
         trainer = build_trainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()
-    log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
-             fmt_number(result.get("episode_reward_mean")))
+    if total_steps:
+        log.info("finished: %d sessions in %.1fs, reward mean of the last step %s", result["env_steps"],
+                 result["time_s"], fmt_number(result.get("episode_reward_mean")))
+    else:
+        log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
+                 fmt_number(result.get("episode_reward_mean")))
     if run_kind(cfg) == "agent":
         from polar.trainers.agentic_run import heldout_table
 
