@@ -21,6 +21,14 @@ from rich.table import Table
 log = logging.getLogger("polar.progress")
 
 
+def cli_console(stderr: bool = True) -> Console:
+    """The commands' console: word-wrapped to a terminal's width, and never wrapped when not a terminal (a
+    pipe, a log file, CI), where rich would break lines at 80 columns and a path could not be copied."""
+    console = Console(stderr=stderr)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 class TrainingProgress:
     """A live bar on a terminal; otherwise (piped, nohup, CI, ``--no-progress``) a log line every ``log_every_s``.
 
@@ -32,7 +40,7 @@ class TrainingProgress:
 
     def __init__(self, total_env_steps: int, start_steps: int = 0, enabled: bool = True, metric_names: list[str] | None = None,
                  log_every_s: float = 30.0, total_steps: int | None = None) -> None:
-        self.console = Console(stderr=True)
+        self.console = cli_console()
         self.metric_names = metric_names or ["episode_reward_mean"]
         self.total = total_env_steps
         self.total_steps = total_steps
@@ -131,4 +139,4 @@ def print_eval(result: dict[str, Any], title: str = "evaluation") -> None:
     sr = result.get("success_rate")
     table.add_row(str(result["episodes"]), f"{result['return_mean']:.2f}", f"{result['return_std']:.2f}",
                   f"{result['length_mean']:.1f}", "-" if sr is None else f"{100 * sr:.1f}%")
-    Console().print(table)
+    cli_console(stderr=False).print(table)

@@ -130,15 +130,15 @@ def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: f
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.config import load_config
-    from polar.trainers.session_stats import DROP_HELP
 
     cfg = load_config(args.config, args.override)
     counts = generate(cfg, args.out, args.samples_per_task, args.min_reward, args.max_tasks, args.tasks,
                       keep_work_dir=args.keep_work_dir, progress_every_s=args.progress_every_s)
-    console = Console(stderr=True, soft_wrap=True)
+    from polar.trainers.session_stats import DROP_HELP
+
+    console = cli_console()
     console.print(f"accepted {counts['accepted_sessions']}/{counts['sessions']} sessions "
                   f"({counts['acceptance_rate']:.1%}), {counts['samples']} samples", markup=False, highlight=False)
     for reason, d in counts["dropped"].items():

@@ -36,13 +36,11 @@ def main(args: argparse.Namespace) -> int:
 def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float = 30.0) -> int:
     """Train ``cfg`` in ``run_dir`` (``polar run``, ``polar resume``): whichever loop ``build_trainer`` picks,
     with a progress bar, the run's status in ``run.json`` and a summary at the end."""
-    from rich.console import Console
-
-    from polar.cli._progress import TrainingProgress, fmt_number, print_eval
+    from polar.cli._progress import TrainingProgress, cli_console, fmt_number, print_eval
     from polar.trainers.build import build_trainer, progress_total, run_kind
     from polar.trainers.lifecycle import run_guard
 
-    console = Console(stderr=True)
+    console = cli_console()
     console.print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
     # run.json records this process as the run's owner and its final status, however it ends
