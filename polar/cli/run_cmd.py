@@ -27,6 +27,11 @@ def main(args: argparse.Namespace) -> int:
     # the checks first, each importing only what it needs: a config error costs no torch and no run directory
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
     check_before_start(cfg)  # unknown ids, missing programs and modules: before the run directory exists
+    from polar.trainers.memory import memory_warning
+
+    short = memory_warning(cfg)  # a run that will not fit says so before minutes of loading
+    if short:
+        log.warning(short)
     from polar.trainers.build import create_run_dir
 
     run_dir = create_run_dir(cfg, args.run_dir)
