@@ -35,7 +35,7 @@ class VerifierConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    name_or_path: str = Field("tiny", description="a preset (tiny, smollm2-135m), a local HF folder, or 'vllm:URL[,URL]'")
+    name_or_path: str = Field("tiny", description="a preset (tiny, smollm2-135m), a local HF folder, 'vllm:URL[,URL]' or 'sglang:URL[,URL]'")
     chat_template: str | None = Field(
         None, description="'model', 'hermes-tools' or a Jinja file; default: the model's own when it renders "
         "tools, else hermes-tools (ChatML models)")

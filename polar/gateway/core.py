@@ -122,6 +122,7 @@ class Call:
         self.call_index = core.store.next_call_index(session_id)
         self.policy_version = int(getattr(core.engine, "policy_version", 0))
         self.prompt: Prompt | None = None  # set once the engine accepted it
+        self.sent: GenerationRequest | None = None  # what the engine sampled with (a run may override the ask)
         self.rejected_prompt: dict[str, Any] | None = None  # count and hash of a prompt refused before generation
         self.sampled: list[int] = []
         self.logprobs: list[float] = []
@@ -137,6 +138,7 @@ class Call:
     async def prepare(self) -> None:
         core = self.core
         self.prompt, greq = await asyncio.to_thread(self._prompt_request)
+        self.sent = greq
         self._gen = core.engine.generate(greq)
         try:
             self._first = await self._gen.__anext__()
@@ -311,11 +313,12 @@ class Call:
                 "total_s": total_s,
             },
             "sampling": {
-                "temperature": self.req.temperature,
+                "temperature": self.sent.temperature if self.sent else self.req.temperature,
                 "top_p": self.req.top_p,
-                "max_tokens": self.req.max_tokens,
+                "max_tokens": self.sent.max_tokens if self.sent else self.req.max_tokens,
                 "stop": self.req.stop,
                 "seed": self.req.seed,
+                "requested": {"temperature": self.req.temperature, "max_tokens": self.req.max_tokens},
             },
         }
         if self.rejected_prompt is not None:
