@@ -109,8 +109,11 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
     owned = engine is None
     if engine is None:
         spec, key, launched = _model_spec(cfg)
+        if launched.engine == "openai_compat":  # a chat endpoint: the gateway forwards messages to it
+            engine = load_engine(launched.model, engine="openai_compat", config_key="model",
+                                 chat_template=_chat_template(cfg), **launched.openai_compat_options())
         # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
-        if launched.engine != "embedded":
+        elif launched.engine != "embedded":
             engine = load_engine(spec, engine=launched.engine, replicas=launched.replicas,
                                  log_dir=str(run_dir_path / "vllm"), **launched.engine_kwargs,
                                  config_key=key, chat_template=_chat_template(cfg))
@@ -128,6 +131,16 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
 
             asyncio.run(engine.close())
         raise
+
+
+def trained_engine_problem(cfg: Any) -> str | None:
+    """Why ``cfg``'s engine cannot be the trained policy (None: it can): a remote chat endpoint has no weights."""
+    model = getattr(cfg, "model", None)
+    if model is not None and model.engine == "openai_compat":
+        return (f"model.engine: openai_compat ({model.base_url}) serves a remote model with no weights to update, "
+                f"so policy.type {cfg.policy.type} cannot train it; use it with polar generate or as a judge, and "
+                "train a local model (model.engine: embedded or vllm)")
+    return None
 
 
 def ray_engine_problem(cfg: Any) -> str | None:

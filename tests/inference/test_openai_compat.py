@@ -288,3 +288,40 @@ def test_429_forever_gives_up_after_max_retries_in_one_line(scripted_endpoint: A
     r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
                    timeout=30)
     assert r.status_code == 429 and "HTTP 429" in r.json()["error"]["message"]
+
+
+def test_polar_gateway_cli_serves_an_openai_compat_endpoint(chain: Any, tmp_path: Path) -> None:
+    """``polar gateway --engine openai_compat --base-url URL --model NAME --api-key-env VAR``, in its own process:
+    the key travels in the environment only (never on the command line), and a missing variable is one line."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    _, inner = chain
+    argv = [sys.executable, "-m", "polar.cli.main", "gateway", "--engine", "openai_compat", "--base-url",
+            f"{inner.url}/v1", "--model", "tiny", "--api-key-env", KEY_ENV, "--port", "0"]
+    env = {**os.environ, "COLUMNS": "200"}
+    missing = subprocess.run([*argv, "--records-dir", str(tmp_path / "r0")], capture_output=True, text=True, timeout=120,
+                             env={k: v for k, v in env.items() if k != KEY_ENV})
+    assert missing.returncode != 0 and f"gateway.api_key_env names ${KEY_ENV}, which is not set" in missing.stderr
+    proc = subprocess.Popen([*argv, "--records-dir", str(tmp_path / "r1")], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline() if proc.stderr else ""
+            if not line and proc.poll() is not None:
+                break
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else None
+        assert url, "the gateway did not report its address"
+        r = httpx.post(f"{url}/s/cli/v1/chat/completions", timeout=60,
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == _inner_texts(inner)[-1]
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        if proc.stderr:
+            proc.stderr.close()
