@@ -325,3 +325,31 @@ def test_polar_gateway_cli_serves_an_openai_compat_endpoint(chain: Any, tmp_path
         proc.wait(60)
         if proc.stderr:
             proc.stderr.close()
+
+
+@pytest.mark.vllm
+def test_gateway_over_vllm_chat_endpoint_records_its_token_ids_and_logprobs(launched_vllm: Any, gateway: Any) -> None:
+    """vLLM's own /v1/chat/completions as an openai_compat endpoint with ``token_ids: true``: the records carry
+    the ids vLLM consumed and sampled and its logprobs (``token_source: endpoint``), plain and streaming, and
+    the sampled ids decode to the text the client got."""
+    from openai import OpenAI
+
+    folder = str(launched_vllm.model_folder)
+    engine = build_openai_compat(launched_vllm.served_model, base_url=f"{launched_vllm.fleet.urls[0]}/v1",
+                                 tokenizer=folder, token_ids=True, model_name="smol")
+    gw = gateway(engine)
+    client = OpenAI(base_url=f"{gw.url}/s/v/v1", api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r1 = client.chat.completions.create(model="smol", messages=msgs, max_tokens=MAX_TOKENS, temperature=0,  # type: ignore[arg-type]
+                                        logprobs=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="smol", messages=msgs, max_tokens=MAX_TOKENS, temperature=0, stream=True) if c.choices)  # type: ignore[arg-type]
+    rec1, rec2 = gw.records("v")
+    tok = engine.tokenizer
+    for rec, text in ((rec1, r1.choices[0].message.content), (rec2, streamed)):
+        assert rec.complete and rec.metadata["token_source"] == "endpoint" and rec.metadata["logprob_mode"] == "endpoint"
+        assert len(rec.sampled_ids) == len(rec.logprobs) >= 1 and all(lp <= 0.0 for lp in rec.logprobs)
+        assert tok.decode(rec.sampled_ids, skip_special_tokens=True) == text
+        assert tok.decode(rec.prompt_ids).rstrip().endswith("<|im_start|>assistant")
+    assert rec1.sampled_ids == rec2.sampled_ids  # greedy: the same answer, whole or streamed
+    assert [c.logprob for c in r1.choices[0].logprobs.content] == pytest.approx(rec1.logprobs)  # type: ignore[union-attr]
