@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from polar.config.base import StrictModel, did_you_mean
 
 VERIFIER_TYPES = ("exact_match", "numeric", "regex", "python_tests", "workspace", "none",
-                  "env_return", "humaneval", "reasoning_gym", "lm_eval")
+                  "env_return", "humaneval", "reasoning_gym", "lm_eval", "llm_judge")
 
 
 class VerifierConfig(StrictModel):

@@ -93,6 +93,34 @@ def embedded_engine_factory(cfg: Any, training: bool = False) -> EmbeddedEngineF
                                  rollout_sampling(cfg) if training else (None, None))
 
 
+def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
+    """Give an ``llm_judge`` verifier its engine (``verifier.kwargs.judge``, any model section: openai_compat
+    or a local model) as a chat function, and its log folder ``<run dir>/judge/`` (one JSONL per session).
+    Other verifiers are returned as they are."""
+    from polar.harness.agent.judge import LLMJudge
+
+    if not isinstance(verifier, LLMJudge) or verifier.chat is not None:
+        return verifier
+    from polar.config.agentic import ModelConfig
+    from polar.config.base import validate
+    from polar.inference import load_engine
+    from polar.inference.chat import chat_function
+
+    m = validate(ModelConfig, verifier.judge_spec, source="verifier.kwargs.judge")
+    if m.engine == "openai_compat":
+        engine = load_engine(m.model, engine="openai_compat", config_key="verifier.kwargs.judge",
+                             **m.openai_compat_options())
+    elif m.engine == "embedded":
+        engine = load_engine(m.name_or_path, config_key="verifier.kwargs.judge.name_or_path",
+                             chat_template=m.chat_template, **m.engine_kwargs)
+    else:
+        raise ConfigError(f"verifier.kwargs.judge.engine {m.engine!r}: a judge runs on engine: embedded (a local "
+                          "model) or openai_compat (any chat endpoint, a vLLM server included)")
+    verifier.chat = chat_function(engine, verifier.max_tokens, verifier.temperature)
+    verifier.log_dir = run_dir_path / "judge"
+    return verifier
+
+
 def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
                 training: bool = False) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
@@ -104,7 +132,7 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
 
     # runner, verifier and settings first: a bad harness fails before minutes of engine start
     runner = session_runner(cfg)  # a ConfigError when cfg is no agent run
-    verifier = session_verifier(cfg)
+    verifier = attach_judge(session_verifier(cfg), run_dir_path)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     owned = engine is None
     if engine is None:
@@ -171,7 +199,7 @@ def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_di
     if problem is not None:
         raise ConfigError(problem)
     runner = session_runner(cfg)
-    verifier = session_verifier(cfg)
+    verifier = attach_judge(session_verifier(cfg), run_dir_path)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     factory = embedded_engine_factory(cfg, training)
     local = engine if engine is not None else embedded_engine_factory(cfg)()  # same spec and seed as the nodes': the same weights

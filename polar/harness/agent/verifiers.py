@@ -9,6 +9,8 @@ Every verifier is ``async (VerifyInput) -> Verdict``. Built-ins:
   against a copy of the workspace, isolated as the agent was (:mod:`polar.harness.agent.isolation`);
   reward = 1 if the tests run to their end and exit 0.
 - ``workspace``: files in the workspace must exist / contain given text (``files: {path: substring}``).
+- ``llm_judge``: an LLM scores the session (a JSON score, a rubric, or pairwise against a reference), its
+  transcript fenced and quoted (:mod:`polar.harness.agent.judge`).
 - ``module:function``: a user function ``(task, output, workspace, records) -> float | dict`` (sync or
   async); a dict carries ``reward`` plus anything else worth storing. One that runs the workspace's code
   should take ``trusted_workspace`` and run it in a :class:`~polar.harness.agent.isolation.VerifySandbox`.
@@ -31,6 +33,7 @@ from typing import Any
 
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.isolation import VerifySandbox, WorkspaceRefused, read_untrusted, require_isolation
+from polar.harness.agent.judge import LLMJudge
 
 
 @dataclass
@@ -202,7 +205,7 @@ class NoVerifier:
 
 _BUILTIN = {
     "exact_match": ExactMatch, "numeric": Numeric, "regex": Regex, "python_tests": PythonTests,
-    "workspace": WorkspaceCheck, "none": NoVerifier,
+    "workspace": WorkspaceCheck, "none": NoVerifier, "llm_judge": LLMJudge,
 }
 
 #: Built-ins that run the workspace's code (and so take ``trusted_workspace``).
