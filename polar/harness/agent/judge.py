@@ -196,9 +196,8 @@ class LLMJudge:
 
     # ---- the verifier --------------------------------------------------------------------------------------
 
-    async def __call__(self, inp: Any) -> Any:
-        from polar.harness.agent.verifiers import Verdict
-
+    async def judge(self, inp: Any) -> tuple[float, dict[str, Any]]:
+        """``(reward, details)`` of a session (``polar.harness.agent.verifiers`` makes it a ``Verdict``)."""
         if self.chat is None:
             raise HarnessError("verifier llm_judge has no judge engine attached; it runs inside polar run, "
                                "polar generate and polar eval, which build verifier.kwargs.judge")
@@ -233,7 +232,7 @@ class LLMJudge:
             calls.append(call)
             self._write(sid, calls)
             self._count(failed=False)
-            return Verdict(reward, {"judge": {"mode": self.mode, "reward": reward, "calls": calls}})
+            return reward, {"judge": {"mode": self.mode, "reward": reward, "calls": calls}}
         self._write(sid, calls)
         failed = self._count(failed=True)
         log.warning("llm_judge: failed judgement for session %s after a retry (%d so far): %s", sid, failed, problem)

@@ -198,6 +198,14 @@ class UserFunction:
         raise HarnessError(f"verifier {self.spec} returned {type(result).__name__}; return a float or a dict with 'reward'")
 
 
+class LLMJudgeVerifier(LLMJudge):
+    """``llm_judge``: :class:`~polar.harness.agent.judge.LLMJudge` as a verifier."""
+
+    async def __call__(self, inp: VerifyInput) -> Verdict:
+        reward, details = await self.judge(inp)
+        return Verdict(reward, details)
+
+
 class NoVerifier:
     async def __call__(self, inp: VerifyInput) -> Verdict:
         return Verdict(0.0, {"note": "no verifier"})
@@ -205,7 +213,7 @@ class NoVerifier:
 
 _BUILTIN = {
     "exact_match": ExactMatch, "numeric": Numeric, "regex": Regex, "python_tests": PythonTests,
-    "workspace": WorkspaceCheck, "none": NoVerifier, "llm_judge": LLMJudge,
+    "workspace": WorkspaceCheck, "none": NoVerifier, "llm_judge": LLMJudgeVerifier,
 }
 
 #: Built-ins that run the workspace's code (and so take ``trusted_workspace``).
