@@ -110,6 +110,8 @@ class OpenAICompatEngine(Engine):
         self.default_stop_token_ids = _stop_ids(self.tokenizer)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        # every call samples at this temperature when set (an evaluation's deterministic: 0, greedy)
+        self.temperature_override: float | None = None
 
     # ---- the key and errors ------------------------------------------------------------------------------
 
@@ -174,6 +176,8 @@ class OpenAICompatEngine(Engine):
              max_tokens: int | None, temperature: float, top_p: float, stop: list[str], seed: int | None,
              stream: bool) -> dict[str, Any]:
         """The chat request: normalized messages in OpenAI's wire form (tool-call arguments as JSON strings)."""
+        if self.temperature_override is not None:
+            temperature = self.temperature_override
         body: dict[str, Any] = {"model": self.config.model, "messages": [_wire(m) for m in messages],
                                 "temperature": temperature, "top_p": top_p, "stream": stream}
         if max_tokens:

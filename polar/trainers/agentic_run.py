@@ -93,6 +93,23 @@ def embedded_engine_factory(cfg: Any, training: bool = False) -> EmbeddedEngineF
                                  rollout_sampling(cfg) if training else (None, None))
 
 
+def engine_of_model_section(section: Any, key: str) -> Any:
+    """An engine from a model section given inline (a judge's ``judge:``, an evaluation suite's ``model:``):
+    ``engine: openai_compat`` (a chat endpoint) or ``embedded`` (a local model); ``key`` names it in errors."""
+    from polar.config.agentic import ModelConfig
+    from polar.config.base import validate
+    from polar.inference import load_engine
+
+    m = validate(ModelConfig, section, source=key)
+    if m.engine == "openai_compat":
+        return load_engine(m.model, engine="openai_compat", config_key=key, **m.openai_compat_options())
+    if m.engine == "embedded":
+        return load_engine(m.name_or_path, config_key=f"{key}.name_or_path", chat_template=m.chat_template,
+                           **m.engine_kwargs)
+    raise ConfigError(f"{key}.engine {m.engine!r}: here a model runs on engine: embedded (a local model) or "
+                      "openai_compat (any chat endpoint, a vLLM server included)")
+
+
 def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
     """Give an ``llm_judge`` verifier its engine (``verifier.kwargs.judge``, any model section: openai_compat
     or a local model) as a chat function, and its log folder ``<run dir>/judge/`` (one JSONL per session).
@@ -101,21 +118,9 @@ def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
 
     if not isinstance(verifier, LLMJudge) or verifier.chat is not None:
         return verifier
-    from polar.config.agentic import ModelConfig
-    from polar.config.base import validate
-    from polar.inference import load_engine
     from polar.inference.chat import chat_function
 
-    m = validate(ModelConfig, verifier.judge_spec, source="verifier.kwargs.judge")
-    if m.engine == "openai_compat":
-        engine = load_engine(m.model, engine="openai_compat", config_key="verifier.kwargs.judge",
-                             **m.openai_compat_options())
-    elif m.engine == "embedded":
-        engine = load_engine(m.name_or_path, config_key="verifier.kwargs.judge.name_or_path",
-                             chat_template=m.chat_template, **m.engine_kwargs)
-    else:
-        raise ConfigError(f"verifier.kwargs.judge.engine {m.engine!r}: a judge runs on engine: embedded (a local "
-                          "model) or openai_compat (any chat endpoint, a vLLM server included)")
+    engine = engine_of_model_section(verifier.judge_spec, "verifier.kwargs.judge")
     verifier.chat = chat_function(engine, verifier.max_tokens, verifier.temperature)
     verifier.log_dir = run_dir_path / "judge"
     return verifier

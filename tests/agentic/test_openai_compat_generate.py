@@ -112,3 +112,41 @@ def test_openai_compat_config_needs_base_url_and_model(tmp_path: Path, capsys: A
                      "--out", str(tmp_path / "x.parquet")])
     err = capsys.readouterr().err
     assert rc != 0 and "model.base_url" in err
+
+
+def test_eval_suite_scores_an_openai_compat_model_on_held_out_agent_tasks(tmp_path: Path) -> None:
+    """``polar eval --suite`` with a policy ``model: {engine: openai_compat, ...}``: the calculator agent's
+    held-out tasks run against the endpoint (an oracle behind polar's gateway), scored by the run's verifier."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from polar.inference import ScriptedEngine
+    from polar.inference.tiny import build_tiny_tokenizer
+
+    engine = ScriptedEngine.tiny(oracle_script(build_tiny_tokenizer()))
+    gw = GatewayServer(GatewayConfig(accept_any_model=True), engine=engine, records_dir=tmp_path / "teacher").start()
+    try:
+        tasks = (EXAMPLES / "heldout.jsonl").read_text().splitlines()[:3]
+        (tmp_path / "heldout.jsonl").write_text("\n".join(tasks) + "\n")
+        suite = {
+            "name": "hosted", "parallel": {"backend": "local", "workers": 1},
+            "policies": [{"name": "teacher", "model": {"engine": "openai_compat", "base_url": f"{gw.url}/v1",
+                                                        "model": "oracle", "api_key_env": KEY_ENV}}],
+            "harnesses": [{"name": "calculator", "kind": "agent", "policies": ["teacher"],
+                           "config": str(EXAMPLES / "calculator_grpo.yaml"), "tasks": "heldout.jsonl"}],
+        }
+        (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+        proc = subprocess.run([sys.executable, "-m", "polar.cli.main", "eval", "--suite", str(tmp_path / "suite.yaml"),
+                               "--out", str(tmp_path / "report")], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, KEY_ENV: KEY})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads((tmp_path / "report" / "report.json").read_text())
+        (row,) = report["results"]
+        assert row["error"] is None and row["n"] == 3
+        assert row["metrics"]["success_rate"]["mean"] == 1.0, row  # the oracle solves every task
+        assert KEY not in (tmp_path / "report" / "report.json").read_text()
+    finally:
+        gw.stop()
