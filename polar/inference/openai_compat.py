@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ class OpenAICompatConfig(StrictModel):
     max_retries: int = Field(4, ge=0, le=20, description="retries of a 429/503, with exponential backoff")
     backoff_s: float = Field(1.0, gt=0, description="first backoff; doubles per retry (Retry-After wins)")
     max_backoff_s: float = Field(30.0, gt=0, description="the longest single wait before a retry")
+    probe: bool = Field(True, description="at start, GET {base_url}/models once: an unreachable URL or a refused "
+                        "key fails there, in one line, rather than in every session")
     token_ids: bool = Field(False, description="ask for token ids and logprobs (vLLM: return_token_ids, "
                             "logprobs, return_tokens_as_token_ids); hosted APIs refuse these fields")
     config_key: str = "model"
@@ -130,11 +133,39 @@ class OpenAICompatEngine(Engine):
         return key
 
     def check_key(self) -> None:
-        """Fail at build time, in one line, when the named key variable is missing."""
+        """Fail at build time, in one line, when the named key variable is missing or is not a name."""
+        name = self.config.api_key_env
+        if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise EngineError(f"{self._key_name()} must name an environment variable (letters, digits, '_'); put "
+                              "the variable's name there, never the key itself (the value is not repeated here)")
         self.api_key()
+
+    def check_reachable(self) -> None:
+        """``GET {base_url}/models`` once: an unreachable URL or a refused key (401/403) is one line now, not an
+        error in every session. Any other answer (404 included: not every server lists models) passes."""
+        key = self.api_key()
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        try:
+            with httpx.Client(timeout=httpx.Timeout(self.config.connect_timeout_s * 3,
+                                                    connect=self.config.connect_timeout_s)) as client:
+                r = client.get(f"{self.base_url}/models", headers=headers)
+        except httpx.TimeoutException as e:
+            raise UpstreamUnavailable(f"{self._where()} did not answer GET /models within "
+                                      f"{self.config.connect_timeout_s * 3:g}s ({type(e).__name__}); check the URL "
+                                      "and the server") from None
+        except httpx.HTTPError as e:
+            raise UpstreamUnavailable(f"{self._where()} is unreachable ({type(e).__name__}: "
+                                      f"{self._redact(str(e), key)}); check the URL and that the server "
+                                      "is running") from None
+        if r.status_code in (401, 403):
+            raise self._status_error(r.status_code, r.text, key, 0)
 
     def _redact(self, text: str, key: str | None) -> str:
         return text.replace(key, "***") if key else text
+
+    def _option(self, name: str) -> str:
+        """Where an option is set: ``model.engine_kwargs.NAME`` in a config section."""
+        return f"{self.config.config_key}.engine_kwargs.{name}"
 
     def _where(self) -> str:
         return f"{self.config.config_key}.base_url {self.base_url}"
@@ -149,7 +180,7 @@ class OpenAICompatEngine(Engine):
             return UpstreamRateLimited(
                 f"{self._where()}: rate limited (HTTP 429) after {retries} retries ({self._key_name()} "
                 f"${self.config.api_key_env or 'unset'}); lower the concurrency or raise "
-                f"{self.config.config_key}.max_retries: {detail}")
+                f"{self._option('max_retries')}: {detail}")
         return EngineError(f"{self._where()} answered HTTP {status} for model {self.config.model!r}: {detail}")
 
     # ---- HTTP ----------------------------------------------------------------------------------------------
@@ -215,7 +246,7 @@ class OpenAICompatEngine(Engine):
             except httpx.TimeoutException as e:
                 raise UpstreamUnavailable(f"{self._where()} did not answer within its timeout "
                                           f"({type(e).__name__}); check the server, or raise "
-                                          f"{self.config.config_key}.timeout_s") from None
+                                          f"{self._option('timeout_s')}") from None
             except httpx.HTTPError as e:
                 raise UpstreamUnavailable(f"{self._where()} is unreachable ({type(e).__name__}: "
                                           f"{self._redact(str(e), key)}); check the URL and that the server "
@@ -398,4 +429,6 @@ def build_openai_compat(spec: str, *, base_url: str | None = None, api_key_env: 
                           f"{', '.join(sorted(set(OpenAICompatConfig.model_fields) - {'base_url', 'model', 'api_key_env', 'tokenizer', 'config_key'}))})") from None
     engine = OpenAICompatEngine(cfg)
     engine.check_key()
+    if cfg.probe:
+        engine.check_reachable()
     return engine

@@ -150,3 +150,19 @@ def test_eval_suite_scores_an_openai_compat_model_on_held_out_agent_tasks(tmp_pa
         assert KEY not in (tmp_path / "report" / "report.json").read_text()
     finally:
         gw.stop()
+
+
+def test_generate_with_an_unreachable_endpoint_fails_at_start_in_one_line(tmp_path: Path, capsys: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = polar_main(["generate", "--config", str(EXAMPLES / "calculator_grpo.yaml"),
+                     *_overrides(f"http://127.0.0.1:{port}"), "--out", str(tmp_path / "x.parquet")])
+    err = capsys.readouterr().err
+    assert rc != 0 and not (tmp_path / "x.parquet").exists()
+    line = next(ln for ln in err.splitlines() if "unreachable" in ln)
+    assert f"model.base_url http://127.0.0.1:{port}/v1 is unreachable" in line and "harness_error" not in err

@@ -190,6 +190,17 @@ class _Script(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self) -> None:
+        """``GET /v1/models`` (the engine's start-up probe): ``srv.get_status``, 200 by default."""
+        srv: Any = self.server
+        data = json.dumps({"object": "list", "data": []} if srv.get_status == 200 else
+                          {"error": {"message": f"Incorrect API key provided: {self.headers.get('authorization')}"}})
+        self.send_response(srv.get_status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+
     def log_message(self, *args: Any) -> None:
         pass
 
@@ -200,7 +211,7 @@ def scripted_endpoint() -> Iterator[Callable[[list[tuple[int, dict[str, str], An
 
     def start(script: list[tuple[int, dict[str, str], Any]]) -> Any:
         srv: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Script)
-        srv.script, srv.seen = list(script), []
+        srv.script, srv.seen, srv.get_status = list(script), [], 200
         srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
@@ -244,17 +255,37 @@ def test_unreachable_base_url_is_one_line_naming_the_url(upstream_key: str) -> N
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    engine = build_openai_compat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key_env=KEY_ENV)
-    with pytest.raises(UpstreamUnavailable) as e:
-        _ask(engine)
+    with pytest.raises(UpstreamUnavailable) as e:  # at start: the probe
+        build_openai_compat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key_env=KEY_ENV)
     msg = str(e.value)
     assert "\n" not in msg and f"model.base_url http://127.0.0.1:{port}/v1 is unreachable" in msg
+    engine = build_openai_compat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key_env=KEY_ENV, probe=False)
+    with pytest.raises(UpstreamUnavailable) as e:  # at use: the same line
+        _ask(engine)
+    assert "\n" not in str(e.value) and f"model.base_url http://127.0.0.1:{port}/v1 is unreachable" in str(e.value)
+
+
+def test_a_key_refused_at_start_is_one_line_naming_the_key_and_status(scripted_endpoint: Any,
+                                                                       upstream_key: str) -> None:
+    srv = scripted_endpoint([(200, {}, OK_BODY)])
+    srv.get_status = 401
+    with pytest.raises(EngineError) as e:
+        build_openai_compat("m", base_url=f"{srv.url}/v1", api_key_env=KEY_ENV)
+    msg = str(e.value)
+    assert "\n" not in msg and "model.api_key_env" in msg and f"${KEY_ENV}" in msg and "HTTP 401" in msg
+    assert KEY not in msg and "***" in msg  # the endpoint echoed the key: cut out
+
+
+def test_api_key_env_that_holds_a_key_instead_of_a_name_is_refused_without_echoing_it() -> None:
+    with pytest.raises(EngineError) as e:
+        build_openai_compat("m", base_url="http://127.0.0.1:9/v1", api_key_env=KEY)
+    assert "must name an environment variable" in str(e.value) and KEY not in str(e.value)
 
 
 def test_401_is_one_line_naming_the_key_and_status_and_hides_an_echoed_key(scripted_endpoint: Any,
                                                                             upstream_key: str) -> None:
     srv = scripted_endpoint([(401, {}, {"error": {"message": f"Incorrect API key provided: {KEY}"}})])
-    engine = build_openai_compat("m", base_url=f"{srv.url}/v1", api_key_env=KEY_ENV)
+    engine = build_openai_compat("m", base_url=f"{srv.url}/v1", api_key_env=KEY_ENV)  # the probe passes (200)
     with pytest.raises(EngineError) as e:
         _ask(engine)
     msg = str(e.value)
