@@ -32,6 +32,7 @@ from pydantic import Field
 
 from polar.config.base import StrictModel
 from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent, UpstreamUnavailable
+from polar.types import CREDENTIAL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class OpenAICompatEngine(Engine):
         self.context_length = config.context_length
         self.policy_version = 0
         self.default_stop_token_ids = _stop_ids(self.tokenizer)
+        if config.api_key_env:  # the key's variable never reaches a harness process (runners drop it)
+            CREDENTIAL_ENV.add(config.api_key_env)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         # every call samples at this temperature when set (an evaluation's deterministic: 0, greedy)

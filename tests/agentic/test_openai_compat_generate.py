@@ -166,3 +166,44 @@ def test_generate_with_an_unreachable_endpoint_fails_at_start_in_one_line(tmp_pa
     assert rc != 0 and not (tmp_path / "x.parquet").exists()
     line = next(ln for ln in err.splitlines() if "unreachable" in ln)
     assert f"model.base_url http://127.0.0.1:{port}/v1 is unreachable" in line and "harness_error" not in err
+
+
+LEAK_PROBE = """
+import json, os, urllib.request
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
+    data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode(),
+    headers={"content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+urllib.request.urlopen(req, timeout=60).read()
+print("KEY=" + os.environ.get("%s", "absent"))
+"""
+
+
+def test_command_harness_cannot_read_the_teacher_key_from_its_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent program (untrusted: the policy drives it) inherits polar's environment, minus the variable
+    that holds the openai_compat endpoint's key."""
+    import yaml
+
+    from polar.config import load_config
+    from polar.inference import ScriptedEngine
+    from polar.trainers.build import build_session_stack
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    teacher = GatewayServer(GatewayConfig(accept_any_model=True), engine=ScriptedEngine.tiny(["hello"] * 4),
+                            records_dir=tmp_path / "teacher").start()
+    try:
+        (tmp_path / "probe.py").write_text(LEAK_PROBE % KEY_ENV)
+        (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t", "prompt": "hi"}) + "\n")
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+            "name": "leak", "tasks": "tasks.jsonl", "verifier": {"type": "none"}, "policy": {"type": "grpo"},
+            "harness": {"type": "agent", "command": ["{python}", "{config_dir}/probe.py"], "timeout_s": 60},
+            "model": {"engine": "openai_compat", "base_url": f"{teacher.url}/v1", "model": "m",
+                      "api_key_env": KEY_ENV}}))
+        cfg = load_config(tmp_path / "run.yaml")
+        with build_session_stack(cfg, tmp_path / "work") as stack:
+            (group,) = stack.run_groups([({"id": "t", "prompt": "hi"}, 1, {})])
+        (res,) = group
+        assert res.status.value == "done", res.error
+        assert res.output.strip() == "KEY=absent"
+    finally:
+        teacher.stop()
