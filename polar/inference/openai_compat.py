@@ -422,12 +422,16 @@ def build_openai_compat(spec: str, *, base_url: str | None = None, api_key_env: 
                           "(e.g. base_url: https://api.example.com/v1)")
     if not base_url.startswith(("http://", "https://")):
         raise EngineError(f"{section}.base_url {base_url!r} must start with http:// or https://")
+    clash = sorted(set(options) & {"model", "config_key"})
+    if clash:
+        raise EngineError(f"{section}.engine_kwargs.{clash[0]} is not an option here; the endpoint's model name is "
+                          f"{section}.model")
     try:
         cfg = OpenAICompatConfig(base_url=base_url, model=spec, api_key_env=api_key_env, config_key=section,
                                  **options)
     except ValidationError as e:
         first = e.errors()[0]
-        raise EngineError(f"{section}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']} "
+        raise EngineError(f"{section}.engine_kwargs.{'.'.join(str(p) for p in first['loc'])}: {first['msg']} "
                           "(engine: openai_compat options: base_url, model, api_key_env, tokenizer, "
                           f"{', '.join(sorted(set(OpenAICompatConfig.model_fields) - {'base_url', 'model', 'api_key_env', 'tokenizer', 'config_key'}))})") from None
     engine = OpenAICompatEngine(cfg)
