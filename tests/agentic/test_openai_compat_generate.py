@@ -85,22 +85,22 @@ def test_generate_from_an_openai_compat_teacher_writes_a_dataset_sft_trains_on(
 @pytest.mark.parametrize("policy", ["grpo", "sft"])
 def test_grpo_and_sft_refuse_an_openai_compat_policy_in_one_line(policy: str, tmp_path: Path, capsys: Any,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(KEY_ENV, KEY)
-    config = EXAMPLES / "calculator_grpo.yaml"
-    if policy == "sft":  # the same run, SFT only (its kwargs are SFT's)
-        import yaml
+    import sys
 
-        raw = yaml.safe_load(config.read_text())
-        raw["policy"] = {"type": "sft", "kwargs": {"epochs": 1}}
-        raw["sft_warmup"] = None
-        config = EXAMPLES / f"_test_sft_{tmp_path.name}.yaml"  # beside the example: its relative paths resolve
-        config.write_text(yaml.safe_dump(raw))
-    try:
-        rc = polar_main(["run", "--config", str(config), *_overrides("http://127.0.0.1:9"),
-                         "--run-dir", str(tmp_path / "run")])
-    finally:
-        if policy == "sft":
-            config.unlink()
+    import yaml
+
+    from tests.agentic.helpers import HERE
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.syspath_prepend(str(HERE))  # the harness module, as the run would import it
+    assert str(HERE) in sys.path
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t", "prompt": "hi"}) + "\n")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        "name": "refused", "tasks": "tasks.jsonl", "verifier": {"type": "none"},
+        "harness": {"type": "agent", "callable": "agents_for_tests:ask_once"},
+        "policy": {"type": policy}, "model": {"name_or_path": "tiny"}}))
+    rc = polar_main(["run", "--config", str(tmp_path / "run.yaml"), *_overrides("http://127.0.0.1:9"),
+                     "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert rc != 0 and not (tmp_path / "run").exists()
     line = next(ln for ln in err.splitlines() if "openai_compat" in ln)
