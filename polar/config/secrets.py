@@ -110,8 +110,18 @@ def redact_yaml_text(text: str) -> str:
     """A YAML or JSON document with secret-named entries redacted (for files served as they are on disk, e.g.
     an old run's config.resolved.yaml); text that does not parse comes back unchanged but for whole lines
     ``key: value`` whose key names a credential."""
+    import json
+
     import yaml
 
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if isinstance(data, (dict, list)):
+            _redact_free(data)
+            return json.dumps(data, indent=2)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
