@@ -6,6 +6,7 @@ The token (needed to listen on a non-loopback address) comes from ``$POLAR_SERVE
 from __future__ import annotations
 
 import argparse
+import sys
 
 TOKEN_ENV = "POLAR_SERVE_TOKEN"
 HELP = "serve exported policies (or a run's checkpoints) over HTTP: KServe Open Inference Protocol v2 + /v1/act"
@@ -38,8 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from polar.config.secrets import from_env, read_secret_file
     from polar.deploy.serve import ServeSettings, serve
 
@@ -49,10 +48,9 @@ def main(args: argparse.Namespace) -> int:
                              threads=args.threads, seed=args.seed, name=args.name, token=token,
                              trust_code=args.trust_code)
 
-    def announce(url: str) -> None:
-        Console(stderr=True).print(f"polar serve: {args.target} on {url} (/v2/models/<name>/infer, /v1/act, /metrics)"
-                                   + ("; clients send 'Authorization: Bearer <token>'" if token else ""),
-                                   markup=False, highlight=False)
+    def announce(url: str) -> None:  # one unwrapped line, flushed: scripts read the address from it
+        print(f"polar serve: {args.target} on {url} (/v2/models/<name>/infer, /v1/act, /metrics)"
+              + ("; clients send 'Authorization: Bearer <token>'" if token else ""), file=sys.stderr, flush=True)
 
     serve(args.target, args.host, args.port, settings, announce)
     return 0
