@@ -1,6 +1,7 @@
 """polar export: parity of ONNX / TorchScript / int8 graphs with the eager policy, for each agent kind."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -194,6 +195,11 @@ def test_polar_export_cli(make_run, tmp_path, capsys):
                  "--samples", "200"]) == 0
     err = capsys.readouterr().err
     assert "parity on 200 recorded observations" in err and "int8 (model.int8.onnx): action agreement" in err
+    # the line says which measure passed which tolerance: the relative delta, not the absolute one it shows first
+    m = re.search(r"max \|delta\| ([\d.e+-]+), max \|delta\| / max\(1, \|eager value\|\) ([\d.e+-]+) <= tolerance "
+                  r"([\d.e+-]+) \(relative to values above 1, absolute below\)", " ".join(err.split()))
+    assert m is not None, err
+    assert float(m.group(2)) <= float(m.group(3)) == PARITY_TOL
     assert main(["export", str(run.path), "--format", "torchscript", "--quantize", "int8",
                  "--out", str(tmp_path / "f")]) == 1
     assert "--quantize int8 needs --format onnx" in capsys.readouterr().err
