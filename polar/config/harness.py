@@ -76,9 +76,9 @@ class ConnectorSpec(StrictModel):
             raise ValueError("connector_spec.command is empty; give the program and its arguments as a list")
         if self.transport == "tcp" and not _is_loopback(self.host) and not (self.token or from_env("POLAR_CONNECTOR_TOKEN")):
             raise ValueError(
-                f"connector_spec.host {self.host!r} is not a loopback address: set $POLAR_CONNECTOR_TOKEN (or "
-                "$POLAR_CONNECTOR_TOKEN_FILE, or connector_spec.token) to a shared secret (the connector sends it "
-                "in its hello), or listen on 127.0.0.1"
+                f"connector_spec.host {self.host!r} is not a loopback address: set connector_spec.token to a "
+                "shared secret (the connector sends it in its hello), better through $POLAR_CONNECTOR_TOKEN or "
+                "$POLAR_CONNECTOR_TOKEN_FILE, which keep it out of the config; or listen on 127.0.0.1"
             )
         return self
 
