@@ -341,7 +341,7 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
         if request.method == "POST":
             if ratings_token is not None:
                 if not token_ok(given_token(request.headers, request.cookies), ratings_token):
-                    return _error(401, "ratings need the dashboard's token (--ratings-token / POLAR_DASHBOARD_TOKEN): "
+                    return _error(401, "ratings need the dashboard's token ($POLAR_DASHBOARD_TOKEN): "
                                        "enter it in the Ratings box, sent as the X-Polar-Token header")
             try:
                 body = await request.json()
