@@ -32,6 +32,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from polar.deploy.body import BodyError, BodyParser
 from polar.deploy.graph import NUMPY_DTYPES, OIP_DATATYPES, GraphSpec
 from polar.deploy.runtime import MANIFEST, Runner, _first_line, load_export, smoke_test
 from polar.errors import DeployError
@@ -344,6 +345,7 @@ class PolicyServer:
         self.sessions = Sessions(settings.max_sessions)
         self.metrics = Metrics()
         self.rng = np.random.default_rng(settings.seed)
+        self.parser = BodyParser()
         self.seen: dict[str, tuple] = {}  # path -> signature already tried (loaded or failed)
         self.failures: dict[str, str] = {}  # path -> why its last load failed
         self._watch: asyncio.Task | None = None
@@ -381,6 +383,7 @@ class PolicyServer:
                 mv.batcher.retire()
         await asyncio.gather(*(mv.batcher.task for mv in self.versions.values() if mv.batcher is not None),
                              return_exceptions=True)
+        self.parser.close()
 
     async def _watch_loop(self) -> None:
         while True:
@@ -503,21 +506,6 @@ def _state_fits(state: dict[str, np.ndarray], spec: GraphSpec, rows: int) -> boo
 
 
 # ---------------------------------------------------------------------------------------------- parsing
-def _no_constants(name: str) -> Any:
-    raise RequestError(f"the request body holds {name}, which is not JSON; send finite numbers")
-
-
-def parse_body(raw: bytes) -> Any:
-    """JSON of a request body: NaN and Infinity (which Python's json accepts) and nesting past the parser's
-    recursion limit are a 400 that says so."""
-    try:
-        return json.loads(raw, parse_constant=_no_constants)
-    except RecursionError:
-        raise RequestError("the request body nests too deeply to parse; send tensors flat (with their shape)") from None
-    except ValueError as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from None
-
-
 def _parse_params(params: Any, where: str = "parameters") -> dict[str, Any]:
     if params is None:
         return {}
@@ -550,7 +538,7 @@ def _depth(data: Any) -> int:
 
 
 def _to_array(data: Any, dtype: str, shape: list[int], where: str) -> np.ndarray:
-    if _depth(data) > MAX_DEPTH:
+    if _depth(data) > MAX_DEPTH or (isinstance(data, np.ndarray) and data.ndim > MAX_DEPTH):
         raise RequestError(f"'{where}.data' nests lists more than {MAX_DEPTH} deep; send it flat, or nested as its "
                            "shape")
     want = math.prod(shape) if shape else 1  # Python ints: a shape like [2**62, 2**62] cannot wrap around
@@ -629,7 +617,7 @@ def parse_oip(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, d
             rows, first = shape[0], name
         elif shape[0] != rows:
             raise RequestError(f"'{where}.shape': batch {shape[0]} differs from {first!r}'s batch {rows}")
-        if not isinstance(inp["data"], list):
+        if not isinstance(inp["data"], (list, np.ndarray)):  # an array: a large body, converted by the parser
             raise RequestError(f"'{where}.data' must be a list (flat, or nested in row-major order)")
         feeds[name] = _to_array(inp["data"], t.dtype, shape, where)
     obs_names = [t.name for t in spec.inputs if t.name.startswith("obs")]
@@ -665,7 +653,7 @@ def parse_act(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, b
     batched = "observations" in body
     key = "observations" if batched else "observation"
     value = body[key]
-    if batched and (not isinstance(value, list) or not value):
+    if batched and (not isinstance(value, (list, np.ndarray)) or not len(value)):
         raise RequestError("'observations' must be a non-empty list of observations")
     feeds = {}
     items = value if batched else [value]
@@ -701,8 +689,8 @@ def build_app(server: PolicyServer):
         return JSONResponse({"error": msg}, status)
 
     async def read_json(request: Request) -> Any:
-        """The body, counted as it streams (a chunked body past the limit is cut there, never read whole),
-        parsed on a worker thread so a large body never stalls the other requests."""
+        """The body, counted as it streams (a chunked body past the limit is cut there, never read whole), and
+        parsed where it cannot stall the other requests (``polar.deploy.body``)."""
         limit = server.settings.max_body_bytes
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > limit:
@@ -713,7 +701,10 @@ def build_app(server: PolicyServer):
             if total > limit:
                 raise RequestError(f"the request body is over the limit of {limit} bytes", 413)
             chunks.append(chunk)
-        return await anyio.to_thread.run_sync(parse_body, b"".join(chunks))
+        try:
+            return await server.parser.parse(b"".join(chunks))
+        except BodyError as e:
+            raise RequestError(str(e)) from None
 
     def timed(endpoint: str):
         def wrap(fn):

@@ -336,7 +336,7 @@ class Evil(torch.nn.Module):
     ns: dict = {}
     src = export_dir / "evil_src.py"
     src.write_text(code)
-    exec(compile(code, str(src), "exec"), ns)  # noqa: S102  # the attacker's build step, in the test
+    exec(compile(code, str(src), "exec"), ns)  # the attacker's build step, in the test
     torch.jit.script(ns["Evil"]()).save(str(export_dir / "model.ts"))
     src.unlink()
 
@@ -404,6 +404,41 @@ def test_chunked_20_mib_body_is_refused_before_it_is_read_whole(cartpole_models)
                 reply += data
         assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
         assert s.client.get("/v2/health/ready").status_code == 200  # and it serves the others meanwhile
+
+
+def test_a_huge_body_does_not_stall_other_requests(cartpole_models):
+    """A 14 MiB body (520,000 observations) costs about a second of JSON parsing and list conversion, which
+    holds Python's GIL: done in the server's process it stops every other request for that second. Health
+    checks sent meanwhile must each be answered within 0.5 s."""
+    from tests.deploy.serving import LiveServer
+
+    body = json.dumps({"observations": [[0.123456, 0.5, 0.25, 0.75]] * 520_000}).encode()
+    with LiveServer(cartpole_models, poll_s=0) as s:
+        r = s.client.post("/v1/act", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "max_batch_size" in r.text  # warm: the parser's worker has started
+        latencies: list[float] = []
+        done = threading.Event()
+
+        def probe() -> None:
+            with httpx.Client(base_url=s.url, timeout=30) as c:
+                while not done.is_set():
+                    t0 = time.perf_counter()
+                    assert c.get("/v2/health/live").status_code == 200
+                    latencies.append(time.perf_counter() - t0)
+                    time.sleep(0.005)
+
+        t = threading.Thread(target=probe)
+        t.start()
+        try:
+            time.sleep(0.2)
+            for _ in range(2):
+                r = s.client.post("/v1/act", content=body, headers={"content-type": "application/json"})
+                assert r.status_code == 413, r.text
+            time.sleep(0.2)
+        finally:
+            done.set()
+            t.join(30)
+    assert len(latencies) > 20 and max(latencies) < 0.5, (len(latencies), max(latencies))
 
 
 BAD_BODIES = {
