@@ -549,3 +549,81 @@ def test_serve_banner_prints_the_address_it_listens_on(cartpole_models, tmp_path
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# ------------------------------------------------------------------------------------------ in a real browser
+@pytest.fixture
+def chromium_page():
+    """Headless Chromium (Debian's, as tests/dashboard uses) where the name evil.test resolves to 127.0.0.1,
+    as it does for a victim after an attacker re-points its DNS record (rebinding)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.dashboard.conftest import chromium_path
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(),
+                              args=["--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP evil.test 127.0.0.1"])
+        ctx = b.new_context()
+        yield ctx.new_page()
+        ctx.close()
+        b.close()
+
+
+class _EvilSite:
+    """Another site on this machine (another origin): serves one page."""
+
+    def __init__(self, html: str) -> None:
+        import http.server
+
+        page = html.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server's name
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_web_page_of_another_site_cannot_forge_a_dashboard_rating(tmp_path, dashboard, chromium_page):
+    """The CSRF attack as a browser makes it: a page of another origin POSTs to the dashboard (no-cors, a
+    'simple' request that needs no preflight, so the browser sends it)."""
+    run = agent_run_folder(tmp_path / "runs")
+    srv = dashboard(tmp_path / "runs")
+    target = f"{srv.url}/api/ratings?run=agent"
+    evil = _EvilSite(f"""<script>
+      window.sent = fetch({json.dumps(target)}, {{method: "POST", mode: "no-cors", headers: {{"content-type": "text/plain"}},
+        body: JSON.stringify({{kind: "session", target: "ses-1", score: 1, comment: "forged"}})}})
+        .then(() => "sent", (e) => "error " + e);
+    </script>""")
+    try:
+        chromium_page.goto(evil.url)
+        assert chromium_page.evaluate("window.sent") == "sent"  # the browser did send it
+        time.sleep(0.5)
+    finally:
+        evil.close()
+    assert not (run / "ratings.jsonl").exists(), (run / "ratings.jsonl").read_text()
+
+
+def test_a_rebinding_page_cannot_read_the_dashboard(tmp_path, dashboard, chromium_page):
+    """After rebinding, evil.test is 127.0.0.1: the attacker's page is same-origin with http://evil.test:PORT,
+    the browser sends Host: evil.test:PORT, and the dashboard must answer nothing."""
+    agent_run_folder(tmp_path / "runs")
+    srv = dashboard(tmp_path / "runs")
+    resp = chromium_page.goto(f"http://evil.test:{srv.port}/api/sessions?run=agent")
+    assert resp is not None and resp.status == 403
+    assert "ses-1" not in chromium_page.content()
+    resp = chromium_page.goto(f"http://127.0.0.1:{srv.port}/api/sessions?run=agent")  # the real address works
+    assert resp is not None and resp.status == 200 and "ses-1" in chromium_page.content()
