@@ -55,8 +55,13 @@ def from_env(env: str) -> str | None:
     return read_secret_file(path, f"${env}_FILE") if path else None
 
 
+# a tokenizer's special tokens ({eos_token: "</s>"}) are text, not credentials
+NOT_SECRET = re.compile(r"(?:^|[_\-.])(?:bos|eos|pad|unk|sep|cls|mask|stop|start|end|special|chat|image|tool)"
+                        r"[_\-]?token$", re.IGNORECASE)
+
+
 def is_secret_key(key: str) -> bool:
-    return bool(SECRET_KEY.search(key))
+    return bool(SECRET_KEY.search(key)) and not NOT_SECRET.search(key)
 
 
 def _secret_env(model: type[BaseModel], name: str) -> str | None:
