@@ -14,8 +14,10 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -157,7 +159,7 @@ def _host_name(host_header: str) -> str:
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
-def given_token(headers: Any, cookies: dict[str, str]) -> str:
+def given_token(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str:
     """The token a request carries: ``X-Polar-Token``, ``Authorization: Bearer`` or the login cookie."""
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
@@ -227,7 +229,7 @@ class Guard:
 
 
 def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES,
-              token_for_reads: bool = False) -> Any:
+              token_for_reads: bool = False) -> Guard:
     """The dashboard's ASGI app over the runs folder ``root``. ``ratings_token``: the token ratings (and, with
     ``token_for_reads``, every read) need; ``allowed_hosts``: the ``Host`` names accepted (None: any, for a
     non-loopback address, where the token guards)."""
@@ -383,7 +385,7 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
                 raise ValueError(f"{request.path_params['path']} is over {REDACT_MAX_BYTES >> 20} MiB: YAML/JSON is "
                                  "served only with its secrets redacted, which needs it parsed; read it on disk")
             text = await asyncio.to_thread(p.read_text, errors="replace")
-            headers["content-disposition"] = f'attachment; filename="{p.name}"'
+            headers["content-disposition"] = f"attachment; filename*=utf-8''{quote(p.name)}"
             return Response(redact_yaml_text(text), media_type="text/plain; charset=utf-8", headers=headers)
         if p.suffix.lower() in INLINE_MEDIA:  # episode frames shown by <img>: still no script, no sniffing
             return FileResponse(p, media_type=INLINE_MEDIA[p.suffix.lower()], headers=headers,
