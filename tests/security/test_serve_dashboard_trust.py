@@ -627,3 +627,49 @@ def test_a_rebinding_page_cannot_read_the_dashboard(tmp_path, dashboard, chromiu
     assert "ses-1" not in chromium_page.content()
     resp = chromium_page.goto(f"http://127.0.0.1:{srv.port}/api/sessions?run=agent")  # the real address works
     assert resp is not None and resp.status == 200 and "ses-1" in chromium_page.content()
+
+
+# ------------------------------------------------------------------------------------------ resume, end to end
+def test_polar_resume_of_a_run_with_redacted_secrets_takes_them_from_the_environment(tmp_path):
+    """`polar run` a connector run whose token comes from $POLAR_CONNECTOR_TOKEN and whose connector env holds
+    an API key; neither reaches the run folder; `polar resume` stops with one line naming the missing one,
+    then finishes once the environment supplies it (the connector's hello uses the re-supplied token)."""
+    import shutil
+
+    src = ROOT / "examples" / "keydoor"
+    game = tmp_path / "game"
+    game.mkdir()
+    for f in ("keydoor_game.py", "my_game_connector.py", "polar_agent_definition.py"):
+        shutil.copy(src / f, game / f)
+    api_key = "key-" + "9d1e-never-on-disk"
+    cfg = yaml.safe_load((src / "demo.yaml").read_text())
+    cfg["harness"]["connector_spec"]["env"] = {"GAME_API_KEY": api_key}
+    cfg["total_env_steps"] = 1024
+    cfg["distribution"]["envs_per_worker"] = 4
+    cfg["logging"] = {"checkpoint_freq": 1, "tensorboard": False, "progress_bar": False}
+    cfg["eval"] = {"at_end": False}
+    (game / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {"POLAR_CONNECTOR_TOKEN": SECRET, "GAME_API_KEY": ""}
+    run = tmp_path / "run"
+    first = polar("run", "--config", game / "c.yaml", "--run-dir", run, "--no-progress", cwd=tmp_path, env=env,
+                  timeout_s=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for f in run.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert SECRET.encode() not in data and api_key.encode() not in data, f
+    assert "<redacted>" in (run / "config.resolved.yaml").read_text()
+    missing = polar("resume", run, "-o", "total_env_steps=2048", "--no-progress", cwd=tmp_path, env=env)
+    assert missing.returncode == 1
+    lines = [ln for ln in missing.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "harness.connector_spec.env.GAME_API_KEY was redacted" in lines[0], missing.stderr
+    assert "$GAME_API_KEY" in lines[0]
+    again = polar("resume", run, "-o", "total_env_steps=2048", "--no-progress", cwd=tmp_path,
+                  env={**env, "GAME_API_KEY": api_key}, timeout_s=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["env_steps"] >= 2048
+    for f in run.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert SECRET.encode() not in data and api_key.encode() not in data, f
