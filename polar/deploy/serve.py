@@ -56,6 +56,7 @@ class ServeSettings:
     token: str | None = None  # when set, every route but the health checks needs "Authorization: Bearer <token>"
     name: str | None = None  # model name (default: the folder layout's <name>/<version>, else the run's name)
     trust_code: bool = False  # load TorchScript exports and runs whose config names code (custom agents, envs)
+    allowed_hosts: frozenset[str] | None = None  # Host names answered (None: any); `serve` on loopback: loopback names
 
 
 class RequestError(Exception):
@@ -837,11 +838,40 @@ def build_app(server: PolicyServer):
         Route(m + "/infer", infer, methods=["POST"]), Route(v + "/infer", infer, methods=["POST"]),
         Route("/v1/act", act, methods=["POST"]), Route("/metrics", metrics),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
-    token = server.settings.token
-    if token is None:
-        return app
-    return BearerAuth(app, token)
+    app: Any = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+    if server.settings.token is not None:
+        app = BearerAuth(app, server.settings.token)
+    if server.settings.allowed_hosts is not None:
+        app = HostCheck(app, server.settings.allowed_hosts)
+    return app
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class HostCheck:
+    """ASGI middleware: a server on loopback answers only requests addressed to a loopback name, so a web page
+    whose DNS name was re-pointed at 127.0.0.1 (rebinding) cannot query it through the user's browser."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), "")
+            name = host.strip().lower()
+            name = name[1:name.find("]")] if name.startswith("[") and "]" in name else (
+                name.rsplit(":", 1)[0] if name.count(":") == 1 else name)
+            if name not in self.allowed:
+                body = json.dumps({"error": f"Host {host!r} is not this server's address (it listens on loopback: "
+                                            "use http://127.0.0.1:PORT)"}).encode()
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 class BearerAuth:
@@ -902,6 +932,8 @@ def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings:
     import uvicorn
 
     settings = settings or ServeSettings()
+    if is_loopback(host) and settings.allowed_hosts is None:
+        settings.allowed_hosts = LOOPBACK_NAMES
     if not is_loopback(host) and not settings.token:
         raise DeployError(f"--host {host} is not a loopback address: anyone who reaches it could query the policy; "
                           "set $POLAR_SERVE_TOKEN (or $POLAR_SERVE_TOKEN_FILE, or --token-file) to a token clients "

@@ -528,6 +528,31 @@ def test_serve_token_guards_every_route_but_health(cartpole_models):
         assert s.client.post("/v1/act", json=body, headers={"authorization": f"Bearer {SECRET}"}).status_code == 200
 
 
+def test_a_rebinding_host_cannot_query_polar_serve(cartpole_models, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "polar.cli.main", "serve", str(cartpole_models), "--port", "0"],
+                            cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = proc.stderr.readline()
+        url = line.split(" on ")[1].split()[0]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        port = url.rsplit(":", 1)[1]
+        body = {"observation": [0, 0, 0, 0]}
+        r = httpx.post(f"{url}/v1/act", json=body, headers={"host": f"evil.example:{port}"}, timeout=10)
+        assert r.status_code == 403 and "Host" in r.json()["error"], r.text
+        assert httpx.get(f"{url}/v2/models/acrobot", headers={"host": f"evil.example:{port}"}).status_code == 403
+        assert httpx.post(f"{url}/v1/act", json=body, headers={"host": f"localhost:{port}"}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_serve_banner_prints_the_address_it_listens_on(cartpole_models, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "polar.cli.main", "serve", str(cartpole_models), "--port", "0"],
                             cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
