@@ -284,8 +284,12 @@ def check_trust(suite: EvalSuite, trust_code: bool) -> None:
             run_dir, cfg, _ = resolve_target(path)
             require_trust(cfg, f"policy {p.name!r}: run {run_dir.path}", trust_code)
     for h in suite.harnesses:
-        if h.config is not None and suite.resolve(h.config).is_dir():  # a run folder's config, not the user's YAML
-            run_dir, cfg = load_run(suite.resolve(h.config))
+        if h.config is None:
+            continue
+        path = suite.resolve(h.config)
+        run_path = path if path.is_dir() else path.parent if (path.parent / "run.json").is_file() else None
+        if run_path is not None:  # a run folder, or a config file inside one: data, not the user's own YAML
+            run_dir, cfg = load_run(run_path)
             require_trust(cfg, f"harness {h.name!r}: run {run_dir.path}", trust_code)
 
 

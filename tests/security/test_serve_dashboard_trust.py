@@ -314,6 +314,17 @@ def test_an_eval_suite_naming_a_foreign_run_needs_trust_code(foreign_run, monkey
     with pytest.raises(ConfigError, match=r"policy 'a': run .* names code .*agent\.module.*--trust-code"):
         run_suite(load_suite(work / "s.yaml"), work / "out")
     assert not marker.exists() and not (work / "out" / "report.json").exists()
+    # a harness taken from the run folder's own config file is the run's data too, not the suite author's YAML
+    own_cfg = load_config(write_config(work / "own.yaml", "name: own\nharness: {type: gymnasium, id: CartPole-v1}\n"
+                                       "policy: {type: ppo}\n"))
+    own = RunDir.create("own", run_dir=work / "own", kind="ppo").path
+    (own / "config.resolved.yaml").write_text(dump_config(own_cfg))
+    (work / "h.yaml").write_text(yaml.safe_dump({
+        "name": "h", "policies": [{"name": "own", "run": str(own)}],
+        "harnesses": [{"name": "c", "config": str(run / "config.resolved.yaml"), "seeds": {"start": 10**6, "count": 1}}]}))
+    with pytest.raises(ConfigError, match=r"harness 'c': run .* names code .*agent\.module.*--trust-code"):
+        run_suite(load_suite(work / "h.yaml"), work / "out2")
+    assert not marker.exists()
 
 
 def crafted_torchscript(export_dir: Path, victim: Path, stolen: Path) -> None:
