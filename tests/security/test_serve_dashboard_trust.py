@@ -487,13 +487,23 @@ def test_overflowing_shapes_get_4xx(cartpole_models, shape, data):
         assert 400 <= r.status_code < 500 and "error" in r.json(), r.text
 
 
-def test_metadata_inputs_are_exactly_what_infer_accepts(cartpole_models):
+@pytest.mark.parametrize("agent", ["mlp", "lstm"])
+def test_metadata_inputs_are_exactly_what_infer_accepts(cartpole_models, tmp_path, agent):
     """A generic OIP client: read the model's metadata, send one tensor for every input it declares."""
+    from polar.deploy.export import export_run
+    from tests.deploy.conftest import run_config, write_run
     from tests.deploy.serving import LiveServer
 
-    with LiveServer(cartpole_models, poll_s=0, name="acrobot") as s:
+    models = cartpole_models
+    if agent == "lstm":  # its recurrent state inputs are declared too, and accepted
+        run = write_run(tmp_path / "run", run_config("cartpole", agent={"type": "lstm", "hidden_sizes": [16],
+                                                                        "lstm_hidden_size": 8}))
+        export_run(run.path, tmp_path / "models" / "acrobot" / "1", samples=8)
+        models = tmp_path / "models" / "acrobot"
+    with LiveServer(models, poll_s=0, name="acrobot") as s:
         meta = s.client.get("/v2/models/acrobot").json()
-        assert [t["name"] for t in meta["inputs"]] == ["obs"]
+        want = ["obs"] if agent == "mlp" else ["obs", "state.0", "state.1"]
+        assert [t["name"] for t in meta["inputs"]] == want
         inputs = []
         for t in meta["inputs"]:
             shape = [1 if d == -1 else d for d in t["shape"]]
