@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic ones")
     p.add_argument("--record", type=int, nargs="?", const=3, default=None, metavar="N",
                    help="also record N episodes (default 3) frame by frame into RUN/episodes/ for `polar dashboard`")
+    p.add_argument("--trust-code", action="store_true",
+                   help="evaluate runs whose config names code (a custom agent, env, connector, harness or "
+                        "verifier), which evaluating imports or runs: only for runs you trust")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,7 +50,10 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--episodes must be at least 1")
     if args.record is not None and args.record < 1:
         raise ConfigError(f"--record must be at least 1 episode (got {args.record})")
+    from polar.config.trust import require_trust
+
     run_dir, cfg, _ = resolve_target(Path(args.target))
+    require_trust(cfg, f"run {run_dir.path}", args.trust_code)
     console = Console(stderr=True)
     console.print(status_line(run_dir.path), markup=False, highlight=False)  # e.g. a run that was killed
     if args.record and run_kind(cfg) == "agent":
@@ -96,7 +102,7 @@ def _run_suite(args: argparse.Namespace) -> int:
 
     suite = load_suite(args.suite)
     console = Console(stderr=True)
-    report = run_suite(suite, args.out)
+    report = run_suite(suite, args.out, trust_code=args.trust_code)
     for h in report["harnesses"]:
         table = Table(title=f"{suite.name}: {h['name']}")
         for col in ("policy", "n", *h["metrics"]):

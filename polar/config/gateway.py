@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from polar.config.base import StrictModel
+from polar.config.secrets import secret_field
 from polar.config.sync import WeightSyncConfig
 
 
@@ -35,7 +36,8 @@ class GatewayConfig(StrictModel):
     pause_mode: Literal["wait", "reject"] = Field("wait", description="while paused: wait for resume, or 429 at once")
     pause_wait_s: float = Field(30.0, ge=0, description="longest wait before a paused call gets 429")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
-    admin_token: str | None = Field(None, description="required on /admin/* (and to read others' sessions) when set")
+    admin_token: str | None = secret_field("POLAR_GATEWAY_ADMIN_TOKEN",
+                                           "required on /admin/* (and to read others' sessions) when set")
     sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="weight sync into the engine: in-flight calls, the "
         "weights folder, the logprob check (docs/agentic.md, Engines and weight sync)")

@@ -9,8 +9,19 @@ from pathlib import Path
 
 import uvicorn
 
-from polar.dashboard.app import build_app
+from polar.dashboard.app import LOOPBACK_NAMES, build_app
 from polar.errors import PolarError
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class DashboardServer:
@@ -24,7 +35,14 @@ class DashboardServer:
             raise PolarError(f"runs folder {self.root} does not exist or is not a directory; pass the folder "
                              "`polar run` writes into (default: runs)")
         self.host = host
-        self.app = build_app(self.root, ratings_token)
+        loopback = is_loopback(host)
+        if not loopback and not ratings_token:
+            raise PolarError(f"--host {host} is not a loopback address: anyone who reaches it could read every run; "
+                             "set $POLAR_DASHBOARD_TOKEN (or $POLAR_DASHBOARD_TOKEN_FILE, or --token-file) to a token "
+                             "the page must present, or listen on 127.0.0.1")
+        # loopback: only loopback Host names (DNS rebinding); elsewhere the token guards every read and write
+        self.app = build_app(self.root, ratings_token, LOOPBACK_NAMES if loopback else None,
+                             token_for_reads=not loopback)
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -34,7 +52,7 @@ class DashboardServer:
             raise PolarError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port "
                              "(0 chooses a free one)") from None
         self.sock.listen(128)
-        self.port = self.sock.getsockname()[1]
+        self.bound_host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(self.app, lifespan="off", access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
@@ -42,7 +60,7 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = f"[{self.bound_host}]" if ":" in self.bound_host else self.bound_host
         return f"http://{host}:{self.port}"
 
     def serve(self) -> None:
