@@ -134,34 +134,66 @@ def _compress(arr: np.ndarray, codec: str) -> bytes | None:
 
 
 def _decompress(codec: int, payload: memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode a compressed array, never producing more than its header's ``prod(shape) * itemsize`` bytes.
+
+    The caller has checked that size against its budget; every codec here stops at that size plus one
+    byte (zstd and lz4 streaming with an output limit, images by their header before any pixel is
+    decoded), so a small frame cannot make the learner allocate what its header does not announce.
+    """
+    expected = math.prod(shape) * dtype.itemsize
     if codec == 1:
         import zstandard
 
-        raw = zstandard.ZstdDecompressor().decompress(bytes(payload))
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(bytes(payload)) as reader:
+                raw = reader.read(expected + 1)
+        except zstandard.ZstdError as e:
+            raise ProtocolError(f"compressed ndarray: invalid zstd data ({e})") from None
     elif codec == 2:
         import lz4.frame
 
-        raw = lz4.frame.decompress(bytes(payload))
+        try:
+            raw = lz4.frame.LZ4FrameDecompressor().decompress(bytes(payload), max_length=expected + 1)
+        except RuntimeError as e:
+            raise ProtocolError(f"compressed ndarray: invalid lz4 frame ({e})") from None
     elif codec in (3, 4):
         from PIL import Image
 
-        raw = np.asarray(Image.open(io.BytesIO(bytes(payload)))).tobytes()
+        try:
+            img = Image.open(io.BytesIO(bytes(payload)))
+            width, height = img.size
+            if width * height * len(img.getbands()) != expected:  # checked before a single pixel is decoded
+                raise ProtocolError(f"compressed ndarray: a {width}x{height} {img.mode} image cannot fill shape {shape} "
+                                    f"{dtype} ({expected} bytes)")
+            raw = np.asarray(img).tobytes()
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise ProtocolError(f"compressed ndarray: invalid image data ({e})") from None
     else:
         raise ProtocolError(f"unknown compression codec {codec} in ext 2 (known: {CODECS})")
-    expected = math.prod(shape) * dtype.itemsize
     if len(raw) != expected:
-        raise ProtocolError(f"compressed ndarray decodes to {len(raw)} bytes; shape {shape} {dtype} needs {expected}")
+        more = "more than " if len(raw) > expected else ""
+        raise ProtocolError(f"compressed ndarray decodes to {more}{len(raw)} bytes; shape {shape} {dtype} needs {expected}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
 class Codec:
-    """msgpack packer/unpacker with the ndarray ext types and optional compression of large arrays."""
+    """msgpack packer/unpacker with the ndarray ext types and optional compression of large arrays.
 
-    def __init__(self, compression: str | None = None, compress_min_bytes: int = 4096) -> None:
+    ``max_decoded_bytes`` bounds what the compressed arrays of one frame may inflate to, all together
+    (None: no bound, for the connector side, which decodes only polar's frames). Uncompressed data is
+    bounded by the frame size already; without this bound a 32 KiB zstd frame announcing a 1 GiB array
+    makes its reader allocate 1 GiB. ``decode_limit_why`` says in an error where the bound comes from.
+    """
+
+    def __init__(self, compression: str | None = None, compress_min_bytes: int = 4096,
+                 max_decoded_bytes: int | None = None) -> None:
         if compression is not None and compression not in CODECS:
             raise ValueError(f"compression must be one of {sorted(CODECS)} or None, got {compression!r}")
         self.compression = compression
         self.compress_min_bytes = compress_min_bytes
+        self.max_decoded_bytes = max_decoded_bytes
+        self.decode_limit_why = "the decode limit"
+        self._budget: int | None = None  # what the current frame's compressed arrays may still inflate to
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True, autoreset=True)
 
     def _default(self, obj: Any) -> Any:
@@ -186,8 +218,7 @@ class Codec:
     def pack(self, obj: Any) -> bytes:
         return self._packer.pack(obj)
 
-    @staticmethod
-    def _ext_hook(code: int, data: bytes) -> Any:
+    def _ext_hook(self, code: int, data: bytes) -> Any:
         view = memoryview(data)
         if code == EXT_NDARRAY:
             dtype, shape, start = _parse_header(view)
@@ -198,10 +229,28 @@ class Codec:
             return np.frombuffer(data, dtype=dtype, offset=start).reshape(shape).copy()
         if code == EXT_COMPRESSED:
             dtype, shape, start = _parse_header(view[1:])
+            size = math.prod(shape) * dtype.itemsize
+            if self._budget is not None:
+                if size > self._budget:
+                    raise ProtocolError(
+                        f"a compressed array of shape {list(shape)} {dtype} ({size} bytes, from "
+                        f"{len(view)} on the wire) is over the {self.max_decoded_bytes}-byte limit on what one "
+                        f"frame's compressed arrays may decode to ({self.decode_limit_why}); refused undecoded")
+                self._budget -= size
             return _decompress(view[0], view[1 + start :], dtype, shape)
         raise ProtocolError(f"unknown msgpack ext type {code} (known: 1 ndarray, 2 compressed ndarray)")
 
+    @staticmethod
+    def skim(data: bytes | bytearray | memoryview) -> Any:
+        """The frame's plain msgpack values with every array left undecoded (None): what a reply declares,
+        read before its arrays are inflated. None for a frame that is not msgpack (``unpack`` says why)."""
+        try:
+            return msgpack.unpackb(data, ext_hook=lambda code, payload: None, raw=False, strict_map_key=False)
+        except Exception:  # garbage: the real decode reports it
+            return None
+
     def unpack(self, data: bytes | bytearray | memoryview) -> Any:
+        self._budget = self.max_decoded_bytes
         try:
             return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True)
         except ProtocolError:

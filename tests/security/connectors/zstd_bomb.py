@@ -1,0 +1,64 @@
+"""A connector (run as a ``command:``) whose reset reply carries a zstd bomb: about 32 KiB on the wire that
+inflates to 1 GiB. It declares a 2-float observation; the array header claims 2**30 bytes of uint8."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+import msgpack
+import zstandard
+
+from polar.harness.connector.wire import (
+    EXT_COMPRESSED,
+    PROTOCOL_VERSION,
+    Codec,
+    ConnectionClosed,
+    FrameSocket,
+    parse_address,
+)
+
+BOMB_BYTES = 1 << 30
+
+
+def bomb() -> msgpack.ExtType:
+    """ext 2, codec 1 (zstd), header ``|u1`` shape (2**30,), compressed zeros streamed so no 1 GiB buffer exists here."""
+    cctx = zstandard.ZstdCompressor(level=19)
+    chunk = bytes(1 << 20)
+    out = bytearray()
+    writer = cctx.compressobj(size=BOMB_BYTES)
+    for _ in range(BOMB_BYTES // len(chunk)):
+        out += writer.compress(chunk)
+    out += writer.flush()
+    header = bytes([3]) + b"|u1" + bytes([1]) + struct.pack("<I", BOMB_BYTES)
+    return msgpack.ExtType(EXT_COMPRESSED, bytes([1]) + header + bytes(out))
+
+
+def main() -> int:
+    family, addr = parse_address(os.environ["POLAR_CONNECTOR_ADDRESS"])
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.connect(addr)
+    conn, codec = FrameSocket(sock), Codec()
+    conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": os.environ["POLAR_CONNECTOR_TOKEN"],
+                          "pid": os.getpid(), "language": "python-raw"}))
+    payload = bomb()
+    while True:
+        try:
+            msg = codec.unpack(conn.recv())
+        except ConnectionClosed:
+            return 0
+        op = msg.get("op")
+        reply: dict = {"ok": True}
+        if op == "init":
+            reply.update(class_name="ZstdBomb", action_space={"type": "Discrete", "n": 2},
+                         observation_space={"type": "Box", "low": -1.0, "high": 1.0, "shape": [2], "dtype": "float32"})
+        elif op == "reset":
+            reply.update(obs=payload, infos=[{}])
+        conn.send(msgpack.packb(reply, use_bin_type=True))
+        if op == "close":
+            return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
