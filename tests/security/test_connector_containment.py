@@ -199,7 +199,7 @@ print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 def test_zstd_bomb_from_a_connector_is_refused_without_inflating():
     """A connector declares a 2-float observation, then replies with a 32 KiB zstd frame whose header says 1 GiB:
     the learner refuses it in one line naming the connector and the limit, and never allocates the gigabyte."""
-    res = subprocess.run([sys.executable, "-c", BOMB_LEARNER, str(HERE / "zstd_bomb.py")], capture_output=True,
+    res = subprocess.run([sys.executable, "-c", BOMB_LEARNER, str(HERE / "hostile_connector.py")], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = res.stdout.splitlines()
     error = next((line for line in lines if line.startswith(("ERROR", "DECODED"))), None)
@@ -221,6 +221,19 @@ def test_compressed_arrays_of_one_frame_share_one_decode_budget():
     assert len(Codec(max_decoded_bytes=8 << 20).unpack(frame)["obs"]) == 8
     with pytest.raises(ProtocolError, match="over the 7340032-byte limit"):
         Codec(max_decoded_bytes=7 << 20).unpack(frame)
+
+
+def test_connector_cannot_forge_log_lines_through_its_declared_name():
+    """The class name a connector declares goes into every message about it: polar keeps it on one line and
+    without terminal escape sequences."""
+    envs = ConnectorVectorEnv(spec(command=[sys.executable, str(HERE / "hostile_connector.py")],
+                                   env={"HOSTILE": "forged_name"}, max_restarts=0), 1)
+    try:
+        envs.reset()
+        name = envs.name
+    finally:
+        envs.close()
+    assert name.startswith("Game?2026-12-06") and name.isprintable() and len(name) <= 80, repr(name)
 
 
 # ------------------------------------------------------------------------------------------- {python}, names

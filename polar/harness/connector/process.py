@@ -121,6 +121,13 @@ def command_label(command: list[str]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def declared_name(name: str) -> str:
+    """A name the connector gave itself, fit for one-line messages and terminals: printable, at most 80 characters
+    (it is the connector's own text: a newline or an escape sequence in it must not forge log lines)."""
+    text = "".join(c if c.isprintable() else "?" for c in name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -318,7 +325,7 @@ class ConnectorProcess:
             sock.close()
             raise ConnectorStartError(f"{self.name}: a connector connected with a wrong token; check connector_spec.token")
         if isinstance(hello.get("name"), str) and hello["name"]:
-            self.name = hello["name"]  # optional in the hello: lets errors before init name the connector
+            self.name = declared_name(hello["name"])  # optional in the hello: lets errors before init name the connector
         if hello.get("protocol") != PROTOCOL_VERSION:
             raise ConnectorStartError(f"{self.name}: speaks protocol {hello.get('protocol')!r}; polar speaks {PROTOCOL_VERSION}")
         options = {
@@ -330,7 +337,7 @@ class ConnectorProcess:
                                    "options": options}, self.spec.start_timeout_s)
         self.set_observation_bytes(self._obs_bytes)  # the init reply had its own bound; a restart keeps the spaces
         if isinstance(self.describe.get("class_name"), str) and self.describe["class_name"]:
-            self.name = self.describe["class_name"]  # errors name the class the connector declared, not its launcher
+            self.name = declared_name(self.describe["class_name"])  # errors name the class the connector declared, not its launcher
         return self.describe
 
     def start(self) -> dict:

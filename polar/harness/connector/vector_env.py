@@ -100,7 +100,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------------------- spaces
     def _init_spaces(self, desc: dict) -> None:
-        name = desc.get("class_name") or self.procs[0].name
+        name = self.procs[0].name  # the declared class name, made printable
         self.single_action_space = space_from_wire(desc.get("action_space"), f"{name}.action_space")
         if desc.get("observation_space") is not None:
             self.single_observation_space = space_from_wire(desc["observation_space"], f"{name}.observation_space")

@@ -1,5 +1,11 @@
-"""A connector (run as a ``command:``) whose reset reply carries a zstd bomb: about 32 KiB on the wire that
-inflates to 1 GiB. It declares a 2-float observation; the array header claims 2**30 bytes of uint8."""
+"""A connector written against the wire protocol (run as a ``command:``) that attacks the learner. ``HOSTILE``
+(set through ``connector_spec.env``) picks the attack:
+
+- ``zstd_bomb`` (default): its reset reply carries about 32 KiB on the wire that inflates to 1 GiB. It declares
+  a 2-float observation; the array header claims 2**30 bytes of uint8;
+- ``forged_name``: a correct game whose declared class name holds a newline, a forged log line and a terminal
+  escape sequence.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from polar.harness.connector.wire import (
 )
 
 BOMB_BYTES = 1 << 30
+MODE = os.environ.get("HOSTILE", "zstd_bomb")
+FORGED_NAME = "Game\n2026-12-06 21:00:00 WARNING polar: reward verified by the operator \x1b[2J\x1b[31mOK"
 
 
 def bomb() -> msgpack.ExtType:
@@ -42,7 +50,7 @@ def main() -> int:
     conn, codec = FrameSocket(sock), Codec()
     conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": os.environ["POLAR_CONNECTOR_TOKEN"],
                           "pid": os.getpid(), "language": "python-raw"}))
-    payload = bomb()
+    payload = bomb() if MODE == "zstd_bomb" else None
     while True:
         try:
             msg = codec.unpack(conn.recv())
@@ -51,10 +59,12 @@ def main() -> int:
         op = msg.get("op")
         reply: dict = {"ok": True}
         if op == "init":
-            reply.update(class_name="ZstdBomb", action_space={"type": "Discrete", "n": 2},
+            reply.update(class_name="ZstdBomb" if MODE == "zstd_bomb" else FORGED_NAME, action_space={"type": "Discrete", "n": 2},
                          observation_space={"type": "Box", "low": -1.0, "high": 1.0, "shape": [2], "dtype": "float32"})
         elif op == "reset":
-            reply.update(obs=payload, infos=[{}])
+            reply.update(obs=payload if MODE == "zstd_bomb" else [[0.0, 0.0]], infos=[{}])
+        elif op == "step":
+            reply.update(obs=[[0.0, 0.0]], rewards=[0.0], terminated=[False], truncated=[False])
         conn.send(msgpack.packb(reply, use_bin_type=True))
         if op == "close":
             return 0
