@@ -180,35 +180,41 @@ def test_a_restarted_connectors_escaped_descendants_die_with_the_old_process(tmp
 
 # ------------------------------------------------------------------------------------------- zstd bomb
 BOMB_LEARNER = """
-import resource, sys
+import os, resource, sys
 from polar.config.harness import ConnectorSpec
 from polar.harness.connector.vector_env import ConnectorVectorEnv
-spec = ConnectorSpec(command=[sys.executable, sys.argv[1]], max_restarts=0, heartbeat_interval_s=0)
-envs = ConnectorVectorEnv(spec, 1)
+spec = ConnectorSpec(command=[sys.executable, sys.argv[1]], max_restarts=0, heartbeat_interval_s=0,
+                     env={"HOSTILE": sys.argv[2]})
 try:
-    envs.reset()
-    print("DECODED")
+    envs = ConnectorVectorEnv(spec, 1)
+    try:
+        envs.reset()
+        print("DECODED")
+    finally:
+        envs.close()
 except Exception as e:
     print("ERROR", type(e).__name__, e)
-finally:
-    envs.close()
 print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def test_zstd_bomb_from_a_connector_is_refused_without_inflating():
-    """A connector declares a 2-float observation, then replies with a 32 KiB zstd frame whose header says 1 GiB:
-    the learner refuses it in one line naming the connector and the limit, and never allocates the gigabyte."""
-    res = subprocess.run([sys.executable, "-c", BOMB_LEARNER, str(HERE / "hostile_connector.py")], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+@pytest.mark.parametrize(("attack", "op", "limit", "why"), [
+    ("zstd_bomb", "reset", 67108880, "max_frame_bytes=67108864 + 2 x 1 copies x 8 bytes per declared observation"),
+    ("init_bomb", "init", 67108864, "max_frame_bytes=67108864 + 2 x 0 bytes of declared spaces"),
+], ids=["in_an_observation", "in_the_declared_space"])
+def test_zstd_bomb_from_a_connector_is_refused_without_inflating(attack, op, limit, why):
+    """A connector replies with a 32 KiB zstd frame whose header says 1 GiB: as an observation (it declared 2
+    floats), or as the ``low`` of a space whose dtype claims a gigabyte per element. The learner refuses it in one
+    line naming the connector and the limit, and never allocates the gigabyte."""
+    res = subprocess.run([sys.executable, "-c", BOMB_LEARNER, str(HERE / "hostile_connector.py"), attack],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = res.stdout.splitlines()
     error = next((line for line in lines if line.startswith(("ERROR", "DECODED"))), None)
-    assert error is not None, res.stdout + res.stderr[-3000:]
+    assert error is not None and lines[-1].startswith("MAXRSS_KB"), res.stdout + res.stderr[-3000:]
     maxrss_mib = int(lines[-1].split()[1]) / 1024
     assert maxrss_mib < 512, f"the learner peaked at {maxrss_mib:.0f} MiB decoding a 32 KiB frame ({error})"
-    assert error.startswith("ERROR ProtocolError ZstdBomb: its reply to 'reset' cannot be decoded"), error
-    assert "over the 67108880-byte limit" in error and "max_frame_bytes=67108864" in error, error
-    assert "2 x 1 copies x 8 bytes per declared observation" in error, error
+    assert error.startswith(f"ERROR ProtocolError ZstdBomb: its reply to '{op}' cannot be decoded"), error
+    assert f"over the {limit}-byte limit" in error and why in error, error
 
 
 def test_compressed_arrays_of_one_frame_share_one_decode_budget():

@@ -256,9 +256,12 @@ class ConnectorProcess:
         self.codec.decode_limit_why = f"{why}; raise connector_spec.max_frame_bytes if such replies are intended"
 
     def _budget_init_reply(self, data: bytes) -> None:
-        """Bound the init reply by the spaces it declares: each may carry two arrays of its size (Box low, high)."""
+        """Bound the init reply by the spaces it declares (each may carry two arrays of its size: Box low, high),
+        read from the reply's plain fields before any of its arrays is decoded."""
         skim = self.codec.skim(data)
         if isinstance(skim, dict):
+            if isinstance(skim.get("class_name"), str) and skim["class_name"]:
+                self.name = declared_name(skim["class_name"])  # so an error decoding this reply names the class
             declared = sum(wire_space_bytes(skim.get(k)) for k in ("observation_space", "action_space"))
             cap = self.spec.max_frame_bytes + 2 * declared
             self.codec.max_decoded_bytes = cap

@@ -107,13 +107,22 @@ def wire_space_bytes(desc: Any) -> int:
         if kind == "Dict" and isinstance(desc.get("spaces"), dict):
             return sum(wire_space_bytes(sub) for sub in desc["spaces"].values())
         if kind == "Box" and isinstance(desc.get("shape"), list):
-            return int(np.prod([int(d) for d in desc["shape"]], dtype=object)) * np.dtype(desc.get("dtype", "float32")).itemsize
+            dtype = np.dtype(str(desc.get("dtype", "float32")))
+            if dtype.kind not in "biuf":  # a Box of any other dtype is refused when built: it buys no budget
+                return 0
+            return _count(desc["shape"]) * dtype.itemsize
         if kind == "MultiBinary":
             n = desc.get("n")
-            return int(np.prod([int(d) for d in (n if isinstance(n, list) else [n])], dtype=object))
+            return _count(n if isinstance(n, list) else [n])
     except (TypeError, ValueError):
         return 0
     return 0
+
+
+def _count(dims: list) -> int:
+    """Elements of an array of shape ``dims`` (0 for a negative dimension, which no space accepts)."""
+    sizes = [int(d) for d in dims]
+    return 0 if any(d < 0 for d in sizes) else int(np.prod(sizes, dtype=object))
 
 
 def conform(obs: Any, space: spaces.Space) -> Any:

@@ -3,6 +3,8 @@
 
 - ``zstd_bomb`` (default): its reset reply carries about 32 KiB on the wire that inflates to 1 GiB. It declares
   a 2-float observation; the array header claims 2**30 bytes of uint8;
+- ``init_bomb``: the same bomb as the ``low`` of its declared observation space, a Box of shape [1] whose dtype
+  (``V1073741824``) claims a gigabyte per element;
 - ``forged_name``: a correct game whose declared class name holds a newline, a forged log line and a terminal
   escape sequence.
 """
@@ -50,7 +52,7 @@ def main() -> int:
     conn, codec = FrameSocket(sock), Codec()
     conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": os.environ["POLAR_CONNECTOR_TOKEN"],
                           "pid": os.getpid(), "language": "python-raw"}))
-    payload = bomb() if MODE == "zstd_bomb" else None
+    payload = bomb() if MODE in ("zstd_bomb", "init_bomb") else None
     while True:
         try:
             msg = codec.unpack(conn.recv())
@@ -59,8 +61,11 @@ def main() -> int:
         op = msg.get("op")
         reply: dict = {"ok": True}
         if op == "init":
-            reply.update(class_name="ZstdBomb" if MODE == "zstd_bomb" else FORGED_NAME, action_space={"type": "Discrete", "n": 2},
+            reply.update(class_name="ZstdBomb" if MODE != "forged_name" else FORGED_NAME, action_space={"type": "Discrete", "n": 2},
                          observation_space={"type": "Box", "low": -1.0, "high": 1.0, "shape": [2], "dtype": "float32"})
+            if MODE == "init_bomb":
+                reply["observation_space"] = {"type": "Box", "low": payload, "high": 1.0, "shape": [1],
+                                              "dtype": "V1073741824"}
         elif op == "reset":
             reply.update(obs=payload if MODE == "zstd_bomb" else [[0.0, 0.0]], infos=[{}])
         elif op == "step":
