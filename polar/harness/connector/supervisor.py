@@ -13,7 +13,7 @@ and is reparented to init, out of polar's reach. The supervisor closes that gap 
 
 On SIGTERM (polar stopping the connector, or polar gone), or when the connector itself exits, the
 supervisor SIGKILLs every descendant and reaps until it has no child left, then exits: with the
-connector's exit code, or 128 + the signal that ended it, so polar's messages stay the connector's.
+connector's exit code or by the signal that killed it, so polar's messages stay the connector's.
 
 The connector's pid goes to polar on the pipe ``FD`` (4 bytes, native order). The child gets SIGKILL as
 its own parent-death signal, so even a SIGKILLed supervisor takes its direct child down.
@@ -104,10 +104,24 @@ def kill_tree() -> None:
 
 
 def _exit_like(status: int) -> None:
-    """Exit as the connector did: its exit code, or 128 + the signal that killed it."""
+    """Exit as the connector did: with its exit code, or killed by the same signal (without a core dump), so
+    polar reports ``exit code 3`` or ``-11`` as it would for the connector itself."""
     if os.WIFEXITED(status):
         os._exit(os.WEXITSTATUS(status))
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else 1)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if signum != signal.SIGKILL:  # SIGKILL has no handler to reset
+                signal.signal(signum, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+            os.kill(os.getpid(), signum)
+        except (OSError, ValueError):  # a signal that cannot be re-raised here: the shell's convention
+            pass
+        os._exit(128 + signum)
+    os._exit(1)
 
 
 def _start_child(argv: list[str], prctl: object) -> int:
