@@ -170,9 +170,10 @@ def _decompress(codec: int, payload: memoryview, dtype: np.dtype, shape: tuple[i
             raise ProtocolError(f"compressed ndarray: invalid image data ({e})") from None
     else:
         raise ProtocolError(f"unknown compression codec {codec} in ext 2 (known: {CODECS})")
+    if len(raw) > expected:
+        raise ProtocolError(f"compressed ndarray decodes to more than the {expected} bytes its shape {shape} {dtype} needs")
     if len(raw) != expected:
-        more = "more than " if len(raw) > expected else ""
-        raise ProtocolError(f"compressed ndarray decodes to {more}{len(raw)} bytes; shape {shape} {dtype} needs {expected}")
+        raise ProtocolError(f"compressed ndarray decodes to {len(raw)} bytes; shape {shape} {dtype} needs {expected}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 

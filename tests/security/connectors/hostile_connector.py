@@ -3,6 +3,7 @@
 
 - ``zstd_bomb`` (default): its reset reply carries about 32 KiB on the wire that inflates to 1 GiB. It declares
   a 2-float observation; the array header claims 2**30 bytes of uint8;
+- ``lying_header``: the bomb's compressed bytes under a header that announces the declared 2 floats (8 bytes);
 - ``init_bomb``: the same bomb as the ``low`` of its declared observation space, a Box of shape [1] whose dtype
   (``V1073741824``) claims a gigabyte per element;
 - ``forged_name``: a correct game whose declared class name holds a newline, a forged log line and a terminal
@@ -32,8 +33,9 @@ MODE = os.environ.get("HOSTILE", "zstd_bomb")
 FORGED_NAME = "Game\n2026-12-06 21:00:00 WARNING polar: reward verified by the operator \x1b[2J\x1b[31mOK"
 
 
-def bomb() -> msgpack.ExtType:
-    """ext 2, codec 1 (zstd), header ``|u1`` shape (2**30,), compressed zeros streamed so no 1 GiB buffer exists here."""
+def bomb(lie: bool = False) -> msgpack.ExtType:
+    """ext 2, codec 1 (zstd), header ``|u1`` shape (2**30,) (or, with ``lie``, ``<f4`` shape (1, 2)), then 1 GiB of
+    zeros compressed, streamed so no 1 GiB buffer exists here."""
     cctx = zstandard.ZstdCompressor(level=19)
     chunk = bytes(1 << 20)
     out = bytearray()
@@ -42,6 +44,8 @@ def bomb() -> msgpack.ExtType:
         out += writer.compress(chunk)
     out += writer.flush()
     header = bytes([3]) + b"|u1" + bytes([1]) + struct.pack("<I", BOMB_BYTES)
+    if lie:
+        header = bytes([3]) + b"<f4" + bytes([2]) + struct.pack("<2I", 1, 2)
     return msgpack.ExtType(EXT_COMPRESSED, bytes([1]) + header + bytes(out))
 
 
@@ -52,7 +56,7 @@ def main() -> int:
     conn, codec = FrameSocket(sock), Codec()
     conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": os.environ["POLAR_CONNECTOR_TOKEN"],
                           "pid": os.getpid(), "language": "python-raw"}))
-    payload = bomb() if MODE in ("zstd_bomb", "init_bomb") else None
+    payload = bomb(lie=MODE == "lying_header") if MODE in ("zstd_bomb", "init_bomb", "lying_header") else None
     while True:
         try:
             msg = codec.unpack(conn.recv())
@@ -67,7 +71,7 @@ def main() -> int:
                 reply["observation_space"] = {"type": "Box", "low": payload, "high": 1.0, "shape": [1],
                                               "dtype": "V1073741824"}
         elif op == "reset":
-            reply.update(obs=payload if MODE == "zstd_bomb" else [[0.0, 0.0]], infos=[{}])
+            reply.update(obs=payload if MODE in ("zstd_bomb", "lying_header") else [[0.0, 0.0]], infos=[{}])
         elif op == "step":
             reply.update(obs=[[0.0, 0.0]], rewards=[0.0], terminated=[False], truncated=[False])
         conn.send(msgpack.packb(reply, use_bin_type=True))
