@@ -177,6 +177,70 @@ def _decompress(codec: int, payload: memoryview, dtype: np.dtype, shape: tuple[i
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
+# ----------------------------------------------------------------------------------------- object cost
+# What decoding a frame costs in Python objects, estimated from its msgpack bytes before it is decoded. A 1-byte
+# empty map becomes a 64-byte dict: 64 MiB of them (one frame under the default max_frame_bytes) would build
+# about 5 GiB. A list or dict costs its header and 8 bytes per slot (a dict 24 more per entry); a value costs
+# its object unless CPython shares it (None, bools, small ints, one-character strings).
+OBJECT_COST_RATIO = 16  # legitimate frames measure 3.6 (floats) to 8.7 (infos, plain int lists); empty maps 72
+WALK_MIN_BYTES = 1 << 20  # smaller frames cannot build more than ~72 MiB: not worth the walk
+_FIXED = {0xC0: (0, 0), 0xC2: (0, 0), 0xC3: (0, 0), 0xCA: (4, 24), 0xCB: (8, 24), 0xCC: (1, 0), 0xCD: (2, 32),
+          0xCE: (4, 32), 0xCF: (8, 32), 0xD0: (1, 32), 0xD1: (2, 32), 0xD2: (4, 32), 0xD3: (8, 32)}
+_FIXEXT = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+_LENGTH = {0xC4: (1, 33), 0xC5: (2, 33), 0xC6: (4, 33), 0xD9: (1, 49), 0xDA: (2, 49), 0xDB: (4, 49),
+           0xC7: (1, 0), 0xC8: (2, 0), 0xC9: (4, 0)}  # str, bin, ext: length bytes, object overhead
+_COUNT = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # array16/32, map16/32: length bytes, values per entry
+
+
+def object_cost(data: bytes | bytearray | memoryview, limit: int) -> int:
+    """Estimated bytes of Python objects ``msgpack.unpackb(data)`` builds, counted until it passes ``limit``.
+
+    Ext payloads count their size (ndarray data is copied once; compressed arrays have their own budget).
+    Malformed input stops the count early: the decoder then reports it.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    size, pos, pending, cost = len(view), 0, 1, 0
+    while pending and pos < size and cost <= limit:
+        pending -= 1
+        b = view[pos]
+        pos += 1
+        if b <= 0x7F:
+            pass
+        elif b <= 0x8F:
+            cost += 64 + 40 * (b & 0x0F)
+            pending += 2 * (b & 0x0F)
+        elif b <= 0x9F:
+            cost += 56 + 8 * (b & 0x0F)
+            pending += b & 0x0F
+        elif b <= 0xBF:
+            n = b & 0x1F
+            pos += n
+            cost += 49 + n if n > 1 else 0
+            cost += 40
+        elif b in _FIXED:
+            skip, c = _FIXED[b]
+            pos += skip
+            cost += c
+        elif b in _FIXEXT:
+            n = _FIXEXT[b]
+            pos += 1 + n
+            cost += n
+        elif b in _LENGTH:
+            width, overhead = _LENGTH[b]
+            n = int.from_bytes(view[pos : pos + width], "big")
+            pos += width + n + (1 if 0xC7 <= b <= 0xC9 else 0)
+            cost += overhead + n
+        elif b in _COUNT:
+            width, per = _COUNT[b]
+            n = int.from_bytes(view[pos : pos + width], "big")
+            pos += width
+            cost += 64 + 40 * n if per == 2 else 56 + 8 * n
+            pending += per * n
+        else:  # 0xc1 (never used) : let msgpack say what is wrong
+            break
+    return cost
+
+
 class Codec:
     """msgpack packer/unpacker with the ndarray ext types and optional compression of large arrays.
 
@@ -252,6 +316,14 @@ class Codec:
 
     def unpack(self, data: bytes | bytearray | memoryview) -> Any:
         self._budget = self.max_decoded_bytes
+        if self.max_decoded_bytes is not None and len(data) > WALK_MIN_BYTES:
+            limit = OBJECT_COST_RATIO * len(data)
+            cost = object_cost(data, limit)
+            if cost > limit:
+                raise ProtocolError(
+                    f"a frame of {len(data)} bytes would build over {limit} bytes of Python objects ({OBJECT_COST_RATIO} "
+                    "x its size: many tiny maps, lists or strings); refused undecoded. Send arrays as the ndarray ext "
+                    "types (docs/connector-protocol.md, 3. Values)")
         try:
             return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True)
         except ProtocolError:

@@ -6,6 +6,7 @@
 - ``lying_header``: the bomb's compressed bytes under a header that announces the declared 2 floats (8 bytes);
 - ``init_bomb``: the same bomb as the ``low`` of its declared observation space, a Box of shape [1] whose dtype
   (``V1073741824``) claims a gigabyte per element;
+- ``map_bomb``: a 16 MiB reset reply of nested tiny lists of empty maps: msgpack-decoded, about 1.1 GiB of dicts;
 - ``forged_name``: a correct game whose declared class name holds a newline, a forged log line and a terminal
   escape sequence.
 """
@@ -49,6 +50,12 @@ def bomb(lie: bool = False) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_COMPRESSED, bytes([1]) + header + bytes(out))
 
 
+def map_bomb() -> bytes:
+    """``{"ok": true, "obs": [[{} x 15] x N]}`` in 16 MiB: 16 wire bytes become a list and 15 dicts (~1.1 KiB)."""
+    n = (16 << 20) // 16
+    return (b"\x82\xa2ok\xc3\xa3obs" + b"\xdd" + struct.pack(">I", n) + (b"\x9f" + b"\x80" * 15) * n)
+
+
 def main() -> int:
     family, addr = parse_address(os.environ["POLAR_CONNECTOR_ADDRESS"])
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -70,6 +77,9 @@ def main() -> int:
             if MODE == "init_bomb":
                 reply["observation_space"] = {"type": "Box", "low": payload, "high": 1.0, "shape": [1],
                                               "dtype": "V1073741824"}
+        elif op == "reset" and MODE == "map_bomb":
+            conn.send(map_bomb())
+            continue
         elif op == "reset":
             reply.update(obs=payload if MODE in ("zstd_bomb", "lying_header") else [[0.0, 0.0]], infos=[{}])
         elif op == "step":
