@@ -39,11 +39,12 @@ from polar.errors import (
     EnvContractError,
     ProtocolError,
 )
+from polar.harness.connector import supervisor
 from polar.harness.connector.spaces import wire_space_bytes
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
 
-SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
+SUPERVISOR = supervisor.__file__  # run as a script, isolated (-I -S): see its module
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
@@ -211,7 +212,9 @@ class ConnectorProcess:
         env.update({k: str(v) for k, v in self.spec.env.items()})
         env.update(POLAR_CONNECTOR_ADDRESS=self.address, POLAR_CONNECTOR_TOKEN=self.token, PYTHONUNBUFFERED="1")
         env.setdefault("SDL_VIDEODRIVER", "dummy")
-        env.setdefault("POLAR_ROLE", "connector")  # system metrics name the process by it (polar.metrics.system)
+        # system metrics name the process by it (polar.metrics.system); the supervisor has a role of its own
+        env[supervisor.ROLE_VARIABLE] = env.get("POLAR_ROLE", "connector")
+        env["POLAR_ROLE"] = supervisor.ROLE
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_POLAR_ROOT, env.get("PYTHONPATH")) if p)
         cmd = self.command()
         cwd = str(self.config_dir) if self.spec.command else None

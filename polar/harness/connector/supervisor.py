@@ -36,6 +36,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PID_BYTES = struct.Struct("=i")
 EXIT_NOT_STARTED = 127
+ROLE = "connector_supervisor"  # POLAR_ROLE of the supervisor (polar.metrics.system)
+ROLE_VARIABLE = "POLAR_SUPERVISED_ROLE"  # the POLAR_ROLE its child gets
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _RESTORED_SIGNALS = ("SIGPIPE", "SIGXFZ", "SIGXFSZ")  # Python ignores these; a child gets the default back
 
@@ -135,7 +137,11 @@ def _start_child(argv: list[str], prctl: object) -> int:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # type: ignore[operator]
-        os.execvp(argv[0], argv)
+        env = dict(os.environ)
+        role = env.pop(ROLE_VARIABLE, None)
+        if role:  # system metrics name the connector by its role, and the supervisor by its own
+            env["POLAR_ROLE"] = role
+        os.execvpe(argv[0], argv, env)
     except BaseException as e:  # exec failed: say why on the output polar quotes, then exit 127
         msg = f"polar connector supervisor: cannot start {argv[0]!r}: {getattr(e, 'strerror', None) or e}\n"
         os.write(2, msg.encode("utf-8", "replace"))
