@@ -363,6 +363,7 @@ class ConnectorProcess:
         if self._proc is not None and self._proc.poll() is None:
             try:
                 self._proc.send_signal(signal.SIGTERM)
+                self._proc.send_signal(signal.SIGCONT)  # a supervisor the connector stopped gets its SIGTERM now
                 self._proc.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
                 log.warning("%s: supervisor pid %d did not exit %.0f s after SIGTERM; killing its process group",
