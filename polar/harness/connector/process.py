@@ -199,7 +199,12 @@ class ConnectorProcess:
     def command(self) -> list[str]:
         spec = self.spec
         if spec.command:
-            return expand_command(spec.command, self.config_dir)
+            cmd = expand_command(spec.command, self.config_dir)
+            path = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}.get("PATH")
+            beside = Path(self.config_dir, cmd[0])
+            if os.sep not in cmd[0] and shutil.which(cmd[0], path=path) is None and beside.exists():
+                cmd[0] = str(beside)  # next to the config, as check_command accepts it (exec alone searches PATH)
+            return cmd
         cmd = [spec.python or sys.executable, "-m", "polar.harness.connector.server"]
         cmd += ["--module", spec.module, "--class-name", spec.class_name]
         for p in dict.fromkeys([str(self.config_dir), os.getcwd()]):
