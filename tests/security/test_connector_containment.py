@@ -178,6 +178,28 @@ def test_a_restarted_connectors_escaped_descendants_die_with_the_old_process(tmp
         kill_tree_of({**noted(pid_file), **tree})
 
 
+def test_a_connector_that_stops_its_supervisor_still_dies_with_its_whole_tree(tmp_path):
+    """The connector SIGSTOPs the process above it (its supervisor): polar's stop still ends the whole tree."""
+    pid_file = tmp_path / "pids"
+    envs = ConnectorVectorEnv(spec(module="escaping_connector", class_name="EscapingConnector",
+                                   config={"pid_file": str(pid_file)}), 1, config_dir=HERE)
+    tree: dict = {}
+    try:
+        envs.reset()
+        tree = wait_tree(pid_file, budget_s=30)
+        connector = next(pid for pid, (role, _) in tree.items() if role == "connector")
+        above = int(Path(f"/proc/{connector}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])  # its parent
+        if above == os.getpid():  # no process between polar and the connector: stopping it would stop this test
+            pytest.fail("the connector's parent is polar itself: nothing contains its tree")
+        os.kill(above, signal.SIGSTOP)
+        envs.close()
+        left = survivors(tree)
+        assert not left, f"alive {GONE_BUDGET_S:.0f} s after polar closed a connector that stopped its parent: {left}"
+    finally:
+        envs.close()
+        kill_tree_of({**noted(pid_file), **tree})
+
+
 # ------------------------------------------------------------------------------------------- zstd bomb
 BOMB_LEARNER = """
 import os, resource, sys

@@ -63,7 +63,11 @@ def _on_signal(signum: int, _frame: object) -> None:
 def _descendants(root: int) -> list[int]:
     """Every live process under ``root``, read from ``/proc/*/stat`` (no /proc children file needed)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs (not Linux): only the connector itself is known, see kill_tree
+        return []
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
@@ -83,8 +87,9 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def kill_tree() -> None:
-    """SIGKILL every descendant and reap until no child is left.
+def kill_tree(child: int = 0) -> None:
+    """SIGKILL every descendant (and ``child``, the connector when it is not reaped yet) and reap until no
+    child is left.
 
     As a subreaper the supervisor inherits each orphan of the tree, so once ``waitpid`` says there is no
     child there is no descendant either; a process forked between a scan and its parent's death is
@@ -92,17 +97,17 @@ def kill_tree() -> None:
     """
     me = os.getpid()
     while True:
-        for pid in _descendants(me):
+        for pid in {*_descendants(me), *([child] if child else [])}:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         try:
-            os.waitpid(-1, 0)
+            pid, _ = os.waitpid(-1, 0)
         except ChildProcessError:
             return
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-            continue
+        if pid == child:
+            child = 0  # reaped: its pid may be reused
 
 
 def _exit_like(status: int) -> None:
@@ -155,6 +160,7 @@ def main(args: list[str]) -> None:
         os._exit(2)
     pid_fd, parent, argv = int(args[0]), int(args[1]), args[3:]
     status: int | None = None
+    child = 0
     try:
         for signum in _STOP_SIGNALS:
             signal.signal(signum, _on_signal)
@@ -178,11 +184,11 @@ def main(args: list[str]) -> None:
         while status is None:
             pid, st = os.waitpid(-1, 0)  # the connector, or an orphan of its tree to reap
             if pid == child:
-                status = st
+                status, child = st, 0
         _stop_signum = 0  # from here on a stop signal changes nothing: the tree is killed below
     except _Stop as stop:
         _stop_signum = stop.signum
-    kill_tree()  # stopped, or the connector is gone: so is everything it left behind
+    kill_tree(child)  # stopped, or the connector is gone: so is everything it left behind
     if status is None:
         os._exit(128 + (_stop_signum or signal.SIGTERM))
     _exit_like(status)
