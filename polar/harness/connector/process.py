@@ -244,6 +244,7 @@ class ConnectorProcess:
             os.close(pid_write)
         self._pid_pipe = pid_read
         self._child_pid = None
+        self._op = None  # a new process: nothing asked of it yet
         self._drain_thread = threading.Thread(target=self._drain, args=(self._proc,), daemon=True,
                                               name=f"polar-{self.label}-out")
         self._drain_thread.start()
