@@ -202,7 +202,7 @@ def test_a_connector_that_stops_its_supervisor_still_dies_with_its_whole_tree(tm
 
 # ------------------------------------------------------------------------------------------- zstd bomb
 BOMB_LEARNER = """
-import os, resource, sys
+import os, sys
 from polar.config.harness import ConnectorSpec
 from polar.harness.connector.vector_env import ConnectorVectorEnv
 spec = ConnectorSpec(command=[sys.executable, sys.argv[1]], max_restarts=0, heartbeat_interval_s=0,
@@ -216,7 +216,8 @@ try:
         envs.close()
 except Exception as e:
     print("ERROR", type(e).__name__, e)
-print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM: this program's own peak RSS (ru_maxrss would carry the forking parent's, kept across exec)
+print("MAXRSS_KB", next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
 """
 
 
