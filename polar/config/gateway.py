@@ -35,7 +35,12 @@ class GatewayConfig(StrictModel):
     pause_mode: Literal["wait", "reject"] = Field("wait", description="while paused: wait for resume, or 429 at once")
     pause_wait_s: float = Field(30.0, ge=0, description="longest wait before a paused call gets 429")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
-    admin_token: str | None = Field(None, description="required on /admin/* (and to read others' sessions) when set")
+    admin_token: str | None = Field(
+        None, description="required on /admin/* and to read others' sessions when set; polar's runs set a random "
+        "one of their own; `polar gateway` reads it from POLAR_GATEWAY_ADMIN_TOKEN or --admin-token-file")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="more Host names the gateway answers besides IP literals, loopback names "
+        "and `host` (DNS-rebinding guard); ['*'] turns the check off")
     sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="weight sync into the engine: in-flight calls, the "
         "weights folder, the logprob check (docs/agentic.md, Engines and weight sync)")

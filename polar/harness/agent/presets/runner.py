@@ -83,7 +83,7 @@ class PresetRunner(HarnessRunner):
         pctx = PresetContext(
             session_id=ctx.session_id, gateway_url=sandbox.gateway_url(ctx.gateway_url), model=ctx.model,
             instruction=task_prompt(ctx.task), workspace=Path(ctx.workspace), home=sandbox.home,
-            options={k: v for k, v in self.options.items() if k != "tasks_root"},
+            options={k: v for k, v in self.options.items() if k != "tasks_root"}, key=ctx.api_key,
         )
         try:
             spec = self.preset.launch(pctx)
