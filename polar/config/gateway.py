@@ -38,6 +38,9 @@ class GatewayConfig(StrictModel):
     admin_token: str | None = Field(
         None, description="required on /admin/* and to read others' sessions when set; polar's runs set a random "
         "one of their own; `polar gateway` reads it from POLAR_GATEWAY_ADMIN_TOKEN or --admin-token-file")
+    claimed_sessions_only: bool = Field(
+        False, description="only sessions given to a key beforehand (POST /admin/claim) take calls; polar's runs "
+        "set it, so a harness can create no session but its own")
     allowed_hosts: list[str] = Field(
         default_factory=list, description="more Host names the gateway answers besides IP literals, loopback names "
         "and `host` (DNS-rebinding guard); ['*'] turns the check off")

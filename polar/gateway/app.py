@@ -343,6 +343,9 @@ class GatewayApp:
 
     def _may_append(self, request: Request, session_id: str) -> None:
         caller = caller_of(request)
+        if self.config.claimed_sessions_only and self.store.owner(session_id) is None:
+            raise ApiError("permission", f"session {session_id!r} was not opened by this run; a harness calls only "
+                           "its own session (the /s/<id>/ prefix and API key it was given)")
         owner = self.store.claim(session_id, caller)
         if self.config.admin_token and owner != caller:
             raise ApiError("permission", f"session {session_id!r} belongs to another API key; a call appends only "

@@ -132,7 +132,7 @@ class LocalStack:
         cfg = gateway_config or GatewayConfig()
         # harnesses may hard-code a model name; the admin token (the config's, else a random one that lives in
         # this process only) locks /admin/* and other sessions' records away from every harness
-        cfg = cfg.model_copy(update={"accept_any_model": True,
+        cfg = cfg.model_copy(update={"accept_any_model": True, "claimed_sessions_only": True,
                                      "admin_token": cfg.admin_token or secrets.token_urlsafe(32)})
         self.gateway = GatewayServer(cfg, engine=engine, records_dir=records_dir)
         settings.model_name = engine.model_name

@@ -46,7 +46,7 @@ class GatewayNodeActor:
         host = "127.0.0.1" if loopback else "0.0.0.0"
         # a random admin token per node, in memory only: harnesses reach neither /admin/* nor others' sessions
         token = (gateway_cfg or {}).get("admin_token") or secrets.token_urlsafe(32)
-        cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host, "admin_token": token})
+        cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host, "admin_token": token, "claimed_sessions_only": True})
         # records_dir: the run's gateway/sessions/, shared by every node (session keys never repeat)
         self.server = GatewayServer(cfg, engine_factory(), records_dir=records_dir).start()
         if weights is not None:  # a replacement node: the run's current weights before it registers
