@@ -64,6 +64,42 @@ def call(method, url, body=None, headers=None):
         return [-1, repr(e)]
 
 
+def uds_call(path, method, target, body=b"{}"):
+    """Raw HTTP straight to the relay's Unix socket, skipping the in-sandbox relay (which is untrusted)."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    try:
+        s.connect(path)
+        s.sendall(("%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                   "Connection: close\r\n\r\n" % (method, target, len(body))).encode() + body)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return [int(data.split(b" ", 2)[1]), data.decode("utf-8", "replace")[:2000]]
+    except Exception as e:
+        return [-1, repr(e)]
+    finally:
+        s.close()
+
+
+def relay_socket():
+    """The host relay's socket path, as an agent finds it: the in-sandbox relay's command line."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                args = open("/proc/%s/cmdline" % pid, "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"--uds" in args:
+                return args[args.index(b"--uds") + 1].decode()
+    return None
+
+
 out = {"own_call": call("POST", base + "/chat/completions",
                         {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": task["say"]}]})}
 if task["role"] == "attacker":
@@ -88,6 +124,14 @@ if task["role"] == "attacker":
         out[where + ":append_to_sibling_forged_key"] = call(
             "POST", r + "/v1/chat/completions",
             {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "injected"}]}, forged)
+    uds = relay_socket()
+    if uds:
+        out["found_socket"] = [404, uds]  # (not an attack: says the socket attacks below ran)
+        for target in ("/admin/status", "/admin/pause?timeout_s=0", "/sessions", "/sessions/" + victim,
+                       "/s/" + me + "/admin/pause?timeout_s=0", "/s/" + victim + "/v1/chat/completions"):
+            out["socket:" + target] = uds_call(uds, "POST" if "pause" in target or "/v1/" in target else "GET", target)
+        body = json.dumps({"path": task["weights"], "policy_version": 777}).encode()
+        out["socket:/admin/weights"] = uds_call(uds, "POST", "/admin/weights", body)
 with open("attack.json", "w") as f:
     json.dump(out, f)
 print(json.dumps({"type": "result", "result": "done"}))
@@ -182,6 +226,7 @@ def _assert_contained(engine: Any, outcome: tuple[Any, Any], collect: Collect, v
     assert attacks["own_call"][0] == 200, attacks["own_call"]  # its own model calls work
     tried = {name: result for name, result in attacks.items() if name != "own_call"}
     assert len(tried) >= 20
+    tried.pop("found_socket", None)
     let_through = {name: result for name, result in tried.items() if result[0] not in DENIED
                    and not (name.endswith(":list_sessions") and _own_listing(result, attacker))}
     assert not let_through, f"the agent reached: {let_through}"
@@ -207,6 +252,7 @@ def test_sandboxed_agent_cannot_reach_admin_or_sibling_sessions(engine: Any, tmp
         "bin": _agent_file(tmp_path), "sandbox": {"runtime": "bwrap", "network": "gateway"}})
     runner = build_runner(cfg, config_dir=tmp_path)
     outcome, collect, victim, attacker = _run_pair(engine, runner, tmp_path, gateway_in_task=False)
+    assert "found_socket" in collect.seen["attacker"], "the agent did not find the relay's socket to attack it"
     _assert_contained(engine, outcome, collect, victim, attacker)
 
 
@@ -434,3 +480,30 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
             leaked += [f"{path}: {t[:6]}..." for t in secret if t.encode() in data]
     assert not leaked, leaked
     assert stat.S_ISDIR(os.stat(run_dir.path).st_mode)
+
+
+def test_admin_token_comes_from_a_file_or_the_environment_never_silently_from_argv(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--admin-token-file`` and ``POLAR_GATEWAY_ADMIN_TOKEN`` give the token; a missing or empty file is
+    named; ``--admin-token`` on the command line still works but warns that ``ps`` shows it."""
+    import argparse
+
+    from polar.cli.gateway_cmd import add_arguments, load_config
+    from polar.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.delenv("POLAR_GATEWAY_ADMIN_TOKEN", raising=False)
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert load_config(parser.parse_args(["--admin-token-file", str(path), "--host", "0.0.0.0"])).admin_token == "from-file"
+    monkeypatch.setenv("POLAR_GATEWAY_ADMIN_TOKEN", "from-env")
+    assert load_config(parser.parse_args(["--host", "0.0.0.0"])).admin_token == "from-env"
+    with pytest.raises(ConfigError, match=r"--admin-token-file .*missing: cannot read it"):
+        load_config(parser.parse_args(["--admin-token-file", str(tmp_path / "missing")]))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match=r"--admin-token-file .*empty is empty; write the token into it"):
+        load_config(parser.parse_args(["--admin-token-file", str(tmp_path / "empty")]))
+    capsys.readouterr()
+    assert load_config(parser.parse_args(["--admin-token", "on-argv"])).admin_token == "on-argv"
+    assert "ps" in capsys.readouterr().err
