@@ -277,13 +277,15 @@ def _relay(gateway_url: str, session_id: str) -> Iterator[int]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = asyncio.run_coroutine_threadsafe(SessionRelay(gateway_url, session_id).listen_tcp(), loop).result(10)
+    relay = SessionRelay(gateway_url, session_id)
+    server = asyncio.run_coroutine_threadsafe(relay.listen_tcp(), loop).result(10)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:
-        loop.call_soon_threadsafe(server.close)
+        asyncio.run_coroutine_threadsafe(relay.aclose(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+        loop.close()
 
 
 @pytest.fixture
@@ -507,3 +509,50 @@ def test_admin_token_comes_from_a_file_or_the_environment_never_silently_from_ar
     capsys.readouterr()
     assert load_config(parser.parse_args(["--admin-token", "on-argv"])).admin_token == "on-argv"
     assert "ps" in capsys.readouterr().err
+
+
+def _established_to(port: int) -> int:
+    """Open TCP connections whose local end is ``port`` (the server side of each), from /proc/net/tcp."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    count += 1
+    return count
+
+
+def test_agent_cannot_hold_unbounded_gateway_connections_through_relay(gateway: Any) -> None:
+    """An agent opens 120 connections to its relay, each starting a model call whose body never comes: the
+    relay holds at most ``MAX_CONNECTIONS`` of them (each its one gateway connection) and answers the rest
+    503 at once, so one session cannot use up the gateway's connections; the gateway still serves."""
+    from polar.harness.agent.session_relay import MAX_CONNECTIONS
+
+    head = (b"POST /s/me/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000\r\n\r\n{")
+    with _relay(gateway.url, "me") as port:
+        held = []
+        try:
+            for _ in range(120):
+                s = socket.create_connection(("127.0.0.1", port), timeout=30)
+                s.sendall(head)
+                held.append(s)
+            time.sleep(1.0)
+            refused = 0
+            for s in held:
+                s.settimeout(0.05)
+                with contextlib.suppress(OSError):
+                    if s.recv(4096).startswith(b"HTTP/1.1 503"):
+                        refused += 1
+            assert refused >= 120 - MAX_CONNECTIONS
+            assert _established_to(gateway.port) <= MAX_CONNECTIONS
+        finally:
+            for s in held:
+                s.close()
+        deadline, status = time.monotonic() + 30, 0
+        while status != 200 and time.monotonic() < deadline:  # the relay notices the hang-ups within moments
+            status = httpx.post(f"http://127.0.0.1:{port}/s/me/v1/chat/completions", timeout=60,
+                                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).status_code
+            time.sleep(0.1)
+        assert status == 200

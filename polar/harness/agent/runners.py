@@ -144,7 +144,7 @@ class CommandRunner(HarnessRunner):
             root = f"http://127.0.0.1:{port}/s/{quote(ctx.session_id, safe='')}"
             return await self._run(dataclasses.replace(ctx, gateway_url=root), timeout_s, cancel)
         finally:
-            server.close()
+            await relay.aclose()
 
     async def _run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
         task_path = ctx.workspace / self.task_file

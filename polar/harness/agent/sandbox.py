@@ -168,10 +168,13 @@ class HostRelay:
         os.chmod(self.socket_path, 0o666)
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+        if self._server is not None and self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.relay.aclose(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
 

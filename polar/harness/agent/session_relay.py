@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 65536
 CONNECT_TIMEOUT_S = 10.0
 MAX_HEADER_BYTES = 64 * 1024
+MAX_CONNECTIONS = 64  # open harness connections per session: more get a 503 (each may hold one gateway connection)
+IDLE_TIMEOUT_S = 60.0  # for a request's head, from its connection's start or its previous answer (as uvicorn's keep-alive)
 #: Model-call routes under ``/s/<session>``: (method, full match of the decoded path after the prefix).
 ALLOWED_ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("POST", re.compile(r"/v1/(chat/completions|responses|messages|messages/count_tokens)")),
@@ -93,14 +95,30 @@ class SessionRelay:
         self.target = (parts.hostname, parts.port or 80)
         self.session_id = session_id
         self.refused = 0  # requests refused so far (for logs and tests)
+        self.connections = 0  # harness connections open now
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._servers: list[asyncio.Server] = []
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One harness connection: requests one after another (keep-alive, pipelined ones wait their turn)."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.connections += 1
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
         try:
+            if self.connections > MAX_CONNECTIONS:
+                body = orjson.dumps({"error": {"message": f"more than {MAX_CONNECTIONS} connections open to the gateway "
+                                               "relay of this session; close some, or reuse them (keep-alive)",
+                                               "type": "overloaded_error", "code": None, "param": None}})
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                return
             while True:
                 try:
-                    event = await _next_event(conn, reader)
+                    event = await asyncio.wait_for(_next_event(conn, reader), IDLE_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    return  # idle (or a request head trickling in): close, as the gateway does
                 except h11.RemoteProtocolError as e:
                     if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                         writer.write(_error_bytes(conn, e.error_status_hint, f"malformed HTTP request: {e}"))
@@ -122,6 +140,9 @@ class SessionRelay:
         except (ConnectionError, OSError, h11.LocalProtocolError):
             pass
         finally:
+            self.connections -= 1
+            if me is not None:
+                self._handlers.discard(me)
             with contextlib.suppress(Exception):
                 await writer.drain()
             with contextlib.suppress(Exception):
@@ -169,20 +190,33 @@ class SessionRelay:
         """Pass the request body on; then keep reading the client (pipelined bytes wait in ``conn``) to
         notice a hang-up, which cancels the call at the gateway (it closes the upstream connection)."""
         while True:
-            event = await _next_event(conn, reader)
+            try:
+                event = await _next_event(conn, reader)
+            except (h11.RemoteProtocolError, ConnectionError, OSError):  # e.g. closed before its body was complete
+                hung_up.set()
+                return
             if isinstance(event, h11.Data):
-                up_w.write(up.send(h11.Data(data=event.data)) or b"")
-                await up_w.drain()
+                try:
+                    up_w.write(up.send(h11.Data(data=event.data)) or b"")
+                    await up_w.drain()
+                except (ConnectionError, OSError):
+                    return  # the gateway stopped reading (it answered early, e.g. 413): its answer still goes back
             elif isinstance(event, h11.EndOfMessage):
-                up_w.write(up.send(h11.EndOfMessage()) or b"")
-                await up_w.drain()
+                try:
+                    up_w.write(up.send(h11.EndOfMessage()) or b"")
+                    await up_w.drain()
+                except (ConnectionError, OSError):
+                    return
                 uploaded.set()
                 break
             else:  # ConnectionClosed mid-body
                 hung_up.set()
                 return
         while True:
-            data = await reader.read(CHUNK_BYTES)
+            try:
+                data = await reader.read(CHUNK_BYTES)
+            except (ConnectionError, OSError):
+                data = b""
             conn.receive_data(data)
             if not data:
                 hung_up.set()
@@ -222,10 +256,24 @@ class SessionRelay:
                     writer.write(_error_bytes(conn, 502, "the gateway closed the connection before answering"))
                 return False
 
-    async def listen_tcp(self, host: str = "127.0.0.1", port: int = 0) -> asyncio.AbstractServer:
-        """Serve on ``host:port`` on the running loop (``port`` 0: a free one)."""
-        return await asyncio.start_server(self.serve, host, port, limit=CHUNK_BYTES)
+    async def listen_tcp(self, host: str = "127.0.0.1", port: int = 0) -> asyncio.Server:
+        """Serve on ``host:port`` on the running loop (``port`` 0: a free one); :meth:`aclose` stops it."""
+        server = await asyncio.start_server(self.serve, host, port, limit=CHUNK_BYTES)
+        self._servers.append(server)
+        return server
 
-    async def listen_unix(self, path: str) -> asyncio.AbstractServer:
-        return await asyncio.start_unix_server(self.serve, path, limit=CHUNK_BYTES)
+    async def listen_unix(self, path: str) -> asyncio.Server:
+        server = await asyncio.start_unix_server(self.serve, path, limit=CHUNK_BYTES)
+        self._servers.append(server)
+        return server
+
+    async def aclose(self) -> None:
+        """Stop listening and end every open connection (a call under way is dropped: the gateway cancels it)."""
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
