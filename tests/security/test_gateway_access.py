@@ -556,3 +556,41 @@ def test_agent_cannot_hold_unbounded_gateway_connections_through_relay(gateway: 
                                 json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).status_code
             time.sleep(0.1)
         assert status == 200
+
+
+def test_sibling_cannot_create_a_session_before_the_run_opens_it_on_a_remote_node(engine: Any, tmp_path: Path) -> None:
+    """A remote gateway node as a run starts one (its own admin token, ``claimed_sessions_only``): a program that
+    learnt a future session's id calls it first (to own it and write into it) and is refused; the rollout
+    service then opens it for the session's key over HTTP with the node's token, the session's calls work, and
+    the service reads its records with the token."""
+    from polar.gateway.server import GatewayServer
+    from polar.rollout.sessions.nodes import NodeRegistry
+    from polar.types import new_session_key
+
+    token = "node-token-" + uuid.uuid4().hex
+    cfg = GatewayConfig(default_max_tokens=4, admin_token=token, claimed_sessions_only=True)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    with GatewayServer(cfg, engine=engine, records_dir=tmp_path / "node") as gw:
+        early = httpx.post(f"{gw.url}/s/ses-future/v1/chat/completions", json=body, timeout=60,
+                           headers={"authorization": "Bearer attacker-key"})
+        assert early.status_code == 403 and "was not opened by this run" in early.json()["error"]["message"]
+        key = new_session_key("ses-future")
+
+        async def service_side() -> list[Any]:
+            registry = NodeRegistry()
+            node = registry.register("remote", gw.url, admin_token=token)
+            try:
+                await registry.claim(node, "ses-future", key)
+                async with httpx.AsyncClient(timeout=60) as http:
+                    ok = await http.post(f"{gw.url}/s/ses-future/v1/chat/completions", json=body,
+                                         headers={"authorization": f"Bearer {key}"})
+                    assert ok.status_code == 200, ok.text
+                    stolen = await http.post(f"{gw.url}/s/ses-future/v1/chat/completions", json=body,
+                                             headers={"authorization": "Bearer attacker-key"})
+                    assert stolen.status_code == 403
+                return await registry.records(node, "ses-future")
+            finally:
+                await registry.aclose()
+
+        records = asyncio.run(service_side())
+    assert len(records) == 1
