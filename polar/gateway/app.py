@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import math
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -504,8 +506,6 @@ def allowed_host_names(config: Any) -> frozenset[str] | None:
     if host and host not in ("0.0.0.0", "::"):
         names.add(host)
     else:  # all interfaces: remote clients may name this machine
-        import socket
-
         names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
     return frozenset(names)
 
@@ -519,8 +519,6 @@ def _host_name(value: str) -> str:
 
 
 def _is_ip(name: str) -> bool:
-    import ipaddress
-
     try:
         ipaddress.ip_address(name)
     except ValueError:
