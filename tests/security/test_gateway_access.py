@@ -256,6 +256,19 @@ def test_sandboxed_agent_cannot_reach_admin_or_sibling_sessions(engine: Any, tmp
     _assert_contained(engine, outcome, collect, victim, attacker)
 
 
+def test_unsandboxed_preset_cannot_reach_admin_or_sibling_sessions(engine: Any, tmp_path: Path) -> None:
+    """The same CLI with ``sandbox.runtime: none`` (no bubblewrap on the machine, or chosen): its gateway
+    address is still a per-session relay, and the gateway's own locks stand behind it."""
+    from polar.config.harness import AgentHarnessConfig
+    from polar.harness.agent.build import build_runner
+
+    cfg = AgentHarnessConfig(type="agent", preset="qwen_code", preset_options={
+        "bin": _agent_file(tmp_path), "sandbox": {"runtime": "none"}})
+    runner = build_runner(cfg, config_dir=tmp_path)
+    outcome, collect, victim, attacker = _run_pair(engine, runner, tmp_path, gateway_in_task=False)
+    _assert_contained(engine, outcome, collect, victim, attacker)
+
+
 def test_command_agent_cannot_reach_admin_or_sibling_sessions(engine: Any, tmp_path: Path) -> None:
     """A ``command`` harness (a program on the host, no sandbox) gets a per-session relay address; it also
     knows the gateway's real address (as a port scan finds it). The gateway itself refuses every admin and
