@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy
+.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy system-deps
 
 setup: $(VENV)/.installed
 
@@ -24,12 +24,17 @@ demo: setup
 	# Trains the key-door game through its connector with PPO, then prints the evaluation.
 	$(VENV)/bin/polar run --config examples/keydoor/demo.yaml
 
+# bubblewrap and chromium (the sandbox and dashboard tests): installed with apt-get as root, else it stops at
+# once with the one command that installs them (.ci/system-deps; POLAR_SKIP_SYSTEM_DEPS=1 skips the check)
+system-deps:
+	bash .ci/system-deps
+
 # the tests marked vllm run against a real vLLM CPU server (tests/inference/test_vllm.py), so `make vllm` first
 # lint first: a new upward import, a type error or a style error fails CI before the suite runs
-test: setup vllm lint
+test: system-deps setup vllm lint
 	$(VENV)/bin/pytest -m "not slow" -q --durations=25
 
-test-all: setup vllm
+test-all: system-deps setup vllm
 	$(VENV)/bin/pytest -q
 
 # The coding-agent CLIs the harness presets drive, at the versions they were verified with

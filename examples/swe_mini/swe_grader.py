@@ -1,24 +1,36 @@
 """SWE-bench-style grading for the swe_mini tasks.
 
 The session's change is taken as a patch (workspace against the task's clean repository, CLI state and
-caches left out), applied to a fresh clean copy, the task's test files are restored from the clean
-repository (an agent cannot pass by editing tests), and the FAIL_TO_PASS and PASS_TO_PASS tests run.
-Reward 1.0 only when every one of them passes ("resolved"); an empty patch scores 0 without running.
+caches left out), applied to a fresh clean copy, the task's test files and every file that decides how
+tests run (``conftest.py``, ``pytest.ini``, ``pyproject.toml``, ``sitecustomize.py``, ``*.pth``, ...)
+are restored from the clean repository or removed (an agent cannot pass by editing tests or hooking
+pytest), and the FAIL_TO_PASS and PASS_TO_PASS tests run in polar's verifier sandbox (bubblewrap, no
+network, ``nobody``, limits; :mod:`polar.harness.agent.isolation`). Reward 1.0 only when every one of
+them passes and pytest's own run ended cleanly ("resolved"); an empty patch scores 0 without running.
 
 Use as ``verifier: {type: "swe_grader:grade"}`` next to ``tasks.jsonl``, or call :func:`grade`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+from polar.harness.agent.isolation import (
+    CopyReport,
+    VerifySandbox,
+    WorkspaceRefused,
+    chown_tree,
+    copy_workspace,
+    restore_from_task,
+    run_pytest,
+    sanitize,
+)
 
 HERE = Path(__file__).resolve().parent
 NOISE = (".git", ".claude", ".codex", ".qwen", ".gemini", ".pi", ".opencode", "node_modules", ".venv",
@@ -55,8 +67,11 @@ def _git(cwd: Path, *args: str, stdin: str | None = None) -> subprocess.Complete
     )
 
 
-def make_patch(repo: Path, workspace: Path) -> str:
-    """``git diff`` of ``workspace`` against ``repo`` (binary-safe), ignoring CLI state and caches."""
+def make_patch(repo: Path, workspace: Path, report: CopyReport | None = None) -> str:
+    """``git diff`` of ``workspace`` against ``repo`` (binary-safe), ignoring CLI state and caches.
+
+    The workspace is copied without following links (a link out of it is dropped, a FIFO skipped), so
+    reading it never reaches a host file the agent pointed at."""
     with tempfile.TemporaryDirectory(prefix="swe-diff-") as tmp:
         d = Path(tmp) / "r"
         shutil.copytree(repo, d, ignore=shutil.ignore_patterns(*NOISE))
@@ -66,7 +81,8 @@ def make_patch(repo: Path, workspace: Path) -> str:
         for child in d.iterdir():
             if child.name != ".git":
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        shutil.copytree(workspace, d, dirs_exist_ok=True, symlinks=True, ignore=shutil.ignore_patterns(*NOISE))
+        # the diff shows a planted conftest.py (grading drops it); links out of the workspace never enter it
+        copy_workspace(workspace, d, keep_task_owned=True, report=report)
         _git(d, "add", "-A")
         res = _git(d, "diff", "--cached", "--binary", "HEAD")
         if res.returncode != 0:
@@ -74,64 +90,55 @@ def make_patch(repo: Path, workspace: Path) -> str:
         return res.stdout
 
 
-def run_tests(task: dict[str, Any], repo: Path, patch: str) -> dict[str, Any]:
-    """Apply ``patch`` to a clean copy, restore the task's tests, run them; per-test outcomes."""
+async def run_tests(task: dict[str, Any], repo: Path, patch: str, trusted_workspace: bool = False,
+                    timeout_s: float = TEST_TIMEOUT_S) -> dict[str, Any]:
+    """Apply ``patch`` to a clean copy, restore the task's tests and every file it owns (``conftest.py``,
+    ``pytest.ini``, ``pyproject.toml``, ...), drop links that leave the copy, and run the tests in polar's
+    verifier sandbox (:class:`polar.harness.agent.isolation.VerifySandbox`); per-test outcomes."""
     tests = [*task.get("fail_to_pass", []), *task.get("pass_to_pass", [])]
-    with tempfile.TemporaryDirectory(prefix="swe-eval-") as tmp:
-        d = Path(tmp) / "r"
-        shutil.copytree(repo, d, ignore=shutil.ignore_patterns(*NOISE))
+    with VerifySandbox("swe_grader", trusted_workspace=trusted_workspace, timeout_s=timeout_s,
+                       cpu_time_s=int(timeout_s), memory_mb=2048) as box:
+        box.copy_in(repo, keep_task_owned=True)  # the task's clean repository, whole, for the patch
         if patch.strip():
-            res = _git(d, "apply", "--whitespace=nowarn", "-", stdin=patch)
+            res = _git(box.work, "apply", "--whitespace=nowarn", "-", stdin=patch)
             if res.returncode != 0:
                 return {"applied": False, "apply_error": res.stderr.strip()[-500:], "tests": {}}
-        for rel in task.get("test_files", []):
-            (d / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / rel, d / rel)
-        report = Path(tmp) / "report.xml"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1", "HOME": tmp}
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *tests],
-                cwd=d, capture_output=True, text=True, timeout=TEST_TIMEOUT_S, env=env,
-            )
-            log_tail = (proc.stdout + proc.stderr)[-2000:]
-        except subprocess.TimeoutExpired:
-            return {"applied": True, "tests": {t: "TIMEOUT" for t in tests}, "log": f"tests ran past {TEST_TIMEOUT_S}s"}
-        outcomes = {t: "MISSING" for t in tests}
-        if report.is_file():
-            for case in ET.parse(report).getroot().iter("testcase"):
-                file = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-                test_id = f"{file}::{case.get('name')}"
-                status = "PASSED"
-                for child in case:
-                    if child.tag in ("failure", "error"):
-                        status = "FAILED"
-                    elif child.tag == "skipped":
-                        status = "SKIPPED"
-                if test_id in outcomes:
-                    outcomes[test_id] = status
-        return {"applied": True, "tests": outcomes, "log": log_tail}
+        sanitize(box.work, box.report)
+        restore_from_task(box.work, repo, task.get("test_files", []), owner=box.uid)
+        if box.uid is not None:
+            chown_tree(box.work, box.uid)  # what git apply wrote, for the sandbox user
+        result = await run_pytest(box, tests)
+    return {"applied": True, "tests": result.outcomes, "all_passed": result.all_passed, "why": result.why,
+            "removed": box.report.removed, "dropped_links": box.report.dropped_links,
+            "isolation": box.isolation, "log": (result.run.details()["stdout"] + result.run.details()["stderr"])[-2000:]}
 
 
 def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | None = None,
-          harness: dict[str, Any] | None = None) -> dict[str, Any]:
+          harness: dict[str, Any] | None = None, trusted_workspace: bool = False,
+          timeout_s: float = TEST_TIMEOUT_S) -> dict[str, Any]:
     """Reward for one finished session: 1.0 if the workspace's patch resolves the task, else 0.0.
 
     ``harness`` is what the runner collected (for presets: the CLI, its transcript, its last lines);
-    it does not change the reward, it is kept with the verdict for inspection.
+    it does not change the reward, it is kept with the verdict for inspection. ``trusted_workspace`` is
+    the verifier config's key: without bubblewrap the tests run only when it is true.
     """
     repo = _repo(task, tasks_root)
-    patch = make_patch(repo, Path(workspace))
+    copied = CopyReport()
+    try:
+        patch = make_patch(repo, Path(workspace), copied)
+    except WorkspaceRefused as e:  # too large or too many files to grade: the session's doing, reward 0
+        return {"reward": 0.0, "resolved": False, "reason": f"workspace refused: {e}", "patch": ""}
     seen = {}
     if harness:
         seen = {"cli": harness.get("cli"), "transcript_events": len(harness.get("transcript") or []),
                 "transcript_files": sorted(harness.get("transcript_files") or {})}
     if not patch.strip():
         return {"reward": 0.0, "resolved": False, "reason": "empty diff: the session changed nothing", "patch": "", **seen}
-    result = run_tests(task, repo, patch)
+    result = asyncio.run(run_tests(task, repo, patch, trusted_workspace, timeout_s))
     f2p = {t: result["tests"].get(t, "MISSING") for t in task.get("fail_to_pass", [])}
     p2p = {t: result["tests"].get(t, "MISSING") for t in task.get("pass_to_pass", [])}
-    resolved = result["applied"] and all(s == "PASSED" for s in [*f2p.values(), *p2p.values()])
+    resolved = bool(result["applied"] and result["all_passed"]
+                    and all(s == "PASSED" for s in [*f2p.values(), *p2p.values()]))
     out = {
         "reward": 1.0 if resolved else 0.0,
         "resolved": resolved,
@@ -142,6 +149,9 @@ def grade(task: dict[str, Any], workspace: str | Path, tasks_root: str | Path | 
     }
     if not result["applied"]:
         out["reason"] = f"patch did not apply: {result.get('apply_error', '')}"
-    elif not resolved:
-        out["log"] = result.get("log", "")
+    else:
+        out.update(isolation=result["isolation"], removed=result["removed"],
+                   dropped_links=[*copied.dropped_links, *result["dropped_links"]])
+        if not resolved:
+            out.update(log=result.get("log", ""), reason=result.get("why") or "a test did not pass")
     return out

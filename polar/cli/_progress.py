@@ -1,4 +1,5 @@
-"""Rich progress bar for training runs (steps, fps, mean return, ETA) and the eval table."""
+"""Rich progress bar for training runs (steps, fps, mean return, ETA; for agent runs sessions, signal share,
+reward, sampled tokens/s) and the eval table."""
 
 from __future__ import annotations
 
@@ -20,22 +21,36 @@ from rich.table import Table
 log = logging.getLogger("polar.progress")
 
 
+def cli_console(stderr: bool = True) -> Console:
+    """The commands' console: word-wrapped to a terminal's width, and never wrapped when not a terminal (a
+    pipe, a log file, CI), where rich would break lines at 80 columns and a path could not be copied."""
+    console = Console(stderr=stderr)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 class TrainingProgress:
     """A live bar on a terminal; otherwise (piped, nohup, CI, ``--no-progress``) a log line every ``log_every_s``.
 
-    fps is the last iteration's; ``avg`` is the run's (env steps over training time, across resumes)."""
+    fps is the last iteration's; ``avg`` is the run's (env steps over training time, across resumes).
+
+    ``total_steps`` (GRPO agent runs) switches to session words: ``env_steps`` counts sessions, and each
+    iteration is one step of ``total_steps``, shown with its signal share (groups whose rewards differ),
+    reward and sampled tokens per second."""
 
     def __init__(self, total_env_steps: int, start_steps: int = 0, enabled: bool = True, metric_names: list[str] | None = None,
-                 log_every_s: float = 30.0) -> None:
-        self.console = Console(stderr=True)
+                 log_every_s: float = 30.0, total_steps: int | None = None) -> None:
+        self.console = cli_console()
         self.metric_names = metric_names or ["episode_reward_mean"]
         self.total = total_env_steps
+        self.total_steps = total_steps
         self.bar = enabled and self.console.is_terminal
         self.log_every_s = log_every_s
         self._last_log: float | None = None
+        rate = ([] if total_steps else [TextColumn("{task.fields[fps]:>7} fps")])
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-            TextColumn("{task.fields[fps]:>7} fps"), TextColumn("{task.fields[info]}"),
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("sessions" if total_steps else "steps"), *rate, TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, disable=not self.bar, transient=False,
         )
@@ -49,6 +64,9 @@ class TrainingProgress:
         self.progress.__exit__(*exc)
 
     def update(self, m: dict[str, Any]) -> None:
+        if self.total_steps:
+            self._update_sessions(m)
+            return
         parts = []
         for name in self.metric_names:
             v = m.get(name)
@@ -67,6 +85,38 @@ class TrainingProgress:
         eta = f", ETA {_duration((self.total - steps) / avg)}" if avg > 0 and steps < self.total else ""
         log.info("%s/%s env steps (%.0f%%), %.0f fps (avg %.0f)%s%s", f"{steps:,}", f"{self.total:,}",
                  100 * steps / self.total, m["fps"], avg, "".join(f", {p}" for p in parts), eta)
+
+
+    def _update_sessions(self, m: dict[str, Any]) -> None:
+        """An agent run's step in session words: ``step 3/20 done: 144/960 sessions, signal 50%, ...``."""
+        parts = []
+        share = m.get("groups_signal_share")
+        if share is not None:
+            parts.append(f"signal {100 * share:.0f}%")
+        reward = m.get("reward_mean", m.get("episode_reward_mean"))
+        if reward is not None:
+            parts.append(f"reward {reward:.3g}")
+        tps = m.get("sessions/sampled_tokens_per_s")
+        if tps is not None:
+            parts.append(f"{tps:.0f} tokens/s")
+        for name, label in (("sessions/timeout_rate", "timeouts"), ("sessions/masked_rate", "masked")):
+            if m.get(name):
+                parts.append(f"{label} {100 * m[name]:.0f}%")
+        step = f"step {m.get('iteration', 0)}/{self.total_steps}"
+        if self.bar:
+            self.progress.update(self.task, completed=m["env_steps"], info=f"{step}  " + "  ".join(parts))
+            return
+        now = time.monotonic()
+        if self._last_log is not None and now - self._last_log < self.log_every_s:
+            return
+        self._last_log = now
+        sessions = m["env_steps"]
+        per_s = sessions / m["time_s"] if m.get("time_s") else 0.0
+        eta = (f", ETA {_duration((self.total - sessions) / per_s)}"
+               if per_s > 0 and self.total and sessions < self.total else "")
+        pct = f" ({100 * sessions / self.total:.0f}%)" if self.total else ""
+        log.info("%s done: %s/%s sessions%s%s%s", step, f"{sessions:,}", f"{self.total:,}", pct,
+                 "".join(f", {p}" for p in parts), eta)
 
 
 def _duration(seconds: float) -> str:
@@ -89,4 +139,4 @@ def print_eval(result: dict[str, Any], title: str = "evaluation") -> None:
     sr = result.get("success_rate")
     table.add_row(str(result["episodes"]), f"{result['return_mean']:.2f}", f"{result['return_std']:.2f}",
                   f"{result['length_mean']:.1f}", "-" if sr is None else f"{100 * sr:.1f}%")
-    Console().print(table)
+    cli_console(stderr=False).print(table)

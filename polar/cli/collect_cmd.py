@@ -25,8 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.datasets.collect import collect_episodes
     from polar.datasets.minari import write_dataset
     from polar.errors import ConfigError
@@ -55,6 +54,6 @@ def main(args: argparse.Namespace) -> int:
     import json
 
     meta = json.loads((out / "data" / "metadata.json").read_text())
-    Console().print(f"wrote {meta['dataset_id']}: {meta['total_episodes']} episodes, {meta['total_steps']} steps "
+    cli_console(stderr=False).print(f"wrote {meta['dataset_id']}: {meta['total_episodes']} episodes, {meta['total_steps']} steps "
                     f"-> {out}")
     return 0

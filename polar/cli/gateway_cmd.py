@@ -63,7 +63,7 @@ def bound_address(host: str, url: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML: a gateway section, or a run config with 'gateway:'")
-    parser.add_argument("--model", metavar="NAME_OR_PATH", help="a preset (tiny, smollm2-135m), a local HF folder, or 'vllm:URL[,URL]'")
+    parser.add_argument("--model", metavar="NAME_OR_PATH", help="a preset (tiny, smollm2-135m), a local HF folder, 'vllm:URL[,URL]' or 'sglang:URL[,URL]'")
     parser.add_argument("--engine", choices=["embedded", "vllm"],
                         help="vllm: launch and supervise vLLM servers of --model (needs `make vllm`)")
     parser.add_argument("--replicas", type=int, help="with --engine vllm: how many servers (default 1)")

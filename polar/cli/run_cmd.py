@@ -22,11 +22,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from polar.config import load_config
-    from polar.trainers.build import create_run_dir
     from polar.trainers.preflight import check_before_start
 
+    # the checks first, each importing only what it needs: a config error costs no torch and no run directory
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
     check_before_start(cfg)  # unknown ids, missing programs and modules: before the run directory exists
+    from polar.trainers.memory import memory_warning
+
+    short = memory_warning(cfg)  # a run that will not fit says so before minutes of loading
+    if short:
+        log.warning(short)
+    from polar.trainers.build import create_run_dir
+
     run_dir = create_run_dir(cfg, args.run_dir)
     return train(cfg, run_dir, resume=False, progress=not args.no_progress, log_every_s=args.log_every_s)
 
@@ -34,23 +41,27 @@ def main(args: argparse.Namespace) -> int:
 def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float = 30.0) -> int:
     """Train ``cfg`` in ``run_dir`` (``polar run``, ``polar resume``): whichever loop ``build_trainer`` picks,
     with a progress bar, the run's status in ``run.json`` and a summary at the end."""
-    from rich.console import Console
-
-    from polar.cli._progress import TrainingProgress, fmt_number, print_eval
+    from polar.cli._progress import TrainingProgress, cli_console, fmt_number, print_eval
     from polar.trainers.build import build_trainer, progress_total, run_kind
     from polar.trainers.lifecycle import run_guard
 
-    console = Console(stderr=True)
+    console = cli_console()
     console.print(f"[bold]run dir[/]: {run_dir.path}")
     enabled = progress and cfg.logging.progress_bar
     # run.json records this process as the run's owner and its final status, however it ends
+    # GRPO agent runs count sessions and steps (session words); env runs and SFT count env/optimizer steps
+    total_steps = int(cfg.policy.kwargs.total_steps) if run_kind(cfg) == "agent" and cfg.policy.type == "grpo" else None
     with run_guard(run_dir, cfg.logging.sigterm_grace_s), \
-            TrainingProgress(progress_total(cfg), 0, enabled, cfg.logging.metrics, log_every_s) as bar:
+            TrainingProgress(progress_total(cfg), 0, enabled, cfg.logging.metrics, log_every_s, total_steps) as bar:
         # local: the learner runs here; ray: in a learner actor this process starts and watches
         trainer = build_trainer(cfg, run_dir, resume=resume, on_iteration=bar.update)
         result = trainer.train()
-    log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
-             fmt_number(result.get("episode_reward_mean")))
+    if total_steps:
+        log.info("finished: %d sessions in %.1fs, reward mean of the last step %s", result["env_steps"],
+                 result["time_s"], fmt_number(result.get("episode_reward_mean")))
+    else:
+        log.info("finished: %d env steps in %.1fs, mean return %s", result["env_steps"], result["time_s"],
+                 fmt_number(result.get("episode_reward_mean")))
     if run_kind(cfg) == "agent":
         from polar.trainers.agentic_run import heldout_table
 

@@ -10,12 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from rich.console import Console
-
+from polar.cli._progress import cli_console
 from polar.errors import RunDirError
 
 HELP = "add or remove rollout workers of a running run (ray backend)"
-console = Console(stderr=True)
+console = cli_console()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

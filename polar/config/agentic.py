@@ -18,6 +18,10 @@ class VerifierConfig(StrictModel):
     type: str = "exact_match"
     kwargs: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(60.0, gt=0)
+    trusted_workspace: bool = Field(
+        False, description="a verifier that runs the workspace's code (python_tests, humaneval, swe_grader, ...) "
+        "runs it in bubblewrap, and refuses where bubblewrap cannot work; true lets it run the code unisolated "
+        "on this host there. Only for workspaces you wrote yourself: a model's code could change its own reward")
 
     @field_validator("type")
     @classmethod
@@ -31,7 +35,7 @@ class VerifierConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    name_or_path: str = Field("tiny", description="a preset (tiny, smollm2-135m), a local HF folder, or 'vllm:URL[,URL]'")
+    name_or_path: str = Field("tiny", description="a preset (tiny, smollm2-135m), a local HF folder, 'vllm:URL[,URL]' or 'sglang:URL[,URL]'")
     chat_template: str | None = Field(
         None, description="'model', 'hermes-tools' or a Jinja file; default: the model's own when it renders "
         "tools, else hermes-tools (ChatML models)")

@@ -13,6 +13,9 @@ from polar.config.base import StrictModel
 # by-hand run in issue 11 learnt the sums with.
 LEARNING_RATE_LORA = 4e-4
 LEARNING_RATE_FULL = 2e-5
+# The rollout's sampling when policy.kwargs sets none (an agent harness; the LLM agent's own are agent.*)
+ROLLOUT_TEMPERATURE = 1.0
+ROLLOUT_MAX_TOKENS = 64
 
 
 class LoraConfig(StrictModel):
@@ -79,8 +82,12 @@ class GRPOKwargs(StrictModel):
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward pass (gradient accumulation)")
     max_grad_norm: float = Field(1.0, gt=0)
     max_off_policy_steps: int = Field(1, ge=0, description="drop groups sampled more than this many versions ago")
-    temperature: float = Field(1.0, ge=0)
-    max_tokens: int = Field(64, ge=1, description="max sampled tokens per model call")
+    temperature: float | None = Field(
+        None, ge=0, description="the rollout's sampling temperature: replaces the one each model call asks for; "
+                                f"null: {ROLLOUT_TEMPERATURE:g}, or agent.temperature with the built-in LLM agent")
+    max_tokens: int | None = Field(
+        None, ge=1, description="the most tokens one model call samples: caps what each call asks for; "
+                                f"null: {ROLLOUT_MAX_TOKENS}, or agent.max_tokens with the built-in LLM agent")
     lora: LoraConfig | None = None
     autocast: Literal["bf16", "off"] = Field(
         "off", description="bf16: forward passes under torch.autocast(bfloat16) (the weights and optimizer stay fp32)")

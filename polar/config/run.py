@@ -27,7 +27,7 @@ from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, 
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, check_continual
 from polar.config.gateway import GatewayConfig
-from polar.config.grpo import SFTWarmupConfig
+from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.policy import (
@@ -160,6 +160,19 @@ class AgentRunConfig(_RunBase):
         why = overlapping_seeds(self.tasks, self.eval_tasks)
         if why:
             raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_sampling(self) -> AgentRunConfig:
+        """``policy.kwargs.temperature`` and ``max_tokens`` resolved (written so into config.resolved.yaml, so a
+        resumed run samples as the first did): the built-in LLM agent's own settings, else polar's defaults."""
+        kwargs = getattr(self.policy, "kwargs", None)
+        if kwargs is None or not hasattr(kwargs, "temperature"):
+            return self  # SFT samples nothing
+        if kwargs.temperature is None:
+            object.__setattr__(kwargs, "temperature", self.agent.temperature if self.agent else ROLLOUT_TEMPERATURE)
+        if kwargs.max_tokens is None:
+            object.__setattr__(kwargs, "max_tokens", self.agent.max_tokens if self.agent else ROLLOUT_MAX_TOKENS)
         return self
 
     @model_validator(mode="after")

@@ -30,7 +30,8 @@ from polar.gateway.core import GatewayCore, engine_error
 from polar.gateway.drain import DrainGate, retry_after_header
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.providers import anthropic, gemini, openai_chat, openai_responses, schemas
-from polar.gateway.sessions import SessionStore, key_hash, key_session_id
+from polar.gateway.sessions import SessionStore, key_hash, key_session_id, session_id_problem
+from polar.types import SESSION_KEY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,18 @@ def _unquote(raw: bytes) -> str:
 
 def session_of(request: Request) -> str:
     """URL prefix, then the ``x-polar-session`` header, then the API key (by its hash: keys never reach disk)."""
-    given = request.scope.get("polar_session") or request.headers.get(SESSION_HEADER)
-    if given:
-        return given
-    key = api_key(request)
-    return key_session_id(key) if key else DEFAULT_SESSION
+    given, source = request.scope.get("polar_session"), "the /s/{session_id} URL prefix"
+    if not given:
+        given, source = request.headers.get(SESSION_HEADER), f"the '{SESSION_HEADER}' header"
+    if not given:
+        key = api_key(request)
+        if not key:
+            return DEFAULT_SESSION
+        given, source = key_session_id(key), f"the API key ({SESSION_KEY_PREFIX}<session id>)"
+    problem = session_id_problem(given)  # checked before the call is admitted: ids reach headers and files
+    if problem is not None:
+        raise bad(f"{problem} (from {source}); e.g. /s/run1-task7/v1", "session_id")
+    return given
 
 
 def caller_of(request: Request) -> str | None:
@@ -225,28 +233,30 @@ class GatewayApp:
         headers = {"retry-after": retry_after_header(err.retry_after_s)} if err.kind == "rate_limited" else None
         return self._json(provider.error_body(err), err.status, headers)
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _read(self, request: Request) -> bytes:
+        """The body, refused (413) as soon as it passes ``max_body_bytes``, declared or streamed."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise ApiError("too_large", f"request body is {declared} bytes; the limit is {limit} (gateway.max_body_bytes)")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
-            chunks.append(chunk)
-        raw = b"".join(chunks)
-        if not raw.strip():
-            raise bad("request body is empty; send a JSON object")
         try:
-            body = orjson.loads(raw)
-        except (orjson.JSONDecodeError, ValueError) as e:
-            raise bad(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise bad(f"request body must be a JSON object (got {type(body).__name__})")
-        request.scope[schemas.RAW_BODY_KEY] = raw  # for schemas.validate: exact big integers in its messages
-        return body
+            async with asyncio.timeout(BODY_TIMEOUT_S):  # a body dripped slowly must not hold its connection
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError("timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({size} bytes "
+                           "read); send it at once") from None
+        return b"".join(chunks)
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        raw = await self._read(request)
+        if len(raw) > INLINE_PARSE_BYTES:  # a big body is parsed on a worker thread: the loop keeps serving
+            return await asyncio.to_thread(_parse_json, raw, request)
+        return _parse_json(raw, request)
 
     def check_model(self, name: str) -> None:
         if self.config.accept_any_model or name in self.model_names:
@@ -271,18 +281,29 @@ class GatewayApp:
     def _provider(self, provider: Any) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             try:
-                body = await self._body(request)
-                req = provider.parse_request(body, request)
+                raw = await self._read(request)
+                # parsed and validated on a worker thread: checking a tool schema costs ~5 us per byte the first
+                # time it is seen (jsonschema), so even a small body could hold the event loop for a while
+                req = await asyncio.to_thread(lambda: provider.parse_request(_parse_json(raw, request), request))
                 self.check_model(req.model)
                 sid = session_of(request)
                 self._may_append(request, sid)
                 if req.stream:
                     call = await self.core.start(req, sid)
-                    return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
+                    try:  # once built, the response's own finally closes the call
+                        return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
+                    except BaseException as e:  # building it failed: record the call, leave the drain gate
+                        await call.close(e)
+                        raise
                 done = await until_disconnect(request, self._call(req, sid))
                 if done is None:  # the client hung up: generation was cancelled, the record says so
                     return Response(status_code=499)
                 call, out = done
+                if self.config.fsync and self.store.write_error is not None:  # its record was written, or it fails
+                    raise ApiError("unavailable", f"{self.store.write_error}; the call's record is kept in memory "
+                                   "until it can be written, and its answer is withheld (gateway.fsync: true)")
+                if req.logprobs or len(out.sampled_ids) > INLINE_RESPONSE_TOKENS:  # a big answer is built off the loop
+                    return await asyncio.to_thread(lambda: self._json(provider.response(req, call, out)))
                 return self._json(provider.response(req, call, out))
             except ApiError as e:
                 return self._error(provider, e)
@@ -298,7 +319,9 @@ class GatewayApp:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            req = anthropic.parse_request(await self._body(request), request, count_only=True)
+            raw = await self._read(request)
+            req = await asyncio.to_thread(
+                lambda: anthropic.parse_request(_parse_json(raw, request), request, count_only=True))
             tools = [] if req.tool_choice == "none" else req.tools
             prompt = await asyncio.to_thread(self.core.prompts.build, req.messages, tools, lambda key: None)
             ids = prompt.ids  # tokenized on a worker thread: a huge prompt must not hold up the event loop
@@ -332,8 +355,11 @@ class GatewayApp:
         except Exception as e:  # a broken engine is reported, not raised
             engine = {"state": "unavailable", "error": f"{type(e).__name__}: {e}"}
         state = engine.get("state", "unavailable")
+        records_error = self.store.writable()  # a gateway that cannot record its calls cannot serve them
+        if records_error is not None:
+            state = "unavailable"
         body = {"status": state, "model": self.engine.model_name, "policy_version": int(self.engine.policy_version),
-                **self.gate.status(), "engine": engine}
+                **self.gate.status(), "engine": engine, "records_error": records_error}
         return self._json(body, 503 if state == "unavailable" else 200)
 
     # ---- session reads -------------------------------------------------------------------------
@@ -439,6 +465,9 @@ class GatewayApp:
             sid, key = body.get("session_id"), body.get("api_key")
             if not isinstance(sid, str) or not sid or not isinstance(key, str) or not key:
                 raise bad("body must be {\"session_id\": \"<id>\", \"api_key\": \"<the session's key>\"}", "session_id")
+            problem = session_id_problem(sid)
+            if problem is not None:
+                raise bad(problem, "session_id")
             owner = self.store.claim(sid, key_hash(key))
             if owner != key_hash(key):
                 raise ApiError("permission", f"session {sid!r} already belongs to another API key")
@@ -487,6 +516,28 @@ class GatewayApp:
             finally:
                 self.gate.resume()
         return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
+
+
+INLINE_PARSE_BYTES = 64 * 1024  # admin bodies above this are parsed off the event loop (model calls: all)
+INLINE_RESPONSE_TOKENS = 2048  # answers longer than this (or with logprobs) are serialized off the event loop
+BODY_TIMEOUT_S = 60.0  # the most a request body may take to arrive, once its headers have (docs/gateway.md, Limits)
+
+
+def _parse_json(raw: bytes, request: Request) -> dict[str, Any]:
+    """A request body: one JSON object, nested at most ``schemas.MAX_JSON_DEPTH`` levels; else a 400."""
+    if not raw.strip():
+        raise bad("request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError) as e:
+        raise bad(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad(f"request body must be a JSON object (got {type(body).__name__})")
+    problem = schemas.depth_problem(body)
+    if problem is not None:
+        raise bad(problem)
+    request.scope[schemas.RAW_BODY_KEY] = raw  # for schemas.validate: exact big integers in its messages
+    return body
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})

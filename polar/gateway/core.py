@@ -76,8 +76,16 @@ class GatewayCore:
             refusal = tools_refusal(self.engine)
             if refusal is not None:
                 raise bad(refusal, "tools")
+        unwritable = self.store.writable()  # never acknowledge a call whose record cannot be written
+        if unwritable is not None:
+            raise ApiError("unavailable", f"{unwritable}; calls are refused until the gateway can record them "
+                           "again (free space on the records' filesystem; GET /health says when)")
         await self.gate.enter()
-        call = Call(self, req, session_id)
+        try:
+            call = Call(self, req, session_id)
+        except BaseException:
+            self.gate.exit()  # nothing was started: the slot is free again
+            raise
         try:
             await call.prepare()
         except BaseException as e:
@@ -114,6 +122,7 @@ class Call:
         self.call_index = core.store.next_call_index(session_id)
         self.policy_version = int(getattr(core.engine, "policy_version", 0))
         self.prompt: Prompt | None = None  # set once the engine accepted it
+        self.sent: GenerationRequest | None = None  # what the engine sampled with (a run may override the ask)
         self.rejected_prompt: dict[str, Any] | None = None  # count and hash of a prompt refused before generation
         self.sampled: list[int] = []
         self.logprobs: list[float] = []
@@ -122,12 +131,14 @@ class Call:
         self.parsed: ParsedOutput | None = None
         self._gen: Any = None
         self._first: TokenEvent | None = None
+        self._text_stream: TextStream | None = None  # built with the prompt, off the event loop
         self._recorded = False
         self._closed = False
 
     async def prepare(self) -> None:
         core = self.core
         self.prompt, greq = await asyncio.to_thread(self._prompt_request)
+        self.sent = greq
         self._gen = core.engine.generate(greq)
         try:
             self._first = await self._gen.__anext__()
@@ -140,6 +151,7 @@ class Call:
         A prompt refused here is recorded by its token count and hash, never by its ids."""
         core, req = self.core, self.req
         store, sid = core.store, self.session_id
+        self._text_stream = TextStream(req.stop, parse_tools=bool(self.tools))  # its stop-string automaton
         try:
             prompt = core.prompts.build(req.messages, self.tools, lambda k: store.lookup(sid, k),
                                         getattr(core.engine, "context_length", None))
@@ -167,7 +179,7 @@ class Call:
     async def events(self) -> AsyncIterator[str | CallOutput]:
         """Text deltas as they become showable, then one ``CallOutput``. Records in ``finally``."""
         detok = IncrementalDetokenizer(self.core.engine.tokenizer, self.core.stop_ids)
-        ts = TextStream(self.req.stop, parse_tools=bool(self.tools))
+        ts = self._text_stream or TextStream(self.req.stop, parse_tools=bool(self.tools))
         # non-streaming calls without stop strings decode once at the end instead of per token
         incremental = self.req.stream or bool(self.req.stop)
         finish = "abort"
@@ -301,11 +313,12 @@ class Call:
                 "total_s": total_s,
             },
             "sampling": {
-                "temperature": self.req.temperature,
+                "temperature": self.sent.temperature if self.sent else self.req.temperature,
                 "top_p": self.req.top_p,
-                "max_tokens": self.req.max_tokens,
+                "max_tokens": self.sent.max_tokens if self.sent else self.req.max_tokens,
                 "stop": self.req.stop,
                 "seed": self.req.seed,
+                "requested": {"temperature": self.req.temperature, "max_tokens": self.req.max_tokens},
             },
         }
         if self.rejected_prompt is not None:

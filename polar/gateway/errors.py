@@ -14,6 +14,7 @@ ErrorKind = Literal[
     "permission",  # 403: reading another session's records
     "not_found",  # 404: unknown model, unknown session, unknown route
     "method_not_allowed",  # 405: a known path with the wrong HTTP method
+    "timeout",  # 408: the request body did not arrive in time
     "too_large",  # 413: body over max_body_bytes
     "rate_limited",  # 429: paused for a weight sync (with Retry-After)
     "server_error",  # 500: the engine failed
@@ -27,6 +28,7 @@ STATUS: dict[str, int] = {
     "permission": 403,
     "not_found": 404,
     "method_not_allowed": 405,
+    "timeout": 408,
     "too_large": 413,
     "rate_limited": 429,
     "server_error": 500,

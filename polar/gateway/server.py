@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from polar.config.gateway import GatewayConfig
 from polar.errors import GatewayError
@@ -60,10 +64,117 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
     return GatewayApp(engine, config, records_dir)
 
 
-def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Config:
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client connection may hold of the gateway (docs/gateway.md, Limits).
+
+    A connection must send a request's line and headers within ``header_timeout_s`` (a slow-headers
+    client is cut, however it drips); an idle keep-alive connection is closed after ``keep_alive_s``;
+    request line plus headers over ``max_header_bytes`` get a 431; past ``max_connections`` open
+    connections (0: three quarters of the open-file limit) the longest-idle one is closed, so idle
+    sockets never exhaust the file descriptors that records and the engine need."""
+
+    header_timeout_s: float = 10.0
+    keep_alive_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
+    max_connections: int = 0
+
+    def connection_cap(self) -> int:
+        if self.max_connections:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) * 3 // 4)
+
+
+_TOO_LARGE = b"request line and headers are larger than the gateway's limit (%d bytes); send smaller headers"
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the ``ConnectionLimits`` it lacks: a header deadline from the
+    connection's (or the request's) first byte, a header size cap, and a cap on open connections that
+    closes the longest-idle one. ``guarded_protocol`` makes one subclass per server (its own idle list)."""
+
+    limits = ConnectionLimits()
+    cap = 0
+    idle: OrderedDict[GuardedHttpToolsProtocol, None] = OrderedDict()  # idle since, oldest first
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+        if len(self.connections) > self.cap:  # over the cap: the longest-idle connection makes room
+            if self.idle:
+                oldest, _ = self.idle.popitem(last=False)
+                oldest.transport.close()
+            else:  # every other connection is busy with a request: this one is refused
+                transport.close()
+                return
+        self.idle[self] = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.idle.pop(self, None)
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if getattr(self, "_head_timer", None) is not None:
+            self._head_timer.cancel()  # type: ignore[union-attr]
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()  # no request line and headers in time: idle or a slow-headers client
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self.idle.pop(self, None)
+        if self._head_timer is not None:  # a request's head is being read (or awaited)
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_timer is not None and self._head_bytes > self.limits.max_header_bytes:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._cancel_head_timer()
+        msg = _TOO_LARGE % self.limits.max_header_bytes
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8"
+                             b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(msg), msg))
+        self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self.idle[self] = None  # waiting for its next request (uvicorn's keep-alive timer runs)
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
+    return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,),
+                {"limits": limits, "cap": limits.connection_cap(), "idle": OrderedDict()})
+
+
+def uvicorn_config(app: Any, config: GatewayConfig, limits: ConnectionLimits | None = None,
+                   **kwargs: Any) -> uvicorn.Config:
+    limits = limits or ConnectionLimits()
     return uvicorn.Config(
         app, host=config.host, port=config.port, lifespan="off", access_log=False, log_level="warning",
-        timeout_keep_alive=60, backlog=2048, proxy_headers=False, server_header=False, **kwargs,
+        http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s, backlog=2048, proxy_headers=False,
+        server_header=False, **kwargs,
     )
 
 
@@ -112,8 +223,9 @@ class GatewayServer:
     """A gateway on a background thread. ``start()`` returns once it accepts connections."""
 
     def __init__(self, config: GatewayConfig | None = None, engine: Any = None,
-                 records_dir: str | Path | None = None) -> None:
+                 records_dir: str | Path | None = None, limits: ConnectionLimits | None = None) -> None:
         self.config = config or GatewayConfig()
+        self.limits = limits or ConnectionLimits()
         self.app = build_app(self.config, engine, records_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: uvicorn.Server | None = None
@@ -143,7 +255,7 @@ class GatewayServer:
         self.port = sock.getsockname()[1]
         # in-process: leave the host's logging alone (uvicorn's default dictConfig closes every handler the
         # run installed, e.g. the learner's RUN/logs/ lines)
-        self._server = uvicorn.Server(uvicorn_config(self.app.asgi, self.config, log_config=None))
+        self._server = uvicorn.Server(uvicorn_config(self.app.asgi, self.config, self.limits, log_config=None))
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"polar-gateway:{self.port}", daemon=True)
         self._thread.start()

@@ -23,7 +23,11 @@ session's records.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import errno
 import hashlib
+import json
 import logging
 import os
 import re
@@ -43,6 +47,20 @@ from polar.types import session_key as session_key  # a client names its session
 log = logging.getLogger(__name__)
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_SESSION_ID_CHARS = 128
+SESSION_ID_CHARS = "A-Z a-z 0-9 . _ : @ / -"  # what a session id may hold (docs/gateway.md, Limits)
+_SESSION_ID = re.compile(rf"[A-Za-z0-9._:@/-]{{1,{MAX_SESSION_ID_CHARS}}}")
+
+
+def session_id_problem(session_id: str) -> str | None:
+    """Why ``session_id`` cannot name a session, or ``None``. Ids go into response headers, file names
+    and logs, so they are checked before a call is admitted: printable ASCII from a small set."""
+    if _SESSION_ID.fullmatch(session_id):
+        return None
+    shown = repr(session_id[:60]) + ("..." if len(session_id) > 60 else "")
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        return f"session id {shown} is {len(session_id)} characters long; the most is {MAX_SESSION_ID_CHARS}"
+    return f"session id {shown} must be 1-{MAX_SESSION_ID_CHARS} characters from {SESSION_ID_CHARS}"
 
 
 def file_id(session_id: str) -> str:
@@ -108,6 +126,7 @@ class SessionStore:
         self._pending: dict[Path, list[bytes]] = {}
         self._flush_scheduled = False
         self._files: OrderedDict[Path, Any] = OrderedDict()  # open append handles, least recently used first
+        self.write_error: str | None = None  # why the last write failed (records kept in memory and retried)
         self.max_open_files = 128
         if self.dir is not None and resume:
             self._index_dir()
@@ -145,23 +164,23 @@ class SessionStore:
         if self.dir is None:
             return []
         path = self.dir / f"{file_id(session_id)}.jsonl"
-        if path in self._pending:  # an evicted session's last records may not be on disk yet
-            self._write(path, self._pending.pop(path))
-        if not path.exists():
-            return []
+        lines: list[bytes] = []
+        if path.exists():
+            with path.open("rb") as f:
+                lines = f.readlines()
+        lines += self._pending.get(path, [])  # an evicted session's last records may not be on disk yet
         out = []
-        with path.open("rb") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    log.warning("%s:%d is not valid JSON (a torn last write?); skipped", path, n)
-                    continue
-                rec = CallRecord.from_dict(d)
-                if rec.session_id == session_id:  # a hash collision can never mix sessions
-                    out.append(rec)
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                d = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                log.warning("%s:%d is not valid JSON (a torn last write?); skipped", path, n)
+                continue
+            rec = CallRecord.from_dict(d)
+            if rec.session_id == session_id:  # a hash collision can never mix sessions
+                out.append(rec)
         return out
 
     @staticmethod
@@ -222,10 +241,11 @@ class SessionStore:
         self._with_records.add(rec.session_id)
         if owner is not None:
             rec.metadata["owner"] = owner
+        rec, line = _serializable(rec)  # what is indexed is what is written: the session stays readable
         self._index(s, rec)
         if self.dir is not None:
             path = self.dir / f"{file_id(rec.session_id)}.jsonl"
-            self._pending.setdefault(path, []).append(orjson.dumps(rec) + b"\n")
+            self._pending.setdefault(path, []).append(line)
 
     def _run_deferred(self) -> None:
         builds, self._deferred = self._deferred, []
@@ -254,21 +274,48 @@ class SessionStore:
             self._flush_scheduled = False
             self._run_deferred()
             pending, self._pending = self._pending, {}
+            error = None
             for path, lines in pending.items():
                 try:
                     self._write(path, lines)
-                except OSError:
-                    log.exception("could not persist %d record(s) to %s", len(lines), path)
+                except OSError as e:  # full disk, quota, I/O error: keep the lines and write them later
+                    self._pending[path] = lines + self._pending.get(path, [])
+                    error = f"cannot write call records to {path}: {e.strerror or e}"
+            if error is not None and error != self.write_error:
+                log.error("%s; %d session file(s) kept in memory until a write succeeds; new calls get 503",
+                          error, len(self._pending))
+            elif error is None and self.write_error is not None:
+                log.warning("call records are written again (%s before)", self.write_error)
+            self.write_error = error
+
+    def writable(self) -> str | None:
+        """``None`` when every record is on disk (after retrying any kept in memory), else why not."""
+        with self._lock:
+            if self.write_error is not None:
+                self.flush()
+            return self.write_error
 
     def _write(self, path: Path, lines: list[bytes]) -> None:
+        """Append ``lines`` whole or not at all: a failed write is cut back, so no torn line is left for
+        the next record to be glued onto."""
         f = self._files.pop(path, None)
         if f is None:
             f = open(path, "ab", buffering=0)
+        start = -1
         try:
-            f.write(b"".join(lines))
+            start = os.fstat(f.fileno()).st_size
+            data = memoryview(b"".join(lines))
+            while data:
+                n = f.write(data)  # an unbuffered write may be short (a nearly full disk)
+                if not n:
+                    raise OSError(errno.ENOSPC, "the file system accepted no more bytes")
+                data = data[n:]
             if self.fsync:
                 os.fsync(f.fileno())
         except BaseException:
+            if start >= 0:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(f.fileno(), start)
             f.close()
             raise
         self._files[path] = f
@@ -296,7 +343,10 @@ class SessionStore:
             return bool(s.records) if s is not None else self._exists(session_id)
 
     def _exists(self, session_id: str) -> bool:
-        return self.dir is not None and (self.dir / f"{file_id(session_id)}.jsonl").exists()
+        if self.dir is None:
+            return False
+        path = self.dir / f"{file_id(session_id)}.jsonl"
+        return path in self._pending or path.exists()
 
     def session_ids(self, owner: str | None = None, everyone: bool = True) -> list[str]:
         """Sessions with records; with ``everyone=False``, only those ``owner`` owns."""
@@ -306,3 +356,24 @@ class SessionStore:
             if not everyone:
                 return sorted(i for i in ids if owner is not None and self._owners.get(i) == owner)
             return sorted(ids)
+
+
+def _serializable(rec: CallRecord) -> tuple[CallRecord, bytes]:
+    """``rec`` and its JSONL line. The request models bound integers and nesting, so this always holds;
+    should a field still not serialize (an integer beyond 64 bits, nesting beyond orjson's 255 levels),
+    the record keeps its token data, its client fields as parsed back from Python's JSON, and says
+    ``complete: false``, instead of being lost and breaking its session."""
+    try:
+        return rec, orjson.dumps(rec) + b"\n"
+    except TypeError as e:
+        why = f"the record could not be serialized as sent ({e}); its client fields were rewritten"
+        log.error("session %r call %d: %s", rec.session_id, rec.call_index, why)
+    d = dataclasses.asdict(rec)
+    try:
+        d = orjson.loads(json.dumps(d, default=repr))  # big integers become floats
+        orjson.dumps(d)
+    except (TypeError, ValueError, RecursionError):
+        d.update(messages=[], tools=[], metadata={"owner": rec.metadata.get("owner")} if rec.metadata.get("owner") else {})
+    d.update(complete=False, error=why)
+    safe = CallRecord.from_dict(d)
+    return safe, orjson.dumps(safe) + b"\n"

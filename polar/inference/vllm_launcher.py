@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel, validate
 from polar.inference._http1 import free_port
@@ -62,7 +62,8 @@ class VllmLaunchConfig(StrictModel):
 
     max_model_len: int = Field(2048, ge=16, description="vLLM --max-model-len: prompt + completion tokens")
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE: the KV cache, in GiB")
-    dtype: str = Field("bfloat16", description="vLLM --dtype")
+    dtype: str = Field("auto", description="vLLM --dtype; auto: bfloat16 on CPUs with bf16 instructions "
+                       "(avx512_bf16 or amx_bf16 in /proc/cpuinfo), else float32 (bf16 on AVX2-only CPUs is emulated, slow)")
     served_model_name: str | None = Field(None, description="the name vLLM serves (default: the preset named, or the folder's name)")
     enforce_eager: bool = Field(False, description="skip vLLM's compilation: faster start, slower decoding")
     start_timeout_s: float = Field(900.0, gt=0, description="longest wait for a replica's /health at each start")
@@ -71,6 +72,39 @@ class VllmLaunchConfig(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="more vLLM server arguments, verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables for vLLM")
     timeout_s: float = Field(600.0, gt=0, description="longest wait for one generation call")
+
+
+    @model_validator(mode="after")
+    def _dtype_for_this_cpu(self) -> VllmLaunchConfig:
+        if self.dtype == "auto":
+            flags = cpu_flags()
+            object.__setattr__(self, "dtype", cpu_dtype(flags))
+            log.info("vLLM --dtype %s (engine_kwargs.dtype: auto; this CPU %s bf16 instructions)", self.dtype,
+                     "has" if self.dtype == "bfloat16" else "has no")
+        return self
+
+
+# CPU flags (as /proc/cpuinfo spells them) of native bf16 matrix instructions; without them vLLM CPU's bf16
+# falls back to slow conversions (docs/benchmarks.md: unusable on the AVX2-only machines polar is tested on)
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The first processor's feature flags (empty where there is no /proc/cpuinfo: not Linux)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def cpu_dtype(flags: set[str]) -> str:
+    """``bfloat16`` where the CPU computes in bf16 natively, else ``float32``."""
+    return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"
 
 
 def vllm_python(repo_root: Path | None = None) -> Path:

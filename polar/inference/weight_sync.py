@@ -288,8 +288,14 @@ __all__ = ["LogprobCheck", "SglangControl", "VllmControl", "WeightSyncError", "c
            "write_weights_folder"]
 
 
+NCCL_UNTESTED = ("gateway.sync.method: nccl has never run: no test exercises it (polar's test machines have no GPU), "
+                 "so it may fail in ways nobody has seen; gateway.sync.method: disk is the tested path")
+
+
 def check_nccl_available(kind: str) -> None:
-    """``gateway.sync.method: nccl`` needs vLLM's trainer-side weight-transfer engine in polar's own process."""
+    """``gateway.sync.method: nccl`` needs vLLM's trainer-side weight-transfer engine in polar's own process.
+    It has never run (no test runs it: the machines polar is tested on have no GPU), so choosing it says so."""
+    log.warning(NCCL_UNTESTED)
     if kind != "vllm":
         raise WeightSyncError(f"gateway.sync.method: nccl is vLLM's weight-transfer API; {kind} servers sync "
                               "with method: disk")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,11 @@ class LLMPolicy:
             from peft import LoraConfig, get_peft_model
 
             targets = lora.target_modules or _default_targets(model)
-            model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                     target_modules=targets, bias="none"))
+            with warnings.catch_warnings():  # peft reads transformers 5's deprecated name: not the user's to fix
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                        category=FutureWarning)
+                model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                         target_modules=targets, bias="none"))
         self.model = model
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 

@@ -44,6 +44,7 @@ from polar.trainers.lifecycle import run_guard
 from polar.trainers.llm_trainer import best_reward, group_batch, return_batch, reward_range
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
+from polar.trainers.session_stats import live_counts, session_metrics
 from polar.types import Batch
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,11 @@ class SessionCollector:
     anything with ``run_groups`` / ``update_weights``).
 
     ``batches`` is how many batches the run still needs: with ``prefetch`` the next one is submitted as soon as
-    this one arrived, but never one past the end."""
+    this one arrived, but never one past the end. While a batch is collected it logs its sessions' progress
+    every ``HEARTBEAT_S``; each batch adds the session rates of ``polar.trainers.session_stats`` and the
+    sampled tokens per second of its collection to the step's metrics."""
+
+    HEARTBEAT_S = 30.0
 
     def __init__(self, stack: Any, tasks: list[dict[str, Any]], tasks_per_step: int, group_size: int, seed: int,
                  batches: int, prefetch: bool, first_step: int = 0) -> None:
@@ -75,7 +80,8 @@ class SessionCollector:
         self.wait_s = 0.0
         self.batch_counts: Metrics = {}
         self._order: list[int] = []
-        self._pending: concurrent.futures.Future[Groups] | None = None
+        # the batch under way: its future, the step it is for, when it was submitted
+        self._pending: tuple[concurrent.futures.Future[Groups], int, float] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polar-collect")
 
     def _next_tasks(self) -> list[dict[str, Any]]:
@@ -87,9 +93,24 @@ class SessionCollector:
             out.append(self.tasks[self._order.pop()])
         return out
 
-    def _submit(self) -> concurrent.futures.Future[Groups]:
+    def _submit(self) -> tuple[concurrent.futures.Future[Groups], int, float]:
         groups = [(t, self.group_size, {"rollout_step": self.step}) for t in self._next_tasks()]
-        return self._pool.submit(self.stack.run_groups, groups)
+        return self._pool.submit(self.stack.run_groups, groups), self.step, time.monotonic()
+
+    def _wait(self, future: concurrent.futures.Future[Groups], step: int, submitted: float) -> Groups:
+        """The batch's groups; while they are collected, a line in session words every ``HEARTBEAT_S``."""
+        while True:
+            try:
+                return future.result(timeout=self.HEARTBEAT_S)
+            except concurrent.futures.TimeoutError:
+                c = live_counts(self.stack, lambda m: m.get("rollout_step") == step)
+                if c is None:
+                    log.info("step %d: collecting sessions, %.0fs", step + 1, time.monotonic() - submitted)
+                    continue
+                by = ", ".join(f"{k} {v}" for k, v in sorted(c.statuses.items()))
+                reward = "" if c.reward_mean is None else f", reward {c.reward_mean:.3g} so far"
+                log.info("step %d: collecting, %d/%d sessions finished (%s)%s, %.0fs", step + 1, c.finished,
+                         c.sessions, by or "none yet", reward, time.monotonic() - submitted)
 
     def start(self, weights: Mapping[str, Any], version: int) -> None:
         if self.prefetch and self.left > 0:
@@ -97,9 +118,10 @@ class SessionCollector:
 
     def collect(self) -> Batch:
         t0 = time.monotonic()
-        pending = self._pending if self._pending is not None else self._submit()
+        future, step, submitted = self._pending if self._pending is not None else self._submit()
         self._pending = None
-        groups = pending.result()
+        groups = self._wait(future, step, submitted)
+        collect_s = time.monotonic() - submitted
         self.wait_s = time.monotonic() - t0
         self.left -= 1
         if self.prefetch and self.left > 0:
@@ -107,8 +129,12 @@ class SessionCollector:
         self.step += 1
         results = [r for g in groups for r in g]
         # this batch: sessions re-dispatched after their gateway node was lost, and sessions that did not finish
+        tokens = sum(sum(s.loss_mask) for r in results for s in r.samples)
         self.batch_counts = {"sessions/step_redispatched": sum(r.redispatched for r in results),
-                             "sessions/step_failed": sum(r.status.value != "done" for r in results)}
+                             "sessions/step_failed": sum(r.status.value != "done" for r in results),
+                             "sessions/step_sampled_tokens": tokens,
+                             "sessions/sampled_tokens_per_s": round(tokens / max(1e-9, collect_s), 2),
+                             **session_metrics(results)}
         return Batch(data=groups, env_steps=len(results),
                      episode_returns=[float(r.reward) for r in results if r.reward is not None],
                      episode_lengths=[len(r.samples) for r in results if r.reward is not None])
@@ -123,7 +149,7 @@ class SessionCollector:
 
     def close(self) -> None:
         if self._pending is not None:
-            self._pending.cancel()  # a batch not yet started; one under way finishes (SIGTERM's grace bounds it)
+            self._pending[0].cancel()  # a batch not yet started; one under way finishes (SIGTERM's grace bounds it)
         self._pool.shutdown(wait=True)
 
 
@@ -170,7 +196,7 @@ class AgentTrainer(TrainingLoop):
         self.run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
         self.eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
         tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.policy.type == "grpo" else []
-        self.stack = self.stack_factory(cfg, self.run_dir.path, self.engine).__enter__()  # stopped by train()
+        self.stack = self.stack_factory(cfg, self.run_dir.path, self.engine, training=True).__enter__()  # stopped by train()
         try:
             self.policy = LLMPolicy.from_engine(self.stack.engine, kw.lora, **policy_options(cfg))
             self.version = int(self.stack.engine.policy_version)

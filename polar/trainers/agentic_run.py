@@ -51,15 +51,25 @@ def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineS
 
 
 class EmbeddedEngineFactory:
-    """Builds the run's embedded engine (picklable: each Ray gateway node builds its own from it)."""
+    """Builds the run's embedded engine (picklable: each Ray gateway node builds its own from it), with the
+    run's rollout sampling applied to every call when ``sampling`` is given (``rollout_sampling``)."""
 
-    def __init__(self, spec: str, kwargs: dict[str, Any]) -> None:
-        self.spec, self.kwargs = spec, dict(kwargs)
+    def __init__(self, spec: str, kwargs: dict[str, Any],
+                 sampling: tuple[float | None, int | None] = (None, None)) -> None:
+        self.spec, self.kwargs, self.sampling = spec, dict(kwargs), sampling
 
     def __call__(self) -> Any:
         from polar.inference import load_engine
+        from polar.inference.rollout_sampling import with_rollout_sampling
 
-        return load_engine(self.spec, **self.kwargs)
+        return with_rollout_sampling(load_engine(self.spec, **self.kwargs), *self.sampling)
+
+
+def rollout_sampling(cfg: Any) -> tuple[float | None, int | None]:
+    """``(temperature, max_tokens)`` every model call of a training session samples with (the config's
+    ``policy.kwargs``, resolved by ``AgentRunConfig``); ``(None, None)`` for SFT, which samples nothing."""
+    kw = cfg.policy.kwargs
+    return getattr(kw, "temperature", None), getattr(kw, "max_tokens", None)
 
 
 def _chat_template(cfg: Any) -> str | None:
@@ -76,16 +86,21 @@ def _model_spec(cfg: Any) -> tuple[str, str, Any]:
     return cfg.gateway.model, "gateway.model", cfg.gateway
 
 
-def embedded_engine_factory(cfg: Any) -> EmbeddedEngineFactory:
+def embedded_engine_factory(cfg: Any, training: bool = False) -> EmbeddedEngineFactory:
     spec, key, _ = _model_spec(cfg)
     return EmbeddedEngineFactory(spec, {**({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
-                                        "config_key": key, "chat_template": _chat_template(cfg)})
+                                        "config_key": key, "chat_template": _chat_template(cfg)},
+                                 rollout_sampling(cfg) if training else (None, None))
 
 
-def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None) -> LocalStack:
+def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+                training: bool = False) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
-    (default: the run's ``gateway/sessions/``)."""
+    (default: the run's ``gateway/sessions/``). ``training``: a run's own stack, whose every model call
+    samples with the run's ``policy.kwargs.temperature`` and ``max_tokens`` (``rollout_sampling``); other
+    users (``polar generate``, evaluation suites) keep what the agent, or their own engine wrapper, asks."""
     from polar.inference import load_engine
+    from polar.inference.rollout_sampling import with_rollout_sampling
 
     # runner, verifier and settings first: a bad harness fails before minutes of engine start
     runner = session_runner(cfg)  # a ConfigError when cfg is no agent run
@@ -101,6 +116,8 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
                                  config_key=key, chat_template=_chat_template(cfg))
         else:
             engine = embedded_engine_factory(cfg)()
+    if training:
+        engine = with_rollout_sampling(engine, *rollout_sampling(cfg))
     gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None})  # the run's own records: resume, eval continue
     try:
         return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
@@ -128,7 +145,8 @@ def ray_engine_problem(cfg: Any) -> str | None:
     return None
 
 
-def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None) -> Any:
+def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+                    training: bool = False) -> Any:
     """The rollout stack of an agent run with ``distribution.backend: ray`` (not started): this process runs
     the rollout service and keeps a local engine the learner is built from; ``max(1, rollout_workers)``
     gateway nodes, each building the same embedded engine inside its Ray actor, are placed with
@@ -142,8 +160,8 @@ def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_di
     runner = session_runner(cfg)
     verifier = session_verifier(cfg)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
-    factory = embedded_engine_factory(cfg)
-    local = engine if engine is not None else factory()  # same spec and seed as the nodes': the same weights
+    factory = embedded_engine_factory(cfg, training)
+    local = engine if engine is not None else embedded_engine_factory(cfg)()  # same spec and seed as the nodes': the same weights
     d = cfg.distribution
     res = d.gateway_resources
     gateway_cfg = cfg.gateway.model_dump(mode="json", exclude={"host", "port"})

@@ -25,6 +25,7 @@ from polar.config.policy import OFFLINE
 from polar.config.run import AgentRunConfig, RunConfig, RunKind
 from polar.errors import ConfigError
 from polar.trainers.loop import OnIteration
+from polar.trainers.preflight import check_agent_distribution
 from polar.trainers.registry import trainer_class
 from polar.trainers.run_dir import RunDir
 
@@ -66,29 +67,6 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
 
         return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
     return trainer_class(cfg)(cfg, run_dir, resume=resume, on_iteration=on_iteration)
-
-
-def check_agent_distribution(cfg: AgentRunConfig, engine: Any = None) -> None:
-    """Refuse, in one line naming the key, a ``distribution`` an agent run cannot honour: with ``backend:
-    local`` everything but ``num_gpus``; with ``ray`` what is not the learner actor (``learner_resources``,
-    ``max_learner_restarts``), the gateway nodes (``rollout_workers``, ``gateway_resources``), the cluster
-    (``coordinator_address``, ``connect_timeout_s``) or ``num_gpus``; on Ray also an engine the nodes cannot
-    each build, and an engine object handed in (it cannot travel to the learner actor)."""
-    from polar.rollout.sessions.ray_nodes import agent_distribution_problems
-
-    d = cfg.distribution
-    problems = agent_distribution_problems(d, learner_actor=d.backend == "ray")
-    if d.backend == "ray":
-        from polar.trainers.agentic_run import ray_engine_problem
-
-        problems += [p for p in [ray_engine_problem(cfg)] if p]
-        if engine is not None:
-            problems.append("distribution.backend is 'ray': the learner and the gateway nodes build their engines "
-                            "from the config in their actors, so an engine object cannot be passed in; drop it, or "
-                            "set distribution.backend: local")
-    if problems:
-        raise ConfigError(problems[0] + (f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})"
-                                         if len(problems) > 1 else ""))
 
 
 def progress_total(cfg: RunConfig) -> int:

@@ -30,10 +30,10 @@ def check_before_start(cfg: Any) -> None:
         _check_connector(h.connector_spec, config_dir)
     elif h.type == "agent":
         _check_agent_harness(cfg, config_dir)
-    if getattr(cfg, "kind", None) == "agent":  # distribution keys an agent run cannot honour
-        from polar.trainers.build import check_agent_distribution
-
+    if getattr(cfg, "kind", None) == "agent":  # distribution keys an agent run cannot honour; the verifier
         check_agent_distribution(cfg)
+        if getattr(cfg, "verifier", None) is not None:
+            _check_verifier(cfg.verifier.type, config_dir)
     agent = getattr(cfg, "agent", None)
     if agent is not None and agent.type == "custom":
         from polar.models.loader import load_agent_class
@@ -67,9 +67,7 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
             raise ConfigError(f"harness.command: executable {program!r} not found on PATH or in {config_dir}; "
                               "install it or fix the command")
     if h.callable:
-        from polar.harness.agent.runners import import_callable
-
-        import_callable(h.callable, cfg.config_dir)
+        check_callable("harness.callable", h.callable, config_dir)
     from polar.harness.sessions import load_run_tasks as load_tasks
 
     # policy sft (without sft_warmup) reads `tasks` as its demonstrations (chat JSONL), not as prompts
@@ -77,3 +75,64 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
     for path in ((cfg.eval_tasks,) if demos else (cfg.tasks, cfg.eval_tasks)):
         if path:
             load_tasks(path, cfg.config_dir)
+
+
+def check_agent_distribution(cfg: Any, engine: Any = None) -> None:
+    """Refuse, in one line naming the key, a ``distribution`` an agent run cannot honour: with ``backend:
+    local`` everything but ``num_gpus``; with ``ray`` what is not the learner actor (``learner_resources``,
+    ``max_learner_restarts``), the gateway nodes (``rollout_workers``, ``gateway_resources``), the cluster
+    (``coordinator_address``, ``connect_timeout_s``) or ``num_gpus``; on Ray also an engine the nodes cannot
+    each build, and an engine object handed in (it cannot travel to the learner actor)."""
+    from polar.rollout.sessions.ray_nodes import agent_distribution_problems
+
+    d = cfg.distribution
+    problems = agent_distribution_problems(d, learner_actor=d.backend == "ray")
+    if d.backend == "ray":
+        from polar.trainers.agentic_run import ray_engine_problem
+
+        problems += [p for p in [ray_engine_problem(cfg)] if p]
+        if engine is not None:
+            problems.append("distribution.backend is 'ray': the learner and the gateway nodes build their engines "
+                            "from the config in their actors, so an engine object cannot be passed in; drop it, or "
+                            "set distribution.backend: local")
+    if problems:
+        raise ConfigError(problems[0] + (f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})"
+                                         if len(problems) > 1 else ""))
+
+
+# the verifiers that live in polar (polar.harness.agent.verifiers): names, not modules next to the config
+_NAMED_VERIFIERS = ("env_return", "humaneval", "reasoning_gym", "lm_eval")
+
+
+def _check_verifier(kind: str, config_dir: Path) -> None:
+    if ":" in kind and kind not in _NAMED_VERIFIERS:
+        check_callable("verifier.type", kind, config_dir)
+
+
+def _local_modules(where: list[Path]) -> list[str]:
+    """Module names importable from ``where``: ``*.py`` files and packages (what a typo is compared with)."""
+    names: set[str] = set()
+    for d in where:
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.py"))
+            names.update(p.parent.name for p in d.glob("*/__init__.py"))
+    return sorted(names)
+
+
+def check_callable(key: str, spec: str, config_dir: Path) -> None:
+    """Import ``spec`` (``module:function``, the module next to the config or on PYTHONPATH) as the run will;
+    a module that is not there names ``key`` and the close match among the modules next to the config."""
+    from polar.config.base import did_you_mean
+    from polar.harness.agent.runners import import_callable
+
+    module = spec.partition(":")[0]
+    top = module.split(".")[0]
+    where = list(dict.fromkeys([config_dir, Path.cwd()]))
+    if top and importlib.machinery.PathFinder.find_spec(top, [str(d) for d in where]) is None \
+            and importlib.util.find_spec(top) is None:
+        raise ConfigError(f"{key} {spec!r}: no module {top!r} next to the config ({config_dir}) or on PYTHONPATH"
+                          f"{did_you_mean(top, _local_modules(where))}; fix the name, or put the module there")
+    try:
+        import_callable(spec, config_dir)
+    except ConfigError as e:
+        raise ConfigError(f"{key} {spec!r}: {e}") from None

@@ -42,6 +42,7 @@ class ReconstructionStats:
     calls_used: int = 0
     calls_incomplete: int = 0
     calls_inconsistent: int = 0
+    calls_with_tool_calls: int = 0  # of calls_total: the model's reply called a tool (the run's tool-call rate)
     samples: int = 0
     chains_merged: int = 0  # samples built from 2+ calls
     prefix_breaks: int = 0
@@ -65,6 +66,8 @@ def usable_calls(records: Iterable[CallRecord], stats: ReconstructionStats) -> l
     out = []
     for rec in sorted(records, key=lambda r: r.call_index):
         stats.calls_total += 1
+        if (rec.metadata.get("output") or {}).get("tool_calls"):
+            stats.calls_with_tool_calls += 1
         if not rec.complete or rec.error is not None or not rec.prompt_ids:
             stats.calls_incomplete += 1
         elif len(rec.logprobs) != len(rec.sampled_ids):

@@ -86,3 +86,16 @@ def calc_verifier(task, output):
         raise ValueError("the verifier is broken")
     got = output.strip().splitlines()[-1].strip() if output.strip() else ""
     return {"reward": float(got == str(task["answer"])), "got": got}
+
+
+async def asks_its_own_sampling(base_url, task, api_key):
+    """One model call that asks for its own sampling (temperature 1.0, 48 tokens), as SDK agents do."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=1, timeout=120) as client:
+        r = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=48, temperature=1.0)
+    return r.choices[0].message.content or ""
+
+
+def always_one(output):
+    """Every finished session passes (what is dropped is then dropped for another reason)."""
+    return 1.0

@@ -53,3 +53,45 @@ def test_command_harness_config_runs_the_agent_as_a_program(tmp_path):
     engine = ScriptedEngine.tiny(oracle_script(build_tiny_tokenizer()))
     counts = generate(cfg, tmp_path / "d.parquet", samples_per_task=2, max_tasks=1, engine=engine, work_dir=tmp_path / "w")
     assert counts["accepted_sessions"] == 2, counts
+
+
+GENERATE_SLOW = """
+name: slow
+harness: {type: agent, callable: "agents_for_tests:ask_then_sleep", timeout_s: 1.5}
+tasks: tasks.jsonl
+verifier: {type: "agents_for_tests:always_one"}
+model: {name_or_path: tiny}
+policy: {type: grpo}
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_generate_shows_progress_why_sessions_dropped_and_works_beside_the_output(tmp_path, caplog, capsys, keep):
+    """Progress lines while sessions run, the drop reasons at the end (2 timeouts here), and a working folder
+    next to the output (never an unnamed temp dir): removed after success unless --keep-work-dir."""
+    import logging
+    import sys
+
+    from tests.agentic.helpers import HERE, write_jsonl
+
+    sys.path.insert(0, str(HERE))
+    write_jsonl(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "prompt": f"Say {i}.", "sleep_s": [0, 30][i % 2]}
+                                           for i in range(4)])
+    (tmp_path / "run.yaml").write_text(GENERATE_SLOW)
+    out = tmp_path / "data" / "demos.parquet"
+    with caplog.at_level(logging.INFO, logger="polar.generate"):
+        rc = polar_main(["generate", "--config", str(tmp_path / "run.yaml"), "--out", str(out), "--samples-per-task",
+                         "1", "--progress-every-s", "0.2", *(["--keep-work-dir"] if keep else [])])
+    assert rc == 0
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("generate: ")]
+    assert any("sessions finished" in m for m in progress), progress
+    err = capsys.readouterr().err
+    assert "accepted 2/4 sessions" in err and "dropped 2: timeout" in err, err
+    counts = json.loads((tmp_path / "data" / "demos.parquet.json").read_text())
+    assert counts["dropped"] == {"timeout": {"sessions": 2, **counts["dropped"]["timeout"]}}
+    work = list((tmp_path / "data").glob("demos.parquet.work-*"))
+    if keep:
+        assert len(work) == 1 and (work[0] / "gateway" / "sessions").is_dir() and counts["work_dir"] == str(work[0])
+        assert str(work[0]) in err
+    else:
+        assert work == [] and counts["work_dir"] is None

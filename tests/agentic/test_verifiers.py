@@ -1,9 +1,11 @@
 import asyncio
+import signal
 
 import pytest
 
 from polar.config.agentic import VerifierConfig
 from polar.errors import ConfigError, HarnessError
+from polar.harness.agent.sandbox import bwrap_unusable
 from polar.harness.agent.verifiers import (
     ExactMatch,
     Numeric,
@@ -49,12 +51,15 @@ def test_python_tests_pass_fail_and_limits(tmp_path):
     (tmp_path / "sol.py").write_text("def add(a, b):\n    return a + b\n")
     ok = run(PythonTests(), {"tests": "from sol import add\nassert add(2, 3) == 5\n"}, ws=tmp_path)
     assert ok.reward == 1.0 and ok.details["returncode"] == 0
+    if bwrap_unusable() is None:  # the tests ran isolated, as the agent did
+        assert ok.details["isolation"]["runtime"] == "bwrap" and ok.details["isolation"]["network"] == "none"
     bad = run(PythonTests(), {"tests": "from sol import add\nassert add(2, 3) == 6\n"}, ws=tmp_path)
     assert bad.reward == 0.0 and "AssertionError" in bad.details["stderr"]
     hog = run(PythonTests(memory_mb=200), {"tests": "x = bytearray(1024 * 1024 * 1024)\n"}, ws=tmp_path)
     assert hog.reward == 0.0 and "MemoryError" in hog.details["stderr"]
     spin = run(PythonTests(cpu_time_s=1), {"tests": "while True: pass\n"}, ws=tmp_path)
-    assert spin.reward == 0.0 and spin.details["returncode"] < 0
+    # the CPU limit (SIGXCPU, then SIGKILL) ends it; through bubblewrap the signal is reported as exit 128 + N
+    assert spin.reward == 0.0 and spin.details["signal"] in (signal.SIGXCPU, signal.SIGKILL), spin.details
 
 
 def test_workspace_check(tmp_path):

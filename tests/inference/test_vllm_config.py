@@ -98,3 +98,29 @@ def test_polar_gateway_with_a_wrong_url_prints_one_line_and_exits(tmp_path):
     assert out.returncode != 0
     errors = [ln for ln in out.stderr.splitlines() if "no vllm server is reachable" in ln]
     assert len(errors) == 1 and "gateway.model" in errors[0] and "Traceback" not in out.stderr
+
+
+AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma f16c\n"
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+
+
+@pytest.mark.parametrize("cpuinfo, dtype", [(AVX2_ONLY, "float32"), (SAPPHIRE_RAPIDS, "bfloat16"),
+                                            ("processor\t: 0\nflags\t\t: avx512f avx512_bf16\n", "bfloat16")])
+def test_launcher_dtype_follows_the_cpu(tmp_path, monkeypatch, cpuinfo, dtype):
+    """bf16 only where the CPU has bf16 instructions: on AVX2-only CPUs vLLM's bf16 was measured unusable."""
+    from polar.inference import vllm_launcher
+    from polar.inference.vllm_launcher import VllmLaunchConfig, cpu_dtype, cpu_flags
+
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    assert cpu_dtype(cpu_flags(tmp_path / "cpuinfo")) == dtype
+    monkeypatch.setattr(vllm_launcher, "cpu_flags", lambda: cpu_flags(tmp_path / "cpuinfo"))
+    assert VllmLaunchConfig().dtype == dtype
+    assert VllmLaunchConfig(dtype="float16").dtype == "float16"  # a dtype set by the user is kept
+
+
+def test_selecting_nccl_sync_says_it_has_never_run(caplog):
+    from polar.inference.weight_sync import WeightSyncError, check_nccl_available
+
+    with caplog.at_level(logging.WARNING), pytest.raises(WeightSyncError):
+        check_nccl_available("sglang")
+    assert any("gateway.sync.method: nccl has never run" in r.getMessage() for r in caplog.records)

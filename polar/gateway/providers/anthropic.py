@@ -31,6 +31,7 @@ ERROR_TYPES = {
     "permission": "permission_error",
     "not_found": "not_found_error",
     "method_not_allowed": "invalid_request_error",
+    "timeout": "invalid_request_error",
     "too_large": "request_too_large",
     "rate_limited": "rate_limit_error",
     "server_error": "api_error",

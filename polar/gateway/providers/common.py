@@ -44,14 +44,26 @@ def check_type(value: Any, types: type | tuple[type, ...], name: str) -> Any:
     return value
 
 
+MAX_STOP_SEQUENCES = 32  # stop strings per request (OpenAI allows 4, Gemini 5; docs/gateway.md "Limits")
+MAX_STOP_CHARS = 512  # characters per stop string
+
+
 def stop_list(v: Any, name: str) -> list[str]:
+    """The request's stop strings, within the documented caps (a 400 naming the field otherwise)."""
     if v is None:
         return []
     if isinstance(v, str):
-        return [v]
-    if isinstance(v, list) and all(isinstance(s, str) for s in v):
-        return list(v)
-    raise bad(f"'{name}' must be a string or a list of strings", name)
+        v = [v]
+    if not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+        raise bad(f"'{name}' must be a string or a list of strings", name)
+    if len(v) > MAX_STOP_SEQUENCES:
+        raise bad(f"'{name}' has {len(v)} stop sequences; the gateway accepts at most {MAX_STOP_SEQUENCES} "
+                  "(docs/gateway.md, Limits)", name)
+    for i, s in enumerate(v):
+        if len(s) > MAX_STOP_CHARS:
+            raise bad(f"'{name}[{i}]' is {len(s)} characters long; a stop sequence may be at most "
+                      f"{MAX_STOP_CHARS} characters (docs/gateway.md, Limits)", f"{name}[{i}]")
+    return list(v)
 
 
 def new_id(prefix: str) -> str:

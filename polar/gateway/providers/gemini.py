@@ -31,6 +31,7 @@ STATUS_NAMES = {
     "permission": "PERMISSION_DENIED",
     "not_found": "NOT_FOUND",
     "method_not_allowed": "INVALID_ARGUMENT",
+    "timeout": "DEADLINE_EXCEEDED",
     "too_large": "INVALID_ARGUMENT",
     "rate_limited": "RESOURCE_EXHAUSTED",
     "server_error": "INTERNAL",

@@ -33,6 +33,7 @@ ERROR_TYPES = {
     "permission": ("invalid_request_error", "permission_denied"),
     "not_found": ("invalid_request_error", "not_found"),
     "method_not_allowed": ("invalid_request_error", "method_not_allowed"),
+    "timeout": ("invalid_request_error", "request_timeout"),
     "too_large": ("invalid_request_error", "request_too_large"),
     "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
     "server_error": ("server_error", None),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -44,10 +45,45 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+# ---- nesting --------------------------------------------------------------------------------------
+
+MAX_JSON_DEPTH = 64  # nesting of a request body: records (orjson: 255), schema checks and templates recurse
+
+
+def depth_problem(obj: Any, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Where ``obj`` nests deeper than ``limit`` arrays/objects, or ``None``. Iterative, so a deep body
+    cannot exhaust the stack; one step per array/object (paths are spelled only for the error)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            where = _deep_path(obj, limit)
+            where = where if len(where) <= 120 else where[:120] + "..."
+            return f"the request body nests deeper than {limit} levels (at '{where}'); flatten it"
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return None
+
+
+def _deep_path(obj: Any, limit: int) -> str:
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > limit:
+            return where
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((v, depth + 1, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k)))
+                     for k, v in items if isinstance(v, (dict, list)))
+    return "body"
+
+
 # ---- tool parameter schemas -------------------------------------------------------------------------
 
 _SCHEMA_VERDICTS: OrderedDict[bytes, str | None] = OrderedDict()  # canonical schema -> error (None: valid)
 _MAX_VERDICTS = 4096
+_VERDICTS_LOCK = threading.Lock()
 
 
 def _schema_error(schema: dict[str, Any]) -> str | None:
@@ -68,16 +104,20 @@ def _schema_error(schema: dict[str, Any]) -> str | None:
 
 
 def check_tool_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """An object schema that passes the JSON-schema meta-schema, else ``ValueError`` saying why."""
+    """An object schema that passes the JSON-schema meta-schema, else ``ValueError`` saying why.
+    Bodies are validated on worker threads: the verdict cache is shared under a lock."""
     key = canonical_json(schema)
-    if key in _SCHEMA_VERDICTS:
-        _SCHEMA_VERDICTS.move_to_end(key)
-        error = _SCHEMA_VERDICTS[key]
-    else:
+    with _VERDICTS_LOCK:
+        cached = key in _SCHEMA_VERDICTS
+        if cached:
+            _SCHEMA_VERDICTS.move_to_end(key)
+            error = _SCHEMA_VERDICTS[key]
+    if not cached:
         error = _schema_error(schema)
-        _SCHEMA_VERDICTS[key] = error
-        while len(_SCHEMA_VERDICTS) > _MAX_VERDICTS:
-            _SCHEMA_VERDICTS.popitem(last=False)
+        with _VERDICTS_LOCK:
+            _SCHEMA_VERDICTS[key] = error
+            while len(_SCHEMA_VERDICTS) > _MAX_VERDICTS:
+                _SCHEMA_VERDICTS.popitem(last=False)
     if error is not None:
         raise ValueError(error)
     return schema
@@ -110,7 +150,12 @@ Content = str | list[str | dict[str, Any]] | None  # part types are checked wher
 Stop = str | list[str] | None
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-PositiveInt = Annotated[int, Field(ge=1)]
+# Every integer field is bounded: an integer beyond 64 bits cannot be written into a record (orjson), so an
+# unbounded one would lose the call's record and break its session (docs/gateway.md, Limits).
+MAX_INT_FIELD = 2**31 - 1
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT_FIELD)]
+BoundedInt = Annotated[int, Field(ge=-MAX_INT_FIELD, le=MAX_INT_FIELD)]  # values checked where read
+TopK = Annotated[int, Field(ge=-1, le=MAX_INT_FIELD)]  # accepted and ignored; -1 is vLLM's "off"
 
 
 # ---- OpenAI Chat Completions ------------------------------------------------------------------------
@@ -159,7 +204,8 @@ class ChatBody(_Body):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
-    n: int | None = None
+    n: BoundedInt | None = None
+    top_k: TopK | None = None
     stop: Stop = None
     stream: bool | None = None
     logprobs: bool | None = None
@@ -248,6 +294,7 @@ class AnthropicBody(_Body):
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_p: TopP | None = None
+    top_k: TopK | None = None
     stop_sequences: list[str] | None = None
     stream: bool | None = None
 
@@ -281,8 +328,10 @@ class GeminiGeneration(_Body):
     stopSequences: Stop = None
     stop_sequences: Stop = None
     seed: Annotated[int, _seed_range(GEMINI_SEED_MIN, GEMINI_SEED_MAX, "Gemini's int32 seed range")] | None = None
-    candidateCount: int | None = None
-    candidate_count: int | None = None
+    candidateCount: BoundedInt | None = None
+    candidate_count: BoundedInt | None = None
+    topK: TopK | None = None
+    top_k: TopK | None = None
 
 
 class GeminiBody(_Body):
@@ -298,7 +347,7 @@ class AdminWeightsBody(_Body):
     """``POST /admin/weights``."""
 
     path: str
-    policy_version: int
+    policy_version: Annotated[int, Field(ge=0, le=2**63 - 1)]
     timeout_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 300.0
 
 

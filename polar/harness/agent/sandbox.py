@@ -282,41 +282,16 @@ class Sandbox:
         """
         inner: list[str] = []
         if self.uid is not None:
-            inner += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                      "--inh-caps=-all", "--bounding-set=-all", "--"]
+            inner += setpriv_args(self.uid)
         if not self.use_bwrap:
             return inner + argv
         if self.isolated:
             python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else os.path.realpath(shutil.which("python3") or "")
             inner += [python, str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
-        b = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid",
-             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        if os.geteuid() != 0:
-            b.append("--unshare-user")
-        if self.isolated or self.options.network == "none":
-            b.append("--unshare-net")
-        b += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-        for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-            p = Path("/" + top)
-            if p.is_symlink():
-                b += ["--symlink", os.readlink(p), str(p)]
-            elif p.is_dir():
-                b += ["--ro-bind", str(p), str(p)]
-        b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-        ro = [p for p in dict.fromkeys([*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]) if Path(p).exists()]
+        ro = [*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]
         rw = [str(self.workspace), str(self.root), *([str(self.socket_dir)] if self.socket_dir else [])]
-        # bwrap makes missing mount points 0700 when run as root; the sandbox user must traverse them
-        made: set[str] = {"/", "/tmp", "/usr", "/etc", "/proc", "/dev"}
-        for path in [*ro, *rw]:
-            for parent in reversed(Path(path).parents):
-                if str(parent) not in made and not str(parent).startswith(("/usr/", "/etc/", "/proc/", "/dev/")):
-                    made.add(str(parent))
-                    b += ["--perms", "0755", "--dir", str(parent)]
-        for path in ro:
-            b += ["--ro-bind", path, path]
-        for path in rw:
-            b += ["--bind", path, path]
-        b += ["--chdir", str(self.workspace), "--"]
+        b = bwrap_args(rw=rw, ro=ro, unshare_net=self.isolated or self.options.network == "none",
+                       chdir=str(self.workspace))
         return b + inner + argv
 
     def stop(self) -> None:
@@ -336,6 +311,46 @@ class Sandbox:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
         if not self.options.keep:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def setpriv_args(uid: int) -> list[str]:
+    """The prefix that drops to ``uid`` (its own group, no supplementary groups, no capabilities)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--"]
+
+
+def bwrap_args(*, rw: list[str], ro: list[str], unshare_net: bool, chdir: str) -> list[str]:
+    """The bubblewrap command line (up to and including ``--``) of a sandbox that sees a read-only system
+    (``/usr``, ``/etc``, ``/bin``, ``/lib*``), a fresh ``/tmp``, ``/proc`` and ``/dev``, the ``ro`` paths
+    read-only and the ``rw`` paths read-write, and nothing else of the host; with ``unshare_net`` it has
+    only its own loopback. Shared by the agent sandbox and the verifiers that run a workspace's code."""
+    b = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid",
+         "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if os.geteuid() != 0:
+        b.append("--unshare-user")
+    if unshare_net:
+        b.append("--unshare-net")
+    b += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/" + top)
+        if p.is_symlink():
+            b += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            b += ["--ro-bind", str(p), str(p)]
+    b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    ro = [p for p in dict.fromkeys(ro) if Path(p).exists()]
+    # bwrap makes missing mount points 0700 when run as root; the sandbox user must traverse them
+    made: set[str] = {"/", "/tmp", "/usr", "/etc", "/proc", "/dev"}
+    for path in [*ro, *rw]:
+        for parent in reversed(Path(path).parents):
+            if str(parent) not in made and not str(parent).startswith(("/usr/", "/etc/", "/proc/", "/dev/")):
+                made.add(str(parent))
+                b += ["--perms", "0755", "--dir", str(parent)]
+    for path in ro:
+        b += ["--ro-bind", path, path]
+    for path in rw:
+        b += ["--bind", path, path]
+    return [*b, "--chdir", chdir, "--"]
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:

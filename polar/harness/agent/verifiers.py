@@ -6,10 +6,15 @@ Every verifier is ``async (VerifyInput) -> Verdict``. Built-ins:
   ``answer`` field (``answer_key`` to change it). The final answer is the last non-empty line of the
   harness output unless ``answer_pattern`` (a regex with one group) says otherwise.
 - ``python_tests``: run the task's ``tests`` (Python source, e.g. pytest-free asserts or unittest)
-  against the workspace in a subprocess with CPU-time/memory limits; reward = 1 if it exits 0.
+  against a copy of the workspace, isolated as the agent was (:mod:`polar.harness.agent.isolation`);
+  reward = 1 if the tests run to their end and exit 0.
 - ``workspace``: files in the workspace must exist / contain given text (``files: {path: substring}``).
 - ``module:function``: a user function ``(task, output, workspace, records) -> float | dict`` (sync or
-  async); a dict carries ``reward`` plus anything else worth storing.
+  async); a dict carries ``reward`` plus anything else worth storing. One that runs the workspace's code
+  should take ``trusted_workspace`` and run it in a :class:`~polar.harness.agent.isolation.VerifySandbox`.
+
+``trusted_workspace`` (the verifier config's key, default false): whether a verifier that runs the
+workspace's code may run it unisolated where bubblewrap cannot work. Off, it refuses.
 
 A verifier that raises is reported by the pipeline as a session ERROR; it never crashes a run.
 """
@@ -20,13 +25,12 @@ import asyncio
 import inspect
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from polar.errors import ConfigError, HarnessError
-from polar.harness.agent.process import ProcessLimits, run_process
+from polar.harness.agent.isolation import VerifySandbox, WorkspaceRefused, read_untrusted, require_isolation
 
 
 @dataclass
@@ -110,55 +114,71 @@ class Regex:
 
 
 class PythonTests:
-    """Run the task's test code in a subprocess inside the workspace, under time and memory limits."""
+    """Run the task's test code against a copy of the workspace, isolated as the agent was (bubblewrap, no
+    network, ``nobody``, limits: :mod:`polar.harness.agent.isolation`); reward 1 when the tests run to their
+    end and exit 0. The workspace's code is untrusted: without bubblewrap this refuses unless
+    ``trusted_workspace`` is set."""
 
-    def __init__(self, tests_key: str = "tests", timeout_s: float = 30.0, memory_mb: int = 1024, cpu_time_s: int = 30) -> None:
-        self.tests_key, self.timeout_s = tests_key, timeout_s
-        self.limits = ProcessLimits(cpu_time_s=cpu_time_s, memory_mb=memory_mb, open_files=256, file_size_mb=64, output_bytes=200_000)
+    def __init__(self, tests_key: str = "tests", timeout_s: float = 30.0, memory_mb: int = 1024, cpu_time_s: int = 30,
+                 max_processes: int = 64, file_size_mb: int = 64, trusted_workspace: bool = False) -> None:
+        self.tests_key, self.timeout_s, self.trusted_workspace = tests_key, timeout_s, trusted_workspace
+        self.memory_mb, self.cpu_time_s, self.max_processes, self.file_size_mb = memory_mb, cpu_time_s, max_processes, file_size_mb
+        require_isolation("python_tests", trusted_workspace)  # refuse when the run is built, not session by session
 
     async def __call__(self, inp: VerifyInput) -> Verdict:
         code = str(_expected(inp.task, self.tests_key))
-        path = inp.workspace / "_polar_tests.py"
-        path.write_text(code)
-        res = await run_process(
-            [sys.executable, "-E", str(path)], cwd=str(inp.workspace), env={"PATH": "/usr/bin:/bin"},
-            stdin=None, timeout_s=self.timeout_s, limits=self.limits,
-        )
-        passed = res.returncode == 0 and not res.timed_out
-        return Verdict(float(passed), {
-            "returncode": res.returncode, "timed_out": res.timed_out,
-            "stdout": res.stdout[-2000:].decode("utf-8", "replace"), "stderr": res.stderr_tail(2000),
-        })
+        with VerifySandbox("python_tests", trusted_workspace=self.trusted_workspace, timeout_s=self.timeout_s,
+                           cpu_time_s=self.cpu_time_s, memory_mb=self.memory_mb, file_size_mb=self.file_size_mb,
+                           max_processes=self.max_processes) as box:
+            try:
+                copied = box.copy_in(Path(inp.workspace))
+            except WorkspaceRefused as e:
+                return Verdict(0.0, {"refused": str(e), "isolation": box.isolation})
+            tests = box.write_polar_file("_polar_tests.py", code)
+            run = await box.run("script", [str(tests)])
+        passed = run.completed and run.exit_code == 0 and run.how in ("completed", "exit")
+        details = {**run.details(), "copy": copied.as_dict()}
+        if run.how == "exit-from-workspace":
+            details["why"] = "the workspace's code raised SystemExit itself: not a pass"
+        elif (why := run.why_not()) is not None:
+            details["why"] = why
+        return Verdict(float(passed), details)
 
 
 class WorkspaceCheck:
-    """``files: {relative/path: substring-or-empty}``; reward = fraction of checks that hold (all-or-nothing if ``strict``)."""
+    """``files: {relative/path: substring-or-empty}``; reward = fraction of checks that hold (all-or-nothing if ``strict``).
 
-    def __init__(self, files: dict[str, str] | None = None, files_key: str = "files", strict: bool = True) -> None:
-        self.files, self.files_key, self.strict = files, files_key, strict
+    It only reads files, never runs them. A path in the config that leaves the workspace is a config
+    error; a link the agent planted that leads out of it, a FIFO or a file over ``max_file_mb`` fails its check."""
+
+    def __init__(self, files: dict[str, str] | None = None, files_key: str = "files", strict: bool = True,
+                 max_file_mb: int = 16) -> None:
+        self.files, self.files_key, self.strict, self.max_bytes = files, files_key, strict, max_file_mb << 20
 
     async def __call__(self, inp: VerifyInput) -> Verdict:
         checks = self.files if self.files is not None else _expected(inp.task, self.files_key)
         results = {}
         root = inp.workspace.resolve()
         for rel, needle in checks.items():
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise HarnessError(f"workspace check path {rel!r} escapes the workspace; give a path relative to it")
             p = (root / rel).resolve()
-            if root not in p.parents and p != root:
-                raise HarnessError(f"workspace check path {rel!r} escapes the workspace")
-            results[rel] = p.is_file() and (not needle or needle in p.read_text(errors="replace"))
+            data = read_untrusted(p, self.max_bytes) if root in p.parents else None  # a link out of it: failed
+            results[rel] = data is not None and (not needle or needle in data.decode("utf-8", "replace"))
         frac = sum(results.values()) / max(1, len(results))
         return Verdict(float(frac == 1.0) if self.strict else frac, {"checks": results})
 
 
 class UserFunction:
-    def __init__(self, spec: str, config_dir: Path | None = None, **kwargs: Any) -> None:
+    def __init__(self, spec: str, config_dir: Path | None = None, trusted_workspace: bool = False, **kwargs: Any) -> None:
         from polar.harness.agent.runners import import_callable
 
         self.spec, self.fn, self.kwargs = spec, import_callable(spec, config_dir), kwargs
+        self.trusted_workspace = trusted_workspace
 
     async def __call__(self, inp: VerifyInput) -> Verdict:
         args = {"task": inp.task, "output": inp.output, "workspace": inp.workspace, "records": inp.records,
-                "harness": inp.harness, **self.kwargs}
+                "harness": inp.harness, "trusted_workspace": self.trusted_workspace, **self.kwargs}
         params = inspect.signature(self.fn).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             args = {k: v for k, v in args.items() if k in params}
@@ -185,6 +205,9 @@ _BUILTIN = {
     "workspace": WorkspaceCheck, "none": NoVerifier,
 }
 
+#: Built-ins that run the workspace's code (and so take ``trusted_workspace``).
+_RUNS_CODE = frozenset({"python_tests"})
+
 
 #: Built-in verifiers of the env LLM agent and the benchmarks, which live beside (not below) this module.
 _NAMED = {
@@ -201,8 +224,11 @@ def build_verifier(cfg: Any, config_dir: Path | None = None):
         return NoVerifier()
     kind, kwargs = cfg.type, dict(cfg.kwargs)
     kind = _NAMED.get(kind, kind)
+    trusted = bool(getattr(cfg, "trusted_workspace", False))
     if ":" in kind:
-        return UserFunction(kind, config_dir, **kwargs)
+        return UserFunction(kind, config_dir, trusted_workspace=trusted, **kwargs)
+    if kind in _RUNS_CODE:
+        kwargs.setdefault("trusted_workspace", trusted)
     try:
         return _BUILTIN[kind](**kwargs)
     except TypeError as e:

