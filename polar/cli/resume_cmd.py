@@ -54,7 +54,10 @@ def main(args: argparse.Namespace) -> int:
     _check_not_running(run_dir)
     if args.override:
         from polar.config import dump_config
+        from polar.config.secrets import redact_override
 
         run_dir.write_config(dump_config(cfg))
-        log.info("resume overrides written to %s: %s", run_dir.config_path, " ".join(args.override))
+        # the log lands in the run folder: a secret given as an override is not repeated there
+        log.info("resume overrides written to %s: %s", run_dir.config_path,
+                 " ".join(redact_override(o) for o in args.override))
     return train(cfg, run_dir, resume=True, progress=not args.no_progress, log_every_s=args.log_every_s)

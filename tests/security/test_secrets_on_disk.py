@@ -77,8 +77,14 @@ def test_connector_token_and_env_keys_never_reach_recordings_reports_or_checkpoi
     assert (run / "eval-suite" / "report.json").is_file()
     (game / "suite.yaml").unlink()  # the suite file is the user's own; it is not in the run folder anyway
 
+    # a resume given the token as an override (shown in ps: the docs say not to) still writes it nowhere
+    more = polar("resume", run, "-o", "total_env_steps=1024", "-o", f"harness.connector_spec.token={TOKEN}",
+                 "--no-progress", cwd=game, env=env)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "harness.connector_spec.token=<redacted>" in more.stderr, more.stderr[-3000:]
+
     assert files_holding_a_secret(run) == []
-    for out in (res, rec, rep):
+    for out in (res, rec, rep, more):
         assert TOKEN not in out.stdout + out.stderr and API_KEY not in out.stdout + out.stderr
 
 
