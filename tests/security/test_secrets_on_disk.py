@@ -1,6 +1,6 @@
 """Credentials never reach a run folder: a connector token, an API key in a connector's or an agent's ``env:``
 and the gateway's admin token, given through the environment, are in no file a run, ``polar eval --record``,
-an eval suite's report or a checkpoint writes (binary files included).
+``polar export``, an eval suite's report, ``polar resume`` or a checkpoint writes (binary files included).
 
 Real ``polar`` subprocesses: a short key-door PPO run through its connector, its recorded episodes and an eval
 suite report written inside the run folder, and a one-step GRPO run of a command agent on the tiny model.
@@ -66,6 +66,9 @@ def test_connector_token_and_env_keys_never_reach_recordings_reports_or_checkpoi
     assert files_holding_a_secret(index.parent) == []
     assert "<redacted>" in index.read_text()  # the harness is there, its secrets are not
 
+    exp = polar("export", run, "--out", run / "export", "--samples", "4", "--trust-code", cwd=game, env=env)
+    assert exp.returncode == 0, exp.stderr[-3000:]
+
     suite = {"name": "s", "out_dir": str(run / "eval-suite"),
              "policies": [{"name": "p", "run": str(run)}],
              "harnesses": [{"name": "keydoor", "seeds": {"start": 10**6, "count": 2}, "max_episode_steps": 50,
@@ -84,7 +87,7 @@ def test_connector_token_and_env_keys_never_reach_recordings_reports_or_checkpoi
     assert "harness.connector_spec.token=<redacted>" in more.stderr, more.stderr[-3000:]
 
     assert files_holding_a_secret(run) == []
-    for out in (res, rec, rep, more):
+    for out in (res, rec, exp, rep, more):
         assert TOKEN not in out.stdout + out.stderr and API_KEY not in out.stdout + out.stderr
 
 
