@@ -16,7 +16,7 @@ import resource
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,3 +245,32 @@ class ThreadedUvicorn:
         self.sock.close()
         self._thread = None
         return ended
+
+
+class BodyError(Exception):
+    """A request body refused while it was read: ``status`` 413 (over the limit) or 408 (too slow)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_body(stream: AsyncIterator[bytes], declared: str | None, limit_bytes: int, timeout_s: float,
+                    what: str = "the request body") -> bytes:
+    """A request body, counted as it streams: refused (413) as soon as it passes ``limit_bytes`` (declared or
+    streamed: a chunked body is cut there, never read whole), or (408) when it has not all arrived within
+    ``timeout_s`` of its headers, so a body dripped a byte at a time cannot hold its connection."""
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise BodyError(f"{what} is {declared} bytes, over the limit of {limit_bytes}", 413)
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in stream:
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise BodyError(f"{what} is over the limit of {limit_bytes} bytes", 413)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyError(f"{what} did not arrive within {timeout_s:g} s ({size} bytes read); send it at once",
+                        408) from None
+    return b"".join(chunks)

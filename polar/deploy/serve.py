@@ -56,6 +56,7 @@ class ServeSettings:
     max_versions: int = 3  # versions loaded side by side; the oldest retire
     poll_s: float = 1.0  # how often the watched directory is scanned for new versions (0 = never)
     max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 60.0  # the most a request body may take to arrive once its headers have (then 408)
     threads: int = 1  # onnxruntime intra-op threads per version
     seed: int | None = None  # sampled actions' RNG
     token: str | None = None  # when set, every route but the health checks needs "Authorization: Bearer <token>"
@@ -699,18 +700,13 @@ def build_app(server: PolicyServer):
     async def read_json(request: Request) -> Any:
         """The body, counted as it streams (a chunked body past the limit is cut there, never read whole), and
         parsed where it cannot stall the other requests (``polar.deploy.body``)."""
-        limit = server.settings.max_body_bytes
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > limit:
-            raise RequestError(f"the request body is {size} bytes, over the limit of {limit}", 413)
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise RequestError(f"the request body is over the limit of {limit} bytes", 413)
-            chunks.append(chunk)
         try:
-            return await server.parser.parse(b"".join(chunks))
+            raw = await httpserver.read_body(request.stream(), request.headers.get("content-length"),
+                                             server.settings.max_body_bytes, server.settings.body_timeout_s)
+        except httpserver.BodyError as e:
+            raise RequestError(str(e), e.status) from None
+        try:
+            return await server.parser.parse(raw)
         except BodyError as e:
             raise RequestError(str(e)) from None
 

@@ -154,3 +154,78 @@ def test_hundred_megabyte_header_is_refused_quickly(server):
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:300]
     assert elapsed_s < 15
     assert _status(port, health) == 200
+
+
+def _drip_body(port: int, head: bytes, seconds: float) -> tuple[bytes, float]:
+    """Send ``head`` (request line, headers, blank line, the body's first bytes), then one body byte every 0.1 s
+    for up to ``seconds``; the answer and when it came."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    answer, t0 = b"", time.monotonic()
+    try:
+        sock.sendall(head)
+        for _ in range(int(seconds / 0.1)):
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(b" ")
+            sock.settimeout(0.1)
+            try:
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue
+            break
+    finally:
+        sock.close()
+    return answer, time.monotonic() - t0
+
+
+def test_a_dripped_body_to_polar_serve_gets_a_408(exported):
+    from tests.deploy.serving import LiveServer
+
+    with LiveServer(exported, poll_s=0, body_timeout_s=1.0) as s:
+        port = int(s.url.rsplit(":", 1)[1])
+        answer, elapsed_s = _drip_body(port, b"POST /v1/act HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json"
+                                             b"\r\ncontent-length: 100000\r\n\r\n{\"observation\": ", 8)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"did not arrive within 1 s" in answer and elapsed_s < 4
+        assert s.client.get("/v2/health/live").status_code == 200
+
+
+def test_a_dripped_or_huge_rating_body_is_cut(tmp_path, monkeypatch):
+    """The dashboard's one write: a rating body dripped a byte at a time gets a 408, a huge one a 413 as soon
+    as it passes the limit (it used to be read whole, whatever its size, before anything was said)."""
+    import polar.dashboard.app as dashboard_app
+    from polar.dashboard.server import DashboardServer
+    from polar.trainers.run_dir import RunDir
+
+    monkeypatch.setattr(dashboard_app, "BODY_TIMEOUT_S", 1.0)
+    RunDir.create("agent", run_dir=tmp_path / "runs" / "agent", kind="agentic-grpo")
+    srv = DashboardServer(tmp_path / "runs").start()
+    try:
+        head = (b"POST /api/ratings?run=agent HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n{\"kind\": ")
+        answer, elapsed_s = _drip_body(srv.port, head % 1000, 8)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"did not arrive within 1 s" in answer and elapsed_s < 4
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sent = 0
+        try:
+            sock.sendall(b"POST /api/ratings?run=agent HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json"
+                         b"\r\ntransfer-encoding: chunked\r\n\r\n")
+            chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+            while sent <= 4 * dashboard_app.RATING_BODY_BYTES:  # past the limit; the body's end never comes
+                sock.sendall(chunk)
+                sent += 65536
+            sock.settimeout(10)  # a server that waits for the whole body never answers
+            reply = b""
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                while not reply.endswith(b"}"):
+                    got = sock.recv(65536)
+                    if not got:
+                        break
+                    reply += got
+        finally:
+            sock.close()
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+        assert b"the rating is over the limit" in reply
+        assert _status(srv.port, "/") == 200
+    finally:
+        srv.stop()
