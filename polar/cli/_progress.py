@@ -21,10 +21,10 @@ from rich.table import Table
 log = logging.getLogger("polar.progress")
 
 
-def cli_console(stderr: bool = True) -> Console:
+def cli_console(stderr: bool = True, emoji: bool = True) -> Console:
     """The commands' console: word-wrapped to a terminal's width, and never wrapped when not a terminal (a
     pipe, a log file, CI), where rich would break lines at 80 columns and a path could not be copied."""
-    console = Console(stderr=stderr)
+    console = Console(stderr=stderr, emoji=emoji)
     console.soft_wrap = not console.is_terminal
     return console
 

@@ -17,23 +17,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory to write the graph and manifest.json into")
     p.add_argument("--samples", type=int, default=1000, help="recorded observations for the parity check")
     p.add_argument("--seed", type=int, default=0, help="env seed for recording the parity observations")
+    p.add_argument("--trust-code", action="store_true",
+                   help="export a run whose config names code (a custom agent, env or connector), which exporting "
+                        "imports: only for runs you trust")
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.deploy.export import export_run
 
-    m = export_run(args.target, args.out, args.format, args.checkpoint, args.quantize, args.samples, args.seed)
-    console = Console(stderr=True)
+    m = export_run(args.target, args.out, args.format, args.checkpoint, args.quantize, args.samples, args.seed,
+                   trust_code=args.trust_code)
+    console = cli_console()
     parity = m["parity"]
-    worst = max((r.get("max_abs", 0.0) for part in ("vs_policy_act", "deterministic", "sampled") if part in parity
-                 for r in parity[part].values()), default=0.0)
+    rows = [r for part in ("vs_policy_act", "deterministic", "sampled") if part in parity
+            for r in parity[part].values()]
+    worst = max((r.get("max_abs", 0.0) for r in rows), default=0.0)
+    worst_rel = max((r.get("max_rel", 0.0) for r in rows), default=0.0)
     console.print(f"exported {m['run']['checkpoint']} of {m['name']} as {m['format']} (version {m['version']}) "
                   f"to {args.out}", markup=False, highlight=False)
     discrete = m["graph"]["kind"] in ("categorical", "multi_categorical", "q_greedy")
-    console.print(f"parity on {parity['samples']} recorded observations: max |delta| {worst:.2e} "
-                  f"(tolerance {parity['tolerance']:g})" + ("; every action identical" if discrete else ""),
+    # the check is relative: |delta| / max(1, |eager|) <= tolerance, so an absolute delta above it can pass
+    console.print(f"parity on {parity['samples']} recorded observations: max |delta| {worst:.2e}, max "
+                  f"|delta| / max(1, |eager value|) {worst_rel:.2e} <= tolerance {parity['tolerance']:g} (relative to "
+                  "values above 1, absolute below)" + ("; every action identical" if discrete else ""),
                   markup=False, highlight=False)
     if "int8" in m:
         q = m["int8"]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from polar.config.base import StrictModel
+from polar.config.secrets import secret_field
 from polar.config.sync import WeightSyncConfig
 
 
@@ -38,7 +39,15 @@ class GatewayConfig(StrictModel):
     pause_mode: Literal["wait", "reject"] = Field("wait", description="while paused: wait for resume, or 429 at once")
     pause_wait_s: float = Field(30.0, ge=0, description="longest wait before a paused call gets 429")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
-    admin_token: str | None = Field(None, description="required on /admin/* (and to read others' sessions) when set")
+    admin_token: str | None = secret_field(
+        "POLAR_GATEWAY_ADMIN_TOKEN", "required on /admin/* and to read others' sessions when set; polar's runs set a "
+        "random one of their own, kept in memory; `polar gateway` also reads --admin-token-file")
+    claimed_sessions_only: bool = Field(
+        False, description="only sessions given to a key beforehand (POST /admin/claim) take calls; polar's runs "
+        "set it, so a harness can create no session but its own")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="more Host names the gateway answers besides IP literals, loopback names "
+        "and `host` (DNS-rebinding guard); ['*'] turns the check off")
     sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="weight sync into the engine: in-flight calls, the "
         "weights folder, the logprob check (docs/agentic.md, Engines and weight sync)")

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
+from polar.config.secrets import from_env, secret_field
 
 
 class AtariPresetConfig(StrictModel):
@@ -47,7 +48,8 @@ class ConnectorSpec(StrictModel):
     transport: Literal["unix", "tcp"] = "unix"
     host: str = Field("127.0.0.1", description="tcp: address polar listens on; non-loopback needs a token")
     port: int = Field(0, ge=0, le=65535, description="tcp: 0 = any free port")
-    token: str | None = Field(None, description="shared secret the connector sends in its hello; random when unset")
+    token: str | None = secret_field("POLAR_CONNECTOR_TOKEN",
+                                     "shared secret the connector sends in its hello; random when unset")
     call_timeout_s: float = Field(30.0, gt=0, description="a reset/step reply later than this counts as a hang")
     start_timeout_s: float = Field(60.0, gt=0)
     heartbeat_interval_s: float = Field(5.0, ge=0, description="ping an idle connector this often; 0 = off")
@@ -72,10 +74,11 @@ class ConnectorSpec(StrictModel):
             raise ValueError("connector_spec: give either module + class_name or command, not both")
         if self.command is not None and not self.command:
             raise ValueError("connector_spec.command is empty; give the program and its arguments as a list")
-        if self.transport == "tcp" and not _is_loopback(self.host) and not self.token:
+        if self.transport == "tcp" and not _is_loopback(self.host) and not (self.token or from_env("POLAR_CONNECTOR_TOKEN")):
             raise ValueError(
                 f"connector_spec.host {self.host!r} is not a loopback address: set connector_spec.token to a "
-                "shared secret (the connector sends it in its hello), or listen on 127.0.0.1"
+                "shared secret (the connector sends it in its hello), better through $POLAR_CONNECTOR_TOKEN or "
+                "$POLAR_CONNECTOR_TOKEN_FILE, which keep it out of the config; or listen on 127.0.0.1"
             )
         return self
 

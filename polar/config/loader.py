@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from polar.config.base import format_validation_error, validate
+from polar.config.secrets import redact, resupply
 from polar.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -133,10 +134,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> EnvRunC
     p = Path(path).resolve()
     data = apply_overrides(read_yaml_file(p), overrides)
     cfg: EnvRunConfig | AgentRunConfig = validate_with_overrides(RunConfig, data, overrides, source=str(path))
+    resupply(cfg, source=str(path))  # secrets from the environment; a redacted one must be given again
     cfg._config_dir = p.parent
     return cfg
 
 
 def dump_config(cfg: BaseModel) -> str:
-    """The resolved config as YAML (what ``config.resolved.yaml`` holds)."""
-    return str(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=False), sort_keys=False))
+    """The resolved config as YAML (what ``config.resolved.yaml`` holds), every secret redacted: a run folder is
+    shared, served by the dashboard and copied around; secrets come back from the environment on resume."""
+    return str(yaml.safe_dump(redact(cfg), sort_keys=False))

@@ -14,17 +14,21 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from polar.config.secrets import redact_yaml_text
 from polar.dashboard import ratings
 from polar.dashboard.runs import PathError, RunsFolder, safe_path
+from polar.httpserver import BodyError, read_body
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,16 @@ STATIC = Path(__file__).parent / "static"
 POLL_S = 0.1  # how often watched runs' metrics files are checked for new rows
 RUNS_EVERY_S = 1.0  # how often the runs list (statuses) is sent when it changed
 MAX_CURVE_POINTS = 5000
+RATING_BODY_BYTES = 256 * 1024  # a rating (kind, target, score, a comment of at most 10,000 characters) fits
+BODY_TIMEOUT_S = 10.0  # the most a rating's body may take to arrive once its headers have (then 408)
+# a file from a run folder is the run's (or its agent's) data: it never renders as a page of this origin
+USER_FILE_HEADERS = {"content-security-policy": "default-src 'none'; sandbox", "x-content-type-options": "nosniff",
+                     "cache-control": "no-store"}
+REDACT_MAX_BYTES = 8 << 20  # YAML/JSON up to this size is parsed and served with its secrets redacted
+INLINE_MEDIA = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+                ".webp": "image/webp"}
+# the page itself: never framed by another site (clickjacking a rating), no plugins, no foreign <base>
+PAGE_CSP = "frame-ancestors 'none'; object-src 'none'; base-uri 'none'"
 
 
 class FastJSON(JSONResponse):
@@ -136,7 +150,92 @@ class Streams:
                     self._send(q, "runs", infos)
 
 
-def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+COOKIE = "polar_dashboard_token"
+
+
+def _host_name(host_header: str) -> str:
+    """The name part of a ``Host`` header (``[::1]:8765`` -> ``::1``, ``localhost:80`` -> ``localhost``)."""
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def given_token(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str:
+    """The token a request carries: ``X-Polar-Token``, ``Authorization: Bearer`` or the login cookie."""
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return str(auth[7:].strip())
+    return str(headers.get("x-polar-token") or cookies.get(COOKIE, ""))
+
+
+def token_ok(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+class Guard:
+    """ASGI middleware in front of every route.
+
+    - ``Host`` must name a loopback address when the dashboard listens on one: a page of another site whose
+      name was re-pointed at 127.0.0.1 (DNS rebinding) is refused, so it cannot read the runs.
+    - A state-changing request (POST, ...) from a browser must come from the dashboard's own origin (``Origin``
+      and ``Sec-Fetch-Site``): another site's page cannot store ratings through the user's browser (CSRF).
+    - With ``token_for_reads`` (a non-loopback ``--host``) every ``/api`` and ``/files`` request needs the token
+      (header, or the cookie set by opening ``/?token=...`` once)."""
+
+    SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+
+    def __init__(self, app: Starlette, allowed_hosts: frozenset[str] | None, token: str | None, token_for_reads: bool) -> None:
+        self.app = app
+        self.state = app.state  # the server and tests read app.state.folder / warm_done
+        self.allowed_hosts = allowed_hosts
+        self.token = token
+        self.token_for_reads = token_for_reads
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self.refusal(request)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, request: Request) -> Response | None:
+        host = request.headers.get("host", "")
+        if self.allowed_hosts is not None and _host_name(host) not in self.allowed_hosts:
+            return _error(403, f"Host {host!r} is not this dashboard's address (it listens on loopback: open it as "
+                               "http://127.0.0.1:PORT/); a page of another site cannot read it")
+        if request.method not in self.SAFE:
+            origin = request.headers.get("origin")
+            site = request.headers.get("sec-fetch-site")
+            own = {f"http://{host}", f"https://{host}"}
+            if (origin is not None and origin not in own) or site in ("cross-site", "same-site"):
+                return _error(403, f"cross-origin {request.method} refused: a page of {origin or 'another site'} "
+                                   "cannot change this dashboard's data; use the dashboard's own page")
+        if self.token is not None and self.token_for_reads:
+            path = request.url.path
+            if path == "/" and request.query_params.get("token"):
+                if not token_ok(request.query_params["token"], self.token):
+                    return _error(401, "wrong dashboard token in ?token=")
+                resp = RedirectResponse("/", status_code=303)
+                resp.set_cookie(COOKIE, self.token, httponly=True, samesite="strict", path="/")
+                return resp
+            if path.startswith(("/api/", "/files/")) and not token_ok(given_token(request.headers, request.cookies),
+                                                                        self.token):
+                return _error(401, "this dashboard needs its token: open it once as http://HOST:PORT/?token=TOKEN "
+                                   "(the value of $POLAR_DASHBOARD_TOKEN where it runs), or send X-Polar-Token")
+        return None
+
+
+def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES,
+              token_for_reads: bool = False) -> Guard:
+    """The dashboard's ASGI app over the runs folder ``root``. ``ratings_token``: the token ratings (and, with
+    ``token_for_reads``, every read) need; ``allowed_hosts``: the ``Host`` names accepted (None: any, for a
+    non-loopback address, where the token guards)."""
     folder = RunsFolder(root)
     streams = Streams(folder)
 
@@ -147,7 +246,9 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
         return folder.get(rid)
 
     async def index(request: Request) -> Response:
-        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store", "content-security-policy":
+                                                            PAGE_CSP, "x-content-type-options": "nosniff",
+                                                            "x-frame-options": "DENY"})
 
     @_handler
     async def api_runs(request: Request) -> Response:
@@ -244,12 +345,14 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
         run = run_of(request)
         if request.method == "POST":
             if ratings_token is not None:
-                given = request.headers.get("x-polar-token", "")
-                if not hmac.compare_digest(given.encode(), ratings_token.encode()):
-                    return _error(401, "ratings need the dashboard's token (--ratings-token / POLAR_DASHBOARD_TOKEN): "
+                if not token_ok(given_token(request.headers, request.cookies), ratings_token):
+                    return _error(401, "ratings need the dashboard's token ($POLAR_DASHBOARD_TOKEN): "
                                        "enter it in the Ratings box, sent as the X-Polar-Token header")
-            try:
-                body = await request.json()
+            try:  # a rating is a few hundred bytes: a bigger or a dripped body is refused while it streams
+                body = json.loads(await read_body(request.stream(), request.headers.get("content-length"),
+                                                  RATING_BODY_BYTES, BODY_TIMEOUT_S, "the rating"))
+            except BodyError as e:
+                return _error(e.status, f"{e}; a rating is a small JSON object")
             except ValueError:
                 raise ValueError("the rating must be a JSON object with kind, target, score and comment") from None
             rating = ratings.validate(body)
@@ -281,7 +384,20 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
         p = safe_path(folder.root, request.path_params["path"])
         if not p.is_file():
             raise KeyError(request.path_params["path"])
-        return FileResponse(p)
+        headers = dict(USER_FILE_HEADERS)
+        if p.suffix.lower() in (".yaml", ".yml", ".json"):
+            # configs (and the harness in an episode index), also of runs written before redaction
+            if p.stat().st_size > REDACT_MAX_BYTES:
+                raise ValueError(f"{request.path_params['path']} is over {REDACT_MAX_BYTES >> 20} MiB: YAML/JSON is "
+                                 "served only with its secrets redacted, which needs it parsed; read it on disk")
+            text = await asyncio.to_thread(p.read_text, errors="replace")
+            headers["content-disposition"] = f"attachment; filename*=utf-8''{quote(p.name)}"
+            return Response(redact_yaml_text(text), media_type="text/plain; charset=utf-8", headers=headers)
+        if p.suffix.lower() in INLINE_MEDIA:  # episode frames shown by <img>: still no script, no sniffing
+            return FileResponse(p, media_type=INLINE_MEDIA[p.suffix.lower()], headers=headers,
+                                content_disposition_type="inline", filename=p.name)
+        return FileResponse(p, media_type="application/octet-stream", headers=headers,
+                            content_disposition_type="attachment", filename=p.name)
 
     async def stream(request: Request) -> Response:
         runs = {r for r in request.query_params.get("runs", "").split(",") if r}
@@ -327,6 +443,7 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
     ]
     app = Starlette(routes=routes)
     app.state.folder = folder
+    guarded = Guard(app, allowed_hosts, ratings_token, token_for_reads)
 
     warm_done = threading.Event()
     app.state.warm_done = warm_done  # set once every run found at start is indexed and its curves downsampled
@@ -344,4 +461,4 @@ def build_app(root: str | Path, ratings_token: str | None = None) -> Starlette:
             warm_done.set()
 
     threading.Thread(target=warm, name="polar-dashboard-index", daemon=True).start()
-    return app
+    return guarded

@@ -61,7 +61,7 @@ def append(run_path: Path, rating: dict[str, Any]) -> dict[str, Any]:
     data = (json.dumps(row) + "\n").encode()
     path = Path(run_path) / "ratings.jsonl"
     with _lock:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a planted link: refused
         try:
             n = os.write(fd, data)
             if n != len(data):

@@ -46,6 +46,14 @@ def safe_path(root: Path, rel: str) -> Path:
     return p
 
 
+def within(root: Path, p: Path) -> bool:
+    """``p`` resolves (symlinks followed) to a place inside ``root``, which is resolved already."""
+    try:
+        return p.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+
+
 def _read_json(path: Path) -> tuple[Any, str | None]:
     try:
         return json.loads(path.read_text()), None
@@ -108,13 +116,19 @@ class Run:
         self.root = root
         self.path = path
         self.id = path.relative_to(root).as_posix() if path != root else "."
-        self.metrics = MetricsIndex(path / "metrics.jsonl")
-        self.sessions = JsonlTail(path / "sessions" / "index.jsonl")
-        self.scale_events = JsonlTail(path / "scale_events.jsonl")
-        self.ratings = JsonlTail(path / "ratings.jsonl")
+        self.metrics = MetricsIndex(self.inside("metrics.jsonl"))
+        self.sessions = JsonlTail(self.inside("sessions/index.jsonl"))
+        self.scale_events = JsonlTail(self.inside("scale_events.jsonl"))
+        self.ratings = JsonlTail(self.inside("ratings.jsonl"))
+
+    def inside(self, rel: str) -> Path:
+        """``path/rel`` when it resolves inside the runs folder; else a path that does not exist, so a file a
+        run links to from outside (``metrics.jsonl -> /etc/passwd``) reads as absent, never as data."""
+        p = self.path / rel
+        return p if within(self.root.resolve(), p) else self.root / ".polar-outside-the-runs-folder" / rel
 
     def info(self) -> dict[str, Any]:
-        meta, problem = _read_json(self.path / "run.json")
+        meta, problem = _read_json(self.inside("run.json"))
         meta = meta if isinstance(meta, dict) else {}
         try:
             st = run_status(self.path)
@@ -125,10 +139,10 @@ class Run:
                 "created": meta.get("created"), "status": st.get("status"), "error": st.get("error"),
                 "pid": st.get("pid"), "host": st.get("host"), "problem": problem,
                 "rows": m.rows, "skipped_rows": m.skipped, "indexed_bytes": m.offset,
-                "metrics_bytes": _size(self.path / "metrics.jsonl"),
-                "has_sessions": (self.path / "sessions" / "index.jsonl").is_file()
-                or (self.path / "gateway" / "sessions").is_dir(),
-                "has_episodes": (self.path / "episodes").is_dir()}
+                "metrics_bytes": _size(self.inside("metrics.jsonl")),
+                "has_sessions": self.inside("sessions/index.jsonl").is_file()
+                or self.inside("gateway/sessions").is_dir(),
+                "has_episodes": self.inside("episodes").is_dir()}
 
     # ------------------------------------------------------------------ sessions
     def session_rows(self) -> tuple[list[dict[str, Any]], str | None]:
@@ -137,10 +151,10 @@ class Run:
         if rows:
             note = f"{self.sessions.skipped} corrupt lines of sessions/index.jsonl skipped" if self.sessions.skipped else None
             return rows, note
-        rec = self.path / "gateway" / "sessions"
+        rec = self.inside("gateway/sessions")
         if rec.is_dir():
             out = [{"session_id": p.stem, "status": "unknown", "records": "gateway/sessions", "reward": None}
-                   for p in sorted(rec.glob("*.jsonl"))]
+                   for p in sorted(rec.glob("*.jsonl")) if within(self.root.resolve(), p)]
             return out, "no sessions/index.jsonl: sessions listed from their gateway call records (no rewards)"
         return [], None
 
@@ -231,7 +245,9 @@ class Run:
     # ------------------------------------------------------------------ episodes
     def recordings(self) -> list[dict[str, Any]]:
         out = []
-        for idx in sorted((self.path / "episodes").glob("*/index.json")):
+        for idx in sorted(self.inside("episodes").glob("*/index.json")):
+            if not within(self.root.resolve(), idx):
+                continue
             data, problem = _read_json(idx)
             if not isinstance(data, dict):
                 out.append({"tag": idx.parent.name, "problem": problem or "index.json is not an object", "episodes": []})
@@ -274,7 +290,7 @@ class Run:
                 continue
             for e in rec.get("episodes", []):
                 if e.get("id") == ep:
-                    data, _ = _read_json(self.path / "episodes" / tag / "index.json")
+                    data, _ = _read_json(self.inside(f"episodes/{tag}/index.json"))
                     h = (data or {}).get("harness") or {}
                     env = h.get("id") or (h.get("connector_spec") or {}).get("class_name") or h.get("type")
                     steps = self.episode(tag, ep)["steps"]
@@ -302,7 +318,7 @@ class Run:
 
     def logs(self, query: str = "", limit: int = 500) -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
-        files = sorted((self.path / "logs").glob("*.jsonl"))
+        files = [f for f in sorted(self.inside("logs").glob("*.jsonl")) if within(self.root.resolve(), f)]
         q = query.lower()
         for f in files:
             try:
@@ -387,6 +403,8 @@ class RunsFolder:
                     except OSError:
                         continue
                     for c in children:
+                        if not within(self.root, c):  # a symlinked folder pointing out of the runs folder
+                            continue
                         if (c / "run.json").is_file():
                             rid = c.relative_to(self.root).as_posix()
                             found[rid] = self._runs.get(rid) or Run(self.root, c)

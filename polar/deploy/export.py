@@ -49,14 +49,17 @@ OPSET = 17
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def load_run_policy(target: str | Path, checkpoint: int | None = None):
+def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_code: bool = False):
     """(run_dir, cfg, policy, checkpoint_path, state) for a run directory (its latest checkpoint, or
-    ``ckpt_<checkpoint>``) or a checkpoint file inside one."""
+    ``ckpt_<checkpoint>``) or a checkpoint file inside one. A run whose config names code (a custom agent, env
+    or connector) is refused unless ``trust_code``."""
+    from polar.config.trust import require_trust
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.loading import load_policy_for_eval, resolve_target
 
     target = Path(target)
     run_dir, cfg, ckpt = resolve_target(target)
+    require_trust(cfg, f"run {run_dir.path}", trust_code)
     if cfg.harness.type == "agent" or cfg.policy.type in ("grpo", "sft"):
         raise DeployError(f"{run_dir.path} is an LLM agent run (policy.type {cfg.policy.type}); polar export exports "
                           "env policies (ppo, appo, dqn, sac). Its checkpoint holds Hugging Face weights: serve them "
@@ -338,8 +341,9 @@ def quantize_int8(src: Path, dst: Path) -> None:
 # ---------------------------------------------------------------------------------------------- export
 def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoint: int | None = None,
                quantize: str | None = None, samples: int = 1000, seed: int = 0,
-               tolerance: float = PARITY_TOL) -> dict[str, Any]:
-    """Export a run's checkpoint into ``out`` (see the module docstring); returns the manifest written."""
+               tolerance: float = PARITY_TOL, trust_code: bool = False) -> dict[str, Any]:
+    """Export a run's checkpoint into ``out`` (see the module docstring); returns the manifest written.
+    ``trust_code``: the run's config may name code (a custom agent or env), which exporting imports."""
     from polar import __version__
 
     if fmt not in FORMATS:
@@ -353,7 +357,7 @@ def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoin
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
         raise DeployError(f"--out {out} already holds files that are not a polar export; choose a new directory")
-    run_dir, cfg, policy, ckpt, state = load_run_policy(target, checkpoint)
+    run_dir, cfg, policy, ckpt, state = load_run_policy(target, checkpoint, trust_code)
     policy.eval()
     graph = PolicyGraph(policy).eval()
     feeds = record_observations(policy, graph, cfg, samples, seed)
@@ -387,7 +391,7 @@ def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoin
             "graph": graph.spec.to_json(),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        runner, _ = load_export(tmp)
+        runner, _ = load_export(tmp, trust_code=True)  # the file this process just traced
         report = check_parity(runner, graph, policy, feeds, seed)
         report["tolerance"] = tolerance
         failures = parity_failures(report, tolerance)

@@ -122,8 +122,11 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_export(export_dir: str | Path, threads: int = 1) -> tuple[Runner, dict[str, Any]]:
-    """(runner, manifest) of an export directory, loaded and checked with one inference on zeros."""
+def load_export(export_dir: str | Path, threads: int = 1, trust_code: bool = False) -> tuple[Runner, dict[str, Any]]:
+    """(runner, manifest) of an export directory, loaded and checked with one inference on zeros.
+
+    A TorchScript file is a program (it can read and write files when run), so it loads only with
+    ``trust_code``; an ONNX graph is data for onnxruntime."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
     spec = GraphSpec.from_json(manifest["graph"])
@@ -133,6 +136,10 @@ def load_export(export_dir: str | Path, threads: int = 1) -> tuple[Runner, dict[
     if manifest["format"] == "onnx":
         runner: Runner = OnnxRunner(spec, model, threads)
     elif manifest["format"] == "torchscript":
+        if not trust_code:
+            raise DeployError(f"{export_dir} is a TorchScript export: TorchScript is a program that runs with this "
+                              "process's rights, not data. Pass --trust-code if you trust who wrote it, or export "
+                              "the run as ONNX (the default format)")
         try:
             module = torch.jit.load(str(model), map_location="cpu")
         except Exception as e:

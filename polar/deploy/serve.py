@@ -21,18 +21,26 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
+from polar import httpserver
+from polar.deploy.body import BodyError, BodyParser
 from polar.deploy.graph import NUMPY_DTYPES, OIP_DATATYPES, GraphSpec
 from polar.deploy.runtime import MANIFEST, Runner, _first_line, load_export, smoke_test
 from polar.errors import DeployError
+from polar.httpserver import ConnectionLimits
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +56,15 @@ class ServeSettings:
     max_versions: int = 3  # versions loaded side by side; the oldest retire
     poll_s: float = 1.0  # how often the watched directory is scanned for new versions (0 = never)
     max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 60.0  # the most a request body may take to arrive once its headers have (then 408)
     threads: int = 1  # onnxruntime intra-op threads per version
     seed: int | None = None  # sampled actions' RNG
-    name: str | None = None  # model name (default: the run's name)
+    token: str | None = None  # when set, every route but the health checks needs "Authorization: Bearer <token>"
+    name: str | None = None  # model name (default: the folder layout's <name>/<version>, else the run's name)
+    trust_code: bool = False  # load TorchScript exports and runs whose config names code (custom agents, envs)
+    allowed_hosts: frozenset[str] | None = None  # Host names answered (None: any); `serve` on loopback: loopback names
+    # header deadline and size, idle keep-alive (5 s), open connections: the gateway's limits (polar.httpserver)
+    limits: ConnectionLimits = field(default_factory=lambda: ConnectionLimits(keep_alive_s=5.0))
 
 
 class RequestError(Exception):
@@ -187,10 +201,12 @@ class Source:
             self.name = settings.name
 
     def _init_run(self) -> None:
+        from polar.config.trust import require_trust
         from polar.harness import make_vector_env
         from polar.trainers.loading import load_run
 
         self.run_dir, self.cfg = load_run(self.path)
+        require_trust(self.cfg, f"run {self.path}", self.settings.trust_code)
         if self.cfg.harness.type == "agent" or self.cfg.policy.type in ("grpo", "sft"):
             raise DeployError(f"{self.path} is an LLM agent run; polar serve serves env policies (serve LLM weights "
                               "with `polar gateway`)")
@@ -211,31 +227,43 @@ class Source:
                     st = p.stat()
                     found.append(Candidate(str(int(digits)), p, (st.st_mtime_ns, st.st_size)))
             return sorted(found, key=lambda c: int(c.version))
-        dirs = [self.path] if (self.path / MANIFEST).is_file() else []
+        single = (self.path / MANIFEST).is_file()
+        dirs = [self.path] if single else []
         dirs += sorted(d for d in self.path.iterdir() if d.is_dir() and not d.name.startswith(".")
                        and (d / MANIFEST).is_file())
         for d in dirs:
-            try:
-                st = (d / MANIFEST).stat()
-                version = str(json.loads((d / MANIFEST).read_text()).get("version", d.name))
-            except (OSError, ValueError, AttributeError):
-                version, st = d.name, (d / MANIFEST).stat()
+            st = (d / MANIFEST).stat()
+            if d.name.isdigit():  # the model repository layout (KServe, Triton): <name>/<version>/
+                version = str(int(d.name))
+            else:
+                try:
+                    version = str(json.loads((d / MANIFEST).read_text()).get("version", d.name))
+                except (OSError, ValueError, AttributeError):
+                    version = d.name
             found.append(Candidate(version, d, (st.st_mtime_ns, st.st_size)))
         return sorted(found, key=lambda c: (int(c.version) if c.version.isdigit() else -1, str(c.path)))
+
+    def layout_name(self) -> str | None:
+        """The model name the folder layout gives: ``NAME/`` holding version folders ``1/``, ``2/``, or the
+        version folder ``NAME/1/`` itself; None when the folders are not numbered."""
+        if (self.path / MANIFEST).is_file():
+            return self.path.resolve().parent.name if self.path.name.isdigit() else None
+        numbered = any(d.name.isdigit() and (d / MANIFEST).is_file() for d in self.path.iterdir() if d.is_dir())
+        return self.path.resolve().name if numbered else None
 
     def load(self, cand: Candidate) -> ModelVersion:
         """Load one version fully (and run it once); any failure is a ``DeployError`` saying why."""
         if self.run_mode:
             return self._load_checkpoint(cand)
-        runner, manifest = load_export(cand.path, self.settings.threads)
+        runner, manifest = load_export(cand.path, self.settings.threads, self.settings.trust_code)
         want = self.settings.backend
         if want != "auto" and runner.backend != want:
             raise DeployError(f"{cand.path} is a {manifest['format']} export, which runs on {runner.backend}, not "
                               f"--backend {want}; export it with --format "
                               f"{'onnx' if want == 'onnxruntime' else 'torchscript'}")
-        name = str(self.name or manifest["name"])
+        name = str(self.name or self.layout_name() or manifest["name"])
         self.name = name
-        return ModelVersion(name, str(manifest["version"]), runner, manifest, str(cand.path))
+        return ModelVersion(name, cand.version, runner, manifest, str(cand.path))
 
     def _load_checkpoint(self, cand: Candidate) -> ModelVersion:
         from polar.deploy.export import graph_runner, space_json
@@ -326,6 +354,7 @@ class PolicyServer:
         self.sessions = Sessions(settings.max_sessions)
         self.metrics = Metrics()
         self.rng = np.random.default_rng(settings.seed)
+        self.parser = BodyParser()
         self.seen: dict[str, tuple] = {}  # path -> signature already tried (loaded or failed)
         self.failures: dict[str, str] = {}  # path -> why its last load failed
         self._watch: asyncio.Task | None = None
@@ -363,6 +392,7 @@ class PolicyServer:
                 mv.batcher.retire()
         await asyncio.gather(*(mv.batcher.task for mv in self.versions.values() if mv.batcher is not None),
                              return_exceptions=True)
+        self.parser.close()
 
     async def _watch_loop(self) -> None:
         while True:
@@ -504,10 +534,26 @@ def _parse_params(params: Any, where: str = "parameters") -> dict[str, Any]:
     return out
 
 
+MAX_DEPTH = 32  # nesting of a tensor's data lists (numpy allows 64 dimensions; no policy input has 32)
+
+
+def _depth(data: Any) -> int:
+    """How deep the first elements of ``data`` nest (bounded: stops past ``MAX_DEPTH``)."""
+    depth = 0
+    while isinstance(data, list) and depth <= MAX_DEPTH:
+        depth += 1
+        data = data[0] if data else None
+    return depth
+
+
 def _to_array(data: Any, dtype: str, shape: list[int], where: str) -> np.ndarray:
+    if _depth(data) > MAX_DEPTH or (isinstance(data, np.ndarray) and data.ndim > MAX_DEPTH):
+        raise RequestError(f"'{where}.data' nests lists more than {MAX_DEPTH} deep; send it flat, or nested as its "
+                           "shape")
+    want = math.prod(shape) if shape else 1  # Python ints: a shape like [2**62, 2**62] cannot wrap around
     try:
         arr = np.asarray(data)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise RequestError(f"'{where}.data' is ragged: nested lists of unequal lengths") from None
     if arr.dtype == object or arr.dtype.kind in "USV":
         raise RequestError(f"'{where}.data' must hold numbers (got {'strings' if arr.dtype.kind == 'U' else 'other values'})")
@@ -515,20 +561,30 @@ def _to_array(data: Any, dtype: str, shape: list[int], where: str) -> np.ndarray
         raise RequestError(f"'{where}.data' holds booleans; this input takes {OIP_DATATYPES[dtype]}")
     if np.issubdtype(np.dtype(dtype), np.integer) and arr.dtype.kind == "f":
         raise RequestError(f"'{where}.data' holds fractional numbers; this input takes {OIP_DATATYPES[dtype]}")
-    want = int(np.prod(shape)) if shape else 1
     if arr.size != want:
         raise RequestError(f"'{where}.data' has {arr.size} values, but shape {shape} needs {want}")
     if np.issubdtype(np.dtype(dtype), np.integer):
         info = np.iinfo(dtype)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise RequestError(f"'{where}.data' has values outside {OIP_DATATYPES[dtype]}'s range {info.min}..{info.max}")
-    return arr.astype(dtype).reshape(shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(dtype).reshape(shape)
+    if out.dtype.kind == "f" and not np.isfinite(out).all():
+        raise RequestError(f"'{where}.data' holds NaN, infinity or a number too large for "
+                           f"{OIP_DATATYPES[dtype]}; send finite values")
+    return out
 
 
 def _check_shape(name: str, shape: list[int], spec_shape: list[int], where: str) -> None:
     if len(shape) != len(spec_shape) or any(s != d for s, d in zip(shape[1:], spec_shape[1:], strict=True)):
         raise RequestError(f"'{where}.shape' is {shape}, but input {name!r} has shape {spec_shape} "
                            "(-1 = any batch size)")
+
+
+def accepted_inputs(spec: GraphSpec) -> list:
+    """The inputs a client may send (and the metadata lists): observations and recurrent state, never the
+    graph's ``noise``, which the server draws itself."""
+    return [t for t in spec.inputs if t.name != "noise"]
 
 
 def parse_oip(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, dict[str, np.ndarray], list | None]:
@@ -538,7 +594,7 @@ def parse_oip(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, d
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("'inputs' must be a non-empty list of {name, shape, datatype, data}")
-    allowed = {t.name: t for t in spec.inputs if t.name != "noise"}
+    allowed = {t.name: t for t in accepted_inputs(spec)}
     feeds: dict[str, np.ndarray] = {}
     rows: int | None = None
     first = None
@@ -570,7 +626,7 @@ def parse_oip(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, d
             rows, first = shape[0], name
         elif shape[0] != rows:
             raise RequestError(f"'{where}.shape': batch {shape[0]} differs from {first!r}'s batch {rows}")
-        if not isinstance(inp["data"], list):
+        if not isinstance(inp["data"], (list, np.ndarray)):  # an array: a large body, converted by the parser
             raise RequestError(f"'{where}.data' must be a list (flat, or nested in row-major order)")
         feeds[name] = _to_array(inp["data"], t.dtype, shape, where)
     obs_names = [t.name for t in spec.inputs if t.name.startswith("obs")]
@@ -606,7 +662,7 @@ def parse_act(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, b
     batched = "observations" in body
     key = "observations" if batched else "observation"
     value = body[key]
-    if batched and (not isinstance(value, list) or not value):
+    if batched and (not isinstance(value, (list, np.ndarray)) or not len(value)):
         raise RequestError("'observations' must be a non-empty list of observations")
     feeds = {}
     items = value if batched else [value]
@@ -642,16 +698,17 @@ def build_app(server: PolicyServer):
         return JSONResponse({"error": msg}, status)
 
     async def read_json(request: Request) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > server.settings.max_body_bytes:
-            raise RequestError(f"the request body is {size} bytes, over the limit of {server.settings.max_body_bytes}", 413)
-        raw = await request.body()
-        if len(raw) > server.settings.max_body_bytes:
-            raise RequestError(f"the request body is over the limit of {server.settings.max_body_bytes} bytes", 413)
+        """The body, counted as it streams (a chunked body past the limit is cut there, never read whole), and
+        parsed where it cannot stall the other requests (``polar.deploy.body``)."""
         try:
-            return json.loads(raw)
-        except ValueError as e:
-            raise RequestError(f"the request body is not valid JSON: {e}") from None
+            raw = await httpserver.read_body(request.stream(), request.headers.get("content-length"),
+                                             server.settings.max_body_bytes, server.settings.body_timeout_s)
+        except httpserver.BodyError as e:
+            raise RequestError(str(e), e.status) from None
+        try:
+            return await server.parser.parse(raw)
+        except BodyError as e:
+            raise RequestError(str(e)) from None
 
     def timed(endpoint: str):
         def wrap(fn):
@@ -675,7 +732,7 @@ def build_app(server: PolicyServer):
     def metadata(mv: ModelVersion) -> dict:
         versions = sorted(server.versions, key=lambda v: server.versions[v].order)
         return {"name": mv.name, "versions": versions, "platform": mv.runner.platform,
-                "inputs": [t.oip() for t in mv.spec.inputs], "outputs": [t.oip() for t in mv.spec.outputs],
+                "inputs": [t.oip() for t in accepted_inputs(mv.spec)], "outputs": [t.oip() for t in mv.spec.outputs],
                 "parameters": {"version": mv.version, "default_version": server.default.version if server.default else None,
                                "kind": mv.spec.kind, "recurrent": mv.spec.recurrent, "source": mv.source,
                                "observation_space": json.dumps(mv.manifest.get("observation_space")),
@@ -715,7 +772,7 @@ def build_app(server: PolicyServer):
         server.resolve(p["name"], p.get("version"))  # unknown model/version: 404 before reading the body
         body = await read_json(request)
         mv = server.resolve(p["name"], p.get("version"))
-        feeds, rows, state, wanted = parse_oip(body, mv.spec)
+        feeds, rows, state, wanted = await anyio.to_thread.run_sync(parse_oip, body, mv.spec)
         params = session_of(request, _parse_params(body.get("parameters")))
         mv, outs = await server.infer(p["name"], p.get("version"), feeds, rows, params, state)
         names = wanted or [t.name for t in mv.spec.outputs]
@@ -740,7 +797,7 @@ def build_app(server: PolicyServer):
             raise RequestError("'version' must be a string or an integer")
         version = None if version is None else str(version)
         mv = server.resolve(name, version)
-        feeds, rows, batched = parse_act(body, mv.spec)
+        feeds, rows, batched = await anyio.to_thread.run_sync(parse_act, body, mv.spec)
         params = session_of(request, _parse_params({k: body[k] for k in ("deterministic", "episode_start", "session_id")
                                                      if k in body}, "body"))
         mv, outs = await server.infer(name, version, feeds, rows, params, {})
@@ -784,7 +841,71 @@ def build_app(server: PolicyServer):
         Route(m + "/infer", infer, methods=["POST"]), Route(v + "/infer", infer, methods=["POST"]),
         Route("/v1/act", act, methods=["POST"]), Route("/metrics", metrics),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+    app: Any = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+    if server.settings.token is not None:
+        app = BearerAuth(app, server.settings.token)
+    if server.settings.allowed_hosts is not None:
+        app = HostCheck(app, server.settings.allowed_hosts)
+    return app
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class HostCheck:
+    """ASGI middleware: a server on loopback answers only requests addressed to a loopback name, so a web page
+    whose DNS name was re-pointed at 127.0.0.1 (rebinding) cannot query it through the user's browser."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), "")
+            name = host.strip().lower()
+            name = name[1:name.find("]")] if name.startswith("[") and "]" in name else (
+                name.rsplit(":", 1)[0] if name.count(":") == 1 else name)
+            if name not in self.allowed:
+                body = json.dumps({"error": f"Host {host!r} is not this server's address (it listens on loopback: "
+                                            "use http://127.0.0.1:PORT)"}).encode()
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP route but ``/v2/health/*`` needs ``Authorization: Bearer <token>`` (what
+    KServe/OIP clients send), compared in constant time."""
+
+    OPEN = ("/v2/health/live", "/v2/health/ready")
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        import hmac
+
+        given = b""
+        for k, v in scope.get("headers", []):
+            if k == b"authorization" and v[:7].lower() == b"bearer ":
+                given = v[7:].strip()
+        if hmac.compare_digest(given, self.token):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps({"error": "this server needs its token: send 'Authorization: Bearer <token>' "
+                                    "(the value of $POLAR_SERVE_TOKEN where polar serve runs)"}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def make_server(path: str | Path, settings: ServeSettings | None = None) -> PolicyServer:
@@ -794,21 +915,59 @@ def make_server(path: str | Path, settings: ServeSettings | None = None) -> Poli
     return PolicyServer(Source(path, settings), settings)
 
 
-def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings: ServeSettings | None = None) -> None:
-    """Serve until interrupted (``polar serve``)."""
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def uvicorn_config(server: PolicyServer, settings: ServeSettings, **kwargs: Any) -> uvicorn.Config:
+    """uvicorn's config for ``server``'s app with the gateway's connection limits (``settings.limits``):
+    slow or huge headers and idle sockets are cut."""
+    return httpserver.uvicorn_config(build_app(server), settings.limits, "policy server",
+                                     **{"lifespan": "auto", "timeout_graceful_shutdown": 5, **kwargs})
+
+
+def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings: ServeSettings | None = None,
+          announce: Any = None) -> None:
+    """Serve until interrupted (``polar serve``). ``announce(url)`` is called with the address actually bound
+    (the real host and port, also when ``port`` is 0) before the first request is accepted."""
     import uvicorn
 
+    settings = settings or ServeSettings()
+    if is_loopback(host) and settings.allowed_hosts is None:
+        settings.allowed_hosts = LOOPBACK_NAMES
+    if not is_loopback(host) and not settings.token:
+        raise DeployError(f"--host {host} is not a loopback address: anyone who reaches it could query the policy; "
+                          "set $POLAR_SERVE_TOKEN (or $POLAR_SERVE_TOKEN_FILE, or --token-file) to a token clients "
+                          "send as 'Authorization: Bearer', or listen on 127.0.0.1")
     server = make_server(path, settings)
     if not server.source.candidates():  # a one-line error here, not a failed startup inside uvicorn
         what = "checkpoint" if server.source.run_mode else "export (a directory with manifest.json)"
         raise DeployError(f"{server.source.path} holds no {what} to serve")
-    uv = uvicorn.Server(uvicorn.Config(build_app(server), host=host, port=port, log_level="warning",
-                                       access_log=False, timeout_graceful_shutdown=5))
+    try:
+        sock = httpserver.bind(host, port)
+    except OSError as e:
+        raise DeployError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port (0 chooses a "
+                          "free one)") from None
+    bound_host, bound_port = sock.getsockname()[:2]
+    uv = uvicorn.Server(uvicorn_config(server, settings))
 
     def stop() -> None:
         uv.should_exit = True
 
     server.on_startup_error = stop
-    uv.run()
+    if announce is not None:
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        announce(f"http://{shown}:{bound_port}")
+    try:
+        uv.run(sockets=[sock])
+    finally:
+        sock.close()
     if server.startup_error is not None:
         raise server.startup_error

@@ -272,9 +272,39 @@ def _run_ray(suite: EvalSuite, out_dir: Path, jobs: list[tuple[str, str]]) -> li
             ray.shutdown()
 
 
-def run_suite(suite: EvalSuite, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run every job and write report.json / report.md / report.html into ``out_dir``; returns the report."""
+def check_trust(suite: EvalSuite, trust_code: bool) -> None:
+    """Refuse a suite that reopens a run folder whose config names code (a custom agent, env, connector,
+    harness or verifier) unless ``trust_code``: the suite file is the user's own, the runs it names are data.
+    Runs before any job starts, so nothing a run names is imported."""
+    from polar.config.trust import require_trust
+    from polar.trainers.loading import load_run, resolve_target
+
+    if trust_code:
+        return
+    for p in suite.policies:
+        where = p.checkpoint if p.checkpoint is not None else p.run
+        if where is None:
+            continue
+        path = suite.resolve(where)
+        if path.exists():  # a missing one is reported by its job
+            run_dir, cfg, _ = resolve_target(path)
+            require_trust(cfg, f"policy {p.name!r}: run {run_dir.path}", trust_code)
+    for h in suite.harnesses:
+        if h.config is None:
+            continue
+        path = suite.resolve(h.config)
+        run_path = path if path.is_dir() else path.parent if (path.parent / "run.json").is_file() else None
+        if run_path is not None:  # a run folder, or a config file inside one: data, not the user's own YAML
+            run_dir, cfg = load_run(run_path)
+            require_trust(cfg, f"harness {h.name!r}: run {run_dir.path}", trust_code)
+
+
+def run_suite(suite: EvalSuite, out_dir: str | Path | None = None, trust_code: bool = False) -> dict[str, Any]:
+    """Run every job and write report.json / report.md / report.html into ``out_dir``; returns the report.
+    ``trust_code``: the run folders it names may name code that evaluating them imports (``check_trust``)."""
     from polar.evaluation.report import build_report, write_report
+
+    check_trust(suite, trust_code)
 
     out = Path(out_dir) if out_dir else (suite.resolve(suite.out_dir) if suite.out_dir else
                                          Path("eval-reports") / f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -126,7 +126,7 @@ def test_polar_eval_on_an_agent_run_evaluates_its_held_out_tasks_with_the_last_c
     run, _ = runs["with"]
     final = json.loads((run / "eval" / "final.json").read_text())  # the end-of-run held-out evaluation
     assert final["sessions"] == 6
-    res = polar("eval", run, cwd=runs["base"])
+    res = polar("eval", run, "--trust-code", cwd=runs["base"])
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "NotImplementedError" not in res.stderr
     written = sorted((run / "eval").glob("eval_ckpt_00000000_*.json"))
@@ -140,14 +140,14 @@ def test_polar_eval_on_an_agent_run_evaluates_its_held_out_tasks_with_the_last_c
     assert out["success"] >= 0.5 and final["success"] >= 0.5
     assert "held-out success of ckpt_00000000" in res.stderr
     # --episodes is the number of sessions per held-out task
-    twice = polar("eval", run, "--episodes", "2", cwd=runs["base"])
+    twice = polar("eval", run, "--episodes", "2", "--trust-code", cwd=runs["base"])
     assert twice.returncode == 0, twice.stderr[-3000:]
     assert "12" in twice.stderr
 
 
 def test_polar_eval_on_an_agent_run_without_eval_tasks_says_what_is_missing(runs):
     run, _ = runs["without"]
-    res = polar("eval", run, cwd=runs["base"])
+    res = polar("eval", run, "--trust-code", cwd=runs["base"])
     assert res.returncode == 1
     assert "Traceback" not in res.stderr
     lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]

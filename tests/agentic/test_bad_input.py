@@ -32,7 +32,7 @@ def test_misbehaving_command_harnesses(oracle_engine, tmp_path, no_leftovers):
     expect = {
         "exit_nonzero": "exited with code 3",
         "no_calls": "made no model calls",
-        "wrong_key": "made no model calls",
+        "wrong_key": "belongs to another API key",  # its session is its own key's: another key is refused
         "big_output": "bytes of output",
         "forker": "left 1 process",
     }

@@ -310,7 +310,7 @@ def test_a_killed_run_is_reported_killed_by_resume_and_eval(tmp_path):
     st = run_status(run)
     assert st["status"] == "killed" and st["pid"] == proc.pid, st
 
-    ev = subprocess.run(polar_cmd("eval", run, "--episodes", "1"), capture_output=True, text=True, cwd=tmp_path,
+    ev = subprocess.run(polar_cmd("eval", run, "--episodes", "1", "--trust-code"), capture_output=True, text=True, cwd=tmp_path,
                         env={**os.environ, "PYTHONPATH": with_path(tmp_path)}, timeout=300)
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "run status: killed" in ev.stderr, ev.stderr[-3000:]

@@ -70,7 +70,7 @@ def test_live_keydoor_run_then_episode_replay(tmp_path, serve, page):
 
     from polar.cli.main import main
 
-    assert main(["eval", str(run), "--episodes", "1", "--record", "1"]) == 0  # in process: no second start-up
+    assert main(["eval", str(run), "--episodes", "1", "--record", "1", "--trust-code"]) == 0  # in process; its own connector
     index = json.loads(next((run / "episodes").glob("*/index.json")).read_text())
     ep = index["episodes"][0]
     assert ep["frames"] == "png" and ep["length"] >= 1

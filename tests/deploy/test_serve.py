@@ -39,7 +39,7 @@ def oip(obs, **params):
 @pytest.fixture
 def served(make_run, tmp_path):
     run = make_run("cartpole", iterations=(1, 2))
-    repo = tmp_path / "repo"
+    repo = tmp_path / "cartpole-ppo"  # the model repository layout: <name>/<version>/
     export_run(run.path, repo / "1", checkpoint=1, samples=32)
     return run, repo
 
@@ -341,7 +341,7 @@ def test_polar_serve_command(served, tmp_path):
 
 def test_dict_observations_through_both_routes(make_run, tmp_path):
     run = make_run("dict")
-    export_run(run.path, tmp_path / "e", samples=32)
+    export_run(run.path, tmp_path / "e", samples=32, trust_code=True)  # its env is tests.deploy.envs
     _, _, policy, _, _ = load_policy_for_eval(run.path)
     space = policy.agent.observation_space
     space.seed(0)

@@ -61,7 +61,7 @@ def suite_run(tmp_path_factory):
         ],
     }
     (root / "suite.yaml").write_text(yaml.safe_dump(suite))
-    proc = subprocess.run([sys.executable, "-m", "polar.cli.main", "eval", "--suite", str(root / "suite.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "polar.cli.main", "eval", "--suite", str(root / "suite.yaml"), "--trust-code",
                            "--out", str(root / "report")], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "written:" in proc.stderr and "cart-ens" in proc.stderr  # the tables polar eval prints

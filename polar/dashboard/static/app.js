@@ -407,8 +407,8 @@ function tableOf(v) {
 async function openReport(r) {
   const box = $("#report"); box.innerHTML = "";
   const d = await api("/api/report?" + q({ id: r.id }));
-  box.append(el("h3", {}, r.id), r.html ? el("a", { href: `/files/${r.id}/report.html`, target: "_blank" }, "report.html") : "", " ",
-    r.md ? el("a", { href: `/files/${r.id}/report.md`, target: "_blank" }, "report.md") : "");
+  box.append(el("h3", {}, r.id), r.html ? el("a", { href: `/files/${r.id}/report.html`, download: "report.html" }, "report.html") : "", " ",
+    r.md ? el("a", { href: `/files/${r.id}/report.md`, download: "report.md" }, "report.md") : "");
   if (d.error) box.append(el("div", { class: "note" }, d.error));
   const rep = d.report;
   if (rep && Array.isArray(rep.results)) {  // evaluation suite report (docs/evaluation.md): metric mean [low, high]

@@ -3,8 +3,10 @@
 Two kinds, one contract (:meth:`HarnessRunner.run` → :class:`HarnessOutcome`):
 
 - :class:`CommandRunner`: any program (a CLI, a script in any language). It gets the gateway through
-  the provider environment variables every official SDK reads, with the session id as the API key;
-  the task arrives on stdin, in a file, or through ``{placeholders}`` in the command line.
+  the provider environment variables every official SDK reads, with the session's secret key as the API
+  key, at a per-session relay address that passes only that session's model calls
+  (:mod:`polar.harness.agent.session_relay`); the task arrives on stdin, in a file, or through
+  ``{placeholders}`` in the command line.
 - :class:`CallableRunner`: a Python ``module:function`` (sync or async) called with ``base_url``,
   ``task`` and, if it asks for them, ``api_key``, ``workspace``, ``session_id``, ``model``.
 """
@@ -12,6 +14,7 @@ Two kinds, one contract (:meth:`HarnessRunner.run` → :class:`HarnessOutcome`):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -21,9 +24,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.process import ProcessLimits, run_process
+from polar.harness.agent.session_relay import SessionRelay
 from polar.types import CREDENTIAL_ENV
 
 log = logging.getLogger(__name__)
@@ -36,8 +41,8 @@ class SessionContext:
     session_id: str
     task: dict[str, Any]
     workspace: Path
-    gateway_url: str  # the node's root URL, e.g. http://127.0.0.1:8100
-    api_key: str
+    gateway_url: str  # the node's root URL, e.g. http://127.0.0.1:8100 (a command harness: its relay's /s/<id>)
+    api_key: str  # the session's secret key (polar.types.new_session_key): its credential at the gateway
     model: str = "polar"
 
     @property
@@ -67,7 +72,7 @@ def task_prompt(task: dict[str, Any]) -> str:
 
 
 def gateway_env(ctx: SessionContext) -> dict[str, str]:
-    """Provider variables that point every official SDK at the gateway, keyed by the session id."""
+    """Provider variables that point every official SDK at the gateway, with the session's own key."""
     root = ctx.gateway_url.rstrip("/")
     return {
         "OPENAI_BASE_URL": f"{root}/v1",
@@ -129,6 +134,20 @@ class CommandRunner(HarnessRunner):
         return [part.format_map(values) for part in self.command]
 
     async def run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
+        # the program's only gateway address is a relay that passes this session's model calls and nothing else
+        # (the gateway itself refuses /admin/* and other sessions without its token or their keys, too)
+        relay = SessionRelay(ctx.gateway_url, ctx.session_id) if ctx.gateway_url.startswith("http://") else None
+        if relay is None:
+            return await self._run(ctx, timeout_s, cancel)
+        server = await relay.listen_tcp("127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            root = f"http://127.0.0.1:{port}/s/{quote(ctx.session_id, safe='')}"
+            return await self._run(dataclasses.replace(ctx, gateway_url=root), timeout_s, cancel)
+        finally:
+            await relay.aclose()
+
+    async def _run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
         task_path = ctx.workspace / self.task_file
         task_path.write_text(json.dumps(ctx.task))
         env = {k: v for k, v in os.environ.items()

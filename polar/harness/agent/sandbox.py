@@ -12,7 +12,8 @@ Layers, each used when available and reported in :attr:`Sandbox.report`:
   namespaces, a read-only view of ``/usr``, ``/etc`` and the CLI install, a fresh ``/tmp``, and the
   session folders read-write. With ``network: gateway`` the net namespace has only loopback; the
   gateway is reached through :mod:`polar.harness.agent.relay` (loopback port inside -> Unix socket bind-mounted
-  in -> :class:`HostRelay` -> the gateway's TCP address). Nothing else is routable.
+  in -> :class:`HostRelay`, which passes only the session's own model calls -> the gateway's TCP
+  address). Nothing else is routable.
 
 Resource limits (CPU time, address space, open files, file size) and kill-everything-at-the-end
 are applied by :func:`polar.harness.agent.process.run_process`, which runs the wrapped command.
@@ -31,9 +32,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from polar.errors import ConfigError, HarnessError
+from polar.harness.agent.session_relay import SessionRelay
 
 log = logging.getLogger(__name__)
 
@@ -146,51 +147,34 @@ def workspace_diff(workspace: Path, base: str = BASE_TAG) -> str:
 
 
 class HostRelay:
-    """Host side of the isolated network: a Unix socket whose connections are piped to the gateway."""
+    """Host side of the isolated network: a Unix socket whose connections reach the gateway through a
+    :class:`~polar.harness.agent.session_relay.SessionRelay`, which passes only this session's model calls.
 
-    def __init__(self, socket_path: Path, gateway_url: str) -> None:
-        parts = urlsplit(gateway_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise HarnessError(
-                f"sandbox network 'gateway' relays plain HTTP, but the gateway URL is {gateway_url!r}; "
-                "use an http:// gateway address or set sandbox.network: host"
-            )
-        self.target = (parts.hostname, parts.port or 80)
+    The in-sandbox relay (:mod:`polar.harness.agent.relay`) is untrusted, since the agent can connect to
+    the socket itself: this side is the one that parses and filters every request."""
+
+    def __init__(self, socket_path: Path, gateway_url: str, session_id: str) -> None:
+        self.relay = SessionRelay(gateway_url, session_id)
+        self.target = self.relay.target
         self.socket_path = socket_path
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="polar-host-relay", daemon=True)
         self._server: asyncio.AbstractServer | None = None
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while chunk := await reader.read(65536):
-                writer.write(chunk)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*self.target), timeout=10)
-        except (OSError, asyncio.TimeoutError):
-            writer.close()
-            return
-        await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
-
     def start(self) -> None:
         self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(asyncio.start_unix_server(self._serve, str(self.socket_path)), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self.relay.listen_unix(str(self.socket_path)), self._loop)
         self._server = fut.result(timeout=10)
         os.chmod(self.socket_path, 0o666)
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+        if self._server is not None and self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.relay.aclose(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
 
@@ -286,7 +270,7 @@ class Sandbox:
             for path in (self.workspace, self.root):
                 _chown_tree(path, self.uid, self.uid)
         if self.isolated:
-            self._relay = HostRelay(self.socket_path, host_url)
+            self._relay = HostRelay(self.socket_path, host_url, self.session_id)
             self._relay.start()
         return self.gateway_url(host_url)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
 import threading
 from collections.abc import Coroutine
@@ -85,9 +86,11 @@ class RolloutServer:
             raise GatewayError("the rollout service is not running; call start() first")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def add_node(self, node_id: str, url: str, server: Any = None, capacity: int = 0, static: bool = True) -> None:
+    def add_node(self, node_id: str, url: str, server: Any = None, capacity: int = 0, static: bool = True,
+                 admin_token: str | None = None) -> None:
         async def _add() -> None:
-            self.registry.register(node_id, url, capacity=capacity, static=static, server=server)
+            self.registry.register(node_id, url, capacity=capacity, static=static, server=server,
+                                   admin_token=admin_token)
 
         self.call(_add())
 
@@ -127,8 +130,10 @@ class LocalStack:
         from polar.gateway import GatewayServer
 
         cfg = gateway_config or GatewayConfig()
-        if not cfg.accept_any_model:
-            cfg = cfg.model_copy(update={"accept_any_model": True})  # harnesses may hard-code a model name
+        # harnesses may hard-code a model name; the admin token (the config's, else a random one that lives in
+        # this process only) locks /admin/* and other sessions' records away from every harness
+        cfg = cfg.model_copy(update={"accept_any_model": True, "claimed_sessions_only": True,
+                                     "admin_token": cfg.admin_token or secrets.token_urlsafe(32)})
         self.gateway = GatewayServer(cfg, engine=engine, records_dir=records_dir)
         settings.model_name = engine.model_name
         self.rollout = RolloutServer(runner, verifier, settings)
@@ -144,7 +149,8 @@ class LocalStack:
         self.gateway.start()
         try:
             self.rollout.start()
-            self.rollout.add_node("local", self.gateway.url, server=self.gateway)
+            self.rollout.add_node("local", self.gateway.url, server=self.gateway,
+                                  admin_token=self.gateway.config.admin_token)
         except Exception:
             self.gateway.stop()
             raise

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +44,9 @@ class GatewayNodeActor:
 
         self.node_id = node_id
         host = "127.0.0.1" if loopback else "0.0.0.0"
-        cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host})
+        # a random admin token per node, in memory only: harnesses reach neither /admin/* nor others' sessions
+        token = (gateway_cfg or {}).get("admin_token") or secrets.token_urlsafe(32)
+        cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host, "admin_token": token, "claimed_sessions_only": True})
         # records_dir: the run's gateway/sessions/, shared by every node (session keys never repeat)
         self.server = GatewayServer(cfg, engine_factory(), records_dir=records_dir).start()
         if weights is not None:  # a replacement node: the run's current weights before it registers
@@ -59,7 +62,8 @@ class GatewayNodeActor:
         def run() -> None:
             asyncio.set_event_loop(self._loop)
             self._loop.run_until_complete(
-                heartbeat_loop(service_url, node_id, self.url, self.report, heartbeat_interval_s, self._stop, capacity)
+                heartbeat_loop(service_url, node_id, self.url, self.report, heartbeat_interval_s, self._stop, capacity,
+                               admin_token=token)
             )
 
         self._thread = threading.Thread(target=run, name=f"polar-heartbeat:{node_id}", daemon=True)

@@ -12,7 +12,7 @@ node is lost mid-flight is re-dispatched to another (``/health`` counts ``sessio
 ``DELETE /tasks/{id}``                     cancel every session of the task
 ``GET /events?max_events=``                SSE: ``task``, ``session`` and ``redispatch`` events
 ``GET /health``                            per-stage load, nodes, task counts
-``POST /nodes/register``                   ``{node_id, url, capacity?}``
+``POST /nodes/register``                   ``{node_id, url, capacity?, admin_token?}``
 ``POST /nodes/{id}/heartbeat``             body = the node's load report
 ``GET /nodes``, ``DELETE /nodes/{id}``
 =========================================  =================================================
@@ -273,7 +273,9 @@ def build_app(service: RolloutService) -> Starlette:
     async def register(request: Request) -> JSONResponse:
         try:
             body = await _json_body(request)
-            node = service.registry.register(str(body["node_id"]), str(body["url"]), capacity=int(body.get("capacity", 0)))
+            token = body.get("admin_token")
+            node = service.registry.register(str(body["node_id"]), str(body["url"]), capacity=int(body.get("capacity", 0)),
+                                             admin_token=str(token) if token else None)
         except KeyError as e:
             return _error(400, f"missing field {e.args[0]!r}; send node_id and url")
         except Exception as e:
