@@ -175,3 +175,8 @@ class Batch:
     episode_lengths: list[int] = field(default_factory=list)
     episode_successes: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
+
+
+#: Names of environment variables that hold credentials polar itself uses (an ``openai_compat`` engine's or
+#: judge's ``api_key_env``, added when it is built): never passed on to the processes a harness starts.
+CREDENTIAL_ENV: set[str] = set()

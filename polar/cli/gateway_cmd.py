@@ -64,8 +64,12 @@ def bound_address(host: str, url: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML: a gateway section, or a run config with 'gateway:'")
     parser.add_argument("--model", metavar="NAME_OR_PATH", help="a preset (tiny, smollm2-135m), a local HF folder, 'vllm:URL[,URL]' or 'sglang:URL[,URL]'")
-    parser.add_argument("--engine", choices=["embedded", "vllm"],
-                        help="vllm: launch and supervise vLLM servers of --model (needs `make vllm`)")
+    parser.add_argument("--engine", choices=["embedded", "vllm", "openai_compat"],
+                        help="vllm: launch and supervise vLLM servers of --model (needs `make vllm`); openai_compat: "
+                             "forward to the chat endpoint at --base-url, which serves --model")
+    parser.add_argument("--base-url", metavar="URL", help="with --engine openai_compat: the endpoint, up to /v1")
+    parser.add_argument("--api-key-env", metavar="VAR",
+                        help="with --engine openai_compat: the environment variable holding its key (never the key)")
     parser.add_argument("--replicas", type=int, help="with --engine vllm: how many servers (default 1)")
     parser.add_argument("--log-dir", metavar="DIR", help="with --engine vllm: the servers' logs (default: beside the records)")
     parser.add_argument("--chat-template", metavar="NAME_OR_FILE",
@@ -90,7 +94,8 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
         data = dict(raw.get("gateway") or {}) if "gateway" in raw else raw
     if getattr(args, "log_dir", None):
         data["engine_log_dir"] = args.log_dir
-    for key in ("model", "chat_template", "engine", "replicas", "host", "port", "resume_records"):
+    for key in ("model", "chat_template", "engine", "replicas", "host", "port", "resume_records", "base_url",
+                "api_key_env"):
         value = getattr(args, key, None)
         if value is not None:
             data[key] = value

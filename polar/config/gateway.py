@@ -21,9 +21,12 @@ class GatewayConfig(StrictModel):
     chat_template: str | None = Field(
         None, description="'model', 'hermes-tools' or a Jinja file; default: the model's own when it renders "
         "tools, else hermes-tools (ChatML models)")
-    engine: Literal["embedded", "vllm"] = Field(
-        "embedded", description="vllm: launch and supervise vLLM servers of the model folder or preset"
+    engine: Literal["embedded", "vllm", "openai_compat"] = Field(
+        "embedded", description="vllm: launch and supervise vLLM servers of the model folder or preset; "
+        "openai_compat: forward to the chat endpoint at base_url, serving its model 'model'"
     )
+    base_url: str | None = Field(None, description="engine: openai_compat: the endpoint, up to /v1")
+    api_key_env: str | None = Field(None, description="engine: openai_compat: the variable holding its API key")
     replicas: int = Field(1, ge=1, description="engine: vllm: how many vLLM servers to launch")
     engine_log_dir: str | None = Field(None, description="engine: vllm: replica logs (default: next to records_dir)")
     model_aliases: list[str] = Field(default_factory=list, description="more model names clients may ask for")

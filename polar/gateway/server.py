@@ -42,7 +42,9 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
         from polar.inference import load_engine
 
         launch: dict[str, Any] = {}
-        if config.engine != "embedded":  # polar launches the servers; their logs go beside the records
+        if config.engine == "openai_compat":  # a chat endpoint: messages go to it as they are
+            launch = {"engine": "openai_compat", "base_url": config.base_url, "api_key_env": config.api_key_env}
+        elif config.engine != "embedded":  # polar launches the servers; their logs go beside the records
             default_logs = Path(records_dir).parent / "vllm" if records_dir is not None else Path("runs") / "vllm"
             launch = {"engine": config.engine, "replicas": config.replicas,
                       "log_dir": str(config.engine_log_dir or default_logs)}

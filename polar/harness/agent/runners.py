@@ -29,6 +29,7 @@ from urllib.parse import quote
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.process import ProcessLimits, run_process
 from polar.harness.agent.session_relay import SessionRelay
+from polar.types import CREDENTIAL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,8 @@ class CommandRunner(HarnessRunner):
     async def _run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
         task_path = ctx.workspace / self.task_file
         task_path.write_text(json.dumps(ctx.task))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_")) and k not in CREDENTIAL_ENV}
         env.update(self.env)
         env.update(gateway_env(ctx))
         env["POLAR_TASK_FILE"] = str(task_path)

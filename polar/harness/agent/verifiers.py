@@ -9,6 +9,8 @@ Every verifier is ``async (VerifyInput) -> Verdict``. Built-ins:
   against a copy of the workspace, isolated as the agent was (:mod:`polar.harness.agent.isolation`);
   reward = 1 if the tests run to their end and exit 0.
 - ``workspace``: files in the workspace must exist / contain given text (``files: {path: substring}``).
+- ``llm_judge``: an LLM scores the session (a JSON score, a rubric, or pairwise against a reference), its
+  transcript fenced and quoted (:mod:`polar.harness.agent.judge`).
 - ``module:function``: a user function ``(task, output, workspace, records) -> float | dict`` (sync or
   async); a dict carries ``reward`` plus anything else worth storing. One that runs the workspace's code
   should take ``trusted_workspace`` and run it in a :class:`~polar.harness.agent.isolation.VerifySandbox`.
@@ -31,6 +33,7 @@ from typing import Any
 
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.isolation import VerifySandbox, WorkspaceRefused, read_untrusted, require_isolation
+from polar.harness.agent.judge import LLMJudge
 
 
 @dataclass
@@ -195,6 +198,14 @@ class UserFunction:
         raise HarnessError(f"verifier {self.spec} returned {type(result).__name__}; return a float or a dict with 'reward'")
 
 
+class LLMJudgeVerifier(LLMJudge):
+    """``llm_judge``: :class:`~polar.harness.agent.judge.LLMJudge` as a verifier."""
+
+    async def __call__(self, inp: VerifyInput) -> Verdict:
+        reward, details = await self.judge(inp)
+        return Verdict(reward, details)
+
+
 class NoVerifier:
     async def __call__(self, inp: VerifyInput) -> Verdict:
         return Verdict(0.0, {"note": "no verifier"})
@@ -202,7 +213,7 @@ class NoVerifier:
 
 _BUILTIN = {
     "exact_match": ExactMatch, "numeric": Numeric, "regex": Regex, "python_tests": PythonTests,
-    "workspace": WorkspaceCheck, "none": NoVerifier,
+    "workspace": WorkspaceCheck, "none": NoVerifier, "llm_judge": LLMJudgeVerifier,
 }
 
 #: Built-ins that run the workspace's code (and so take ``trusted_workspace``).
