@@ -1,9 +1,10 @@
-"""polar's PPO update is Stable-Baselines3's, step for step, on one shared CartPole rollout.
+"""polar's PPO update is Stable-Baselines3's, step for step, on shared CartPole rollouts.
 
 Issue 38 asked whether polar needs more env steps than SB3 to reach 475 on CartPole because the two PPOs
-differ. Here both start from the same weights (polar's copied into SB3's ``MlpPolicy``, layer by layer),
-both collect the same 32 x 8 rollout with their own collectors (SB3 is made to take the actions polar's
-collector sampled, on identically seeded envs), and each runs its own update on its own buffer:
+differ. Here both start from the same weights (polar's copied into SB3's ``MlpPolicy``, layer by layer;
+both initialise them orthogonally with the same gains), both collect the same 32 x 8 rollout with their own
+collectors (SB3 is made to take the actions polar's collector sampled, on identically seeded envs), and each
+runs its own update on its own buffer. Compared:
 
 - the buffers: observations, actions, episode starts, values, log-probs, and the rewards with the
   time-limit bootstrap (SB3 adds ``gamma * V(terminal_observation)`` to a truncated step's reward in
@@ -11,10 +12,11 @@ collector sampled, on identically seeded envs), and each runs its own update on 
   a 20-step time limit makes the rollout hold both terminations and truncations;
 - GAE advantages and returns;
 - the gradient (after the 0.5 global-norm clip) of every optimizer step of the update, in one minibatch
-  order (SB3's buffer is made to yield polar's minibatches), the normalised advantages entering each
-  step's surrogate gradient linearly;
-- the loss terms of an update, the learning rate and clip range at every rollout of a run, and the
-  parameters after the whole update (n_epochs x minibatches Adam steps, eps 1e-5);
+  order (SB3's buffer is made to yield polar's minibatches); the normalised advantages enter each step's
+  surrogate gradient linearly, so this pins SB3's per-minibatch normalisation too;
+- the loss terms of an update, the learning rate and clip range at every rollout of a run (polar's trainer
+  against SB3's ``learn``), and the parameters after the whole update (n_epochs x minibatches Adam steps,
+  eps 1e-5), and after three collect-update rounds in a row;
 - for RL Zoo's CartPole hyperparameters (one 256-sample minibatch per epoch, 20 epochs) and for 64-sample
   minibatches with the entropy bonus and value clipping on; on the default fused path and on autograd.
 
@@ -107,18 +109,18 @@ class Shared:
         torch.manual_seed(SEED)
         self.policy = build_policy(cfg, env.single_observation_space, env.single_action_space)
         self.agent = self.policy.agent
-        self.frag = EnvRunner(env, self.policy, seed=SEED, gamma=self.kw.gamma).collect(N_STEPS)
-        env.close()
+        self.runner = EnvRunner(env, self.policy, seed=SEED, gamma=self.kw.gamma)
         self.model = _sb3_model(hp)
         _copy_weights(self.agent, self.model.policy)
-        self._sb3_collect(self.frag.actions)
+        _, self.callback = self.model._setup_learn(TOTAL, CallbackList([]))
+        self.collect()
 
-    def _sb3_collect(self, actions: np.ndarray) -> None:
-        """SB3's own ``collect_rollouts``, its policy made to take polar's actions (values, log-probs and the
-        time-limit bootstrap stay SB3's)."""
+    def collect(self) -> None:
+        """The next rollout: polar's collector samples the actions, SB3's ``collect_rollouts`` is made to take
+        them (its values, log-probs and time-limit bootstrap stay its own)."""
+        self.frag = self.runner.collect(N_STEPS)
         model, policy = self.model, self.model.policy
-        _, callback = model._setup_learn(TOTAL, CallbackList([]))
-        taken = iter(torch.as_tensor(actions))
+        taken = iter(torch.as_tensor(self.frag.actions))
 
         def forward(obs: torch.Tensor, deterministic: bool = False):
             a = next(taken)
@@ -126,14 +128,16 @@ class Shared:
             return a, values, log_prob
 
         policy.forward = forward
-        assert model.collect_rollouts(model.env, callback, model.rollout_buffer, N_STEPS)
+        assert model.collect_rollouts(model.env, self.callback, model.rollout_buffer, N_STEPS)
         del policy.forward
         model._update_current_progress_remaining(model.num_timesteps, TOTAL)  # as SB3's learn() does
 
 
-def _run_polar(shared: Shared) -> tuple[PPOLearner, dict, list[torch.Tensor], list[torch.Tensor], RolloutBuffer]:
-    """polar's update; returns the learner, its stats, every step's clipped gradient, and each epoch's order."""
-    learner = PPOLearner(shared.agent, shared.kw, TOTAL)
+def _run_polar(shared: Shared, learner: PPOLearner | None = None
+               ) -> tuple[PPOLearner, dict, list[torch.Tensor], list[torch.Tensor], RolloutBuffer]:
+    """polar's update (a new learner unless given); returns the learner, its stats, every step's clipped
+    gradient, and each epoch's minibatch order."""
+    learner = learner or PPOLearner(shared.agent, shared.kw, TOTAL)
     grads: list[torch.Tensor] = []
     step = learner.optimizer.step
 
@@ -153,7 +157,7 @@ def _run_polar(shared: Shared) -> tuple[PPOLearner, dict, list[torch.Tensor], li
     torch.randperm = recording_randperm
     try:
         torch.manual_seed(SEED)
-        stats = learner.update(buf, progress=min(1.0, N_STEPS * N_ENVS / TOTAL))  # the trainer's progress
+        stats = learner.update(buf, progress=min(1.0, shared.runner.env_steps / TOTAL))  # the trainer's progress
     finally:
         torch.randperm = randperm
     return learner, stats, grads, perms, buf
@@ -187,7 +191,10 @@ def _run_sb3(shared: Shared, polar_perms: list[torch.Tensor], batch_size: int) -
         return step(*args, **kwargs)
 
     opt.step = recording_step
-    model.train()
+    try:
+        model.train()
+    finally:
+        del rb.get, opt.step
     return grads
 
 
@@ -298,3 +305,25 @@ def test_lr_and_clip_schedules_step_like_sb3s_across_rollouts(tmp_path):
     polar_seen = [(m["learning_rate"], m["clip_range"]) for m in seen]
     assert len(polar_seen) == len(sb3_seen) == 3 and sb3_seen[-1] == (0.0, 0.0)
     assert np.allclose(polar_seen, sb3_seen, rtol=1e-12, atol=0), (polar_seen, sb3_seen)
+
+
+def test_three_rollouts_in_a_row_stay_sb3s(shared_rollouts):
+    """Collect, update, collect with the updated weights, ...: Adam's state carries over, the schedules step, and
+    polar's collector acts with the weights it just trained (SB3 takes the same actions, so the envs agree)."""
+    shared = copy.deepcopy(shared_rollouts["rl_zoo-fused"])
+    learner = PPOLearner(shared.agent, shared.kw, TOTAL)
+    sb3_params = dict(shared.model.policy.named_parameters())
+    for rollout in range(3):
+        if rollout:
+            shared.collect()
+            rb = shared.model.rollout_buffer
+            assert np.array_equal(shared.frag.obs, rb.observations)
+            np.testing.assert_allclose(shared.frag.log_probs, rb.log_probs, **TOL, err_msg=f"rollout {rollout}")
+            np.testing.assert_allclose(shared.frag.values, rb.values, **TOL, err_msg=f"rollout {rollout}")
+        _, _, polar_grads, perms, _ = _run_polar(shared, learner)
+        sb3_grads = _run_sb3(shared, perms, ZOO["batch_size"])
+        torch.testing.assert_close(torch.stack(polar_grads), torch.stack(sb3_grads), **TOL, msg=f"rollout {rollout}")
+        for name, p in shared.agent.named_parameters():
+            torch.testing.assert_close(p.detach(), sb3_params[_sb3_name(name)].detach(), **TOL,
+                                       msg=f"{name} after rollout {rollout}")
+    assert learner.optimizer.step_count == 3 * ZOO["n_epochs"]
