@@ -28,7 +28,9 @@ acting), so values, log-probs, GAE, every step's gradient and the final paramete
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,7 +38,7 @@ import torch
 
 from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
-from polar.config import RunConfig, validate
+from polar.config import load_config
 from polar.harness import make_vector_env
 from polar.models import build_policy
 from polar.rollout.runner import EnvRunner
@@ -45,8 +47,9 @@ sb3 = pytest.importorskip("stable_baselines3", reason="the bench extra: pip inst
 from stable_baselines3.common.callbacks import CallbackList  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole_ppo.yaml"
 N_ENVS, N_STEPS, TOTAL, SEED, TIME_LIMIT = 8, 32, 100_000, 3, 20
-# RL Zoo's CartPole-v1 PPO (benchmarks/ppo_vs_sb3.py, examples/cartpole_ppo.yaml)
+# RL Zoo's CartPole-v1 PPO: SB3's side of benchmarks/ppo_vs_sb3.py (polar's is examples/cartpole_ppo.yaml)
 ZOO = dict(n_steps=N_STEPS, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8, ent_coef=0.0,
            learning_rate=1e-3, clip_range=0.2)
 # more minibatches per epoch: the minibatch order, per-minibatch advantage normalisation, entropy, value clip
@@ -65,10 +68,6 @@ def _lin(x: float):
     return lambda progress_remaining: progress_remaining * x
 
 
-def _polar_kwargs(hp: dict, fused: str) -> dict:
-    return {**hp, "lr_schedule": "linear", "clip_range_schedule": "linear", "fused": fused}
-
-
 def _sb3_model(hp: dict, total: int = TOTAL, time_limit: int | None = TIME_LIMIT):
     env_kwargs = {"max_episode_steps": time_limit} if time_limit else None
     env = make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=SEED, env_kwargs=env_kwargs)
@@ -78,14 +77,14 @@ def _sb3_model(hp: dict, total: int = TOTAL, time_limit: int | None = TIME_LIMIT
                    clip_range_vf=None if vf is None else (lambda _: vf), device="cpu", verbose=0, **kw)
 
 
-def _polar_config(hp: dict, fused: str, total: int = TOTAL, time_limit: int | None = TIME_LIMIT, **extra):
-    harness = {"type": "gymnasium", "id": "CartPole-v1"}
+def _polar_config(hp: dict, fused: str, total: int = TOTAL, time_limit: int | None = TIME_LIMIT, *extra: str):
+    """``examples/cartpole_ppo.yaml`` (the benchmark's polar side), with ``hp``'s departures from RL Zoo's."""
+    overrides = [f"seed={SEED}", f"total_env_steps={total}", f"policy.kwargs.fused={json.dumps(fused)}",
+                 "stop_reward=null", *extra]
+    overrides += [f"policy.kwargs.{k}={json.dumps(v)}" for k, v in hp.items() if ZOO.get(k) != v]
     if time_limit:
-        harness["kwargs"] = {"max_episode_steps": time_limit}
-    return validate(RunConfig, {"seed": SEED, "harness": harness, "agent": {"type": "mlp", "hidden_sizes": [64, 64]},
-                                "policy": {"type": "ppo", "kwargs": _polar_kwargs(hp, fused)},
-                                "distribution": {"rollout_workers": 0, "envs_per_worker": N_ENVS},
-                                "total_env_steps": total, **extra})
+        overrides.append(f"harness.kwargs.max_episode_steps={time_limit}")
+    return load_config(EXAMPLE, overrides)
 
 
 def _copy_weights(agent: torch.nn.Module, policy: torch.nn.Module) -> None:
@@ -208,6 +207,20 @@ def shared_rollouts() -> dict:
     return {(case.id): Shared(*case.values) for case in CASES}
 
 
+def test_the_example_config_is_rl_zoos():
+    """The benchmark's polar config: RL Zoo's hyperparameters, linear schedules, 8 envs in the learner, separate
+    64-64 tanh actor and critic (SB3's ``MlpPolicy``), no observation or reward normalisation."""
+    cfg = _polar_config(ZOO, "auto", TOTAL, None)
+    kw = cfg.policy.kwargs
+    assert {k: getattr(kw, k) for k in ZOO} == ZOO
+    assert (kw.lr_schedule, kw.clip_range_schedule, kw.vf_coef, kw.max_grad_norm, kw.adam_eps, kw.clip_range_vf,
+            kw.target_kl, kw.normalize_advantage, kw.normalize_obs, kw.normalize_reward) == (
+        "linear", "linear", 0.5, 0.5, 1e-5, None, None, True, False, False)
+    assert cfg.distribution.num_envs == N_ENVS and cfg.distribution.rollout_workers == 0
+    agent = cfg.agent
+    assert (agent.hidden_sizes, agent.activation, agent.share_encoder, agent.ortho_init) == ([64, 64], "tanh", False, True)
+
+
 def test_init_gains_are_sb3s():
     """Orthogonal init with SB3's gains (sqrt 2 hidden, 0.01 policy head, 1 value head), zero biases."""
     cfg = _polar_config(ZOO, "auto")
@@ -288,8 +301,8 @@ def test_lr_and_clip_schedules_step_like_sb3s_across_rollouts(tmp_path):
 
     total = 3 * N_STEPS * N_ENVS
     hp = {**ZOO, "n_epochs": 1}
-    cfg = _polar_config(hp, "auto", total=total, time_limit=None, eval={"at_end": False},
-                        logging={"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False})
+    cfg = _polar_config(hp, "auto", total, None, "eval.at_end=false", "logging.tensorboard=false",
+                        "logging.checkpoint_freq=0", "logging.progress_bar=false")
     seen: list[dict] = []
     OnPolicyTrainer(cfg, RunDir.create("schedules", tmp_path / "run"), on_iteration=seen.append).train()
     model = _sb3_model(hp, total=total, time_limit=None)
