@@ -162,7 +162,9 @@ def mann_whitney_p(a: list[dict], b: list[dict]) -> float:
     """Two-sided Mann-Whitney U p-value of two sides' env steps to the target (a run that missed it ranks last)."""
     from scipy.stats import mannwhitneyu  # the bench extra
 
-    steps = lambda rs: [r["steps"] if r["reached"] else float("inf") for r in rs]  # noqa: E731
+    def steps(rs: list[dict]) -> list[float]:
+        return [r["steps"] if r["reached"] else float("inf") for r in rs]
+
     return float(mannwhitneyu(steps(a), steps(b), alternative="two-sided").pvalue)
 
 
@@ -174,6 +176,7 @@ def med(xs):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--repeats", type=int, default=3, help="throughput repeats")
     ap.add_argument("--envs", type=int, nargs="+", default=[8, 64], help="env counts for the throughput rows")
     ap.add_argument("--steps", type=int, default=3000, help="vector steps per throughput measurement")
@@ -184,12 +187,15 @@ def main() -> None:
 
     results: dict = {"polar": [], "sb3": [], "throughput": {}}
     if not args.skip_training:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for which in ("polar", "sb3") if seed % 2 == 0 else ("sb3", "polar"):
                 r = time_to_target(which, seed)
+                r["load"] = os.getloadavg()[0]
                 results[which].append(r)
                 print(f"  {which:5s} seed {seed}: {r['wall_s']:.2f}s ({r['cpu_s']:.1f} CPU s) to {TARGET:.0f} at {r['steps']} steps "
-                      f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+                      f"(load {r['load']:.1f})", file=sys.stderr, flush=True)
+                if args.out:  # a cut-short run keeps its trials
+                    args.out.write_text(json.dumps(results, indent=2, default=str))
     for n in [] if args.skip_throughput else args.envs:
         rows = {"raw": [], "polar": [], "sb3": []}
         for _ in range(args.repeats):
@@ -202,21 +208,25 @@ def main() -> None:
     if not args.skip_training:
         p, s = results["polar"], results["sb3"]
         pw, sw = med([r["wall_s"] for r in p]), med([r["wall_s"] for r in s])
-        print(f"CartPole-v1 to mean return {TARGET:.0f} (100-episode window), {args.seeds} seeds, median [min-max]")
+        print(f"CartPole-v1 to mean return {TARGET:.0f} (100-episode window), {args.seeds} seeds "
+              f"({args.first_seed}-{args.first_seed + args.seeds - 1}), median [min-max]")
         print(f"{'':28s}{'polar':>22s}{'SB3':>22s}{'polar/SB3':>11s}")
 
-        def row(name, key, fmt):
-            a, b = [r[key] for r in p], [r[key] for r in s]
-            cell = lambda xs: f"{fmt(med(xs))} [{fmt(min(xs))}-{fmt(max(xs))}]"  # noqa: E731
+        def row(name, get, fmt):  # a run that never reached the target counts as inf (None: left out)
+            a = [v for v in map(get, p) if v is not None]
+            b = [v for v in map(get, s) if v is not None]
+            cell = lambda xs: f"{fmt(med(xs))} [{fmt(min(xs))}-{fmt(max(xs))}]" if xs else "n/a"  # noqa: E731
             print(f"{name:28s}{cell(a):>22s}{cell(b):>22s}{med(a) / med(b):>11.2f}")
 
-        row("wall s from process start", "wall_s", lambda x: f"{x:.1f}")
-        row("CPU s from process start", "cpu_s", lambda x: f"{x:.1f}")
-        row("env steps at 475", "steps", lambda x: f"{x / 1000:.1f}k")
-        row("training env steps/s", "train_sps", lambda x: f"{x:,.0f}")
+        never = lambda fmt: lambda x: "never" if x == float("inf") else fmt(x)  # noqa: E731
+        row("wall s from process start", lambda r: r["wall_s"], never(lambda x: f"{x:.1f}"))
+        row("CPU s from process start", lambda r: r["cpu_s"], never(lambda x: f"{x:.1f}"))
+        row("env steps at 475", lambda r: r["steps"] if r["reached"] else float("inf"), never(lambda x: f"{x / 1000:.1f}k"))
+        row("training env steps/s", lambda r: r["train_sps"], lambda x: f"{x:,.0f}")
         print(f"reached: polar {sum(r['reached'] for r in p)}/{len(p)}, SB3 {sum(r['reached'] for r in s)}/{len(s)}; "
               f"target polar <= 0.25x SB3 wall: {'MET' if pw <= 0.25 * sw else 'NOT MET'} ({pw / sw:.2f}x)")
-        ps, ss = med([r["steps"] for r in p]), med([r["steps"] for r in s])
+        steps = lambda rs: [r["steps"] if r["reached"] else float("inf") for r in rs]  # noqa: E731
+        ps, ss = med(steps(p)), med(steps(s))
         print(f"env steps to {TARGET:.0f}: polar/SB3 medians {ps / ss:.2f}x; "
               f"two-sided Mann-Whitney U p = {mann_whitney_p(p, s):.3f} ({len(p)} vs {len(s)} runs)")
         print()
