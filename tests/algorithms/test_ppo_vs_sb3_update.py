@@ -34,7 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import stable_baselines3 as sb3
 import torch
+from stable_baselines3.common.callbacks import CallbackList
+from stable_baselines3.common.env_util import make_vec_env
 
 from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
@@ -42,10 +45,6 @@ from polar.config import load_config
 from polar.harness import make_vector_env
 from polar.models import build_policy
 from polar.rollout.runner import EnvRunner
-
-sb3 = pytest.importorskip("stable_baselines3", reason="the bench extra: pip install -e '.[bench]'")
-from stable_baselines3.common.callbacks import CallbackList  # noqa: E402
-from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole_ppo.yaml"
 N_ENVS, N_STEPS, TOTAL, SEED, TIME_LIMIT = 8, 32, 100_000, 3, 20
