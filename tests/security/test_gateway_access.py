@@ -270,12 +270,13 @@ def test_unsandboxed_preset_cannot_reach_admin_or_sibling_sessions(engine: Any, 
 
 
 def test_command_agent_cannot_reach_admin_or_sibling_sessions(engine: Any, tmp_path: Path) -> None:
-    """A ``command`` harness (a program on the host, no sandbox) gets a per-session relay address; it also
-    knows the gateway's real address (as a port scan finds it). The gateway itself refuses every admin and
-    session route without its token or the session's own key, and a sibling's key cannot be forged."""
+    """A ``command`` harness run on the host (``sandbox.runtime: none``; in bubblewrap it cannot even connect
+    to the gateway, see test_command_harness_isolation.py) gets a per-session relay address; it also knows the
+    gateway's real address (as a port scan finds it). The gateway itself refuses every admin and session route
+    without its token or the session's own key, and a sibling's key cannot be forged."""
     from polar.harness.agent.runners import CommandRunner
 
-    runner = CommandRunner([sys.executable, _agent_file(tmp_path)], task_input="file")
+    runner = CommandRunner([sys.executable, _agent_file(tmp_path)], task_input="file", sandbox={"runtime": "none"})
     outcome, collect, victim, attacker = _run_pair(engine, runner, tmp_path, gateway_in_task=True)
     _assert_contained(engine, outcome, collect, victim, attacker)
 
