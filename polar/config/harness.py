@@ -143,9 +143,9 @@ class AgentHarnessConfig(StrictModel):
                 f"('module:function') or 'preset'; got {given or 'none'}"
             )
         if self.sandbox is not None and not self.command:
-            where = ("harness.preset_options.sandbox" if self.preset else
-                     "nowhere: a callable runs inside polar's process; use a command to sandbox the agent")
-            raise ValueError(f"harness.sandbox applies to a command harness only; for this harness set it {where}")
+            fix = ("a preset takes its sandbox under harness.preset_options.sandbox" if self.preset else
+                   "a callable runs inside polar's process and cannot be sandboxed; run it as a command to sandbox it")
+            raise ValueError(f"harness.sandbox applies to a command harness only: {fix}")
         if self.callable is not None and ":" not in self.callable:
             raise ValueError(f"'callable' must look like 'module:function' (got {self.callable!r})")
         return self

@@ -156,6 +156,9 @@ class CommandRunner(HarnessRunner):
         paths: list[Path] = []
         if found:
             paths += program_roots(Path(found))
+            interpreter = _shebang(Path(found))  # a script's interpreter (e.g. a venv's python) must run too
+            if interpreter is not None:
+                paths += program_roots(interpreter)
         if sys.executable in argv:
             paths += program_roots(Path(sys.executable))
         for part in argv[1:]:
@@ -271,6 +274,21 @@ def program_roots(executable: Path) -> list[Path]:
                 break
         out.append(root)
     return out
+
+
+def _shebang(path: Path) -> Path | None:
+    """The absolute interpreter named by a script's ``#!`` line (``/usr/bin/env`` names none), else None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode("utf-8", "replace").split()
+    if not parts or not parts[0].startswith("/") or parts[0].endswith("/env"):
+        return None
+    return Path(parts[0])
 
 
 def _venv_home(cfg: Path) -> Path | None:

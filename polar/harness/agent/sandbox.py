@@ -292,7 +292,7 @@ class Sandbox:
             return inner + argv
         if self.isolated:
             python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else os.path.realpath(shutil.which("python3") or "")
-            inner += [python, str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
+            inner += [python, "-I", "-S", str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
         ro = [*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]
         rw = [str(self.workspace), str(self.root), *([str(self.socket_dir)] if self.socket_dir else [])]
         b = bwrap_args(rw=rw, ro=ro, unshare_net=self.isolated or self.options.network == "none",
