@@ -340,3 +340,36 @@ def test_command_agent_session_start_overhead_is_small(engine: Any, tmp_path: Pa
 
     bare, boxed = timed({"runtime": "none"}), timed({"runtime": "bwrap"})
     assert boxed - bare < 1.0, f"the sandbox adds {boxed - bare:.3f}s per session ({bare:.3f}s -> {boxed:.3f}s)"
+
+
+def test_command_harness_without_bubblewrap_warns_once_or_refuses(engine: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Where bubblewrap is missing, ``runtime: auto`` says once per run that the command runs unisolated (and
+    the sessions still run), ``runtime: bwrap`` refuses when the runner is built, ``runtime: none`` is silent."""
+    import logging
+
+    from polar.errors import HarnessError
+    from polar.harness.agent.runners import CommandRunner
+    from polar.rollout.sessions.local import LocalStack
+    from polar.rollout.sessions.pipeline import PipelineSettings
+    from polar.rollout.sessions.session import SessionStatus
+    from tests.presets.test_sandbox_degrade import path_without_bwrap
+
+    monkeypatch.setenv("PATH", path_without_bwrap(tmp_path))
+    (tmp_path / "agent.py").write_text(SNOOPER)
+    with caplog.at_level(logging.WARNING):
+        runner = CommandRunner([sys.executable, str(tmp_path / "agent.py")], task_input="file")
+        settings = PipelineSettings(agent_timeout_s=60, workspace_root=str(tmp_path / "ws"))
+        with LocalStack(engine, runner, Keep("snoop.json"), settings) as stack:
+            (group,) = stack.run_groups([({"id": "t", "prompt": json.dumps({"files": {}, "ports": {}})}, 2, {})],
+                                        timeout_s=120)
+    assert [r.status for r in group] == [SessionStatus.DONE] * 2, [r.error for r in group]
+    warned = [r.getMessage() for r in caplog.records if "runs with no isolation" in r.getMessage()]
+    assert len(warned) == 1 and "harness.sandbox.runtime: none" in warned[0] and "bubblewrap is not installed" in warned[0]
+    with pytest.raises(HarnessError, match="bubblewrap is not installed"):
+        CommandRunner(["/bin/true"], sandbox={"runtime": "bwrap"})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        CommandRunner(["/bin/true"], sandbox={"runtime": "none"})
+    assert not [r for r in caplog.records if "isolation" in r.getMessage()]
