@@ -460,6 +460,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
 
     monkeypatch.setattr(secrets_module, "token_urlsafe", recording)
     made_by_stack: list[str] = []
+    service_tokens: list[str] = []  # the rollout service's token: memory only as well
     from polar.rollout.sessions import local
 
     original_init = local.LocalStack.__init__
@@ -467,6 +468,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         made_by_stack.append(self.gateway.config.admin_token)
+        service_tokens.append(self.rollout.token)
 
     monkeypatch.setattr(local.LocalStack, "__init__", spy)
     sys.path.insert(0, str(HERE))
@@ -487,6 +489,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
         sys.path.remove(str(HERE))
     assert made_by_stack and all(made_by_stack), "the run's gateway had no admin token"
     assert made_by_stack[0] in made  # a random one, made for this run
+    assert service_tokens and service_tokens[0] in made
     secret = [t for t in made if len(t) >= 32]
     assert len(secret) >= 3  # the admin token and one key per session
     leaked = []
