@@ -12,6 +12,7 @@ Two holes left by the gateway-access work, each tried as an agent would, with re
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from polar.harness.agent.verifiers import Verdict, VerifyInput
@@ -50,13 +52,19 @@ def call(method, url, body=None, headers=None):
 
 
 def listening_ports():
+    """Every listening loopback port, as /proc/net/tcp lists them; the test narrows them to its own run's
+    (the box is shared: other processes' servers are left alone)."""
     ports = set()
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         local, state = line.split()[1], line.split()[3]
         ip, port = local.split(":")
         if state == "0A" and ip in ("0100007F", "00000000"):
             ports.add(int(port, 16))
-    return sorted(ports)
+    try:
+        only = set(json.loads(sys.argv[sys.argv.index("--prompt") + 1])["ports"])
+    except ValueError:  # an honest session of the same program (its prompt is a question): no scan
+        only = set()
+    return sorted(ports & only)
 
 
 out = {"own_call": call("POST", base + "/chat/completions", {"model": "tiny", "max_tokens": 4,
@@ -185,8 +193,8 @@ def _run(stack: Any, sid: str, task: dict[str, Any]) -> Any:
 
 
 def test_agent_program_scanning_loopback_cannot_use_the_rollout_service(engine: Any, tmp_path: Path) -> None:
-    """A program on the host (a preset with ``sandbox.runtime: none``) finds every listening loopback port and
-    tries every route of the rollout service, with no token, its own session key and a guess: each gets
+    """A program on the host (a preset with ``sandbox.runtime: none``) finds the listening loopback ports (of
+    this run: the box is shared, other processes' servers are left alone) and tries every route of the rollout service, with no token, its own session key and a guess: each gets
     401/403; no task is listed, cancelled or submitted, no node is registered or removed, and a sibling task
     running at the same time finishes. ``/health`` leaves out the nodes' addresses."""
     from polar.config.harness import AgentHarnessConfig
@@ -206,7 +214,11 @@ def test_agent_program_scanning_loopback_cannot_use_the_rollout_service(engine: 
     with LocalStack(engine, build_runner(cfg, config_dir=tmp_path), keep, settings,
                     records_dir=tmp_path / "records") as stack:
         service_port = stack.rollout.port
-        res = _run(stack, f"ses-scan-{uuid.uuid4().hex[:8]}", {"id": "scanner", "prompt": "scan"})
+        # the ports this run listens on (the scanner intersects them with what /proc/net/tcp shows)
+        ours = sorted({c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+                       if c.status == psutil.CONN_LISTEN})
+        assert service_port in ours
+        res = _run(stack, f"ses-scan-{uuid.uuid4().hex[:8]}", {"id": "scanner", "prompt": json.dumps({"ports": ours})})
         assert res.status == SessionStatus.DONE, res.error
         assert set(stack.rollout.registry.nodes) == {"local"}, "the agent registered or removed a gateway node"
         assert stack.rollout.service is not None and not stack.rollout.service.tasks, "the agent submitted a task"
@@ -317,6 +329,8 @@ def test_command_agent_cannot_read_run_folder_or_reach_service_and_gateway(engin
     assert not reached, f"the command agent reached: {json.dumps(reached)[:2000]}"
     assert SECRET not in json.dumps(snoop)
     assert keep.harness["snooper"]["sandbox"]["runtime"] == "bwrap", keep.harness["snooper"]
+    if os.geteuid() == 0:  # polar as root: the program runs as nobody
+        assert snoop["uid"] == 65534 and keep.harness["snooper"]["sandbox"]["user"] == "nobody", snoop["uid"]
 
 
 def test_command_agent_session_start_overhead_is_small(engine: Any, tmp_path: Path) -> None:
