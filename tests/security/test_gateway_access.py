@@ -270,12 +270,13 @@ def test_unsandboxed_preset_cannot_reach_admin_or_sibling_sessions(engine: Any, 
 
 
 def test_command_agent_cannot_reach_admin_or_sibling_sessions(engine: Any, tmp_path: Path) -> None:
-    """A ``command`` harness (a program on the host, no sandbox) gets a per-session relay address; it also
-    knows the gateway's real address (as a port scan finds it). The gateway itself refuses every admin and
-    session route without its token or the session's own key, and a sibling's key cannot be forged."""
+    """A ``command`` harness run on the host (``sandbox.runtime: none``; in bubblewrap it cannot even connect
+    to the gateway, see test_command_harness_isolation.py) gets a per-session relay address; it also knows the
+    gateway's real address (as a port scan finds it). The gateway itself refuses every admin and session route
+    without its token or the session's own key, and a sibling's key cannot be forged."""
     from polar.harness.agent.runners import CommandRunner
 
-    runner = CommandRunner([sys.executable, _agent_file(tmp_path)], task_input="file")
+    runner = CommandRunner([sys.executable, _agent_file(tmp_path)], task_input="file", sandbox={"runtime": "none"})
     outcome, collect, victim, attacker = _run_pair(engine, runner, tmp_path, gateway_in_task=True)
     _assert_contained(engine, outcome, collect, victim, attacker)
 
@@ -459,6 +460,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
 
     monkeypatch.setattr(secrets_module, "token_urlsafe", recording)
     made_by_stack: list[str] = []
+    service_tokens: list[str] = []  # the rollout service's token: memory only as well
     from polar.rollout.sessions import local
 
     original_init = local.LocalStack.__init__
@@ -466,6 +468,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         made_by_stack.append(self.gateway.config.admin_token)
+        service_tokens.append(self.rollout.token)
 
     monkeypatch.setattr(local.LocalStack, "__init__", spy)
     sys.path.insert(0, str(HERE))
@@ -486,6 +489,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
         sys.path.remove(str(HERE))
     assert made_by_stack and all(made_by_stack), "the run's gateway had no admin token"
     assert made_by_stack[0] in made  # a random one, made for this run
+    assert service_tokens and service_tokens[0] in made
     secret = [t for t in made if len(t) >= 32]
     assert len(secret) >= 3  # the admin token and one key per session
     leaked = []

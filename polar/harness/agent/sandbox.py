@@ -60,7 +60,10 @@ class SandboxOptions:
     keep: bool = False
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> SandboxOptions:
+    def from_dict(cls, d: dict[str, Any] | None, where: str = "harness.preset_options.sandbox") -> SandboxOptions:
+        """Checked options; ``where`` is the config key named in errors (presets' or a command harness's)."""
+        if d is not None and not isinstance(d, dict):
+            raise ConfigError(f"{where} must be a mapping like {{runtime: auto, network: gateway}}, got {d!r}")
         d = dict(d or {})
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
@@ -68,16 +71,16 @@ class SandboxOptions:
             from polar.config.base import did_you_mean
 
             raise ConfigError(
-                f"harness.preset_options.sandbox: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+                f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
                 f"valid keys: {', '.join(sorted(known))}"
             )
         opts = cls(**d)
         for name, allowed in (("runtime", ("auto", "bwrap", "none")), ("network", ("gateway", "host", "none")),
                               ("user", ("auto", "nobody", "current"))):
             if getattr(opts, name) not in allowed:
-                raise ConfigError(
-                    f"harness.preset_options.sandbox.{name}: {getattr(opts, name)!r} is not one of {', '.join(allowed)}"
-                )
+                raise ConfigError(f"{where}.{name}: {getattr(opts, name)!r} is not one of {', '.join(allowed)}")
+        if not isinstance(opts.ro_binds, list) or not all(isinstance(p, str) for p in opts.ro_binds):
+            raise ConfigError(f"{where}.ro_binds must be a list of paths, got {opts.ro_binds!r}")
         return opts
 
 
@@ -101,7 +104,7 @@ def _bwrap_required(why: str) -> str:
     return f"sandbox.runtime is 'bwrap' but {why}; fix that, or set sandbox.runtime: none to run the CLI unisolated"
 
 
-def check_runtime(options: SandboxOptions, cli: str) -> None:
+def check_runtime(options: SandboxOptions, cli: str, where: str = "harness.preset_options.sandbox") -> None:
     """At the start of a run (once per runner): ``runtime: bwrap`` that cannot work fails here, before any
     session; ``runtime: auto`` that falls back to no isolation says so once, since the CLIs run with their
     permission checks off. ``cli`` names the CLI and its flag for that warning."""
@@ -113,8 +116,8 @@ def check_runtime(options: SandboxOptions, cli: str) -> None:
     if options.runtime == "bwrap":
         raise HarnessError(_bwrap_required(why))
     log.warning("sandbox.runtime auto: %s, so %s runs with no isolation: it can read, change and reach whatever "
-                "this user can. Make bubblewrap work, or set harness.preset_options.sandbox.runtime: none to run "
-                "unisolated on purpose", why, cli)
+                "this user can. Make bubblewrap work, or set %s.runtime: none to run unisolated on purpose",
+                why, cli, where)
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -203,8 +206,9 @@ class Sandbox:
     # -- setup --------------------------------------------------------------------------------
     @classmethod
     def create(cls, session_id: str, workspace: Path, source: Path | None = None,
-               options: SandboxOptions | None = None) -> Sandbox:
-        """Copy ``source`` (the task's repo) into ``workspace``, commit the baseline, make a private HOME."""
+               options: SandboxOptions | None = None, baseline: bool = True) -> Sandbox:
+        """Copy ``source`` (the task's repo) into ``workspace``, commit the baseline (``baseline``: presets
+        diff against it; a command harness's workspace stays as the pipeline made it), make a private HOME."""
         workspace = Path(workspace)
         workspace.mkdir(parents=True, exist_ok=True)
         if source is not None:
@@ -212,7 +216,8 @@ class Sandbox:
                 raise HarnessError(f"task repository {source} is not a directory; check the task's 'repo' field")
             shutil.copytree(source, workspace, dirs_exist_ok=True, symlinks=True,
                             ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache"))
-        git_baseline(workspace)
+        if baseline:
+            git_baseline(workspace)
         root = Path(tempfile.mkdtemp(prefix=f".{session_id}-", dir=workspace.parent))
         try:
             sbx = cls(session_id, workspace, root, options or SandboxOptions())
@@ -287,7 +292,7 @@ class Sandbox:
             return inner + argv
         if self.isolated:
             python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else os.path.realpath(shutil.which("python3") or "")
-            inner += [python, str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
+            inner += [python, "-I", "-S", str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
         ro = [*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]
         rw = [str(self.workspace), str(self.root), *([str(self.socket_dir)] if self.socket_dir else [])]
         b = bwrap_args(rw=rw, ro=ro, unshare_net=self.isolated or self.options.network == "none",

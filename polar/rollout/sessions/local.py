@@ -23,7 +23,7 @@ from polar.errors import GatewayError
 from polar.harness.agent.runners import HarnessRunner
 from polar.rollout.sessions.nodes import NodeRegistry
 from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline
-from polar.rollout.sessions.service import RolloutService, build_app
+from polar.rollout.sessions.service import RolloutService, build_app, service_headers
 from polar.rollout.sessions.session import SessionResult
 from polar.rollout.sessions.store import SessionStore
 
@@ -31,12 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class RolloutServer:
-    """The rollout service on a background thread. ``url`` is its HTTP root once started."""
+    """The rollout service on a background thread. ``url`` is its HTTP root once started; ``token`` (random,
+    in this process's memory only) is what its HTTP API asks of every client (``headers``)."""
 
     def __init__(self, runner: HarnessRunner, verifier: Any, settings: PipelineSettings,
                  host: str = "127.0.0.1", port: int = 0, heartbeat_timeout_s: float = 30.0) -> None:
         self.runner, self.verifier, self.settings = runner, verifier, settings
         self.host, self.port = host, port
+        self.token = secrets.token_urlsafe(32)
         self.registry = NodeRegistry(heartbeat_timeout_s)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pipeline: SessionPipeline | None = None
@@ -47,6 +49,11 @@ class RolloutServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a polar client of this service sends with every request (the run's service token)."""
+        return service_headers(self.token)
 
     def start(self, timeout_s: float = 30.0) -> RolloutServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -61,7 +68,7 @@ class RolloutServer:
             self.pipeline = SessionPipeline(self.runner, self.verifier, self.registry, self.settings)
             self.service = RolloutService(self.pipeline, self.registry)
             # log_config=None: uvicorn's default dictConfig would close the run's own log handlers
-            config = uvicorn.Config(build_app(self.service), lifespan="off", access_log=False, log_level="warning",
+            config = uvicorn.Config(build_app(self.service, self.token, self.host), lifespan="off", access_log=False, log_level="warning",
                                     log_config=None)
             self._server = uvicorn.Server(config)
             ready.set()

@@ -193,18 +193,26 @@ class NodeRegistry:
 
 
 async def heartbeat_loop(service_url: str, node_id: str, node_url: str, report: Any, interval_s: float = 10.0,
-                         stop: asyncio.Event | None = None, capacity: int = 0, admin_token: str | None = None) -> None:
+                         stop: asyncio.Event | None = None, capacity: int = 0, admin_token: str | None = None,
+                         service_token: str | None = None) -> None:
     """Run on a gateway node: register with a rollout service (with the node's admin token, with which the
-    service reads and reserves sessions), then heartbeat ``report()`` until ``stop``."""
+    service reads and reserves sessions), then heartbeat ``report()`` until ``stop``. ``service_token`` is
+    the run's rollout-service token (the service refuses a node that does not send it)."""
     stop = stop or asyncio.Event()
-    async with httpx.AsyncClient(timeout=10.0) as http:
+    headers = {"authorization": f"Bearer {service_token}"} if service_token else {}
+    async with httpx.AsyncClient(timeout=10.0, headers=headers) as http:
         body: dict[str, Any] = {"node_id": node_id, "url": node_url, "capacity": capacity}
         if admin_token:
             body["admin_token"] = admin_token
-        await http.post(f"{service_url}/nodes/register", json=body)
+        resp = await http.post(f"{service_url}/nodes/register", json=body)
+        if resp.status_code != 200:
+            log.error("the rollout service at %s refused to register node %s (%d): %s", service_url, node_id,
+                      resp.status_code, resp.text[:200])
         while not stop.is_set():
             try:
-                await http.post(f"{service_url}/nodes/{node_id}/heartbeat", json=report())
+                resp = await http.post(f"{service_url}/nodes/{node_id}/heartbeat", json=report())
+                if resp.status_code != 200:
+                    log.warning("heartbeat to %s refused (%d): %s", service_url, resp.status_code, resp.text[:200])
             except httpx.HTTPError as e:
                 log.warning("heartbeat to %s failed: %s", service_url, e)
             try:
