@@ -81,7 +81,7 @@ $(TRL_VENV)/.installed:
 	test -d $(TRL_VENV) || $(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install -q --upgrade pip
 	$(TRL_VENV)/bin/pip install -q torch==2.13.0
-	$(TRL_VENV)/bin/pip install -q trl==1.16.0 peft==0.21.2 torch==2.13.0
+	$(TRL_VENV)/bin/pip install -q trl==1.16.0 transformers==5.24.0 peft==0.21.2 torch==2.13.0
 	$(TRL_VENV)/bin/python -c "import torch, trl, peft; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	touch $@
 

@@ -111,7 +111,8 @@ class SessionCollector:
 
     def _submit(self, n: int | None = None, step: int | None = None) -> tuple[concurrent.futures.Future[Groups], int, float]:
         step = self.step if step is None else step
-        groups = [(t, self.group_size, {"rollout_step": step}) for t in self._next_tasks(n or self.tasks_per_step)]
+        groups = [(t, self.group_size, {"rollout_step": step, "dataset_task_id": str(t.get("id", ""))})
+                  for t in self._next_tasks(n or self.tasks_per_step)]
         return self._pool.submit(self.stack.run_groups, groups), step, time.monotonic()
 
     def _fill_with_signal(self, groups: Groups, step: int) -> tuple[Groups, int, int]:

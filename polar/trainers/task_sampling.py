@@ -34,7 +34,8 @@ class TaskDifficulty:
             scored = [r for r in group if r.status in (SessionStatus.DONE, SessionStatus.TIMEOUT)]
             if not scored:
                 continue
-            task_id = scored[0].task_id
+            # the task's own id (the collector's metadata); a result's task_id is the submission's, one per group
+            task_id = str(scored[0].metadata.get("dataset_task_id") or scored[0].task_id)
             rate = sum(map(session_success, scored)) / len(scored)
             old = self.estimates.get(task_id)
             self.estimates[task_id] = rate if old is None else (1.0 - self.cfg.ema) * old + self.cfg.ema * rate
