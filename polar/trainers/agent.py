@@ -46,7 +46,7 @@ from polar.trainers.llm_trainer import best_reward, group_batch, has_signal, ret
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
 from polar.trainers.session_stats import live_counts, session_metrics
-from polar.trainers.task_sampling import TaskDifficulty
+from polar.trainers.task_sampling import Curriculum, TaskDifficulty
 from polar.types import Batch
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,9 @@ class SessionCollector:
     def __init__(self, stack: Any, tasks: list[dict[str, Any]], tasks_per_step: int, group_size: int, seed: int,
                  batches: int, prefetch: bool, first_step: int = 0, max_extra_rounds: int = 0,
                  signal: Callable[[list[SessionResult]], bool] | None = None,
-                 difficulty: TaskDifficulty | None = None) -> None:
+                 difficulty: TaskDifficulty | None = None, curriculum: Curriculum | None = None) -> None:
         self.stack = stack
+        self.curriculum = curriculum
         self.max_extra_rounds = max_extra_rounds if signal is not None else 0
         self.signal = signal
         self.difficulty = difficulty
@@ -173,6 +174,12 @@ class SessionCollector:
         if self.difficulty is not None:
             self.difficulty.observe(groups)
         groups, drawn, rounds = self._fill_with_signal(groups, step)
+        if self.curriculum is not None:
+            advanced = self.curriculum.observe(groups)
+            if advanced is not None:  # the next draw is at the new levels (a batch already under way is not)
+                self.tasks, self._order = advanced, []
+                log.info("step %d: the pass rate reached %g; curriculum levels now %s", step + 1,
+                         self.curriculum.advance.threshold, self.curriculum.levels)
         collect_s = time.monotonic() - submitted
         self.wait_s = time.monotonic() - t0
         self.left -= 1
@@ -188,6 +195,7 @@ class SessionCollector:
                              "sessions/sampled_tokens_per_s": round(tokens / max(1e-9, collect_s), 2),
                              "groups_drawn": drawn, "dynamic_sampling/extra_rounds": rounds,
                              **(self.difficulty.metrics() if self.difficulty is not None else {}),
+                             **(self.curriculum.metrics() if self.curriculum is not None else {}),
                              **session_metrics(results)}
         return Batch(data=groups, env_steps=len(results),
                      episode_returns=[float(r.reward) for r in results if r.reward is not None],
@@ -240,6 +248,8 @@ class AgentTrainer(TrainingLoop):
         self.learner: GRPOLearner | None = None
         filt = getattr(self.kw, "difficulty_filter", None) if cfg.policy.type == "grpo" else None
         self.difficulty = TaskDifficulty(filt) if filt is not None else None
+        advance = cfg.policy.type == "grpo" and getattr(cfg.tasks, "advance", None) is not None
+        self.curriculum = Curriculum(cfg.tasks) if advance else None  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ build
     def finished(self) -> bool:
@@ -264,6 +274,8 @@ class AgentTrainer(TrainingLoop):
             if state is not None:
                 self._load_state(state)
                 self.stack.update_weights(self.policy.serving_state_dict(), self.version)  # the engine starts fresh
+            if self.curriculum is not None and self.curriculum.advances:  # resumed past an advance: its levels
+                tasks = self.curriculum.tasks()
             if self.collector_factory is not None:
                 self.collector = self.collector_factory(self)
             else:
@@ -277,7 +289,7 @@ class AgentTrainer(TrainingLoop):
                     first_step=self.iteration,
                     max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
                     signal=(lambda g: has_signal(g, overlong_filter)) if dynamic else None,
-                    difficulty=self.difficulty)
+                    difficulty=self.difficulty, curriculum=self.curriculum)
             self.collector.start(self.weights(), self.version)
         except BaseException:
             self.stack.__exit__(None, None, None)
@@ -377,6 +389,8 @@ class AgentTrainer(TrainingLoop):
                                  "reward_range": list(self.reward_range) if self.reward_range else None}
         if self.difficulty is not None:
             state["task_difficulty"] = self.difficulty.state_dict()
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
         if self.learner is not None:
             state.update(self.learner.state_dict())
         return state
@@ -387,6 +401,8 @@ class AgentTrainer(TrainingLoop):
         self.reward_range = (float(seen[0]), float(seen[1])) if seen else None
         if self.difficulty is not None and "task_difficulty" in state:  # absent: a run that drew tasks uniformly
             self.difficulty.load_state_dict(state["task_difficulty"])
+        if self.curriculum is not None and "curriculum" in state:
+            self.curriculum.load_state_dict(state["curriculum"])
         if self.learner is not None and "optimizer" in state:
             self.learner.load_state_dict(state)
         state.setdefault("iteration", state.get("step", 0))  # checkpoints written before the one loop

@@ -3,6 +3,7 @@ groups until enough have rewards that differ, bounded, and skipping the step wit
 online difficulty filtering over the tasks (its estimates restored through a real resume), overlong filtering
 and the loss aggregation reaching the learner."""
 
+import json
 import logging
 import sys
 
@@ -127,3 +128,45 @@ def test_loss_aggregation_reaches_the_learner(tmp_path, monkeypatch, aggregation
     kinds = {f"m{i}": "mixed" for i in range(2)}
     _, rows, _ = _run(tmp_path, kinds, 1, f"loss_aggregation: {aggregation}, dynamic_sampling: {{max_extra_rounds: 4}}")
     assert rows[0]["samples"] > 0 and seen and set(seen) == {aggregation}
+
+
+CURRICULUM = """
+name: levels
+harness: {type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}
+tasks: {source: reasoning_gym, name: chain_sum, size: 4, curriculum: {num_terms: 0, num_digits: 0},
+        advance: {threshold: 0.9, window_groups: 2}}
+verifier: {type: "agents_for_tests:solved"}
+model: {name_or_path: tiny}
+policy:
+  type: grpo
+  kwargs: {group_size: 2, tasks_per_step: 2, total_steps: TOTAL, micro_batch_size: 16, max_off_policy_steps: 0,
+           dynamic_sampling: {max_extra_rounds: 0}}
+logging: {checkpoint_freq: 1, tensorboard: false}
+"""
+
+
+def test_curriculum_levels_advance_with_the_pass_rate_and_survive_a_resume(tmp_path):
+    from polar.inference import load_engine
+
+    sys.path.insert(0, str(HERE))
+    run_dir = RunDir.create("levels", tmp_path / "run")
+
+    def run(total: int, resume: bool):
+        path = tmp_path / f"levels_{total}.yaml"
+        path.write_text(CURRICULUM.replace("TOTAL", str(total)))
+        cfg = load_config(path)
+        cfg._config_dir = HERE
+        train_agentic(cfg, run_dir, resume=resume, engine=load_engine("tiny"))
+        return [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
+
+    rows = run(2, False)
+    # every session passes: each step's 2 groups fill the window and raise both attributes by one level
+    assert [r["curriculum/num_terms"] for r in rows] == [1, 2] and [r["curriculum/advances"] for r in rows] == [1, 2]
+    ckpt = load_checkpoint(sorted(run_dir.checkpoints_dir.glob("ckpt_*.pt"))[-1])
+    assert ckpt["curriculum"] == {"levels": {"num_terms": 2, "num_digits": 2}, "advances": 2}
+    # the tasks drawn after an advance are the new level's (their ids carry the advance count)
+    index = [json.loads(line) for line in (run_dir.path / "sessions" / "index.jsonl").read_text().splitlines()]
+    drawn = {r["metadata"]["rollout_step"]: r["metadata"]["dataset_task_id"] for r in index if "eval" not in r["metadata"]}
+    assert "@" not in drawn[0] and drawn[1].endswith("@1")
+    rows = run(3, True)
+    assert rows[-1]["curriculum/num_terms"] == 3 and rows[-1]["curriculum/advances"] == 3
