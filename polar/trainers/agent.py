@@ -116,7 +116,7 @@ class SessionCollector:
                   for t in self._next_tasks(n or self.tasks_per_step)]
         return self._pool.submit(self.stack.run_groups, groups), step, time.monotonic()
 
-    def _fill_with_signal(self, groups: Groups, step: int) -> tuple[Groups, int, int]:
+    def _fill_with_signal(self, groups: Groups, step: int, trained_step: int) -> tuple[Groups, int, int]:
         """DAPO's dynamic sampling: while fewer than ``tasks_per_step`` groups have a signal, draw another round
         (as many groups as the share of signal so far says are needed, at most ``tasks_per_step``), at most
         ``max_extra_rounds`` rounds; only the extra groups with a signal join the batch. Returns the batch's
@@ -138,13 +138,13 @@ class SessionCollector:
             with_signal += len(useful)
         if rounds:
             log.info("step %d: dynamic sampling drew %d groups in %d extra round(s); %d of %d groups have a signal",
-                     step + 1, drawn, rounds, with_signal, self.tasks_per_step)
+                     trained_step + 1, drawn, rounds, with_signal, self.tasks_per_step)
         if self.max_extra_rounds and with_signal == 0:
             log.warning("step %d: no group of the %d drawn (%d extra rounds, policy.kwargs.dynamic_sampling."
                         "max_extra_rounds) has rewards that differ, so the step is skipped. What helps: a larger "
                         "group (policy.kwargs.group_size), partial-credit rewards from the verifier, easier tasks "
                         "(policy.kwargs.difficulty_filter, a curriculum), more extra rounds, or an SFT warm-up",
-                        step + 1, drawn, rounds)
+                        trained_step + 1, drawn, rounds)
         return groups, drawn, rounds
 
     def _wait(self, future: concurrent.futures.Future[Groups], step: int, submitted: float) -> Groups:
@@ -173,12 +173,14 @@ class SessionCollector:
         groups = self._wait(future, step, submitted)
         if self.difficulty is not None:
             self.difficulty.observe(groups)
-        groups, drawn, rounds = self._fill_with_signal(groups, step)
+        # (a prefetched batch carries the step it was submitted at as its rollout_step; the logs say the step it
+        # trains, self.step)
+        groups, drawn, rounds = self._fill_with_signal(groups, step, self.step)
         if self.curriculum is not None:
             advanced = self.curriculum.observe(groups)
             if advanced is not None:  # the next draw is at the new levels (a batch already under way is not)
                 self.tasks, self._order = advanced, []
-                log.info("step %d: the pass rate reached %g; curriculum levels now %s", step + 1,
+                log.info("step %d: the pass rate reached %g; curriculum levels now %s", self.step + 1,
                          self.curriculum.advance.threshold, self.curriculum.levels)
         collect_s = time.monotonic() - submitted
         self.wait_s = time.monotonic() - t0

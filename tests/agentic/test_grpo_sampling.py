@@ -25,7 +25,7 @@ model: {name_or_path: tiny}
 sessions: {max_run_workers: 16}
 policy:
   type: grpo
-  kwargs: {group_size: GROUP, tasks_per_step: 2, total_steps: TOTAL, learning_rate: 1.0e-2, micro_batch_size: 16,
+  kwargs: {group_size: GROUP, tasks_per_step: 2, total_steps: TOTAL, learning_rate: 1.0e-6, micro_batch_size: 16,
            max_off_policy_steps: 0, eval_samples: 1, EXTRA}
 logging: {checkpoint_freq: 1, tensorboard: false}
 """
@@ -49,7 +49,8 @@ def _run(tmp_path, kinds: dict[str, str], total_steps: int, extra: str, group_si
 
 
 def test_dynamic_sampling_draws_until_enough_groups_have_a_signal(tmp_path):
-    # 2 of 8 tasks give rewards that differ within a group; a step needs 2 such groups: without dynamic
+    # 2 of 8 tasks give rewards that differ within a group (a learning rate too small to change that); a step
+    # needs 2 such groups: without dynamic
     # sampling most steps would train on fewer (a first round holds both with probability 1/28)
     kinds = {f"m{i}": "mixed" for i in range(2)} | {f"f{i}": "flat" for i in range(6)}
     _, rows, _ = _run(tmp_path, kinds, 2, "dynamic_sampling: {max_extra_rounds: 12}")
