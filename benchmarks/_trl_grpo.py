@@ -70,7 +70,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(spec["model"])
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     result: dict[str, Any] = {"framework": "trl", "versions": {}}
     import peft
     import transformers
@@ -93,7 +93,8 @@ def main() -> None:
         per_device_train_batch_size=g, gradient_accumulation_steps=k,  # one generation of k x g per step
         num_generations=g, max_completion_length=int(spec["max_tokens"]), temperature=float(spec["temperature"]),
         top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, num_iterations=1, scale_rewards="group", loss_type="dapo",
-        use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1,
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,  # as polar's defaults (TRL's: on)
+        report_to="none", save_strategy="no", logging_steps=1,
         seed=int(spec["seed"]), remove_unused_columns=False, disable_dropout=True, dataloader_num_workers=0)
     lora = LoraConfig(r=int(spec["lora_r"]), lora_alpha=float(spec["lora_alpha"]), lora_dropout=0.0,
                       target_modules="all-linear", task_type="CAUSAL_LM")

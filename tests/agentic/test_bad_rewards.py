@@ -90,3 +90,32 @@ def test_polar_run_refuses_a_tasks_file_of_one_id_before_the_run_directory_exist
     assert out.returncode != 0
     assert "task id 'same' is already the id of line 1 (so far every task has it)" in out.stderr + out.stdout
     assert not (tmp_path / "the-run").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"difficulty_filter": {"low": 0.9, "high": 0.1}}, "difficulty_filter: low 0.9 is above high 0.1"),
+    ({"loss_aggregation": "gspo", "step_advantage": {}}, "loss_aggregation gspo takes one advantage per sequence"),
+    ({"loss_aggregation": "gspo", "tis_cap": 2.0}, "loss_aggregation gspo already weighs each sequence"),
+])
+def test_grpo_options_that_cannot_work_together_are_named(kwargs, message):
+    from pydantic import ValidationError
+
+    from polar.config.grpo import GRPOKwargs
+
+    with pytest.raises(ValidationError, match=message):
+        GRPOKwargs(**kwargs)
+
+
+def test_a_curriculum_that_advances_needs_its_starting_levels_and_only_on_training_tasks():
+    from pydantic import ValidationError
+
+    from polar.config.llm_agent import ReasoningGymTasks
+    from polar.config.run import validate_run_config
+
+    with pytest.raises(ValidationError, match=r"tasks\.advance raises curriculum levels, and tasks\.curriculum is not set"):
+        ReasoningGymTasks(name="chain_sum", advance={})
+    source = {"source": "reasoning_gym", "name": "chain_sum", "curriculum": {"num_terms": 0}, "advance": {}}
+    with pytest.raises(ConfigError, match=r"eval_tasks\.advance: held-out tasks keep their levels"):
+        validate_run_config({"name": "x", "harness": {"type": "agent", "callable": "m:f"},
+                             "tasks": {**source, "seed": 0}, "eval_tasks": {**source, "seed": 5000},
+                             "policy": {"type": "grpo"}})

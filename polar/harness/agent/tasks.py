@@ -31,7 +31,7 @@ def load_tasks(path: str, config_dir: Path | None = None) -> list[dict[str, Any]
     p = resolve(path, config_dir)
     if not p.is_file():
         raise ConfigError(f"tasks file {path!r} not found (looked in {config_dir or Path.cwd()}); give a JSONL path")
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     first_line: dict[str, int] = {}
     for n, row in read_jsonl(p):
         if not isinstance(row, dict) or not any(isinstance(row.get(k), str) for k in ("prompt", "instruction", "question")):
