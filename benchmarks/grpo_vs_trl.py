@@ -130,7 +130,7 @@ def run_polar(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, 
     return {"framework": "polar", "before": summary.get("eval_before", {}), "after": summary.get("eval_after", {}),
             "wall_s": {"before": at("before_grpo"), "after": at("after_grpo"), "total": round(total, 1)},
             "steps": len(rows), "sampled_tokens_per_s": mean("sessions/sampled_tokens_per_s"),
-            "learner_s_per_step": mean("learn_s"), "sessions": sum(int(r.get("sessions", 0)) for r in rows),
+            "learner_s_per_step": mean("learn_s"), "sessions": int(rows[-1]["env_steps"]) if rows else 0,
             "train_rewards": [r["reward_mean"] for r in rows], "run_dir": str(run_dir.path)}
 
 

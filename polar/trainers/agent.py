@@ -116,13 +116,15 @@ class SessionCollector:
                   for t in self._next_tasks(n or self.tasks_per_step)]
         return self._pool.submit(self.stack.run_groups, groups), step, time.monotonic()
 
-    def _fill_with_signal(self, groups: Groups, step: int, trained_step: int) -> tuple[Groups, int, int]:
+    def _fill_with_signal(self, groups: Groups, step: int, trained_step: int) -> tuple[Groups, Groups, int]:
         """DAPO's dynamic sampling: while fewer than ``tasks_per_step`` groups have a signal, draw another round
         (as many groups as the share of signal so far says are needed, at most ``tasks_per_step``), at most
         ``max_extra_rounds`` rounds; only the extra groups with a signal join the batch. Returns the batch's
-        groups, how many were drawn in all, and the extra rounds."""
+        groups, the extra groups left out (sampled all the same: they count as sessions and tokens, and in
+        the pass rates) and the number of extra rounds."""
         with_signal = sum(map(self.signal, groups)) if self.signal is not None else 0
         drawn, rounds = len(groups), 0
+        left_out: Groups = []
         while self.signal is not None and with_signal < self.tasks_per_step and rounds < self.max_extra_rounds:
             missing = self.tasks_per_step - with_signal
             share = with_signal / max(1, drawn)
@@ -134,6 +136,7 @@ class SessionCollector:
             if self.difficulty is not None:
                 self.difficulty.observe(more)
             useful = [g for g in more if self.signal(g)][:missing]
+            left_out.extend(g for g in more if not any(g is u for u in useful))
             groups = [*groups, *useful]
             with_signal += len(useful)
         if rounds:
@@ -145,7 +148,7 @@ class SessionCollector:
                         "group (policy.kwargs.group_size), partial-credit rewards from the verifier, easier tasks "
                         "(policy.kwargs.difficulty_filter, a curriculum), more extra rounds, or an SFT warm-up",
                         trained_step + 1, drawn, rounds)
-        return groups, drawn, rounds
+        return groups, left_out, rounds
 
     def _wait(self, future: concurrent.futures.Future[Groups], step: int, submitted: float) -> Groups:
         """The batch's groups; while they are collected, a line in session words every ``HEARTBEAT_S``."""
@@ -175,9 +178,9 @@ class SessionCollector:
             self.difficulty.observe(groups)
         # (a prefetched batch carries the step it was submitted at as its rollout_step; the logs say the step it
         # trains, self.step)
-        groups, drawn, rounds = self._fill_with_signal(groups, step, self.step)
+        groups, left_out, rounds = self._fill_with_signal(groups, step, self.step)
         if self.curriculum is not None:
-            advanced = self.curriculum.observe(groups)
+            advanced = self.curriculum.observe([*groups, *left_out])  # every group drawn: the pass rate unbiased
             if advanced is not None:  # the next draw is at the new levels (a batch already under way is not)
                 self.tasks, self._order = advanced, []
                 log.info("step %d: the pass rate reached %g; curriculum levels now %s", self.step + 1,
@@ -188,14 +191,16 @@ class SessionCollector:
         if self.prefetch and self.left > 0:
             self._pending = self._submit()  # collect the next batch while this one trains
         self.step += 1
-        results = [r for g in groups for r in g]
+        # every session sampled for this step (left-out groups included: they cost the same), so the counts,
+        # rates and the reward mean describe the policy, not the selection
+        results = [r for g in (*groups, *left_out) for r in g]
         # this batch: sessions re-dispatched after their gateway node was lost, and sessions that did not finish
         tokens = sum(sum(s.loss_mask) for r in results for s in r.samples)
         self.batch_counts = {"sessions/step_redispatched": sum(r.redispatched for r in results),
                              "sessions/step_failed": sum(r.status.value != "done" for r in results),
                              "sessions/step_sampled_tokens": tokens,
                              "sessions/sampled_tokens_per_s": round(tokens / max(1e-9, collect_s), 2),
-                             "groups_drawn": drawn, "dynamic_sampling/extra_rounds": rounds,
+                             "groups_drawn": len(groups) + len(left_out), "dynamic_sampling/extra_rounds": rounds,
                              **(self.difficulty.metrics() if self.difficulty is not None else {}),
                              **(self.curriculum.metrics() if self.curriculum is not None else {}),
                              **session_metrics(results)}

@@ -69,6 +69,7 @@ def test_dynamic_sampling_without_any_signal_skips_the_step_and_says_what_helps(
     # bounded: the first round plus 2 extra rounds of tasks_per_step groups each, then the step is skipped
     assert [r["groups_drawn"] for r in rows] == [6, 6]
     assert [r["dynamic_sampling/extra_rounds"] for r in rows] == [2, 2]
+    assert [r["env_steps"] for r in rows] == [12, 24]  # every session sampled counts, the left-out ones too
     assert all(r["update_skipped"] == 1 and r["samples"] == 0 for r in rows)
     warned = [m for m in caplog.messages if "the step is skipped" in m]
     assert len(warned) == 2 and all("group_size" in m and "difficulty_filter" in m for m in warned)
