@@ -72,7 +72,7 @@ $(D3RLPY_VENV)/.installed:
 
 # TRL, in its own venv, for benchmarks/grpo_vs_trl.py only (polar never imports it): GRPOTrainer beside polar on
 # the same model, tasks and reward. torch first, exactly ours (a CPU wheel; anything else pulls CUDA), then TRL
-# with the transformers and peft it accepts.
+# with polar's own transformers and peft versions (TRL 1.16 accepts them), so both sides run the same model code.
 TRL_VENV ?= .trl-venv
 
 trl: $(TRL_VENV)/.installed
