@@ -4,7 +4,9 @@ sessions, SFT on demonstrations.
 - The Collector is ``SessionCollector``: ``tasks_per_step`` groups of ``group_size`` sessions from the rollout
   service (harness -> gateway -> verifier); with ``max_off_policy_steps >= 1`` the next batch is collected
   while this one trains (its sessions may straddle a weight swap; each sample's oldest policy version decides
-  whether it is still fresh enough).
+  whether it is still fresh enough). With ``dynamic_sampling`` it draws more rounds until ``tasks_per_step``
+  groups have rewards that differ (bounded); ``difficulty_filter`` and a reasoning-gym ``advance`` choose
+  which tasks it draws (``polar.trainers.task_sampling``).
 - The Learner is ``AgentTrainer``: the SFT stage first (``sft_warmup``, or the whole run for
   ``policy.type: sft``), which is the run's iteration 0, so an SFT run's checkpoint is ``ckpt_00000000.pt``;
   then one GRPO step per iteration: drop ERROR/CANCELLED sessions and stale groups, group-relative
