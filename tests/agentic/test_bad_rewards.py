@@ -37,7 +37,7 @@ def _sessions(tmp_path, verifier_cfg, tasks):
 def test_verifier_returning_nan_is_named_with_its_task_and_not_averaged(tmp_path, caplog):
     tasks = [{"id": "nan-task", "kind": "nan", "prompt": "Say it."}, {"id": "fine", "kind": "easy", "prompt": "Say it."}]
     with caplog.at_level(logging.WARNING, logger="polar.harness.agent.verifiers"):
-        bad, good = _sessions(tmp_path, VerifierConfig(type="agents_for_tests:by_kind"), tasks)
+        bad, good = _sessions(tmp_path, VerifierConfig(type="rewards_for_tests:by_kind"), tasks)
     assert all(r.status == SessionStatus.ERROR and r.reward is None for r in bad)
     assert all("returned nan for task 'nan-task'" in (r.error or "") for r in bad)
     assert all(not r.trainable for r in bad)
@@ -50,12 +50,12 @@ def test_verifier_returning_nan_is_named_with_its_task_and_not_averaged(tmp_path
 
 def test_reward_outside_the_declared_success_rate_range_is_named(tmp_path):
     tasks = [{"id": "too-good", "kind": "over", "prompt": "Say it."}]
-    cfg = VerifierConfig(type="agents_for_tests:by_kind", reward_range=(0.0, 1.0))
+    cfg = VerifierConfig(type="rewards_for_tests:by_kind", reward_range=(0.0, 1.0))
     (group,) = _sessions(tmp_path, cfg, tasks)
     assert all(r.status == SessionStatus.ERROR for r in group)
     assert all("returned 2 for task 'too-good', outside verifier.reward_range [0, 1]" in (r.error or "") for r in group)
     # without a declared range a reward of 2 is a reward like any other
-    (group,) = _sessions(tmp_path, VerifierConfig(type="agents_for_tests:by_kind"), tasks)
+    (group,) = _sessions(tmp_path, VerifierConfig(type="rewards_for_tests:by_kind"), tasks)
     assert all(r.status == SessionStatus.DONE and r.reward == 2.0 for r in group)
 
 
@@ -75,7 +75,7 @@ RUN = """
 name: dup
 harness: {type: agent, callable: "agents_for_tests:one_token", timeout_s: 60}
 tasks: tasks.jsonl
-verifier: {type: "agents_for_tests:by_kind"}
+verifier: {type: "rewards_for_tests:by_kind"}
 model: {name_or_path: tiny}
 policy: {type: grpo, kwargs: {group_size: 2, tasks_per_step: 1, total_steps: 1}}
 """

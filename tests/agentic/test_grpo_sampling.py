@@ -20,7 +20,7 @@ CONFIG = """
 name: sampling
 harness: {type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}
 tasks: tasks.jsonl
-verifier: {type: "agents_for_tests:by_kind"}
+verifier: {type: "rewards_for_tests:by_kind"}
 model: {name_or_path: tiny}
 sessions: {max_run_workers: 16}
 policy:
@@ -137,7 +137,7 @@ name: levels
 harness: {type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}
 tasks: {source: reasoning_gym, name: chain_sum, size: 4, curriculum: {num_terms: 0, num_digits: 0},
         advance: {threshold: 0.9, window_groups: 2}}
-verifier: {type: "agents_for_tests:solved"}
+verifier: {type: "rewards_for_tests:solved"}
 model: {name_or_path: tiny}
 policy:
   type: grpo
