@@ -18,10 +18,20 @@ class VerifierConfig(StrictModel):
     type: str = "exact_match"
     kwargs: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(60.0, gt=0)
+    reward_range: tuple[float, float] | None = Field(
+        None, description="the rewards the verifier may return, e.g. [0, 1] when its reward is a success rate: a "
+        "session whose reward is outside ends ERROR with a line naming the task (NaN always does)")
     trusted_workspace: bool = Field(
         False, description="a verifier that runs the workspace's code (python_tests, humaneval, swe_grader, ...) "
         "runs it in bubblewrap, and refuses where bubblewrap cannot work; true lets it run the code unisolated "
         "on this host there. Only for workspaces you wrote yourself: a model's code could change its own reward")
+
+    @field_validator("reward_range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not v[0] <= v[1]:
+            raise ValueError(f"reward_range [{v[0]:g}, {v[1]:g}]: the low end is above the high end; write [low, high]")
+        return v
 
     @field_validator("type")
     @classmethod

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from typing import Any
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.isolation import VerifySandbox, WorkspaceRefused, read_untrusted, require_isolation
 from polar.harness.agent.judge import LLMJudge
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -227,6 +230,43 @@ _NAMED = {
     "reasoning_gym": "polar.harness.benchmarks.reasoning_gym:verify",
     "lm_eval": "polar.harness.benchmarks.lm_eval:verify",
 }
+
+
+class CheckedVerifier:
+    """A verifier whose reward is checked before anyone averages it: NaN or infinity always, and a value outside
+    ``reward_range`` when the config gives one (``[0, 1]``: the reward is a success rate), raise a
+    ``HarnessError`` naming the task, so the session ends ERROR with that line instead of being scored."""
+
+    def __init__(self, inner: Any, name: str, reward_range: tuple[float, float] | None = None) -> None:
+        self.inner, self.name, self.reward_range = inner, name, reward_range
+        self._warned: set[str] = set()  # the log names each bad task once; every session still ends ERROR
+
+    async def __call__(self, inp: VerifyInput) -> Verdict:
+        verdict: Verdict = await self.inner(inp)
+        reward = float(verdict.reward)
+        task_id = str(inp.task.get("id", "?"))
+        problem = None
+        if not math.isfinite(reward):
+            problem = (f"verifier {self.name} returned {reward} for task {task_id!r}; a reward must be a finite "
+                       "number (fix the verifier: a 0/0 or a failed parse is the usual cause)")
+        elif self.reward_range is not None and not self.reward_range[0] <= reward <= self.reward_range[1]:
+            low, high = self.reward_range
+            problem = (f"verifier {self.name} returned {reward:g} for task {task_id!r}, outside verifier.reward_range "
+                       f"[{low:g}, {high:g}]; fix the verifier, or widen reward_range")
+        if problem is not None:
+            if task_id not in self._warned:
+                self._warned.add(task_id)
+                log.warning("%s (the session ends ERROR and is neither trained on nor averaged)", problem)
+            raise HarnessError(problem)
+        return verdict
+
+
+def checked_verifier(cfg: Any, config_dir: Path | None = None) -> CheckedVerifier:
+    """``build_verifier`` with its rewards checked (``CheckedVerifier``, ``verifier.reward_range``): what a run
+    scores its sessions with."""
+    rng = getattr(cfg, "reward_range", None)
+    return CheckedVerifier(build_verifier(cfg, config_dir), str(cfg.type) if cfg is not None else "none",
+                           (float(rng[0]), float(rng[1])) if rng is not None else None)
 
 
 def build_verifier(cfg: Any, config_dir: Path | None = None):
