@@ -33,7 +33,7 @@ def check_before_start(cfg: Any) -> None:
     if getattr(cfg, "kind", None) == "agent":  # distribution keys an agent run cannot honour; the verifier
         check_agent_distribution(cfg)
         if getattr(cfg, "verifier", None) is not None:
-            _check_verifier(cfg.verifier.type, config_dir)
+            _check_verifier(cfg.verifier.type, config_dir, dict(cfg.verifier.kwargs))
     agent = getattr(cfg, "agent", None)
     if agent is not None and agent.type == "custom":
         from polar.models.loader import load_agent_class
@@ -104,9 +104,13 @@ def check_agent_distribution(cfg: Any, engine: Any = None) -> None:
 _NAMED_VERIFIERS = ("env_return", "humaneval", "reasoning_gym", "lm_eval")
 
 
-def _check_verifier(kind: str, config_dir: Path) -> None:
+def _check_verifier(kind: str, config_dir: Path, kwargs: dict[str, Any]) -> None:
     if ":" in kind and kind not in _NAMED_VERIFIERS:
         check_callable("verifier.type", kind, config_dir)
+        from polar.harness.agent.runners import import_callable
+        from polar.harness.agent.verifiers import check_verifier_signature
+
+        check_verifier_signature(import_callable(kind, config_dir), kind, kwargs)
 
 
 def _local_modules(where: list[Path]) -> list[str]:

@@ -86,3 +86,15 @@ def test_mistyped_verifier_function_names_the_key(agent_dir):
     (error,) = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert "verifier.type" in error and "did you mean: verify" in error, error
     assert not (agent_dir / "runs").exists()
+
+
+def test_verifier_whose_parameters_polar_never_passes_is_refused_before_the_run_folder(agent_dir):
+    """`def verify(task, result)` used to fail every session at its end (TypeError: missing 'result')."""
+    (agent_dir / "result_verifier.py").write_text("def verify(task, result):\n    return 1.0\n")
+    (agent_dir / "run.yaml").write_text(AGENT_RUN.format(callable="my_agent:agent", verifier="result_verifier:verify"))
+    p = polar(agent_dir, "run", "--config", "run.yaml")
+    assert p.returncode == 1, p.stderr
+    (error,) = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert "verifier.type 'result_verifier:verify'" in error and "'result'" in error, error
+    assert "task, output, workspace, records" in error, error
+    assert not (agent_dir / "runs").exists()

@@ -163,13 +163,17 @@ class Keep:
         return Verdict(reward=1.0)
 
 
-@pytest.fixture
-def engine() -> Any:
+def fresh_engine() -> Any:
     from polar.inference.scripted import ScriptedEngine
     from polar.inference.tiny import build_tiny
 
     model, tokenizer = build_tiny(0)
     return ScriptedEngine(tokenizer, lambda r, i: "ok", model=model, model_name="tiny")
+
+
+@pytest.fixture
+def engine() -> Any:
+    return fresh_engine()
 
 
 def _bwrap_or_skip() -> None:
@@ -333,27 +337,48 @@ def test_command_agent_cannot_read_run_folder_or_reach_service_and_gateway(engin
         assert snoop["uid"] == 65534 and keep.harness["snooper"]["sandbox"]["user"] == "nobody", snoop["uid"]
 
 
-def test_command_agent_session_start_overhead_is_small(engine: Any, tmp_path: Path) -> None:
-    """The sandbox costs little per session: a trivial ``command`` agent's session (bubblewrap, relay, private
-    HOME) completes within a bounded time of the same session without a sandbox (reported in the notes)."""
+# one model call through the session's relay (stdlib only: it runs under `python -I -S`)
+ONE_CALL = """
+import json, os, urllib.error, urllib.request
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
+    data=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode(),
+    headers={"content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+try:
+    print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
+except urllib.error.HTTPError as e:
+    raise SystemExit(f"HTTP {e.code}: {e.read()[:500]!r}")
+"""
+
+
+def test_command_agent_in_a_relative_run_folder_runs_in_the_sandbox(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`polar run` makes its run folder relative to the cwd (`runs/...`). Every sandboxed session of such a run
+    used to end in ERROR (`bwrap: Can't find source path runs/...`), so a new user's first agent run trained on
+    nothing. A one-call session is timed with and without the sandbox (the cost is reported, not asserted)."""
     _bwrap_or_skip()
     from polar.harness.agent.runners import CommandRunner
     from polar.rollout.sessions.local import LocalStack
     from polar.rollout.sessions.pipeline import PipelineSettings
+    from polar.rollout.sessions.session import SessionStatus
+
+    monkeypatch.chdir(tmp_path)
+    program = tmp_path / "one_call.py"  # a file, not `-c`: a command's braces are task placeholders
+    program.write_text(ONE_CALL)
 
     def timed(sandbox: dict[str, Any]) -> float:
-        runner = CommandRunner(["/bin/true"], sandbox=sandbox)
-        settings = PipelineSettings(agent_timeout_s=60, workspace_root=str(tmp_path / f"ws-{sandbox['runtime']}"))
-        with LocalStack(engine, runner, Keep("none"), settings) as stack:
+        runner = CommandRunner([sys.executable, "-I", "-S", str(program)], sandbox=sandbox)
+        settings = PipelineSettings(agent_timeout_s=60, workspace_root=f"runs/r1/ws-{sandbox['runtime']}")
+        with LocalStack(fresh_engine(), runner, Keep("none"), settings) as stack:  # a stack closes its engine
             best = float("inf")
-            for i in range(5):
+            for i in range(3):
                 start = time.perf_counter()
-                _run(stack, f"ses-{sandbox['runtime']}-{i}", {"id": "t", "prompt": "hi"})
+                res = _run(stack, f"ses-{sandbox['runtime']}-{i}", {"id": "t", "prompt": "hi"})
                 best = min(best, time.perf_counter() - start)
+                assert res.status == SessionStatus.DONE, res.error
         return best
 
     bare, boxed = timed({"runtime": "none"}), timed({"runtime": "bwrap"})
-    assert boxed - bare < 1.0, f"the sandbox adds {boxed - bare:.3f}s per session ({bare:.3f}s -> {boxed:.3f}s)"
+    print(f"sandbox cost per session: {boxed - bare:+.3f}s ({bare:.3f}s -> {boxed:.3f}s)")
 
 
 def test_command_harness_without_bubblewrap_warns_once_or_refuses(engine: Any, tmp_path: Path,

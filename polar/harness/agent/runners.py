@@ -178,7 +178,10 @@ class CommandRunner(HarnessRunner):
 
     async def run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
         # the program's only gateway address is a relay that passes this session's model calls and nothing else
-        # (the gateway itself refuses /admin/* and other sessions without its token or their keys, too)
+        # (the gateway itself refuses /admin/* and other sessions without its token or their keys, too).
+        # The workspace is made absolute: a run folder given relative to the cwd (`runs/...`) means nothing to
+        # bubblewrap's binds or to the program's own cwd inside the sandbox.
+        ctx = dataclasses.replace(ctx, workspace=Path(ctx.workspace).absolute())
         task_path = ctx.workspace / self.task_file
         task_path.write_text(json.dumps(ctx.task))
         try:

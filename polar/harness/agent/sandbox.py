@@ -209,7 +209,7 @@ class Sandbox:
                options: SandboxOptions | None = None, baseline: bool = True) -> Sandbox:
         """Copy ``source`` (the task's repo) into ``workspace``, commit the baseline (``baseline``: presets
         diff against it; a command harness's workspace stays as the pipeline made it), make a private HOME."""
-        workspace = Path(workspace)
+        workspace = Path(workspace).absolute()  # bubblewrap binds need absolute paths; run folders are often relative
         workspace.mkdir(parents=True, exist_ok=True)
         if source is not None:
             if not source.is_dir():

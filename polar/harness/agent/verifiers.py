@@ -175,12 +175,32 @@ class WorkspaceCheck:
         return Verdict(float(frac == 1.0) if self.strict else frac, {"checks": results})
 
 
+VERIFIER_ARGS = ("task", "output", "workspace", "records", "harness", "trusted_workspace")
+
+
+def check_verifier_signature(fn: Any, spec: str, kwargs: dict[str, Any]) -> None:
+    """A required parameter polar never passes would fail every session at its end; say so at the start."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    given = {*VERIFIER_ARGS, *kwargs}
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in given
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if missing:
+        raise ConfigError(
+            f"verifier.type {spec!r}: its parameter(s) {', '.join(map(repr, missing))} are never passed; polar "
+            f"calls it by name with any of {', '.join(VERIFIER_ARGS)} (and verifier.kwargs): rename them, e.g. "
+            f"def {spec.rpartition(':')[2]}(task, output) (docs/agentic.md, Verifiers)")
+
+
 class UserFunction:
     def __init__(self, spec: str, config_dir: Path | None = None, trusted_workspace: bool = False, **kwargs: Any) -> None:
         from polar.harness.agent.runners import import_callable
 
         self.spec, self.fn, self.kwargs = spec, import_callable(spec, config_dir), kwargs
         self.trusted_workspace = trusted_workspace
+        check_verifier_signature(self.fn, spec, kwargs)
 
     async def __call__(self, inp: VerifyInput) -> Verdict:
         args = {"task": inp.task, "output": inp.output, "workspace": inp.workspace, "records": inp.records,
