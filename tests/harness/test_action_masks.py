@@ -108,3 +108,27 @@ def test_a_forbidden_action_never_reaches_the_env():
     with pytest.raises(AgentError, match=rf"PolarMaskedBandit-v0: action {illegal} at step 0 of episode 1 is forbidden"):
         env.step(illegal)
     assert env.unwrapped.illegal_played == 0
+
+
+def test_an_exported_masked_policy_plays_only_legal_actions(tmp_path):
+    """polar export of a masked run: the parity check copes with -inf logits, and the ONNX graph masks too."""
+    import onnxruntime as ort
+
+    from polar.deploy.export import export_run
+    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.run_dir import RunDir
+
+    cfg = _cfg("PolarMaskedBandit-v0", steps=256)
+    run = RunDir.create("mask", tmp_path / "run")
+    OnPolicyTrainer(cfg, run).train()
+    export_run(run.path, tmp_path / "export", "onnx", trust_code=True)
+    sess = ort.InferenceSession(str(tmp_path / "export" / "model.onnx"))
+    obs = _batch(512)
+    with torch.no_grad():
+        obs["action_mask"][:, 4] = 1  # the usually-forbidden jackpot legal in some rows only
+        obs["action_mask"][::2, 4] = 0
+        obs["action_mask"][::2, 0] = 1  # and each row with one legal action at least
+    for noise in (np.zeros((512, 5), np.float32), np.random.default_rng(0).gumbel(size=(512, 5)).astype(np.float32)):
+        action, *_ = sess.run(None, {"obs.action_mask": obs["action_mask"].numpy().astype(np.int64),
+                                     "obs.observation": obs["observation"].numpy(), "noise": noise})
+        assert obs["action_mask"].bool()[torch.arange(512), torch.as_tensor(action)].all()

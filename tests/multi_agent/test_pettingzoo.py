@@ -217,3 +217,22 @@ def test_what_a_pettingzoo_run_cannot_do_is_refused_at_start(tmp_path, change, m
     cfg = validate(RunConfig, data)
     with pytest.raises(ConfigError, match=message):
         _train(cfg, tmp_path)
+
+
+def test_a_run_folder_naming_an_env_module_of_its_own_needs_trust_code_to_reopen():
+    from polar.config.trust import require_trust
+
+    require_trust(_cfg({"id": TTT}), "run R", trust_code=False)  # PettingZoo's own module: installed code
+    for env_id in (COOP, "my_envs", "pettingzoo.classic.tictactoe_v3:env"):
+        with pytest.raises(ConfigError, match=rf"run R names code that would run here: harness.id = '{env_id}'"):
+            require_trust(_cfg({"id": env_id}), "run R", trust_code=False)
+        require_trust(_cfg({"id": env_id}), "run R", trust_code=True)
+
+
+def test_polar_export_of_a_multi_agent_run_says_it_is_not_supported(tmp_path):
+    from polar.deploy.export import export_run
+    from polar.errors import DeployError
+
+    trainer, _, _ = _train(_cfg({"id": TTT}, steps=300, eval={"at_end": False}), tmp_path)
+    with pytest.raises(DeployError, match=r"is a multi-agent run .* polar export does not export its policies yet"):
+        export_run(trainer.run_dir.path, tmp_path / "out")

@@ -313,7 +313,7 @@ class MultiAgentCollector:
         def field(get: Callable[[_Decision], Any], dtype: Any) -> np.ndarray:
             return np.array([[get(d) for d in row] for row in rows], dtype=dtype)
 
-        last = np.zeros(len(cols), np.float32)
+        last: np.ndarray = np.zeros(len(cols), np.float32)
         for j, c in enumerate(cols):
             queue = self.done[c]
             if not queue[T - 1].ended:
