@@ -236,3 +236,10 @@ def test_polar_export_of_a_multi_agent_run_says_it_is_not_supported(tmp_path):
     trainer, _, _ = _train(_cfg({"id": TTT}, steps=300, eval={"at_end": False}), tmp_path)
     with pytest.raises(DeployError, match=r"is a multi-agent run .* polar export does not export its policies yet"):
         export_run(trainer.run_dir.path, tmp_path / "out")
+
+
+@pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),
+                                                 ({"pool_size": 0}, "pool_size"), ({"poolsize": 3}, "poolsize")])
+def test_bad_self_play_settings_are_refused_naming_the_key(self_play, key):
+    with pytest.raises(ConfigError, match=rf"harness\.self_play\.{key}"):
+        _cfg({"id": TTT, "self_play": self_play})
