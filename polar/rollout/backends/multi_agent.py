@@ -2,13 +2,15 @@
 
 It steps ``num_envs`` env copies in this process (``polar.harness.pettingzoo_env.EnvSlot``, AEC or Parallel)
 and, each tick, asks every policy once for the actions of all the agents it plays in all copies: agents that
-share a policy are one batched forward. Each (env copy, agent) of a learning policy is one column of that
-policy's rollout, holding the agent's own decisions in order: a decision's reward is everything the agent
-received until it acted again (AEC: ``last()``'s cumulative reward), and its episode ends at the agent's
-terminal or truncated outcome (truncation bootstraps from V of the agent's final observation). A batch is one
-``Fragment`` per policy, ``[T, columns]``, built once every column has ``T`` decisions; decisions beyond ``T``
-wait for the next batch (they were taken by the previous weights: at most one update stale, which PPO's
-importance ratio accounts for).
+share a policy are one batched forward. Each (env copy, agent) of a learning policy is one decision stream: the
+agent's own decisions in order. A decision's reward is everything the agent received until it acted again (AEC:
+``last()``'s cumulative reward), and its episode ends at the agent's terminal or truncated outcome (truncation
+bootstraps from V of the agent's final observation). A batch is one ``Fragment`` per policy, ``[T, columns]``
+(columns: env copies x the policy's agents), built as soon as the policy's streams together hold ``T x columns``
+decisions, by packing the streams end to end: a stream whose episode goes on is cut at its last decision, which
+bootstraps from the value of the stream's next one. So a seat that sat out some games (self-play against the
+pool) never holds a batch up, and every decision is trained on by the weights that took it, but for the fewer
+than one tick's worth left over for the next batch.
 
 Seats: by default each agent plays its mapped policy (``harness.policy_mapping``). With ``self_play`` each
 game seats the learner at one random agent and gives the others one opponent drawn from the pool
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -186,7 +188,7 @@ class MultiAgentCollector:
     def collect(self) -> Batch:
         steps0 = self.env_steps
         T = self.fragment_steps
-        while any(len(self.done[c]) < T for c in self.done):
+        while any(sum(len(self.done[c]) for c in cols) < T * len(cols) for cols in self.columns.values()):
             self._tick()
         data = {name: self._fragment(cols, T) for name, cols in self.columns.items()}
         returns, lengths = self._episode_returns, self._episode_lengths
@@ -304,8 +306,30 @@ class MultiAgentCollector:
             self.env_steps += 1
 
     def _fragment(self, cols: list[Column], T: int) -> Fragment:
+        """``[T, len(cols)]`` from the policy's decision streams, oldest first, packed end to end (see the module
+        docstring); a stream's last decision, when its episode goes on, is cut there: it bootstraps from the
+        value of the stream's next decision (``truncated`` with ``trunc_value``), so streams can share a column."""
         t0 = time.perf_counter()
-        rows = [[self.done[c][t] for c in cols] for t in range(T)]
+        C = len(cols)
+        seq: list[tuple[Column, _Decision]] = []
+        for c in cols:
+            queue = self.done[c]
+            for i, d in enumerate(queue):
+                if i == len(queue) - 1 and not d.ended:
+                    nxt = self.pending[c]
+                    d = replace(d, truncated=True, trunc_value=nxt.value if nxt is not None else d.value)
+                seq.append((c, d))
+        used: dict[Column, int] = defaultdict(int)
+        for c, _ in seq[:T * C]:
+            used[c] += 1
+        for c, k in used.items():
+            del self.done[c][:k]  # what is left (less than one tick's decisions) starts the next batch
+        rows = [[seq[j * T + t][1] for j in range(C)] for t in range(T)]
+        last: np.ndarray = np.zeros(C, np.float32)
+        for j in range(C):
+            end = j * T + T - 1
+            if not seq[end][1].ended:  # a column that ends inside a stream: V of the stream's next decision
+                last[j] = seq[end + 1][1].value
         space = self.spaces[self.mapping[cols[0][1]]][0]
         per_t = [stack_obs([d.obs for d in row], space) for row in rows]
         obs = ({k: np.stack([o[k] for o in per_t]) for k in per_t[0]} if isinstance(per_t[0], dict) else np.stack(per_t))
@@ -313,15 +337,8 @@ class MultiAgentCollector:
         def field(get: Callable[[_Decision], Any], dtype: Any) -> np.ndarray:
             return np.array([[get(d) for d in row] for row in rows], dtype=dtype)
 
-        last: np.ndarray = np.zeros(len(cols), np.float32)
-        for j, c in enumerate(cols):
-            queue = self.done[c]
-            if not queue[T - 1].ended:
-                nxt = queue[T] if len(queue) > T else self.pending[c]
-                last[j] = nxt.value if nxt is not None else queue[T - 1].value
-            del queue[:T]
-        actions = field(lambda d: d.action, np.int64)
-        return Fragment(obs=obs, actions=actions, log_probs=field(lambda d: d.log_prob, np.float32),
+        return Fragment(obs=obs, actions=field(lambda d: d.action, np.int64),
+                        log_probs=field(lambda d: d.log_prob, np.float32),
                         values=field(lambda d: d.value, np.float32), rewards=field(lambda d: d.reward, np.float32),
                         terminated=field(lambda d: d.terminated, np.float32),
                         truncated=field(lambda d: d.truncated, np.float32),
