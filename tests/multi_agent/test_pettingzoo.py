@@ -264,3 +264,23 @@ def test_a_seat_that_sits_out_games_never_makes_the_batch_wait_or_go_stale():
         # what waits for the next batch: under one tick (one decision per env copy)
         assert sum(len(q) for q in collector.done.values()) < 4
     collector.close()
+
+
+def test_a_self_play_run_resumes_with_its_pool_and_counters(tmp_path):
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+
+    sp = {"snapshot_every_n_iterations": 1, "pool_size": 4, "sampling": "win_rate"}
+    first, _, _ = _train(_cfg({"id": TTT, "self_play": sp}, steps=800, eval={"at_end": False}), tmp_path)
+    pool = [(s.snapshot_id, s.wins, s.losses) for s in first.pool.snapshots]
+    assert len(pool) >= 2 and any(w or lo for _, w, lo in pool)  # snapshots with scores
+    cfg = _cfg({"id": TTT, "self_play": sp}, steps=1600, eval={"at_end": False})
+    again = build_trainer(cfg, RunDir.open(first.run_dir.path), resume=True)
+    again._setup()
+    try:
+        assert again.env_steps == first.env_steps and again.iteration == first.iteration
+        assert [(s.snapshot_id, s.wins, s.losses) for s in again.pool.snapshots] == pool
+        for k, v in first.policies["shared"].state_dict().items():
+            assert torch.equal(again.policies["shared"].state_dict()[k], v)
+    finally:
+        again._close()
