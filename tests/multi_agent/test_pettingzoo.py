@@ -284,3 +284,18 @@ def test_a_self_play_run_resumes_with_its_pool_and_counters(tmp_path):
             assert torch.equal(again.policies["shared"].state_dict()[k], v)
     finally:
         again._close()
+
+
+def test_the_polar_eval_command_prints_per_agent_returns_and_win_draw_loss(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    trainer, _, _ = _train(_cfg({"id": TTT, "self_play": {"snapshot_every_n_iterations": 1}}, steps=600,
+                                eval={"at_end": False}), tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[2]), "COLUMNS": "200"}
+    p = subprocess.run([sys.executable, "-m", "polar.cli.main", "eval", str(trainer.run_dir.path), "--episodes", "6"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    for text in ("(6 games)", "player_1", "player_2", "learner vs random", "learner vs pool", "win", "draw", "loss"):
+        assert text in p.stdout + p.stderr, text
