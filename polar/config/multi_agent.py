@@ -29,6 +29,8 @@ class SelfPlayConfig(StrictModel):
         "(weight: its wins + draws/2 + 1, over its games + 2)")
     latest_share: float = Field(0.5, ge=0.0, le=1.0, description="share of games against the current policy (both seats "
                                 "learn); with an empty pool every game is")
+    random_share: float = Field(0.0, ge=0.0, le=1.0, description="share of games whose other seats a uniformly random "
+                                "legal player takes (not self-play: off by default; docs/multi-agent.md)")
     eval_games: int = Field(100, ge=1, description="games against the pool and against a random player at each evaluation")
 
 

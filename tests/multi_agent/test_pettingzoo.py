@@ -299,3 +299,15 @@ def test_the_polar_eval_command_prints_per_agent_returns_and_win_draw_loss(tmp_p
     assert p.returncode == 0, p.stderr
     for text in ("(6 games)", "player_1", "player_2", "learner vs random", "learner vs pool", "win", "draw", "loss"):
         assert text in p.stdout + p.stderr, text
+
+
+def test_self_play_random_share_seats_a_random_player_in_that_share_of_training_games(tmp_path):
+    envs.PLAYED.clear()
+    cfg = _cfg({"id": "tests.multi_agent.envs:counting_tictactoe", "self_play": {"random_share": 1.0}}, steps=800,
+               eval={"at_end": False})
+    _, _, rows = _train(cfg, tmp_path, "all_random")
+    assert all(r["self_play/train_games_vs_random"] > 0 for r in rows)
+    assert all(m[2] for m in envs.PLAYED)  # the random player's moves are legal too
+    cfg = _cfg({"id": TTT, "self_play": {"random_share": 0.0}}, steps=800, eval={"at_end": False})
+    _, _, rows = _train(cfg, tmp_path, "none")
+    assert all(r["self_play/train_games_vs_random"] == 0 for r in rows)

@@ -177,6 +177,7 @@ class MultiAgentCollector:
         self._episode_returns: list[float] = []
         self._episode_lengths: list[int] = []
         self._results: dict[str, int] = {"win": 0, "draw": 0, "loss": 0}
+        self.games_vs_random = 0  # training games a random legal player sat in (self_play.random_share)
 
     # ------------------------------------------------------------------ the Collector protocol
     def start(self, weights: Any, version: int) -> None:
@@ -198,7 +199,8 @@ class MultiAgentCollector:
 
     def metrics(self) -> dict[str, float]:
         games = sum(self._results.values())
-        out = {"self_play/train_games": float(games)}
+        out = {"self_play/train_games": float(games), "self_play/train_games_vs_random": float(self.games_vs_random)}
+        self.games_vs_random = 0
         if self.pool is not None:
             out.update(self.pool.metrics())
         self._results = {"win": 0, "draw": 0, "loss": 0}
@@ -211,13 +213,18 @@ class MultiAgentCollector:
     # ------------------------------------------------------------------ stepping
     def _seat(self, s: int) -> None:
         """Seats for env copy ``s``'s next episode."""
-        snap = self.pool.sample() if self.pool is not None else None
-        if snap is None:
-            self.seats[s] = {a: Seat("learn", self.mapping[a]) for a in self.agents}
-            return
+        sp = self.cfg.self_play
+        if sp is not None and sp.random_share > 0 and self.rng.random() < sp.random_share:
+            other = Seat("random")
+        else:
+            snap = self.pool.sample() if self.pool is not None else None
+            if snap is None:
+                self.seats[s] = {a: Seat("learn", self.mapping[a]) for a in self.agents}
+                return
+            other = Seat("pool", snapshot=snap)
         learner = self.agents[int(self.rng.integers(len(self.agents)))]
-        self.seats[s] = {a: Seat("learn", self.mapping[a]) if a == learner else Seat("pool", snapshot=snap)
-                         for a in self.agents}
+        self.seats[s] = {a: Seat("learn", self.mapping[a]) if a == learner else other for a in self.agents}
+        self.games_vs_random += other.kind == "random"
 
     def _end_episode(self, s: int) -> None:
         for agent in self.agents:  # an agent that left without a final outcome: its last decision is cut here
