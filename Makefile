@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy system-deps
+.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy trl system-deps
 
 setup: $(VENV)/.installed
 
@@ -68,6 +68,21 @@ $(D3RLPY_VENV)/.installed:
 	$(D3RLPY_VENV)/bin/pip install -q torch==2.13.0
 	$(D3RLPY_VENV)/bin/pip install -q d3rlpy==2.8.1 torch==2.13.0
 	$(D3RLPY_VENV)/bin/python -c "import torch, d3rlpy; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
+	touch $@
+
+# TRL, in its own venv, for benchmarks/grpo_vs_trl.py only (polar never imports it): GRPOTrainer beside polar on
+# the same model, tasks and reward. torch first, exactly ours (a CPU wheel; anything else pulls CUDA), then TRL
+# with polar's own transformers and peft versions (TRL 1.16 accepts them), so both sides run the same model code.
+TRL_VENV ?= .trl-venv
+
+trl: $(TRL_VENV)/.installed
+
+$(TRL_VENV)/.installed:
+	test -d $(TRL_VENV) || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q --upgrade pip
+	$(TRL_VENV)/bin/pip install -q torch==2.13.0
+	$(TRL_VENV)/bin/pip install -q trl==1.16.0 transformers==5.24.0 peft==0.21.2 torch==2.13.0
+	$(TRL_VENV)/bin/python -c "import torch, trl, peft; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	touch $@
 
 harnesses:

@@ -9,7 +9,11 @@ process, so both see the same machine load.
 Measured:
 - time to 475: wall-clock from the trial process's start (parent's clock before spawning it,
   so interpreter start-up and imports count) until the mean return of the last 100 training
-  episodes is >= 475 (window must be full);
+  episodes is >= 475 (window must be full). Both sides check the window once per rollout, after it,
+  and stop the clock after that rollout's update (polar's trainer reports per iteration; SB3's callback
+  is made to do the same, so neither counts env steps at a finer grain);
+- env steps to 475: the env steps of the rollouts so far at that point; the two sides' samples are
+  compared with a two-sided Mann-Whitney U test (scipy; a run that never reached 475 ranks last);
 - CPU time to 475: user+sys CPU seconds of the trial process at that point (steadier than wall
   time on a shared machine: it does not count time spent waiting for a core);
 - training env steps/s: env steps at that point / time since training started;
@@ -66,14 +70,21 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 hit = {}
-class Stop(BaseCallback):
-    def _on_step(self):
+class Stop(BaseCallback):  # checks the window once per rollout, as polar's trainer does; clocked after its update
+    def _on_rollout_end(self):
         buf = self.model.ep_info_buffer
-        if len(buf) >= 100 and np.mean([e["r"] for e in buf]) >= 475:
+        if not hit and len(buf) >= 100 and np.mean([e["r"] for e in buf]) >= 475:
+            hit["steps"] = self.num_timesteps
+    def _clock(self):
+        if "steps" in hit and "t" not in hit:
             ru = resource.getrusage(resource.RUSAGE_SELF)
-            hit.update(t=time.time(), steps=self.num_timesteps, cpu=ru.ru_utime + ru.ru_stime)
-            return False
-        return True
+            hit.update(t=time.time(), cpu=ru.ru_utime + ru.ru_stime)
+    def _on_rollout_start(self):  # train() of the rollout that reached it is done
+        self._clock()
+    def _on_training_end(self):  # reached in the budget's last rollout
+        self._clock()
+    def _on_step(self):
+        return "t" not in hit
 def lin(x):
     return lambda p: p * x
 env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
@@ -147,6 +158,16 @@ def time_to_target(which: str, seed: int) -> dict:
             "train_sps": out["steps"] / (out["t_hit"] - out["t_train"])}
 
 
+def mann_whitney_p(a: list[dict], b: list[dict]) -> float:
+    """Two-sided Mann-Whitney U p-value of two sides' env steps to the target (a run that missed it ranks last)."""
+    from scipy.stats import mannwhitneyu  # the bench extra
+
+    def steps(rs: list[dict]) -> list[float]:
+        return [r["steps"] if r["reached"] else float("inf") for r in rs]
+
+    return float(mannwhitneyu(steps(a), steps(b), alternative="two-sided").pvalue)
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else float("nan")
@@ -155,22 +176,27 @@ def med(xs):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--repeats", type=int, default=3, help="throughput repeats")
     ap.add_argument("--envs", type=int, nargs="+", default=[8, 64], help="env counts for the throughput rows")
     ap.add_argument("--steps", type=int, default=3000, help="vector steps per throughput measurement")
     ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true", help="only the time-to-475 trials")
     ap.add_argument("--out", type=Path, default=None, help="also write all raw results as JSON here")
     args = ap.parse_args()
 
     results: dict = {"polar": [], "sb3": [], "throughput": {}}
     if not args.skip_training:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for which in ("polar", "sb3") if seed % 2 == 0 else ("sb3", "polar"):
                 r = time_to_target(which, seed)
+                r["load"] = os.getloadavg()[0]
                 results[which].append(r)
                 print(f"  {which:5s} seed {seed}: {r['wall_s']:.2f}s ({r['cpu_s']:.1f} CPU s) to {TARGET:.0f} at {r['steps']} steps "
-                      f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr)
-    for n in args.envs:
+                      f"(load {r['load']:.1f})", file=sys.stderr, flush=True)
+                if args.out:  # a cut-short run keeps its trials
+                    args.out.write_text(json.dumps(results, indent=2, default=str))
+    for n in [] if args.skip_throughput else args.envs:
         rows = {"raw": [], "polar": [], "sb3": []}
         for _ in range(args.repeats):
             for which in rows:
@@ -182,21 +208,30 @@ def main() -> None:
     if not args.skip_training:
         p, s = results["polar"], results["sb3"]
         pw, sw = med([r["wall_s"] for r in p]), med([r["wall_s"] for r in s])
-        print(f"CartPole-v1 to mean return {TARGET:.0f} (100-episode window), {args.seeds} seeds, median [min-max]")
+        print(f"CartPole-v1 to mean return {TARGET:.0f} (100-episode window), {args.seeds} seeds "
+              f"({args.first_seed}-{args.first_seed + args.seeds - 1}), median [min-max]")
         print(f"{'':28s}{'polar':>22s}{'SB3':>22s}{'polar/SB3':>11s}")
 
-        def row(name, key, fmt):
-            a, b = [r[key] for r in p], [r[key] for r in s]
-            cell = lambda xs: f"{fmt(med(xs))} [{fmt(min(xs))}-{fmt(max(xs))}]"  # noqa: E731
+        def row(name, get, fmt):  # a run that never reached the target counts as inf (None: left out)
+            a = [v for v in map(get, p) if v is not None]
+            b = [v for v in map(get, s) if v is not None]
+            cell = lambda xs: f"{fmt(med(xs))} [{fmt(min(xs))}-{fmt(max(xs))}]" if xs else "n/a"  # noqa: E731
             print(f"{name:28s}{cell(a):>22s}{cell(b):>22s}{med(a) / med(b):>11.2f}")
 
-        row("wall s from process start", "wall_s", lambda x: f"{x:.1f}")
-        row("CPU s from process start", "cpu_s", lambda x: f"{x:.1f}")
-        row("env steps at 475", "steps", lambda x: f"{x / 1000:.1f}k")
-        row("training env steps/s", "train_sps", lambda x: f"{x:,.0f}")
+        never = lambda fmt: lambda x: "never" if x == float("inf") else fmt(x)  # noqa: E731
+        row("wall s from process start", lambda r: r["wall_s"], never(lambda x: f"{x:.1f}"))
+        row("CPU s from process start", lambda r: r["cpu_s"], never(lambda x: f"{x:.1f}"))
+        row("env steps at 475", lambda r: r["steps"] if r["reached"] else float("inf"), never(lambda x: f"{x / 1000:.1f}k"))
+        row("training env steps/s", lambda r: r["train_sps"], lambda x: f"{x:,.0f}")
         print(f"reached: polar {sum(r['reached'] for r in p)}/{len(p)}, SB3 {sum(r['reached'] for r in s)}/{len(s)}; "
-              f"target polar <= 0.5x SB3 wall: {'MET' if pw <= 0.5 * sw else 'NOT MET'} ({pw / sw:.2f}x)")
+              f"target polar <= 0.25x SB3 wall: {'MET' if pw <= 0.25 * sw else 'NOT MET'} ({pw / sw:.2f}x)")
+        steps = lambda rs: [r["steps"] if r["reached"] else float("inf") for r in rs]  # noqa: E731
+        ps, ss = med(steps(p)), med(steps(s))
+        print(f"env steps to {TARGET:.0f}: polar/SB3 medians {ps / ss:.2f}x; "
+              f"two-sided Mann-Whitney U p = {mann_whitney_p(p, s):.3f} ({len(p)} vs {len(s)} runs)")
         print()
+    if args.skip_throughput:
+        return
     print("Rollout throughput, untrained policy (env steps/s, median of repeats)")
     print(f"{'N envs':>7s}{'raw SyncVectorEnv':>19s}{'polar':>10s}{'polar/raw':>11s}{'SB3':>10s}{'SB3/raw':>9s}")
     for n, rows in results["throughput"].items():

@@ -6,6 +6,7 @@ cross the gateway/trainer boundary. Every layer may import them, so they live at
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +23,29 @@ def session_key(session_id: str) -> str:
     reads it back (``polar.gateway.sessions.key_session_id``); it lives here because harnesses, which sit
     below the gateway, write it."""
     return SESSION_KEY_PREFIX + session_id
+
+
+SESSION_SECRET_PREFIX = "polar-sk-"
+SESSION_SECRET_CHARS = 32  # secrets.token_urlsafe(24): 192 random bits
+
+
+def new_session_key(session_id: str) -> str:
+    """A fresh secret API key for session ``session_id``: ``polar-sk-<32 random chars>.<session id>``.
+
+    It names its session as :func:`session_key` does (a CLI that drops the ``/s/{id}`` prefix still
+    routes), and its random part makes it a credential: the gateway gives a session to the key of its
+    first call, so a sibling session, which can guess the id but not the key, can neither read nor
+    append to it. Polar's rollouts hand one to each session attempt; it lives in memory only (the
+    gateway's records hold its hash)."""
+    return f"{SESSION_SECRET_PREFIX}{secrets.token_urlsafe(24)}.{session_id}"
+
+
+def secret_key_session_id(key: str) -> str | None:
+    """The session a :func:`new_session_key` key names, or ``None`` when ``key`` is not one."""
+    head = len(SESSION_SECRET_PREFIX) + SESSION_SECRET_CHARS
+    if key.startswith(SESSION_SECRET_PREFIX) and len(key) > head + 1 and key[head] == ".":
+        return key[head + 1:]
+    return None
 
 
 @dataclass
@@ -151,3 +175,8 @@ class Batch:
     episode_lengths: list[int] = field(default_factory=list)
     episode_successes: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
+
+
+#: Names of environment variables that hold credentials polar itself uses (an ``openai_compat`` engine's or
+#: judge's ``api_key_env``, added when it is built): never passed on to the processes a harness starts.
+CREDENTIAL_ENV: set[str] = set()

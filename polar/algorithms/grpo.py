@@ -39,6 +39,8 @@ def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float
     """Advantages for one group of rewards (shape ``[G]``).
 
     - ``mean_std``: ``(r - mean) / (std + eps)`` (GRPO, DeepSeekMath);
+    - ``mean``: ``r - mean`` (Dr.GRPO, Liu et al., 2025): no std division, so a group of nearly equal rewards
+      is not blown up to unit scale;
     - ``leave_one_out``: ``r_i - mean_{j != i} r_j`` (RLOO); unbiased, no division.
 
     A group whose rewards are all equal carries no signal: every advantage is 0.
@@ -49,10 +51,12 @@ def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float
         return torch.zeros_like(r, dtype=torch.float32)
     if method == "mean_std":
         adv = (r - r.mean()) / (r.std(unbiased=False) + eps)
+    elif method == "mean":
+        adv = r - r.mean()
     elif method == "leave_one_out":
         adv = r - (r.sum() - r) / (g - 1)
     else:
-        raise ValueError(f"unknown advantage method {method!r}; use 'mean_std' or 'leave_one_out'")
+        raise ValueError(f"unknown advantage method {method!r}; use 'mean_std', 'mean' or 'leave_one_out'")
     return adv.to(torch.float32)
 
 
@@ -152,12 +156,20 @@ def grpo_loss(
     kl_coef: float = 0.0,
     normalizer: float | None = None,
     tis_cap: float | None = None,
+    aggregation: str = "token_mean",
 ) -> GRPOLossOutput:
     """Clipped surrogate + KL, summed over masked tokens and divided by ``normalizer``.
 
     Shapes: ``[B, T]`` for the per-token tensors; ``advantages`` is ``[B]`` (one per sequence) or
-    ``[B, T]``. ``normalizer`` is the number of masked tokens in the *whole* batch, so gradient
-    accumulation over micro-batches gives exactly the full-batch gradient (defaults to this mask's sum).
+    ``[B, T]``. ``normalizer`` is what the *whole* mini-batch is divided by, so gradient accumulation over
+    micro-batches gives exactly the full-batch gradient: with ``aggregation``
+
+    - ``token_mean`` (default): its masked tokens (defaults to this mask's sum);
+    - ``dr_grpo``: its sequences (defaults to ``B``): each sequence's token sum counts whole, so a long
+      answer is not down-weighted per token (Dr.GRPO's "no length normalisation");
+    - ``gspo``: its sequences; the ratio is per sequence, ``exp(mean over its tokens of (lp - old_lp))``
+      (GSPO, Zheng et al., 2025), clipped like PPO's with the sequence's advantage; the KL term is each
+      sequence's token mean. ``advantages`` must be ``[B]``; ``tis_cap`` does not apply.
 
     ``tis_cap``: truncated importance sampling for the rollout/learner mismatch (the engine's logprobs
     are not exactly the learner's, e.g. bf16 against fp32): each token's loss is multiplied by the
@@ -165,9 +177,17 @@ def grpo_loss(
     logprob without grad. ``None`` leaves the loss as it is.
     """
     mask = mask.to(logprobs.dtype)
+    if aggregation == "gspo":
+        return _gspo_loss(logprobs, old_logprobs, advantages, mask, clip_range, clip_range_high, ref_logprobs,
+                          kl_coef, normalizer)
+    if aggregation not in ("token_mean", "dr_grpo"):
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; use 'token_mean', 'dr_grpo' or 'gspo'")
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
-    n = float(normalizer) if normalizer is not None else float(mask.sum().clamp(min=1.0))
+    if normalizer is not None:
+        n = float(normalizer)
+    else:
+        n = float(mask.sum().clamp(min=1.0)) if aggregation == "token_mean" else float(max(1, mask.shape[0]))
     surrogate, ratio = clipped_surrogate((logprobs - old_logprobs) * mask, advantages, clip_range, clip_range_high)
     per_token = surrogate
     tis_w = None
@@ -191,6 +211,38 @@ def grpo_loss(
         gap_max = gap.max().item() if m.any() else 0.0
         tis_mean = tis_w[m].mean().item() if tis_w is not None and m.any() else 1.0
     return GRPOLossOutput(loss, pol, float(kl_val.detach()), clip_frac, ratio_mean, gap_mean, gap_max, tis_mean)
+
+
+def _gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+               clip_range: float, clip_range_high: float | None, ref_logprobs: torch.Tensor | None, kl_coef: float,
+               normalizer: float | None) -> GRPOLossOutput:
+    """``grpo_loss`` with ``aggregation="gspo"``: one clipped ratio per sequence (rows without a masked token
+    count for nothing)."""
+    if advantages.dim() != 1:
+        raise ValueError("loss_aggregation gspo takes one advantage per sequence ([B]), not one per token")
+    lengths = mask.sum(dim=1)
+    has = lengths > 0
+    n = float(normalizer) if normalizer is not None else float(max(1, int(has.sum())))
+    seq_log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1) / lengths.clamp(min=1.0)
+    surrogate, ratio = clipped_surrogate(seq_log_ratio, advantages.to(logprobs.dtype), clip_range, clip_range_high)
+    per_seq = surrogate
+    kl_val = torch.zeros((), dtype=logprobs.dtype)
+    if ref_logprobs is not None and kl_coef > 0:
+        d = (ref_logprobs - logprobs) * mask
+        kl_seq = ((torch.exp(d) - d - 1.0) * mask).sum(dim=1) / lengths.clamp(min=1.0)
+        per_seq = per_seq + kl_coef * kl_seq
+        kl_val = (kl_seq * has).sum() / n
+    loss = (per_seq * has).sum() / n
+    with torch.no_grad():
+        m = mask.bool()
+        any_seq = bool(has.any())
+        clip_frac = ((ratio - 1.0).abs() > clip_range).float()[has].mean().item() if any_seq else 0.0
+        ratio_mean = ratio[has].mean().item() if any_seq else 1.0
+        pol = (surrogate * has).sum().item() / n
+        gap = (logprobs.detach() - old_logprobs).abs()[m]
+        gap_mean = gap.mean().item() if m.any() else 0.0
+        gap_max = gap.max().item() if m.any() else 0.0
+    return GRPOLossOutput(loss, pol, float(kl_val.detach()), clip_frac, ratio_mean, gap_mean, gap_max, 1.0)
 
 
 class TokenPolicy(Protocol):
@@ -352,6 +404,9 @@ class GRPOLearner:
             for m in range(n_mini):
                 minibatch = order[m * len(order) // n_mini:(m + 1) * len(order) // n_mini]
                 n_tokens = float(sum(sum(samples[i].loss_mask[1:]) for i in minibatch)) or 1.0
+                # what the mini-batch's loss is divided by: its tokens (token_mean) or its sequences
+                norm = n_tokens if kw.loss_aggregation == "token_mean" else float(
+                    sum(any(samples[i].loss_mask[1:]) for i in minibatch) or 1)
                 self.optimizer.zero_grad(set_to_none=True)
                 for idx in self.micro_batches(minibatch, samples, stats, full_logits=targets is not None):
                     batch = pol.collate([samples[i] for i in idx])
@@ -372,7 +427,8 @@ class GRPOLearner:
                             value_loss = ppo_value_loss(v, old_v, ret, self.critic.clip_range_vf) * (v.numel() / mini_turns)
                     ref = self.reference_logprobs(batch)
                     out = grpo_loss(logp, batch.old_logprobs, adv, batch.loss_mask, kw.clip_range, kw.clip_range_high,
-                                    ref, kw.kl_coef, normalizer=n_tokens, tis_cap=kw.tis_cap)
+                                    ref, kw.kl_coef, normalizer=norm, tis_cap=kw.tis_cap,
+                                    aggregation=kw.loss_aggregation)
                     loss = out.loss
                     if value_loss is not None and self.critic is not None:
                         loss = loss + self.critic.vf_coef * value_loss

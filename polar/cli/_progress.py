@@ -21,10 +21,10 @@ from rich.table import Table
 log = logging.getLogger("polar.progress")
 
 
-def cli_console(stderr: bool = True) -> Console:
+def cli_console(stderr: bool = True, emoji: bool = True) -> Console:
     """The commands' console: word-wrapped to a terminal's width, and never wrapped when not a terminal (a
     pipe, a log file, CI), where rich would break lines at 80 columns and a path could not be copied."""
-    console = Console(stderr=stderr)
+    console = Console(stderr=stderr, emoji=emoji)
     console.soft_wrap = not console.is_terminal
     return console
 
@@ -111,12 +111,14 @@ class TrainingProgress:
             return
         self._last_log = now
         sessions = m["env_steps"]
-        per_s = sessions / m["time_s"] if m.get("time_s") else 0.0
-        eta = (f", ETA {_duration((self.total - sessions) / per_s)}"
-               if per_s > 0 and self.total and sessions < self.total else "")
-        pct = f" ({100 * sessions / self.total:.0f}%)" if self.total else ""
-        log.info("%s done: %s/%s sessions%s%s%s", step, f"{sessions:,}", f"{self.total:,}", pct,
-                 "".join(f", {p}" for p in parts), eta)
+        # progress and ETA by steps: dynamic sampling may draw more sessions than the plan (steps x groups)
+        done = int(m.get("iteration", 0))
+        per_step_s = m["time_s"] / done if m.get("time_s") and done else 0.0
+        eta = (f", ETA {_duration((self.total_steps - done) * per_step_s)}"
+               if per_step_s > 0 and self.total_steps and done < self.total_steps else "")
+        pct = f" ({100 * done / self.total_steps:.0f}%)" if self.total_steps else ""
+        count = f"{sessions:,}/{self.total:,}" if self.total and sessions <= self.total else f"{sessions:,}"
+        log.info("%s done: %s sessions%s%s%s", step, count, pct, "".join(f", {p}" for p in parts), eta)
 
 
 def _duration(seconds: float) -> str:

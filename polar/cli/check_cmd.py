@@ -11,7 +11,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 
 from polar.errors import ConfigError
@@ -58,10 +57,11 @@ def resolve_target(target: str, overrides: list[str] | None = None) -> tuple[Any
 
 
 def main(args: argparse.Namespace) -> int:
+    from polar.cli._progress import cli_console
     from polar.harness.checker import check_harness
 
     cfg, config_dir = resolve_target(args.target, args.override)
-    console = Console(emoji=False)
+    console = cli_console(stderr=False, emoji=False)
     target = escape(args.target)
     with console.status(f"checking {target} ..."):
         report = check_harness(cfg, config_dir=config_dir, steps=args.steps, seed=args.seed)

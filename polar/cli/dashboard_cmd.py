@@ -27,12 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.config.secrets import from_env, read_secret_file
     from polar.dashboard.server import DashboardServer, is_loopback
 
-    console = Console(stderr=True)
+    console = cli_console()
     if args.ratings_token:
         console.print("[yellow]warning:[/] --ratings-token puts the token on the command line, where ps shows it; "
                       f"use ${TOKEN_ENV} or --token-file")

@@ -31,9 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from polar.cli._progress import print_eval
+    from polar.cli._progress import cli_console, print_eval
     from polar.errors import ConfigError
     from polar.trainers.build import evaluate_run, run_kind
     from polar.trainers.loading import resolve_target
@@ -54,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
     run_dir, cfg, _ = resolve_target(Path(args.target))
     require_trust(cfg, f"run {run_dir.path}", args.trust_code)
-    console = Console(stderr=True)
+    console = cli_console()
     console.print(status_line(run_dir.path), markup=False, highlight=False)  # e.g. a run that was killed
     if args.record and run_kind(cfg) == "agent":
         raise ConfigError("--record is for env harnesses; an agent run's sessions are recorded already "
@@ -80,8 +78,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace, run_dir, cfg, policy, ckpt: Path, state: dict) -> None:
     """``--record N``: N more episodes, one at a time, kept frame by frame (polar.trainers.recording)."""
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.trainers.recording import record_episodes
 
     ev = cfg.eval
@@ -89,20 +86,20 @@ def _record(args: argparse.Namespace, run_dir, cfg, policy, ckpt: Path, state: d
                           not args.stochastic and ev.deterministic, cfg.config_dir,
                           meta={"checkpoint": str(ckpt), "env_steps": int(state["env_steps"]),
                                 "iteration": int(state["iteration"])})
-    Console(stderr=True).print(f"recorded {args.record} episodes: {out}")
+    cli_console().print(f"recorded {args.record} episodes: {out}")
 
 
 def _run_suite(args: argparse.Namespace) -> int:
     """``polar eval --suite FILE``: every (harness, policy) job, then the report (polar.evaluation)."""
-    from rich.console import Console
     from rich.table import Table
 
+    from polar.cli._progress import cli_console
     from polar.evaluation.report import _cell
     from polar.evaluation.runner import run_suite
     from polar.evaluation.suite import load_suite
 
     suite = load_suite(args.suite)
-    console = Console(stderr=True)
+    console = cli_console()
     report = run_suite(suite, args.out, trust_code=args.trust_code)
     for h in report["harnesses"]:
         table = Table(title=f"{suite.name}: {h['name']}")

@@ -23,13 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.deploy.export import export_run
 
     m = export_run(args.target, args.out, args.format, args.checkpoint, args.quantize, args.samples, args.seed,
                    trust_code=args.trust_code)
-    console = Console(stderr=True)
+    console = cli_console()
     parity = m["parity"]
     rows = [r for part in ("vs_policy_act", "deterministic", "sampled") if part in parity
             for r in parity[part].values()]

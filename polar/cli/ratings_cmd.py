@@ -21,8 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.dashboard import ratings
     from polar.errors import RunDirError
     from polar.trainers.run_dir import RunDir
@@ -35,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
         raise RunDirError(f"{run.path} has no ratings ({run.path / 'ratings.jsonl'} is missing or empty); rate "
                           "sessions or episodes in `polar dashboard` first")
     n = ratings.export(run.path, out, fmt)
-    console = Console(stderr=True)
+    console = cli_console()
     if skipped:
         console.print(f"skipped {skipped} unreadable lines of {run.path / 'ratings.jsonl'}")
     console.print(f"{n} preference pairs from {len(ratings.latest(rows))} rated items written to {out} ({fmt})")

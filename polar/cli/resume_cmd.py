@@ -30,8 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_not_running(run_dir) -> None:
     """Refuse a run whose owner process still works on it (two writers would interleave); say so when it was killed."""
-    from rich.console import Console
-
+    from polar.cli._progress import cli_console
     from polar.errors import RunDirError
     from polar.trainers.run_dir import LIVE_STATUSES, owner_alive, run_status, status_line
 
@@ -44,7 +43,7 @@ def _check_not_running(run_dir) -> None:
                               f"kill -TERM {st['pid']}: it writes a final checkpoint), then resume")
         raise RunDirError(f"{run_dir.path} is recorded {st['status']} by {where}, which this host cannot check; stop "
                           "it there first, or set its run.json status to \"killed\" if that process is gone")
-    Console(stderr=True).print(status_line(run_dir.path), markup=False, highlight=False)
+    cli_console().print(status_line(run_dir.path), markup=False, highlight=False)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,7 +54,10 @@ def main(args: argparse.Namespace) -> int:
     _check_not_running(run_dir)
     if args.override:
         from polar.config import dump_config
+        from polar.config.secrets import redact_override
 
         run_dir.write_config(dump_config(cfg))
-        log.info("resume overrides written to %s: %s", run_dir.config_path, " ".join(args.override))
+        # the log lands in the run folder: a secret given as an override is not repeated there
+        log.info("resume overrides written to %s: %s", run_dir.config_path,
+                 " ".join(redact_override(o) for o in args.override))
     return train(cfg, run_dir, resume=True, progress=not args.no_progress, log_every_s=args.log_every_s)

@@ -27,6 +27,12 @@ def main(args: argparse.Namespace) -> int:
     # the checks first, each importing only what it needs: a config error costs no torch and no run directory
     cfg = load_config(args.config, args.override)  # validates everything before anything starts
     check_before_start(cfg)  # unknown ids, missing programs and modules: before the run directory exists
+    from polar.errors import ConfigError
+    from polar.trainers.agentic_run import trained_engine_problem
+
+    problem = trained_engine_problem(cfg)  # a remote chat endpoint has no weights to train
+    if problem is not None:
+        raise ConfigError(problem)
     from polar.trainers.memory import memory_warning
 
     short = memory_warning(cfg)  # a run that will not fit says so before minutes of loading

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from polar.config.base import StrictModel, did_you_mean
 
 VERIFIER_TYPES = ("exact_match", "numeric", "regex", "python_tests", "workspace", "none",
-                  "env_return", "humaneval", "reasoning_gym", "lm_eval")
+                  "env_return", "humaneval", "reasoning_gym", "lm_eval", "llm_judge")
 
 
 class VerifierConfig(StrictModel):
@@ -18,10 +18,20 @@ class VerifierConfig(StrictModel):
     type: str = "exact_match"
     kwargs: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(60.0, gt=0)
+    reward_range: tuple[float, float] | None = Field(
+        None, description="the rewards the verifier may return, e.g. [0, 1] when its reward is a success rate: a "
+        "session whose reward is outside ends ERROR with a line naming the task (NaN always does)")
     trusted_workspace: bool = Field(
         False, description="a verifier that runs the workspace's code (python_tests, humaneval, swe_grader, ...) "
         "runs it in bubblewrap, and refuses where bubblewrap cannot work; true lets it run the code unisolated "
         "on this host there. Only for workspaces you wrote yourself: a model's code could change its own reward")
+
+    @field_validator("reward_range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not v[0] <= v[1]:
+            raise ValueError(f"reward_range [{v[0]:g}, {v[1]:g}]: the low end is above the high end; write [low, high]")
+        return v
 
     @field_validator("type")
     @classmethod
@@ -39,13 +49,39 @@ class ModelConfig(StrictModel):
     chat_template: str | None = Field(
         None, description="'model', 'hermes-tools' or a Jinja file; default: the model's own when it renders "
         "tools, else hermes-tools (ChatML models)")
-    engine: Literal["embedded", "vllm"] = Field(
-        "embedded", description="embedded: in polar's process; vllm: polar launches and supervises vLLM servers"
+    engine: Literal["embedded", "vllm", "openai_compat"] = Field(
+        "embedded", description="embedded: in polar's process; vllm: polar launches and supervises vLLM servers; "
+        "openai_compat: a chat endpoint (/v1/chat/completions) at base_url, for evaluation, generation and judges"
     )
     replicas: int = Field(1, ge=1, description="engine: vllm: how many vLLM servers to launch")
     engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="engine: vllm: launcher options (max_model_len, kv_cache_space_gib, ...)"
+        default_factory=dict, description="engine: vllm: launcher options (max_model_len, kv_cache_space_gib, ...); "
+        "openai_compat: timeout_s, max_retries, token_ids, context_length, ... (docs/inference.md)"
     )
+    base_url: str | None = Field(None, description="engine: openai_compat: the endpoint, up to /v1")
+    model: str | None = Field(None, description="engine: openai_compat: the model name the endpoint serves")
+    api_key_env: str | None = Field(
+        None, description="engine: openai_compat: the environment variable holding the API key (never the key)")
+    tokenizer: str | None = Field(
+        None, description="engine: openai_compat: the local tokenizer records are written in (default: "
+        "name_or_path): the student's, for polar generate")
+
+    @model_validator(mode="after")
+    def _openai_compat(self) -> ModelConfig:
+        compat_only = [k for k in ("base_url", "model", "api_key_env", "tokenizer") if getattr(self, k) is not None]
+        if self.engine != "openai_compat" and compat_only:
+            raise ValueError(f"model.{compat_only[0]} is for engine: openai_compat only (engine is {self.engine!r})")
+        if self.engine == "openai_compat":
+            missing = [k for k in ("base_url", "model") if not getattr(self, k)]
+            if missing:
+                raise ValueError(f"engine: openai_compat needs model.{missing[0]} (e.g. model: {{engine: openai_compat, "
+                                 "base_url: http://127.0.0.1:8000/v1, model: NAME, api_key_env: OPENAI_API_KEY}})")
+        return self
+
+    def openai_compat_options(self) -> dict[str, Any]:
+        """``load_engine`` keyword arguments of ``engine: openai_compat``."""
+        return {"base_url": self.base_url, "api_key_env": self.api_key_env,
+                "tokenizer": self.tokenizer or self.name_or_path, **self.engine_kwargs}
 
 
 class TrajectoryConfig(StrictModel):

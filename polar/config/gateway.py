@@ -21,9 +21,12 @@ class GatewayConfig(StrictModel):
     chat_template: str | None = Field(
         None, description="'model', 'hermes-tools' or a Jinja file; default: the model's own when it renders "
         "tools, else hermes-tools (ChatML models)")
-    engine: Literal["embedded", "vllm"] = Field(
-        "embedded", description="vllm: launch and supervise vLLM servers of the model folder or preset"
+    engine: Literal["embedded", "vllm", "openai_compat"] = Field(
+        "embedded", description="vllm: launch and supervise vLLM servers of the model folder or preset; "
+        "openai_compat: forward to the chat endpoint at base_url, serving its model 'model'"
     )
+    base_url: str | None = Field(None, description="engine: openai_compat: the endpoint, up to /v1")
+    api_key_env: str | None = Field(None, description="engine: openai_compat: the variable holding its API key")
     replicas: int = Field(1, ge=1, description="engine: vllm: how many vLLM servers to launch")
     engine_log_dir: str | None = Field(None, description="engine: vllm: replica logs (default: next to records_dir)")
     model_aliases: list[str] = Field(default_factory=list, description="more model names clients may ask for")
@@ -36,8 +39,15 @@ class GatewayConfig(StrictModel):
     pause_mode: Literal["wait", "reject"] = Field("wait", description="while paused: wait for resume, or 429 at once")
     pause_wait_s: float = Field(30.0, ge=0, description="longest wait before a paused call gets 429")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
-    admin_token: str | None = secret_field("POLAR_GATEWAY_ADMIN_TOKEN",
-                                           "required on /admin/* (and to read others' sessions) when set")
+    admin_token: str | None = secret_field(
+        "POLAR_GATEWAY_ADMIN_TOKEN", "required on /admin/* and to read others' sessions when set; polar's runs set a "
+        "random one of their own, kept in memory; `polar gateway` also reads --admin-token-file")
+    claimed_sessions_only: bool = Field(
+        False, description="only sessions given to a key beforehand (POST /admin/claim) take calls; polar's runs "
+        "set it, so a harness can create no session but its own")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="more Host names the gateway answers besides IP literals, loopback names "
+        "and `host` (DNS-rebinding guard); ['*'] turns the check off")
     sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="weight sync into the engine: in-flight calls, the "
         "weights folder, the logprob check (docs/agentic.md, Engines and weight sync)")

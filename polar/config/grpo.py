@@ -57,6 +57,35 @@ class StepAdvantageConfig(StrictModel):
         "std", description="std: (G - mean) / std over the anchor group (GiGPO's default); none: G - mean")
 
 
+class DynamicSamplingConfig(StrictModel):
+    """DAPO's dynamic sampling (Yu et al., 2025): a step keeps drawing groups until it has ``tasks_per_step``
+    whose rewards differ (a tied group has advantage 0 everywhere and teaches the surrogate nothing), at most
+    ``max_extra_rounds`` more rounds. A step whose first round has the signal costs nothing more."""
+
+    max_extra_rounds: int = Field(
+        3, ge=0, description="extra rounds of groups a step may draw to fill tasks_per_step groups with a signal "
+                             "(0: off; one round as before)")
+
+
+class DifficultyFilterConfig(StrictModel):
+    """Online difficulty filtering over the tasks: a per-task pass-rate estimate (an exponential moving average
+    of its groups' success), and the next tasks drawn among those whose estimate lies in ``[low, high]``, and
+    the tasks never drawn yet. A task outside the band is still drawn with probability ``explore_share`` when
+    its turn comes, so its estimate follows the policy. Checkpointed with the learner."""
+
+    low: float = Field(0.05, ge=0, le=1, description="draw tasks whose pass-rate estimate is at least this")
+    high: float = Field(0.95, ge=0, le=1, description="... and at most this")
+    ema: float = Field(0.5, gt=0, le=1, description="weight of the newest group's success in the estimate")
+    explore_share: float = Field(
+        0.1, ge=0, le=1, description="chance that a task outside the band is drawn anyway when its turn comes")
+
+    @model_validator(mode="after")
+    def _a_band(self) -> DifficultyFilterConfig:
+        if self.low > self.high:
+            raise ValueError(f"difficulty_filter: low {self.low:g} is above high {self.high:g}; the band is [low, high]")
+        return self
+
+
 class GRPOKwargs(StrictModel):
     group_size: int = Field(
         8, ge=1, description="samples per task (one GRPO group); 1 only with advantage: value_head")
@@ -67,8 +96,22 @@ class GRPOKwargs(StrictModel):
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the reference model")
     clip_range: float = Field(0.2, gt=0, description="PPO-style clip of the importance ratio (low side)")
     clip_range_high: float | None = Field(None, gt=0, description="upper clip; defaults to clip_range")
-    advantage: Literal["mean_std", "leave_one_out", "value_head"] = Field(
-        "mean_std", description="the baseline: the group's rewards (mean_std, leave_one_out) or a learned critic (value_head)")
+    advantage: Literal["mean_std", "mean", "leave_one_out", "value_head"] = Field(
+        "mean_std", description="the baseline: the group's rewards (mean_std: (r - mean) / std; mean: r - mean, "
+                                "Dr.GRPO; leave_one_out) or a learned critic (value_head)")
+    loss_aggregation: Literal["token_mean", "dr_grpo", "gspo"] = Field(
+        "token_mean", description="token_mean: the clipped loss summed over the tokens, divided by the mini-batch's "
+        "tokens; dr_grpo: summed over each sequence's tokens, divided by the sequences (no length normalisation; "
+        "with advantage mean_std the group advantage is r - mean, no std); gspo: one importance ratio per "
+        "sequence (the geometric mean of its tokens'), clipped, averaged over the sequences")
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default_factory=DynamicSamplingConfig,
+        description="DAPO: draw more groups until tasks_per_step of them have a signal (max_extra_rounds: 0 turns it off)")
+    difficulty_filter: DifficultyFilterConfig | None = Field(
+        None, description="draw tasks whose pass-rate estimate lies in a band, plus unseen ones (null: uniform)")
+    overlong_filter: bool = Field(
+        False, description="a session cut by max_tokens (its last call's finish_reason: length) or by its timeout "
+                           "is left out of its group (not trained on, not in the baseline) instead of scored")
     value_head: ValueHeadConfig | None = Field(
         None, description="the critic of advantage: value_head (null there: the defaults)")
     step_advantage: StepAdvantageConfig | None = Field(
@@ -109,6 +152,11 @@ class GRPOKwargs(StrictModel):
         if self.group_size < 2 and self.advantage != "value_head":
             raise ValueError(f"group_size 1: advantage {self.advantage!r} compares the samples of one task, so it needs "
                              "group_size >= 2; or set advantage: value_head (a learned baseline needs no group)")
+        if self.loss_aggregation == "gspo" and (self.step_advantage is not None or self.advantage == "value_head"):
+            raise ValueError("loss_aggregation gspo takes one advantage per sequence; step_advantage and advantage: "
+                             "value_head give one per turn. Use loss_aggregation token_mean or dr_grpo with them")
+        if self.loss_aggregation == "gspo" and self.tis_cap is not None:
+            raise ValueError("loss_aggregation gspo already weighs each sequence by its own ratio; drop tis_cap")
         if self.value_head is not None and self.value_head.freeze_llm:
             if self.lora is not None:
                 raise ValueError("value_head.freeze_llm trains the value head only, so lora adapters would never "

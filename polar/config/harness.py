@@ -130,6 +130,9 @@ class AgentHarnessConfig(StrictModel):
     task_input: Literal["stdin", "file", "placeholders"] = "stdin"
     task_file: str = Field("task.json", description="file name (in the workspace) for task_input: file")
     limits: HarnessLimits = Field(default_factory=HarnessLimits)
+    sandbox: dict[str, Any] | None = Field(
+        None, description="a command's sandbox, as presets' preset_options.sandbox: runtime (auto|bwrap|none), "
+        "network (gateway|host|none), user (auto|nobody|current), ro_binds (paths it may read, relative to the config)")
 
     @model_validator(mode="after")
     def _one_entry_point(self) -> AgentHarnessConfig:
@@ -139,6 +142,10 @@ class AgentHarnessConfig(StrictModel):
                 "an agent harness needs exactly one of 'command' (a program), 'callable' "
                 f"('module:function') or 'preset'; got {given or 'none'}"
             )
+        if self.sandbox is not None and not self.command:
+            fix = ("a preset takes its sandbox under harness.preset_options.sandbox" if self.preset else
+                   "a callable runs inside polar's process and cannot be sandboxed; run it as a command to sandbox it")
+            raise ValueError(f"harness.sandbox applies to a command harness only: {fix}")
         if self.callable is not None and ":" not in self.callable:
             raise ValueError(f"'callable' must look like 'module:function' (got {self.callable!r})")
         return self

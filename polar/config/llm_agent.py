@@ -107,6 +107,15 @@ class SeedTasks(StrictModel):
         return range(self.start, self.start + self.count)
 
 
+class CurriculumAdvance(StrictModel):
+    """Levels that follow the policy: when the mean success of the last ``window_groups`` training groups
+    reaches ``threshold``, every curriculum attribute not yet at its top goes up one level and the tasks are
+    generated again at the new levels (``polar.trainers.task_sampling.Curriculum``)."""
+
+    threshold: float = Field(0.7, gt=0, le=1, description="advance when the recent pass rate reaches this")
+    window_groups: int = Field(12, ge=1, description="the recent groups the pass rate is taken over")
+
+
 class ReasoningGymTasks(StrictModel):
     """``reasoning_gym.create_dataset(name, size=size, seed=seed, **config)``; item i uses seed ``seed + i``."""
 
@@ -117,6 +126,9 @@ class ReasoningGymTasks(StrictModel):
     config: dict[str, Any] = Field(default_factory=dict, description="the dataset's own options (e.g. min_terms)")
     curriculum: dict[str, int] | None = Field(
         None, description="reasoning-gym curriculum levels per attribute, e.g. {num_terms: 1}; overrides config")
+    advance: CurriculumAdvance | None = Field(
+        None, description="training tasks only: raise every curriculum level by one when the recent pass rate "
+                          "reaches advance.threshold (needs curriculum; null: the levels stay)")
     prompt_suffix: str = Field(
         "\nGive only the final answer on the last line.", description="appended to each question")
     max_tokens: int = Field(64, ge=1, description="max sampled tokens for the answer")
@@ -125,6 +137,13 @@ class ReasoningGymTasks(StrictModel):
 
     def seed_range(self) -> range:
         return range(self.seed, self.seed + self.size)
+
+    @model_validator(mode="after")
+    def _levels_to_advance(self) -> ReasoningGymTasks:
+        if self.advance is not None and not self.curriculum:
+            raise ValueError("tasks.advance raises curriculum levels, and tasks.curriculum is not set; give the "
+                             "starting levels, e.g. curriculum: {num_terms: 0}, or drop advance")
+        return self
 
 
 class HumanEvalTasks(StrictModel):

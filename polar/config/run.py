@@ -163,6 +163,9 @@ class AgentRunConfig(_RunBase):
         why = overlapping_seeds(self.tasks, self.eval_tasks)
         if why:
             raise ValueError(why)
+        if getattr(self.eval_tasks, "advance", None) is not None:
+            raise ValueError("eval_tasks.advance: held-out tasks keep their levels, so scores stay comparable; "
+                             "set advance on tasks (the training tasks) only")
         return self
 
     @model_validator(mode="after")

@@ -111,6 +111,13 @@ def _redact_free(data: Any) -> None:
             _redact_free(v)
 
 
+def redact_override(override: str) -> str:
+    """A ``KEY.PATH=VALUE`` override as it may be logged: the value replaced by ``REDACTED`` when the last key
+    names a credential (``harness.connector_spec.token=...``, ``...env.HF_TOKEN=...``)."""
+    key, sep, _ = override.partition("=")
+    return f"{key}={REDACTED}" if sep and is_secret_key(key.rsplit(".", 1)[-1].strip()) else override
+
+
 def redact_yaml_text(text: str) -> str:
     """A YAML or JSON document with secret-named entries redacted (for files served as they are on disk, e.g.
     an old run's config.resolved.yaml); text that does not parse comes back unchanged but for whole lines

@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from polar.config.secrets import redact_yaml_text
 from polar.dashboard import ratings
 from polar.dashboard.runs import PathError, RunsFolder, safe_path
+from polar.httpserver import BodyError, read_body
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ STATIC = Path(__file__).parent / "static"
 POLL_S = 0.1  # how often watched runs' metrics files are checked for new rows
 RUNS_EVERY_S = 1.0  # how often the runs list (statuses) is sent when it changed
 MAX_CURVE_POINTS = 5000
+RATING_BODY_BYTES = 256 * 1024  # a rating (kind, target, score, a comment of at most 10,000 characters) fits
+BODY_TIMEOUT_S = 10.0  # the most a rating's body may take to arrive once its headers have (then 408)
 # a file from a run folder is the run's (or its agent's) data: it never renders as a page of this origin
 USER_FILE_HEADERS = {"content-security-policy": "default-src 'none'; sandbox", "x-content-type-options": "nosniff",
                      "cache-control": "no-store"}
@@ -345,8 +348,11 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
                 if not token_ok(given_token(request.headers, request.cookies), ratings_token):
                     return _error(401, "ratings need the dashboard's token ($POLAR_DASHBOARD_TOKEN): "
                                        "enter it in the Ratings box, sent as the X-Polar-Token header")
-            try:
-                body = await request.json()
+            try:  # a rating is a few hundred bytes: a bigger or a dripped body is refused while it streams
+                body = json.loads(await read_body(request.stream(), request.headers.get("content-length"),
+                                                  RATING_BODY_BYTES, BODY_TIMEOUT_S, "the rating"))
+            except BodyError as e:
+                return _error(e.status, f"{e}; a rating is a small JSON object")
             except ValueError:
                 raise ValueError("the rating must be a JSON object with kind, target, score and comment") from None
             rating = ratings.validate(body)

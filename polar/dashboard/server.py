@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 from pathlib import Path
 
 import uvicorn
 
+from polar import httpserver
 from polar.dashboard.app import LOOPBACK_NAMES, build_app
 from polar.errors import PolarError
+from polar.httpserver import ConnectionLimits
 
 
 def is_loopback(host: str) -> bool:
@@ -29,7 +29,7 @@ class DashboardServer:
     ``serve()`` in the foreground (the CLI). ``url`` is known once the socket is bound."""
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 ratings_token: str | None = None) -> None:
+                 ratings_token: str | None = None, limits: ConnectionLimits | None = None) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise PolarError(f"runs folder {self.root} does not exist or is not a directory; pass the folder "
@@ -43,20 +43,16 @@ class DashboardServer:
         # loopback: only loopback Host names (DNS rebinding); elsewhere the token guards every read and write
         self.app = build_app(self.root, ratings_token, LOOPBACK_NAMES if loopback else None,
                              token_for_reads=not loopback)
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self.sock.bind((host, port))
+            self.sock = httpserver.bind(host, port, backlog=128)
         except OSError as e:
-            self.sock.close()
             raise PolarError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port "
                              "(0 chooses a free one)") from None
-        self.sock.listen(128)
         self.bound_host, self.port = self.sock.getsockname()[:2]
-        config = uvicorn.Config(self.app, lifespan="off", access_log=False, log_level="warning",
-                                timeout_graceful_shutdown=1)
-        self.server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        # the same connection limits as the gateway's: slow or huge headers and idle sockets are cut
+        self.limits = limits or ConnectionLimits(keep_alive_s=5.0)
+        self.config = httpserver.uvicorn_config(self.app, self.limits, "dashboard", timeout_graceful_shutdown=1)
+        self._threaded: httpserver.ThreadedUvicorn | None = None
 
     @property
     def url(self) -> str:
@@ -64,23 +60,23 @@ class DashboardServer:
         return f"http://{host}:{self.port}"
 
     def serve(self) -> None:
-        asyncio.run(self.server.serve(sockets=[self.sock]))
+        """In the foreground until SIGINT/SIGTERM (``polar dashboard``)."""
+        try:
+            asyncio.run(uvicorn.Server(self.config).serve(sockets=[self.sock]))
+        finally:
+            self.sock.close()
 
     def start(self, timeout_s: float = 30.0) -> DashboardServer:
-        self._thread = threading.Thread(target=self.serve, name=f"polar-dashboard:{self.port}", daemon=True)
-        self._thread.start()
-        done = threading.Event()
-        for _ in range(int(timeout_s / 0.01)):
-            if self.server.started:
-                return self
-            done.wait(0.01)
-        raise PolarError(f"the dashboard did not start within {timeout_s}s")
+        self._threaded = httpserver.ThreadedUvicorn(self.config, self.sock, f"polar-dashboard:{self.port}")
+        if not self._threaded.start(timeout_s):
+            self.stop()
+            raise PolarError(f"the dashboard did not start within {timeout_s}s")
+        return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        if self._threaded is not None:
+            self._threaded.stop(10)
+            self._threaded = None
         self.sock.close()
 
     def __enter__(self) -> DashboardServer:

@@ -27,15 +27,20 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
+from polar import httpserver
 from polar.deploy.body import BodyError, BodyParser
 from polar.deploy.graph import NUMPY_DTYPES, OIP_DATATYPES, GraphSpec
 from polar.deploy.runtime import MANIFEST, Runner, _first_line, load_export, smoke_test
 from polar.errors import DeployError
+from polar.httpserver import ConnectionLimits
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +56,15 @@ class ServeSettings:
     max_versions: int = 3  # versions loaded side by side; the oldest retire
     poll_s: float = 1.0  # how often the watched directory is scanned for new versions (0 = never)
     max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 60.0  # the most a request body may take to arrive once its headers have (then 408)
     threads: int = 1  # onnxruntime intra-op threads per version
     seed: int | None = None  # sampled actions' RNG
     token: str | None = None  # when set, every route but the health checks needs "Authorization: Bearer <token>"
     name: str | None = None  # model name (default: the folder layout's <name>/<version>, else the run's name)
     trust_code: bool = False  # load TorchScript exports and runs whose config names code (custom agents, envs)
     allowed_hosts: frozenset[str] | None = None  # Host names answered (None: any); `serve` on loopback: loopback names
+    # header deadline and size, idle keep-alive (5 s), open connections: the gateway's limits (polar.httpserver)
+    limits: ConnectionLimits = field(default_factory=lambda: ConnectionLimits(keep_alive_s=5.0))
 
 
 class RequestError(Exception):
@@ -692,18 +700,13 @@ def build_app(server: PolicyServer):
     async def read_json(request: Request) -> Any:
         """The body, counted as it streams (a chunked body past the limit is cut there, never read whole), and
         parsed where it cannot stall the other requests (``polar.deploy.body``)."""
-        limit = server.settings.max_body_bytes
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > limit:
-            raise RequestError(f"the request body is {size} bytes, over the limit of {limit}", 413)
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise RequestError(f"the request body is over the limit of {limit} bytes", 413)
-            chunks.append(chunk)
         try:
-            return await server.parser.parse(b"".join(chunks))
+            raw = await httpserver.read_body(request.stream(), request.headers.get("content-length"),
+                                             server.settings.max_body_bytes, server.settings.body_timeout_s)
+        except httpserver.BodyError as e:
+            raise RequestError(str(e), e.status) from None
+        try:
+            return await server.parser.parse(raw)
         except BodyError as e:
             raise RequestError(str(e)) from None
 
@@ -923,12 +926,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def uvicorn_config(server: PolicyServer, settings: ServeSettings, **kwargs: Any) -> uvicorn.Config:
+    """uvicorn's config for ``server``'s app with the gateway's connection limits (``settings.limits``):
+    slow or huge headers and idle sockets are cut."""
+    return httpserver.uvicorn_config(build_app(server), settings.limits, "policy server",
+                                     **{"lifespan": "auto", "timeout_graceful_shutdown": 5, **kwargs})
+
+
 def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings: ServeSettings | None = None,
           announce: Any = None) -> None:
     """Serve until interrupted (``polar serve``). ``announce(url)`` is called with the address actually bound
     (the real host and port, also when ``port`` is 0) before the first request is accepted."""
-    import socket
-
     import uvicorn
 
     settings = settings or ServeSettings()
@@ -942,18 +950,13 @@ def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings:
     if not server.source.candidates():  # a one-line error here, not a failed startup inside uvicorn
         what = "checkpoint" if server.source.run_mode else "export (a directory with manifest.json)"
         raise DeployError(f"{server.source.path} holds no {what} to serve")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock = httpserver.bind(host, port)
     except OSError as e:
-        sock.close()
         raise DeployError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port (0 chooses a "
                           "free one)") from None
-    sock.listen(2048)
     bound_host, bound_port = sock.getsockname()[:2]
-    uv = uvicorn.Server(uvicorn.Config(build_app(server), log_level="warning", access_log=False,
-                                       timeout_graceful_shutdown=5, timeout_keep_alive=5))
+    uv = uvicorn.Server(uvicorn_config(server, settings))
 
     def stop() -> None:
         uv.should_exit = True

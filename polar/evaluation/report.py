@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polar.config.secrets import redact
 from polar.evaluation.metrics import get_metric
 from polar.evaluation.stats import summarize
 
@@ -24,9 +25,10 @@ def _policy_info(suite: Any, p: Any) -> dict[str, Any]:
 def _harness_info(h: Any) -> dict[str, Any]:
     info: dict[str, Any] = {"name": h.name, "kind": h.kind, "metrics": [m.name for m in h.metrics]}
     if h.kind == "env":
-        info.update(wrappers=[w.model_dump() for w in h.wrappers], seeds=h.seeds.model_dump(),
+        # what the report keeps of a harness is redacted as config.resolved.yaml is (a connector token, env: keys)
+        info.update(wrappers=[redact(w) for w in h.wrappers], seeds=h.seeds.model_dump(),
                     deterministic=h.deterministic, max_episode_steps=h.max_episode_steps,
-                    harness=h.harness.model_dump(mode="json") if h.harness else None, config=h.config)
+                    harness=redact(h.harness) if h.harness else None, config=h.config)
     else:
         info.update(tasks=h.tasks, config=h.config, samples_per_task=h.samples_per_task, max_tasks=h.max_tasks,
                     deterministic=h.deterministic)

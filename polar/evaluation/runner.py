@@ -161,7 +161,11 @@ def agent_job(suite: EvalSuite, h: Any, p: Any, out_dir: Path) -> list[dict[str,
     tasks = agent_tasks(suite, h, cfg)
     engines = []
     try:
-        if p.model is not None:
+        if isinstance(p.model, dict):  # a model section: a chat endpoint (engine: openai_compat) or a local model
+            from polar.trainers.agentic_run import engine_of_model_section
+
+            engines.append(engine_of_model_section(p.model, f"policies[{p.name}].model"))
+        elif p.model is not None:
             engines.append(_embedded_engine(p.model, cfg))
         else:
             for r in resolved:
@@ -170,7 +174,9 @@ def agent_job(suite: EvalSuite, h: Any, p: Any, out_dir: Path) -> list[dict[str,
                 engines.append(engine)
                 _load_weights(engine, r.cfg, r.checkpoint)
         engine = EnsembleEngine(engines) if len(engines) > 1 else engines[0]
-        if h.deterministic:
+        if h.deterministic and getattr(engine, "text_level", False):  # a chat endpoint: ask it for greedy
+            engine.temperature_override = 0.0
+        elif h.deterministic:
             engine = GreedyEngine(engine)
         else:
             torch.manual_seed(h.seed)

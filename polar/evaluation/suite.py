@@ -112,7 +112,9 @@ class PolicySpec(StrictModel):
     checkpoint: str | None = None
     run: str | None = None
     ensemble: list[str] | None = None
-    model: str | None = None
+    model: str | dict[str, Any] | None = Field(
+        None, description="agent harnesses: a model name (tiny, smollm2-135m, a folder) or a model section, e.g. "
+        "{engine: openai_compat, base_url: URL, model: NAME, api_key_env: VAR}")
 
     @model_validator(mode="after")
     def _one_source(self) -> PolicySpec:

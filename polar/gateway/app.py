@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import math
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -206,9 +208,10 @@ class GatewayApp:
             Route("/admin/pause", self.admin_pause, methods=["POST"]),
             Route("/admin/resume", self.admin_resume, methods=["POST"]),
             Route("/admin/weights", self.admin_weights, methods=["POST"]),
+            Route("/admin/claim", self.admin_claim, methods=["POST"]),
         ]
         self.starlette = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
-        self.asgi = SessionPrefix(self.starlette, fast_routes)
+        self.asgi: Any = HostOriginGuard(SessionPrefix(self.starlette, fast_routes), allowed_host_names(config))
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -368,6 +371,9 @@ class GatewayApp:
 
     def _may_append(self, request: Request, session_id: str) -> None:
         caller = caller_of(request)
+        if self.config.claimed_sessions_only and self.store.owner(session_id) is None:
+            raise ApiError("permission", f"session {session_id!r} was not opened by this run; a harness calls only "
+                           "its own session (the /s/<id>/ prefix and API key it was given)")
         owner = self.store.claim(session_id, caller)
         if self.config.admin_token and owner != caller:
             raise ApiError("permission", f"session {session_id!r} belongs to another API key; a call appends only "
@@ -448,6 +454,27 @@ class GatewayApp:
     async def admin_resume(self, request: Request) -> Response:
         return self._admin_denied(request) or self._json(self.gate.resume())
 
+    async def admin_claim(self, request: Request) -> Response:
+        """Body ``{"session_id": ..., "api_key": ...}``: give a session to a key before its harness starts, so
+        no other caller (a sibling session that learnt the id) can create it first and write into it."""
+        denied = self._admin_denied(request)
+        if denied:
+            return denied
+        try:
+            body = await self._body(request)
+            sid, key = body.get("session_id"), body.get("api_key")
+            if not isinstance(sid, str) or not sid or not isinstance(key, str) or not key:
+                raise bad("body must be {\"session_id\": \"<id>\", \"api_key\": \"<the session's key>\"}", "session_id")
+            problem = session_id_problem(sid)
+            if problem is not None:
+                raise bad(problem, "session_id")
+            owner = self.store.claim(sid, key_hash(key))
+            if owner != key_hash(key):
+                raise ApiError("permission", f"session {sid!r} already belongs to another API key")
+            return self._json({"session_id": sid, "claimed": True})
+        except ApiError as e:
+            return self._error(openai_chat, e)
+
     async def admin_weights(self, request: Request) -> Response:
         """Body ``{"path": "<file>.safetensors", "policy_version": N, "timeout_s": 300}``: drain, swap, resume."""
         denied = self._admin_denied(request)
@@ -511,6 +538,83 @@ def _parse_json(raw: bytes, request: Request) -> dict[str, Any]:
         raise bad(problem)
     request.scope[schemas.RAW_BODY_KEY] = raw  # for schemas.validate: exact big integers in its messages
     return body
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
+SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
+
+
+def allowed_host_names(config: Any) -> frozenset[str] | None:
+    """The ``Host`` names the gateway answers (IP literals always pass); ``None``: any (``allowed_hosts: ['*']``).
+
+    A name outside this set means a DNS-rebinding page (its own domain resolved to this machine) or a
+    misconfigured client; loopback names, the configured ``host`` and this machine's names pass."""
+    extra = [h.lower() for h in getattr(config, "allowed_hosts", None) or []]
+    if "*" in extra:
+        return None
+    names = set(LOOPBACK_NAMES) | set(extra)
+    host = str(getattr(config, "host", "") or "").lower()
+    if host and host not in ("0.0.0.0", "::"):
+        names.add(host)
+    else:  # all interfaces: remote clients may name this machine
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return frozenset(names)
+
+
+def _host_name(value: str) -> str:
+    """``example.org:8080`` -> ``example.org``; ``[::1]:80`` -> ``::1``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    return value.rpartition(":")[0] if value.count(":") == 1 else value
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostOriginGuard:
+    """ASGI wrapper: refuse a ``Host`` this gateway does not go by (DNS rebinding) and, on every request
+    that changes state (any method but GET/HEAD/OPTIONS), an ``Origin`` other than the gateway's own (a
+    web page posting to it: CSRF). SDKs and CLIs send no ``Origin``; browsers always do on a POST."""
+
+    def __init__(self, app: Any, hosts: frozenset[str] | None) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            why = self.refusal(scope)
+            if why is not None:
+                body = orjson.dumps(openai_chat.error_body(ApiError("permission", why)))
+                await send({"type": "http.response.start", "status": 403, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: dict[str, Any]) -> str | None:
+        host = origin = None
+        for name, value in scope.get("headers") or ():
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+        if host is not None and self.hosts is not None:
+            name = _host_name(host)
+            if not _is_ip(name) and name not in self.hosts:
+                return (f"Host {host!r} is not a name of this gateway; connect by IP, localhost or the configured "
+                        "host, or add the name to gateway.allowed_hosts")
+        if origin is not None and scope.get("method", "GET").encode() not in SAFE_METHODS:
+            if host is None or origin.lower().partition("://")[2].rstrip("/") != host.strip().lower():
+                return (f"cross-origin {scope.get('method')} from {origin!r} refused: the gateway takes no "
+                        "state-changing requests from web pages (send none of them with an Origin header)")
+        return None
 
 
 def _timeout_param(request: Request, default: float) -> float:

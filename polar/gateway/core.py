@@ -10,6 +10,8 @@ engine error, client disconnect), so no call goes unrecorded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -44,6 +46,8 @@ def engine_error(e: BaseException) -> ApiError:
     if isinstance(e, ContextLengthExceeded):
         return ApiError("context_length", str(e), prompt_tokens=e.prompt_tokens, context_length=e.context_length,
                         prompt_tokens_at_least=e.at_least)
+    if type(e).__name__ == "UpstreamRateLimited":  # an openai_compat endpoint still said 429 after its retries
+        return ApiError("rate_limited", f"inference upstream rate limited: {e}", retry_after_s=1.0)
     if isinstance(e, UpstreamUnavailable):
         return ApiError("unavailable", f"inference upstream unavailable: {e}")
     if isinstance(e, EngineError):
@@ -72,7 +76,8 @@ class GatewayCore:
             raise bad(f"'top_logprobs' is {req.top_logprobs} but this engine ({type(self.engine).__name__}) "
                       + (f"reports at most {most} alternatives per token" if most else "cannot report alternatives")
                       + "; ask for fewer, or leave top_logprobs out", "top_logprobs")
-        if req.tools and req.tool_choice != "none":
+        text_level = bool(getattr(self.engine, "text_level", False))
+        if req.tools and req.tool_choice != "none" and not text_level:  # a chat endpoint renders tools itself
             refusal = tools_refusal(self.engine)
             if refusal is not None:
                 raise bad(refusal, "tools")
@@ -82,7 +87,7 @@ class GatewayCore:
                            "again (free space on the records' filesystem; GET /health says when)")
         await self.gate.enter()
         try:
-            call = Call(self, req, session_id)
+            call = (TextCall if text_level else Call)(self, req, session_id)
         except BaseException:
             self.gate.exit()  # nothing was started: the slot is free again
             raise
@@ -263,6 +268,10 @@ class Call:
             tool_parse_error=parsed.parse_error,
         )
 
+    def extra_metadata(self) -> dict[str, Any]:
+        """What a kind of call adds to its record's metadata (a text-level call: the endpoint's answer)."""
+        return {}
+
     async def _close_gen(self) -> None:
         if self._gen is not None:
             gen, self._gen = self._gen, None
@@ -323,6 +332,7 @@ class Call:
         }
         if self.rejected_prompt is not None:
             meta["rejected_prompt"] = self.rejected_prompt
+        meta.update(self.extra_metadata())
         if out is not None and out.stop_sequence:
             meta["stop_sequence"] = out.stop_sequence
         if out is not None and out.tool_parse_error:
@@ -349,3 +359,107 @@ class Call:
             metadata=meta,
         )
         return rec
+
+
+class TextCall(Call):
+    """A call to a text-level engine (``engine: openai_compat``): the messages, tools and sampling go to the
+    endpoint as they are; text and tool calls come back.
+
+    The prompt is still rendered and checked with the engine's local tokenizer, so the record has ids: the
+    endpoint's own (prompt and sampled ids, with logprobs) when it returned both, else the local rendering
+    and the answer re-encoded in the local tokenizer (its Hermes form, then the end-of-turn id), with no
+    logprobs (``metadata.logprob_mode: none``, ``metadata.token_source: retokenized``)."""
+
+    result: Any = None
+
+    async def prepare(self) -> None:
+        core, req = self.core, self.req
+        engine: Any = core.engine
+        if req.logprobs and not getattr(engine.config, "token_ids", False):
+            raise bad(f"'logprobs' needs token logprobs from the endpoint, and this gateway's openai_compat engine "
+                      f"does not ask for them ({engine.config.config_key}.engine_kwargs.token_ids: false); "
+                      "leave logprobs out, or serve a vLLM endpoint with token_ids: true", "logprobs")
+        self.prompt, greq = await asyncio.to_thread(self._prompt_request)
+        self.sent = greq
+        body = engine.body(req.messages, self.tools, req.tool_choice, req.max_tokens, req.temperature, req.top_p,
+                           req.stop, req.seed, bool(req.stream))
+        self._gen = engine.chat(body)
+        try:
+            self._first = await self._gen.__anext__()
+        except StopAsyncIteration:
+            self._first = None
+
+    async def events(self) -> AsyncIterator[str | CallOutput]:  # type: ignore[override]
+        error: BaseException | None = None
+        try:
+            item: Any = self._first
+            while item is not None:
+                if isinstance(item, str):
+                    if self.first_token_s is None:
+                        self.first_token_s = time.perf_counter() - self._t0
+                    yield item
+                else:
+                    self.result = item
+                    break
+                try:
+                    item = await self._gen.__anext__()
+                except StopAsyncIteration:
+                    item = None
+            if self.result is None:
+                raise EngineError("the endpoint ended its answer without a finish reason")
+            self.output = self._text_output(self.result)
+            yield self.output
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            await self.close(error)
+
+    def _text_output(self, res: Any) -> CallOutput:
+        from polar.gateway.normalized import parse_arguments
+        from polar.gateway.toolcalls import ToolCall
+
+        calls = [ToolCall(c["name"], parse_arguments(c["arguments"]), **({"id": c["id"]} if c["id"] else {}))
+                 for c in res.tool_calls]
+        finish = "tool_calls" if calls and res.finish_reason in ("stop", "tool_calls") else res.finish_reason
+        if finish == "tool_calls" and not calls:
+            finish = "stop"
+        tok = self.core.engine.tokenizer
+        blocks = [f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n"
+                  "</tool_call>" for c in calls]
+        hermes = "\n".join([res.content, *blocks] if res.content else blocks)
+        self.token_source = "retokenized"
+        n_ids = res.sampled_ids
+        if res.prompt_ids and n_ids and res.logprobs is not None and len(res.logprobs) == len(n_ids):
+            self.token_source = "endpoint"
+            if self.prompt is not None:  # the ids the endpoint consumed, not polar's local rendering
+                self.prompt = dataclasses.replace(self.prompt, ids=[int(t) for t in res.prompt_ids])
+            self.sampled = [int(t) for t in n_ids]
+            self.logprobs = list(res.logprobs)
+        else:
+            ids = list(tok.encode(hermes, add_special_tokens=False)) if hermes else []
+            if finish in ("stop", "tool_calls") and self.core.stop_ids:
+                ids.append(self.core.stop_ids[0])  # the turn ended: the end-of-turn id, as a sampled stop
+            self.sampled = ids
+            self.logprobs = [0.0] * len(ids)
+        self.parsed = ParsedOutput(res.content, calls)
+        prompt_tokens = len(self.prompt.ids) if self.prompt else 0
+        return CallOutput(text=hermes, content=res.content, tool_calls=calls, finish=finish, stop_sequence=None,
+                          prompt_tokens=res.prompt_tokens if res.prompt_tokens is not None else prompt_tokens,
+                          sampled_ids=self.sampled, logprobs=self.logprobs, call_index=self.call_index,
+                          completion_tokens_reported=res.completion_tokens, logprob_content=res.logprob_content)
+
+    def extra_metadata(self) -> dict[str, Any]:
+        engine: Any = self.core.engine
+        res = self.result
+        meta: dict[str, Any] = {
+            "endpoint": {"base_url": engine.base_url, "model": engine.config.model,
+                         "retries": res.retries if res is not None else None},
+            "token_source": getattr(self, "token_source", None),
+            "logprob_mode": "endpoint" if getattr(self, "token_source", None) == "endpoint" else "none",
+        }
+        if res is not None:
+            meta["endpoint"]["usage"] = {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens}
+            if getattr(self, "token_source", None) != "endpoint" and res.logprobs:
+                meta["endpoint_logprobs"] = res.logprobs  # the endpoint's, for tokens polar has no ids of
+        return meta

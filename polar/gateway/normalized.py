@@ -59,9 +59,13 @@ class CallOutput:
     call_index: int = -1
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per sampled token, when the request asked
     tool_parse_error: str | None = None
+    completion_tokens_reported: int | None = None  # a text-level engine: the endpoint's own count
+    logprob_content: list[dict[str, Any]] | None = None  # a text-level engine: OpenAI logprobs as the endpoint sent them
 
     @property
     def completion_tokens(self) -> int:
+        if self.completion_tokens_reported is not None:
+            return self.completion_tokens_reported
         return len(self.sampled_ids)
 
 

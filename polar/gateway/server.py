@@ -13,34 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import socket
-import threading
-from collections import OrderedDict
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from polar import httpserver
 from polar.config.gateway import GatewayConfig
 from polar.errors import GatewayError
 from polar.gateway.app import GatewayApp
 from polar.gateway.sessions import check_records_dir, key_session_id
+from polar.httpserver import ConnectionLimits, GuardedHttpToolsProtocol, new_event_loop
 from polar.types import CallRecord
 
+__all__ = ["ConnectionLimits", "GatewayServer", "GuardedHttpToolsProtocol", "build_app", "new_event_loop",
+           "serve_forever", "uvicorn_config"]
+
 log = logging.getLogger(__name__)
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path | None = None) -> GatewayApp:
@@ -51,7 +42,9 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
         from polar.inference import load_engine
 
         launch: dict[str, Any] = {}
-        if config.engine != "embedded":  # polar launches the servers; their logs go beside the records
+        if config.engine == "openai_compat":  # a chat endpoint: messages go to it as they are
+            launch = {"engine": "openai_compat", "base_url": config.base_url, "api_key_env": config.api_key_env}
+        elif config.engine != "embedded":  # polar launches the servers; their logs go beside the records
             default_logs = Path(records_dir).parent / "vllm" if records_dir is not None else Path("runs") / "vllm"
             launch = {"engine": config.engine, "replicas": config.replicas,
                       "log_dir": str(config.engine_log_dir or default_logs)}
@@ -64,132 +57,15 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
     return GatewayApp(engine, config, records_dir)
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one client connection may hold of the gateway (docs/gateway.md, Limits).
-
-    A connection must send a request's line and headers within ``header_timeout_s`` (a slow-headers
-    client is cut, however it drips); an idle keep-alive connection is closed after ``keep_alive_s``;
-    request line plus headers over ``max_header_bytes`` get a 431; past ``max_connections`` open
-    connections (0: three quarters of the open-file limit) the longest-idle one is closed, so idle
-    sockets never exhaust the file descriptors that records and the engine need."""
-
-    header_timeout_s: float = 10.0
-    keep_alive_s: float = 30.0
-    max_header_bytes: int = 64 * 1024
-    max_connections: int = 0
-
-    def connection_cap(self) -> int:
-        if self.max_connections:
-            return self.max_connections
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) * 3 // 4)
-
-
-_TOO_LARGE = b"request line and headers are larger than the gateway's limit (%d bytes); send smaller headers"
-
-
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the ``ConnectionLimits`` it lacks: a header deadline from the
-    connection's (or the request's) first byte, a header size cap, and a cap on open connections that
-    closes the longest-idle one. ``guarded_protocol`` makes one subclass per server (its own idle list)."""
-
-    limits = ConnectionLimits()
-    cap = 0
-    idle: OrderedDict[GuardedHttpToolsProtocol, None] = OrderedDict()  # idle since, oldest first
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._head_bytes = 0
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._arm_head_timer()
-        if len(self.connections) > self.cap:  # over the cap: the longest-idle connection makes room
-            if self.idle:
-                oldest, _ = self.idle.popitem(last=False)
-                oldest.transport.close()
-            else:  # every other connection is busy with a request: this one is refused
-                transport.close()
-                return
-        self.idle[self] = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.idle.pop(self, None)
-        self._cancel_head_timer()
-        super().connection_lost(exc)
-
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timeout)
-
-    def _cancel_head_timer(self) -> None:
-        if getattr(self, "_head_timer", None) is not None:
-            self._head_timer.cancel()  # type: ignore[union-attr]
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()  # no request line and headers in time: idle or a slow-headers client
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            return
-        self.idle.pop(self, None)
-        if self._head_timer is not None:  # a request's head is being read (or awaited)
-            self._head_bytes += len(data)
-        super().data_received(data)
-        if self._head_timer is not None and self._head_bytes > self.limits.max_header_bytes:
-            self._refuse_head()
-
-    def _refuse_head(self) -> None:
-        self._cancel_head_timer()
-        msg = _TOO_LARGE % self.limits.max_header_bytes
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8"
-                             b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(msg), msg))
-        self.transport.close()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._head_bytes = 0
-        self._arm_head_timer()
-
-    def on_headers_complete(self) -> None:
-        self._cancel_head_timer()
-        super().on_headers_complete()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and not self.pipeline:
-            self.idle[self] = None  # waiting for its next request (uvicorn's keep-alive timer runs)
-
-
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
-    return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,),
-                {"limits": limits, "cap": limits.connection_cap(), "idle": OrderedDict()})
-
-
 def uvicorn_config(app: Any, config: GatewayConfig, limits: ConnectionLimits | None = None,
                    **kwargs: Any) -> uvicorn.Config:
-    limits = limits or ConnectionLimits()
-    return uvicorn.Config(
-        app, host=config.host, port=config.port, lifespan="off", access_log=False, log_level="warning",
-        http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s, backlog=2048, proxy_headers=False,
-        server_header=False, **kwargs,
-    )
+    return httpserver.uvicorn_config(app, limits, "gateway", host=config.host, port=config.port, **kwargs)
 
 
 def serve_forever(config: GatewayConfig, engine: Any = None, on_listen: Any = None) -> None:
     """Run the gateway in the calling (main) thread until SIGINT/SIGTERM; for ``polar gateway``."""
     app = build_app(config, engine)
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((config.host, config.port))
-    except OSError as e:
-        sock.close()
-        raise GatewayError(f"cannot listen on {config.host}:{config.port}: {e}; pick another port") from None
-    sock.listen(2048)  # clients that connect before uvicorn's first accept wait in the backlog, not refused
+    sock = _bind(config)
     host = config.host if config.host not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn_config(app.asgi, config))
@@ -219,6 +95,13 @@ def serve_forever(config: GatewayConfig, engine: Any = None, on_listen: Any = No
             loop.close()
 
 
+def _bind(config: GatewayConfig) -> socket.socket:
+    try:
+        return httpserver.bind(config.host, config.port)
+    except OSError as e:
+        raise GatewayError(f"cannot listen on {config.host}:{config.port}: {e}; pick another port") from None
+
+
 class GatewayServer:
     """A gateway on a background thread. ``start()`` returns once it accepts connections."""
 
@@ -228,9 +111,7 @@ class GatewayServer:
         self.limits = limits or ConnectionLimits()
         self.app = build_app(self.config, engine, records_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
+        self._uv: httpserver.ThreadedUvicorn | None = None
         self.port: int = 0
 
     @property
@@ -243,61 +124,26 @@ class GatewayServer:
         return f"http://{host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> GatewayServer:
-        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.config.host, self.config.port))
-        except OSError as e:
-            sock.close()
-            raise GatewayError(f"cannot listen on {self.config.host}:{self.config.port}: {e}; pick another port") from None
-        self._sock = sock
+        sock = _bind(self.config)
         self.port = sock.getsockname()[1]
         # in-process: leave the host's logging alone (uvicorn's default dictConfig closes every handler the
         # run installed, e.g. the learner's RUN/logs/ lines)
-        self._server = uvicorn.Server(uvicorn_config(self.app.asgi, self.config, self.limits, log_config=None))
-        self.loop = new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=f"polar-gateway:{self.port}", daemon=True)
-        self._thread.start()
-        deadline = threading.Event()
-        for _ in range(int(timeout_s / 0.01)):
-            if self._server.started or not self._thread.is_alive():
-                break
-            deadline.wait(0.01)
-        if not self._server.started:
+        config = uvicorn_config(self.app.asgi, self.config, self.limits, log_config=None)
+        self._uv = httpserver.ThreadedUvicorn(config, sock, f"polar-gateway:{self.port}", loop=new_event_loop(),
+                                              after=lambda: self.app.engine.close(), cleanup=self.app.store.close)
+        self.loop = self._uv.loop
+        if not self._uv.start(timeout_s):
             self.stop()
             raise GatewayError(f"the gateway did not start within {timeout_s}s (see the log above)")
         return self
 
-    def _run(self) -> None:
-        assert self.loop is not None and self._server is not None
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
-            self.loop.run_until_complete(self.app.engine.close())
-        except Exception:
-            log.exception("gateway server stopped with an error")
-        except BaseException:  # uvloop raises Ctrl-C in this thread too; the owner's stop() cleans up
-            log.debug("gateway loop interrupted", exc_info=True)
-        finally:
-            self.app.store.close()
-
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive() and self._server is not None:
-                self._server.force_exit = True
-                self._thread.join(timeout_s)
-        if self.loop is not None and not (self._thread and self._thread.is_alive()) and not self.loop.is_running():
-            self.loop.close()
-        if self._sock is not None:
-            self._sock.close()
-        self._thread = None
+        if self._uv is not None:
+            self._uv.stop(timeout_s)
+            self._uv = None
 
     def __enter__(self) -> GatewayServer:
-        return self.start() if self._thread is None else self
+        return self.start() if self._uv is None else self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
@@ -306,7 +152,7 @@ class GatewayServer:
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 600.0) -> Any:
         """Run ``coro`` on the server loop and wait for its result."""
-        if self.loop is None or self._thread is None:
+        if self.loop is None or self._uv is None:
             coro.close()
             raise GatewayError("the gateway is not running; call start() first")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)

@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 from polar.errors import GatewayError
-from polar.types import SESSION_KEY_PREFIX, CallRecord
+from polar.types import SESSION_KEY_PREFIX, CallRecord, secret_key_session_id
 from polar.types import session_key as session_key  # a client names its session with it (docs/gateway.md)
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,9 @@ def key_hash(key: str) -> str:
 def key_session_id(key: str) -> str:
     """The id of the session an API key names when a call names no session otherwise: the name in a
     ``session_key``, else a hash of the key (a credential never becomes a session id)."""
+    named = secret_key_session_id(key)  # a rollout's secret per-session key: its name, after the secret
+    if named is not None:
+        return named
     if key.startswith(SESSION_KEY_PREFIX) and len(key) > len(SESSION_KEY_PREFIX):
         return key[len(SESSION_KEY_PREFIX):]
     return "key-" + key_hash(key)

@@ -267,11 +267,19 @@ def check_harness(harness_cfg: Any, config_dir: Path | None = None, steps: int =
         report.violations.append(Violation("construct", "the harness to start", text,
                                            "fix the harness config or the connector class named in the message", details))
         return report
+    if isinstance(harness_cfg, CustomHarnessConfig) and harness_cfg.connector_spec.command:
+        # named by the class it declared (hello ``name``, init ``class_name``), not by its launcher's command line
+        target = getattr(env, "connector_name", None) or target
     return check_env(env, steps=steps, seed=seed, target=target)
 
 
 def _spec_name(cfg: Any) -> str:
+    """The harness's name before it runs: a connector's class, else its command line until it declares one."""
     if not isinstance(cfg, CustomHarnessConfig):
         return str(cfg.type)
     spec = cfg.connector_spec
-    return f"{spec.module}:{spec.class_name}" if spec.module else " ".join(spec.command or [])
+    if spec.module:
+        return f"{spec.module}:{spec.class_name}"
+    from polar.harness.connector.process import command_label
+
+    return command_label(spec.command or [])

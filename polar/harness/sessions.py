@@ -12,7 +12,7 @@ from polar.config.llm_agent import LLMAgentConfig, is_agent_run
 from polar.errors import ConfigError
 from polar.harness.agent.build import build_runner
 from polar.harness.agent.runners import HarnessRunner
-from polar.harness.agent.verifiers import build_verifier
+from polar.harness.agent.verifiers import checked_verifier
 from polar.harness.benchmarks.sources import load_run_tasks
 
 __all__ = ["agent_timeout_s", "load_run_tasks", "session_runner", "session_verifier"]
@@ -36,11 +36,12 @@ def session_runner(cfg: Any) -> HarnessRunner:
 
 
 def session_verifier(cfg: Any, config_dir: Path | None = None) -> Any:
-    """``cfg.verifier``; for the LLM env agent without one, ``env_return`` (the episode return is the reward)."""
+    """``cfg.verifier``; for the LLM env agent without one, ``env_return`` (the episode return is the reward). Its
+    rewards are checked: NaN, or one outside ``verifier.reward_range``, ends the session ERROR naming the task."""
     verifier_cfg = cfg.verifier
     if verifier_cfg is None and _llm_agent(cfg):
         verifier_cfg = VerifierConfig(type="env_return")
-    return build_verifier(verifier_cfg, config_dir or cfg.config_dir)
+    return checked_verifier(verifier_cfg, config_dir or cfg.config_dir)
 
 
 def agent_timeout_s(cfg: Any) -> float:

@@ -36,7 +36,10 @@ def _build_engine(spec: str | Mapping[str, Any] | Any, *, engine: str = "embedde
     - ``"vllm:http://h1:8000,http://h2:8000"`` or ``"sglang:URL[,URL]"``: upstream replicas
       (tokenizer from ``tokenizer=`` kwarg, default ``"tiny"``);
     - a mapping / ``UpstreamConfig`` with ``kind: vllm|sglang`` and ``urls``: upstream replicas;
-    - an ``Engine`` instance is returned as is.
+    - an ``Engine`` instance is returned as is;
+    - with ``engine="openai_compat"``, ``spec`` is the model name a ``/v1/chat/completions`` endpoint serves,
+      and ``kwargs`` are ``base_url``, ``api_key_env``, ``tokenizer`` and the options of
+      :class:`polar.inference.openai_compat.OpenAICompatConfig`.
 
     Extra keyword arguments go to the engine's constructor (e.g. ``device="cuda"``, ``max_batch_size=16``).
     """
@@ -53,8 +56,16 @@ def _build_engine(spec: str | Mapping[str, Any] | Any, *, engine: str = "embedde
         if log_dir is None:
             raise EngineError("engine: vllm needs a log_dir for its replicas' logs")
         return launch_vllm(spec, replicas=replicas, log_dir=log_dir, config_key=config_key, **kwargs)
+    if engine == "openai_compat":
+        from polar.inference.openai_compat import build_openai_compat
+
+        if not isinstance(spec, str):
+            raise EngineError(f"{config_key.split('.')[0]}.model: engine: openai_compat needs the endpoint's model "
+                              f"name, not {type(spec).__name__}")
+        return build_openai_compat(spec, config_key=config_key.split(".")[0], **kwargs)
     if engine != "embedded":
-        raise EngineError(f"{config_key.split('.')[0]}.engine {engine!r} is not an engine polar runs; use 'embedded' or 'vllm'")
+        raise EngineError(f"{config_key.split('.')[0]}.engine {engine!r} is not an engine polar runs; use 'embedded', "
+                          "'vllm' or 'openai_compat'")
     from polar.inference import upstream  # light: httpx only
 
     is_upstream = isinstance(spec, (Mapping, upstream.UpstreamConfig)) or (

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -48,6 +47,7 @@ from starlette.responses import JSONResponse as _StarletteJSONResponse
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from polar.httpserver import ThreadedUvicorn, bind, uvicorn_config
 from polar.inference.base import (
     ContextLengthExceeded,
     Engine,
@@ -513,17 +513,11 @@ class StandinServer:
     def __init__(
         self, app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 20.0
     ) -> None:
-        import uvicorn
-
         self.app = app
         self.host = host
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
-        )
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
-        self._start_timeout_s = start_timeout_s
         self.port = port
+        self._start_timeout_s = start_timeout_s
+        self._uv: ThreadedUvicorn | None = None
 
     @property
     def url(self) -> str:
@@ -534,20 +528,22 @@ class StandinServer:
         return self.app.state.standin.requests
 
     def start(self) -> StandinServer:
-        self._thread = threading.Thread(target=self._server.run, name="polar-standin", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + self._start_timeout_s
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise EngineError(f"stand-in server did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        try:
+            sock = bind(self.host, self.port)
+        except OSError as e:
+            raise EngineError(f"stand-in server cannot listen on {self.host}:{self.port}: {e}") from None
+        self.port = sock.getsockname()[1]
+        self._uv = ThreadedUvicorn(uvicorn_config(self.app, server_name="stand-in server", log_config=None), sock,
+                                   "polar-standin")
+        if not self._uv.start(self._start_timeout_s):
+            self._uv.stop()
+            raise EngineError(f"stand-in server did not start on {self.host}:{self.port}")
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._uv is not None:
+            self._uv.stop(timeout_s)
+            self._uv = None
 
     def __enter__(self) -> StandinServer:
         return self.start()
@@ -577,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = EmbeddedEngine.from_spec("tiny")
     app = make_app(engine, args.api, served_model=args.served_model, incremental=args.incremental)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.Server(uvicorn_config(app, server_name="stand-in server", host=args.host, port=args.port)).run()
     return 0
 
 

@@ -4,7 +4,9 @@ sessions, SFT on demonstrations.
 - The Collector is ``SessionCollector``: ``tasks_per_step`` groups of ``group_size`` sessions from the rollout
   service (harness -> gateway -> verifier); with ``max_off_policy_steps >= 1`` the next batch is collected
   while this one trains (its sessions may straddle a weight swap; each sample's oldest policy version decides
-  whether it is still fresh enough).
+  whether it is still fresh enough). With ``dynamic_sampling`` it draws more rounds until ``tasks_per_step``
+  groups have rewards that differ (bounded); ``difficulty_filter`` and a reasoning-gym ``advance`` choose
+  which tasks it draws (``polar.trainers.task_sampling``).
 - The Learner is ``AgentTrainer``: the SFT stage first (``sft_warmup``, or the whole run for
   ``policy.type: sft``), which is the run's iteration 0, so an SFT run's checkpoint is ``ckpt_00000000.pt``;
   then one GRPO step per iteration: drop ERROR/CANCELLED sessions and stale groups, group-relative
@@ -28,9 +30,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from polar.algorithms.grpo import GRPOLearner
@@ -41,10 +44,11 @@ from polar.metrics.logger import EpisodeWindow
 from polar.rollout.sessions.session import SessionResult
 from polar.trainers.agentic_run import build_stack, heldout_success, load_tasks, policy_options, resolve
 from polar.trainers.lifecycle import run_guard
-from polar.trainers.llm_trainer import best_reward, group_batch, return_batch, reward_range
+from polar.trainers.llm_trainer import best_reward, group_batch, has_signal, return_batch, reward_range
 from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
 from polar.trainers.session_stats import live_counts, session_metrics
+from polar.trainers.task_sampling import Curriculum, TaskDifficulty
 from polar.types import Batch
 
 log = logging.getLogger(__name__)
@@ -68,8 +72,14 @@ class SessionCollector:
     HEARTBEAT_S = 30.0
 
     def __init__(self, stack: Any, tasks: list[dict[str, Any]], tasks_per_step: int, group_size: int, seed: int,
-                 batches: int, prefetch: bool, first_step: int = 0) -> None:
+                 batches: int, prefetch: bool, first_step: int = 0, max_extra_rounds: int = 0,
+                 signal: Callable[[list[SessionResult]], bool] | None = None,
+                 difficulty: TaskDifficulty | None = None, curriculum: Curriculum | None = None) -> None:
         self.stack = stack
+        self.curriculum = curriculum
+        self.max_extra_rounds = max_extra_rounds if signal is not None else 0
+        self.signal = signal
+        self.difficulty = difficulty
         self.tasks = list(tasks)
         self.tasks_per_step = tasks_per_step
         self.group_size = group_size
@@ -84,18 +94,63 @@ class SessionCollector:
         self._pending: tuple[concurrent.futures.Future[Groups], int, float] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polar-collect")
 
-    def _next_tasks(self) -> list[dict[str, Any]]:
-        out = []
-        for _ in range(self.tasks_per_step):
+    def _next_tasks(self, n: int) -> list[dict[str, Any]]:
+        """``n`` tasks, in a shuffled pass over all of them; with ``difficulty`` a task whose turn comes is drawn
+        only if it admits it (a pass that admitted none in a whole round of the tasks takes the next anyway)."""
+        out: list[dict[str, Any]] = []
+        passed_over = 0
+        while len(out) < n:
             if not self._order:
                 self._order = list(range(len(self.tasks)))
                 self.rng.shuffle(self._order)
-            out.append(self.tasks[self._order.pop()])
+            task = self.tasks[self._order.pop()]
+            if (self.difficulty is None or passed_over >= len(self.tasks)
+                    or self.difficulty.admit(str(task.get("id", "")), self.rng)):
+                out.append(task)
+                passed_over = 0
+            else:
+                passed_over += 1
         return out
 
-    def _submit(self) -> tuple[concurrent.futures.Future[Groups], int, float]:
-        groups = [(t, self.group_size, {"rollout_step": self.step}) for t in self._next_tasks()]
-        return self._pool.submit(self.stack.run_groups, groups), self.step, time.monotonic()
+    def _submit(self, n: int | None = None, step: int | None = None) -> tuple[concurrent.futures.Future[Groups], int, float]:
+        step = self.step if step is None else step
+        groups = [(t, self.group_size, {"rollout_step": step, "dataset_task_id": str(t.get("id", ""))})
+                  for t in self._next_tasks(n or self.tasks_per_step)]
+        return self._pool.submit(self.stack.run_groups, groups), step, time.monotonic()
+
+    def _fill_with_signal(self, groups: Groups, step: int, trained_step: int) -> tuple[Groups, Groups, int]:
+        """DAPO's dynamic sampling: while fewer than ``tasks_per_step`` groups have a signal, draw another round
+        (as many groups as the share of signal so far says are needed, at most ``tasks_per_step``), at most
+        ``max_extra_rounds`` rounds; only the extra groups with a signal join the batch. Returns the batch's
+        groups, the extra groups left out (sampled all the same: they count as sessions and tokens, and in
+        the pass rates) and the number of extra rounds."""
+        with_signal = sum(map(self.signal, groups)) if self.signal is not None else 0
+        drawn, rounds = len(groups), 0
+        left_out: Groups = []
+        while self.signal is not None and with_signal < self.tasks_per_step and rounds < self.max_extra_rounds:
+            missing = self.tasks_per_step - with_signal
+            share = with_signal / max(1, drawn)
+            n = self.tasks_per_step if share == 0 else min(self.tasks_per_step, math.ceil(missing / share))
+            future, _, submitted = self._submit(n, step)
+            more = self._wait(future, step, submitted)
+            rounds += 1
+            drawn += len(more)
+            if self.difficulty is not None:
+                self.difficulty.observe(more)
+            useful = [g for g in more if self.signal(g)][:missing]
+            left_out.extend(g for g in more if not any(g is u for u in useful))
+            groups = [*groups, *useful]
+            with_signal += len(useful)
+        if rounds:
+            log.info("step %d: dynamic sampling drew %d groups in %d extra round(s); %d of %d groups have a signal",
+                     trained_step + 1, drawn, rounds, with_signal, self.tasks_per_step)
+        if self.max_extra_rounds and with_signal == 0:
+            log.warning("step %d: no group of the %d drawn (%d extra rounds, policy.kwargs.dynamic_sampling."
+                        "max_extra_rounds) has rewards that differ, so the step is skipped. What helps: a larger "
+                        "group (policy.kwargs.group_size), partial-credit rewards from the verifier, easier tasks "
+                        "(policy.kwargs.difficulty_filter, a curriculum), more extra rounds, or an SFT warm-up",
+                        trained_step + 1, drawn, rounds)
+        return groups, left_out, rounds
 
     def _wait(self, future: concurrent.futures.Future[Groups], step: int, submitted: float) -> Groups:
         """The batch's groups; while they are collected, a line in session words every ``HEARTBEAT_S``."""
@@ -121,19 +176,35 @@ class SessionCollector:
         future, step, submitted = self._pending if self._pending is not None else self._submit()
         self._pending = None
         groups = self._wait(future, step, submitted)
+        if self.difficulty is not None:
+            self.difficulty.observe(groups)
+        # (a prefetched batch carries the step it was submitted at as its rollout_step; the logs say the step it
+        # trains, self.step)
+        groups, left_out, rounds = self._fill_with_signal(groups, step, self.step)
+        if self.curriculum is not None:
+            advanced = self.curriculum.observe([*groups, *left_out])  # every group drawn: the pass rate unbiased
+            if advanced is not None:  # the next draw is at the new levels (a batch already under way is not)
+                self.tasks, self._order = advanced, []
+                log.info("step %d: the pass rate reached %g; curriculum levels now %s", self.step + 1,
+                         self.curriculum.advance.threshold, self.curriculum.levels)
         collect_s = time.monotonic() - submitted
         self.wait_s = time.monotonic() - t0
         self.left -= 1
         if self.prefetch and self.left > 0:
             self._pending = self._submit()  # collect the next batch while this one trains
         self.step += 1
-        results = [r for g in groups for r in g]
+        # every session sampled for this step (left-out groups included: they cost the same), so the counts,
+        # rates and the reward mean describe the policy, not the selection
+        results = [r for g in (*groups, *left_out) for r in g]
         # this batch: sessions re-dispatched after their gateway node was lost, and sessions that did not finish
         tokens = sum(sum(s.loss_mask) for r in results for s in r.samples)
         self.batch_counts = {"sessions/step_redispatched": sum(r.redispatched for r in results),
                              "sessions/step_failed": sum(r.status.value != "done" for r in results),
                              "sessions/step_sampled_tokens": tokens,
                              "sessions/sampled_tokens_per_s": round(tokens / max(1e-9, collect_s), 2),
+                             "groups_drawn": len(groups) + len(left_out), "dynamic_sampling/extra_rounds": rounds,
+                             **(self.difficulty.metrics() if self.difficulty is not None else {}),
+                             **(self.curriculum.metrics() if self.curriculum is not None else {}),
                              **session_metrics(results)}
         return Batch(data=groups, env_steps=len(results),
                      episode_returns=[float(r.reward) for r in results if r.reward is not None],
@@ -184,6 +255,10 @@ class AgentTrainer(TrainingLoop):
         self.history: list[Metrics] = []
         self.stack: Any = None
         self.learner: GRPOLearner | None = None
+        filt = getattr(self.kw, "difficulty_filter", None) if cfg.policy.type == "grpo" else None
+        self.difficulty = TaskDifficulty(filt) if filt is not None else None
+        advance = cfg.policy.type == "grpo" and getattr(cfg.tasks, "advance", None) is not None
+        self.curriculum = Curriculum(cfg.tasks) if advance else None  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ build
     def finished(self) -> bool:
@@ -208,13 +283,22 @@ class AgentTrainer(TrainingLoop):
             if state is not None:
                 self._load_state(state)
                 self.stack.update_weights(self.policy.serving_state_dict(), self.version)  # the engine starts fresh
+            if self.curriculum is not None and self.curriculum.advances:  # resumed past an advance: its levels
+                tasks = self.curriculum.tasks()
             if self.collector_factory is not None:
                 self.collector = self.collector_factory(self)
             else:
+                grpo = cfg.policy.type == "grpo"
+                # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
+                dynamic = grpo and kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
+                overlong_filter = bool(grpo and kw.overlong_filter)
                 self.collector = SessionCollector(
                     self.stack, tasks, kw.tasks_per_step if tasks else 1, kw.group_size if tasks else 1, cfg.seed,
                     batches=self.total_steps - self.iteration, prefetch=bool(tasks) and kw.max_off_policy_steps >= 1,
-                    first_step=self.iteration)
+                    first_step=self.iteration,
+                    max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
+                    signal=(lambda g: has_signal(g, overlong_filter)) if dynamic else None,
+                    difficulty=self.difficulty, curriculum=self.curriculum)
             self.collector.start(self.weights(), self.version)
         except BaseException:
             self.stack.__exit__(None, None, None)
@@ -282,13 +366,16 @@ class AgentTrainer(TrainingLoop):
         kw = self.kw
         t_learn = time.monotonic()
         if kw.advantage == "value_head":  # the learner's critic gives the baseline: each sample's return
-            samples, returns, counts = return_batch(batch.data, self.version, kw.max_off_policy_steps)
+            samples, returns, counts = return_batch(batch.data, self.version, kw.max_off_policy_steps,
+                                                    kw.overlong_filter)
             upd = self.learner.update(samples, returns=returns) if samples else {}
         else:
             self.reward_range = reward_range(batch.data, self.reward_range)
-            samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, kw.advantage,
+            # Dr.GRPO drops the std as well as the length normalisation
+            method = "mean" if kw.loss_aggregation == "dr_grpo" and kw.advantage == "mean_std" else kw.advantage
+            samples, advs, counts = group_batch(batch.data, self.version, kw.max_off_policy_steps, method,
                                                 kw.step_advantage, best=best_reward(self.reward_range),
-                                                keep_tied=kw.kl_coef > 0)
+                                                keep_tied=kw.kl_coef > 0, overlong_filter=kw.overlong_filter)
             upd = self.learner.update(samples, advs) if samples else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm
@@ -309,6 +396,10 @@ class AgentTrainer(TrainingLoop):
     def learner_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": self.policy.state_dict(), "step": self.iteration,
                                  "reward_range": list(self.reward_range) if self.reward_range else None}
+        if self.difficulty is not None:
+            state["task_difficulty"] = self.difficulty.state_dict()
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
         if self.learner is not None:
             state.update(self.learner.state_dict())
         return state
@@ -317,6 +408,10 @@ class AgentTrainer(TrainingLoop):
         self.policy.load_state_dict(state["model"])
         seen = state.get("reward_range")  # None in checkpoints from before it was kept
         self.reward_range = (float(seen[0]), float(seen[1])) if seen else None
+        if self.difficulty is not None and "task_difficulty" in state:  # absent: a run that drew tasks uniformly
+            self.difficulty.load_state_dict(state["task_difficulty"])
+        if self.curriculum is not None and "curriculum" in state:
+            self.curriculum.load_state_dict(state["curriculum"])
         if self.learner is not None and "optimizer" in state:
             self.learner.load_state_dict(state)
         state.setdefault("iteration", state.get("step", 0))  # checkpoints written before the one loop

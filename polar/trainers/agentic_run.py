@@ -93,6 +93,39 @@ def embedded_engine_factory(cfg: Any, training: bool = False) -> EmbeddedEngineF
                                  rollout_sampling(cfg) if training else (None, None))
 
 
+def engine_of_model_section(section: Any, key: str) -> Any:
+    """An engine from a model section given inline (a judge's ``judge:``, an evaluation suite's ``model:``):
+    ``engine: openai_compat`` (a chat endpoint) or ``embedded`` (a local model); ``key`` names it in errors."""
+    from polar.config.agentic import ModelConfig
+    from polar.config.base import validate
+    from polar.inference import load_engine
+
+    m = validate(ModelConfig, section, source=key)
+    if m.engine == "openai_compat":
+        return load_engine(m.model, engine="openai_compat", config_key=key, **m.openai_compat_options())
+    if m.engine == "embedded":
+        return load_engine(m.name_or_path, config_key=f"{key}.name_or_path", chat_template=m.chat_template,
+                           **m.engine_kwargs)
+    raise ConfigError(f"{key}.engine {m.engine!r}: here a model runs on engine: embedded (a local model) or "
+                      "openai_compat (any chat endpoint, a vLLM server included)")
+
+
+def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
+    """Give an ``llm_judge`` verifier its engine (``verifier.kwargs.judge``, any model section: openai_compat
+    or a local model) as a chat function, and its log folder ``<run dir>/judge/`` (one JSONL per session).
+    Other verifiers are returned as they are."""
+    from polar.harness.agent.judge import LLMJudge
+
+    if not isinstance(verifier, LLMJudge) or verifier.chat is not None:
+        return verifier
+    from polar.inference.chat import chat_function
+
+    engine = engine_of_model_section(verifier.judge_spec, "verifier.kwargs.judge")
+    verifier.chat = chat_function(engine, verifier.max_tokens, verifier.temperature)
+    verifier.log_dir = run_dir_path / "judge"
+    return verifier
+
+
 def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
                 training: bool = False) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
@@ -104,13 +137,16 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
 
     # runner, verifier and settings first: a bad harness fails before minutes of engine start
     runner = session_runner(cfg)  # a ConfigError when cfg is no agent run
-    verifier = session_verifier(cfg)
+    verifier = attach_judge(session_verifier(cfg), run_dir_path)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     owned = engine is None
     if engine is None:
         spec, key, launched = _model_spec(cfg)
+        if launched.engine == "openai_compat":  # a chat endpoint: the gateway forwards messages to it
+            engine = load_engine(launched.model, engine="openai_compat", config_key="model",
+                                 chat_template=_chat_template(cfg), **launched.openai_compat_options())
         # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
-        if launched.engine != "embedded":
+        elif launched.engine != "embedded":
             engine = load_engine(spec, engine=launched.engine, replicas=launched.replicas,
                                  log_dir=str(run_dir_path / "vllm"), **launched.engine_kwargs,
                                  config_key=key, chat_template=_chat_template(cfg))
@@ -128,6 +164,16 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
 
             asyncio.run(engine.close())
         raise
+
+
+def trained_engine_problem(cfg: Any) -> str | None:
+    """Why ``cfg``'s engine cannot be the trained policy (None: it can): a remote chat endpoint has no weights."""
+    model = getattr(cfg, "model", None)
+    if model is not None and model.engine == "openai_compat":
+        return (f"model.engine: openai_compat ({model.base_url}) serves a remote model with no weights to update, "
+                f"so policy.type {cfg.policy.type} cannot train it; use it with polar generate or as a judge, and "
+                "train a local model (model.engine: embedded or vllm)")
+    return None
 
 
 def ray_engine_problem(cfg: Any) -> str | None:
@@ -158,7 +204,7 @@ def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_di
     if problem is not None:
         raise ConfigError(problem)
     runner = session_runner(cfg)
-    verifier = session_verifier(cfg)
+    verifier = attach_judge(session_verifier(cfg), run_dir_path)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
     factory = embedded_engine_factory(cfg, training)
     local = engine if engine is not None else embedded_engine_factory(cfg)()  # same spec and seed as the nodes': the same weights

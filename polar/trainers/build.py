@@ -51,6 +51,11 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
     """The trainer ``polar run`` / ``polar resume`` use. ``engine``: an inference engine already loaded
     (agent runs; tests and benchmarks), instead of the one the config names."""
     if isinstance(cfg, AgentRunConfig):
+        from polar.trainers.agentic_run import trained_engine_problem
+
+        problem = trained_engine_problem(cfg)
+        if problem is not None:
+            raise ConfigError(problem)
         check_agent_distribution(cfg, engine)
         if cfg.distribution.backend == "ray":
             from polar.trainers.ray_driver import RayLearnerDriver

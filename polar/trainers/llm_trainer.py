@@ -19,9 +19,31 @@ from polar.types import TrajectorySample
 Groups = list[list[SessionResult]]
 
 
-def _usable(group: list[SessionResult]) -> list[SessionResult]:
-    """The sessions with a verdict (DONE, or TIMEOUT's 0); ERROR / CANCELLED carry no training signal."""
-    return [r for r in group if r.status in (SessionStatus.DONE, SessionStatus.TIMEOUT) and r.reward is not None]
+def overlong(r: SessionResult) -> bool:
+    """True for a session that was cut rather than finished: its timeout or budget ran out, or its last model
+    call stopped at ``max_tokens`` (``finish_reason: length``)."""
+    return r.status == SessionStatus.TIMEOUT or any(s.metadata.get("truncated") for s in r.samples[-1:])
+
+
+def _usable(group: list[SessionResult], overlong_filter: bool = False,
+            stats: defaultdict[str, float] | None = None) -> list[SessionResult]:
+    """The sessions with a verdict (DONE, or TIMEOUT's 0); ERROR / CANCELLED carry no training signal. With
+    ``overlong_filter`` a cut session (``overlong``) is left out too: its 0 says it ran out of room, not that
+    it was wrong (DAPO's overlong filtering), so it is neither trained on nor in the group's baseline."""
+    out = [r for r in group if r.status in (SessionStatus.DONE, SessionStatus.TIMEOUT) and r.reward is not None]
+    if overlong_filter:
+        kept = [r for r in out if not overlong(r)]
+        if stats is not None:
+            stats["sessions_overlong_filtered"] += len(out) - len(kept)
+        out = kept
+    return out
+
+
+def has_signal(group: list[SessionResult], overlong_filter: bool = False) -> bool:
+    """Whether ``group`` can teach the group-relative surrogate: two or more usable sessions whose rewards
+    differ (what dynamic sampling keeps drawing for)."""
+    rewards = {float(r.reward) for r in _usable(group, overlong_filter)}  # type: ignore[arg-type]
+    return len(rewards) > 1
 
 
 def _count_sessions(group: list[SessionResult], stats: defaultdict[str, float]) -> None:
@@ -37,7 +59,8 @@ def _stale(usable: list[SessionResult], current_version: int, max_off_policy_ste
 
 
 def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
-                step: StepAdvantageConfig | None = None, best: float | None = None, keep_tied: bool = False
+                step: StepAdvantageConfig | None = None, best: float | None = None, keep_tied: bool = False,
+                overlong_filter: bool = False
                 ) -> tuple[list[TrajectorySample], list[float | list[float]], dict[str, float]]:
     """Trainable samples with their advantages, plus counts. Without ``step`` a sample's advantage is its
     session's (one float, shared by its samples); with it (GiGPO) each sample gets one advantage per token:
@@ -56,7 +79,7 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
     advs: list[float | list[float]] = []
     stats: defaultdict[str, float] = defaultdict(float)
     for group in groups:
-        usable = _usable(group)
+        usable = _usable(group, overlong_filter, stats)
         _count_sessions(group, stats)
         if _stale(usable, current_version, max_off_policy_steps):
             stats["groups_stale"] += 1
@@ -129,7 +152,7 @@ def _turn_advantages(usable: list[SessionResult], step: StepAdvantageConfig, sta
     return out
 
 
-def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int
+def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int, overlong_filter: bool = False
                  ) -> tuple[list[TrajectorySample], list[float], dict[str, float]]:
     """``advantage: value_head``: trainable samples with their session's return (its reward; the learner's
     value head supplies the baseline), plus counts. No group baseline, so a group of one counts and a group
@@ -139,7 +162,7 @@ def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int
     returns: list[float] = []
     stats: defaultdict[str, float] = defaultdict(float)
     for group in groups:
-        usable = _usable(group)
+        usable = _usable(group, overlong_filter, stats)
         _count_sessions(group, stats)
         if _stale(usable, current_version, max_off_policy_steps):
             stats["groups_stale"] += 1

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from polar.agents import check_act_output
+from polar.config.secrets import redact
 from polar.rollout.runner import obs_to_tensor
 from polar.trainers.run_dir import atomic_write_text
 
@@ -112,7 +113,8 @@ def record_episodes(policy: Any, harness_cfg: Any, run_path: Path, episodes: int
                               "success": success, "frames": "png" if kinds == {"png"} else "text"})
     finally:
         env.close()
-    index = {"tag": tag, **meta, "harness": harness_cfg.model_dump(mode="json"), "seed": seed,
+    # the harness as config.resolved.yaml has it: a connector token or a credential in its env: never on disk
+    index = {"tag": tag, **meta, "harness": redact(harness_cfg), "seed": seed,
              "deterministic": deterministic, "created": time.time(), "episodes": summaries}
     atomic_write_text(out / "index.json", json.dumps(index, indent=2, default=str))
     log.info("recorded %d episodes in %s", len(summaries), out)

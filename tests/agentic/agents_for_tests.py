@@ -99,3 +99,11 @@ async def asks_its_own_sampling(base_url, task, api_key):
 def always_one(output):
     """Every finished session passes (what is dropped is then dropped for another reason)."""
     return 1.0
+
+
+async def ask_once(base_url, task, api_key):
+    """One model call; its whole answer is the session's output."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60) as client:
+        r = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=200)
+    return r.choices[0].message.content or ""

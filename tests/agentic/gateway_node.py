@@ -2,7 +2,7 @@
 only, no weights, so it starts in seconds) behind a real gateway, registered with a rollout service
 and heartbeating until it is killed.
 
-``python -m tests.agentic.gateway_node SERVICE_URL NODE_ID HEARTBEAT_INTERVAL_S``
+``python -m tests.agentic.gateway_node SERVICE_URL NODE_ID HEARTBEAT_INTERVAL_S`` (the service token on stdin)
 """
 
 import asyncio
@@ -18,10 +18,12 @@ def main() -> None:
     from tests.agentic.helpers import oracle_script
 
     service_url, node_id, interval_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    service_token = sys.stdin.readline().strip()
     tok = build_tiny_tokenizer()
     engine = ScriptedEngine(tok, oracle_script(tok), model_name="tiny")
     server = GatewayServer(GatewayConfig(accept_any_model=True), engine=engine).start()
-    asyncio.run(heartbeat_loop(service_url, node_id, server.url, lambda: {"node": node_id}, interval_s))
+    asyncio.run(heartbeat_loop(service_url, node_id, server.url, lambda: {"node": node_id}, interval_s,
+                              service_token=service_token))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,11 @@
 
 import asyncio
 import os
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
 
 from polar.harness.agent.process import ProcessLimits
 from polar.harness.agent.runners import CallableRunner, CommandRunner
@@ -14,13 +19,26 @@ from tests.agentic.helpers import HERE, alive, python_cmd
 BEHAVIOURS = ["ok", "exit_nonzero", "no_calls", "wrong_key", "big_output", "forker"]
 
 
-def test_misbehaving_command_harnesses(oracle_engine, tmp_path, no_leftovers):
-    pid_file = tmp_path / "daemon.pid"
+@pytest.mark.parametrize("runtime", ["none", "bwrap"])
+def test_misbehaving_command_harnesses(oracle_engine, tmp_path, no_leftovers, runtime):
+    """Each misbehaviour ends its session ERROR with its reason, on the host (``runtime: none``) and in
+    bubblewrap. A forked daemon is found and killed on the host (ERROR: it left a process); in bubblewrap it
+    dies with the sandbox's pid namespace, and nothing of it is left on the host either."""
+    if runtime == "bwrap":
+        from polar.harness.agent.sandbox import bwrap_unusable
+
+        if bwrap_unusable():
+            pytest.skip(bwrap_unusable())
+    marker = uuid.uuid4().hex
+    # on the host the daemon's pid goes to a file of the test's; in the sandbox only its workspace is writable
+    pid_file = tmp_path / "daemon.pid" if runtime == "none" else Path("daemon.pid")
     runner = CommandRunner(
         python_cmd(str(HERE / "behaviours.py"), "{behaviour}"), task_input="placeholders",
-        env={"PID_FILE": str(pid_file)}, limits=ProcessLimits(output_bytes=256 * 1024),
+        env={"PID_FILE": str(pid_file), "POLAR_TEST_MARKER": marker}, limits=ProcessLimits(output_bytes=256 * 1024),
+        sandbox={"runtime": runtime},
     )
-    settings = PipelineSettings(agent_timeout_s=120, session_budget_s=300, workspace_root=str(tmp_path / "ws"))
+    settings = PipelineSettings(agent_timeout_s=120, session_budget_s=300, workspace_root=str(tmp_path / "ws"),
+                                keep_workspaces=True)
     with LocalStack(oracle_engine, runner, ExactMatch(), settings, records_dir=tmp_path / "rec") as stack:
         groups = stack.run_groups([({"id": b, "prompt": "say hello", "behaviour": b, "answer": "hello"}, 1, {})
                                    for b in BEHAVIOURS], timeout_s=600)
@@ -32,10 +50,11 @@ def test_misbehaving_command_harnesses(oracle_engine, tmp_path, no_leftovers):
     expect = {
         "exit_nonzero": "exited with code 3",
         "no_calls": "made no model calls",
-        "wrong_key": "made no model calls",
+        "wrong_key": "belongs to another API key",  # its session is its own key's: another key is refused
         "big_output": "bytes of output",
-        "forker": "left 1 process",
     }
+    if runtime == "none":
+        expect["forker"] = "left 1 process"
     for name, reason in expect.items():
         r = res[name]
         assert r.status == SessionStatus.ERROR, (name, r.status, r.error)
@@ -45,9 +64,25 @@ def test_misbehaving_command_harnesses(oracle_engine, tmp_path, no_leftovers):
     assert "boom: the agent crashed" in res["exit_nonzero"].error
     # the calls the crashing harness did make are kept for inspection, masked
     assert res["exit_nonzero"].num_calls == 1 and res["exit_nonzero"].samples
-    # the double-forked, setsid daemon was found and killed
-    daemon = int(pid_file.read_text())
-    assert not alive(daemon)
+    if runtime == "none":  # the double-forked, setsid daemon was found and killed
+        daemon = int(pid_file.read_text())
+        assert not alive(daemon)
+    else:  # the daemon ran (it wrote its pid in its workspace) and died with the sandbox
+        pids = [p.read_text() for p in (tmp_path / "ws").glob("*/daemon.pid")]
+        assert pids and all(pids), "the daemon never ran"
+        assert not _with_marker(marker), "the sandboxed daemon outlived its session"
+
+
+def _with_marker(marker: str) -> list[int]:
+    """Live processes on the host whose environment holds ``marker``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("POLAR_TEST_MARKER") == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def test_timeout_keeps_complete_calls_as_reward_zero(oracle_engine, tmp_path):

@@ -41,12 +41,15 @@ def wait_for(pred, timeout_s, what):
         time.sleep(0.05)
 
 
-def start_node(service_url, node_id, log_dir: Path, heartbeat_interval_s=0.2):
+def start_node(server, node_id, log_dir: Path, heartbeat_interval_s=0.2):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     with open(log_dir / f"{node_id}.log", "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.agentic.gateway_node", service_url, node_id, str(heartbeat_interval_s)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.agentic.gateway_node", server.url, node_id, str(heartbeat_interval_s)],
+            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
+    proc.stdin.write(server.token.encode() + b"\n")  # the service token, never on the command line
+    proc.stdin.close()
+    return proc
 
 
 @pytest.fixture
@@ -58,10 +61,10 @@ def refusing_url():
     sock.close()
 
 
-def register(service_url, node_id, url):
-    with httpx.Client(timeout=10) as http:
-        assert http.post(f"{service_url}/nodes/register", json={"node_id": node_id, "url": url}).status_code == 200
-        assert http.post(f"{service_url}/nodes/{node_id}/heartbeat", json={}).status_code == 200
+def register(server, node_id, url):
+    with httpx.Client(timeout=10, headers=server.headers) as http:
+        assert http.post(f"{server.url}/nodes/register", json={"node_id": node_id, "url": url}).status_code == 200
+        assert http.post(f"{server.url}/nodes/{node_id}/heartbeat", json={}).status_code == 200
 
 
 def test_killed_node_sessions_are_redispatched_to_the_survivor(tmp_path, no_leftovers):
@@ -73,7 +76,7 @@ def test_killed_node_sessions_are_redispatched_to_the_survivor(tmp_path, no_left
     # (a spurious loss of n1 would re-dispatch its sessions too and change every count below)
     with RolloutServer(runner(), verifier(), settings, heartbeat_timeout_s=10.0) as server, \
             concurrent.futures.ThreadPoolExecutor(1) as pool:
-        procs = {nid: start_node(server.url, nid, tmp_path) for nid in ("n0", "n1")}
+        procs = {nid: start_node(server, nid, tmp_path) for nid in ("n0", "n1")}
         try:
             wait_for(lambda: len(server.registry.nodes) == 2, 90, "the gateway node processes did not register")
             victim_url = server.registry.nodes["n0"].url
@@ -112,7 +115,7 @@ def test_refused_calls_move_the_session_to_a_live_node(oracle_engine, tmp_path, 
     """A harness whose calls are refused fails fast; the probe finds the node gone, and the session moves."""
     settings = PipelineSettings(agent_timeout_s=120, workspace_root=str(tmp_path / "ws"), max_node_retries=2)
     with LocalStack(oracle_engine, runner(), verifier(), settings) as st:
-        register(st.rollout.url, "dead", refusing_url)
+        register(st.rollout, "dead", refusing_url)
         results = [r for g in st.run_groups([(t, 2, {}) for t in calc_tasks(2)], timeout_s=120) for r in g]
         health = httpx.get(f"{st.rollout.url}/health", timeout=10).json()
     assert [r.reward for r in results] == [1.0] * 4, [r.error for r in results]
@@ -143,7 +146,7 @@ def test_no_healthy_node_left_ends_in_error(tmp_path, refusing_url):
     settings = PipelineSettings(agent_timeout_s=60, workspace_root=str(tmp_path / "ws"), max_node_retries=2,
                                 node_wait_s=1.0, model_name="tiny")
     with RolloutServer(runner(), verifier(), settings) as server:
-        register(server.url, "only", refusing_url)
+        register(server, "only", refusing_url)
         [[result]] = server.run_groups([(calc_tasks(1)[0], 1, {})], timeout_s=60)
         assert server.pipeline.sessions_node_lost == 1
     assert result.status == SessionStatus.ERROR and result.reward is None
@@ -156,8 +159,8 @@ def test_redispatch_stops_after_max_node_retries(tmp_path, refusing_url):
     settings = PipelineSettings(agent_timeout_s=60, workspace_root=str(tmp_path / "ws"), max_node_retries=1,
                                 node_wait_s=1.0, model_name="tiny")
     with RolloutServer(runner(), verifier(), settings) as server:
-        register(server.url, "a", refusing_url)
-        register(server.url, "b", refusing_url + "/")  # a second dead node (same dead port, its own entry)
+        register(server, "a", refusing_url)
+        register(server, "b", refusing_url + "/")  # a second dead node (same dead port, its own entry)
         [[result]] = server.run_groups([(calc_tasks(1)[0], 1, {})], timeout_s=60)
         load = server.pipeline.load()
     assert result.status == SessionStatus.ERROR and result.attempts == 2

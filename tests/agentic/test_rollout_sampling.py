@@ -19,7 +19,7 @@ model: {name_or_path: tiny}
 policy:
   type: grpo
   kwargs: {group_size: 2, tasks_per_step: 2, total_steps: 1, micro_batch_size: 16, max_off_policy_steps: 0,
-           temperature: 0.25, max_tokens: 3}
+           temperature: 0.25, max_tokens: 3, dynamic_sampling: {max_extra_rounds: 0}}  # one round: 4 sessions
 logging: {checkpoint_freq: 0, tensorboard: false}
 """
 

@@ -55,7 +55,8 @@ def test_submit_poll_callback_list_and_events(stack):
     subscribed = threading.Event()
 
     def follow():
-        with httpx.stream("GET", f"{url}/events", params={"max_events": 14}, timeout=120) as r:
+        with httpx.stream("GET", f"{url}/events", params={"max_events": 14}, timeout=120,
+                          headers=stack.rollout.headers) as r:
             for line in r.iter_lines():
                 subscribed.set()  # the server's opening comment: the subscription exists
                 if line.startswith("data: "):
@@ -64,7 +65,7 @@ def test_submit_poll_callback_list_and_events(stack):
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
     assert subscribed.wait(60), "the event stream did not open"
-    with httpx.Client(timeout=60) as http:
+    with httpx.Client(timeout=60, headers=stack.rollout.headers) as http:
         task = {"id": "q1", "prompt": "What is 2 + 3?", "answer": "5"}
         r = http.post(f"{url}/tasks", json={"task": task, "num_samples": 3, "metadata": {"group_id": "g1", "policy_version": 0},
                                            "callback_url": f"http://127.0.0.1:{sink.server_port}/done"})
@@ -100,6 +101,7 @@ def test_cancel_task(oracle_engine, tmp_path):
     runner = CallableRunner("agents_for_tests:ask_then_sleep", HERE)
     settings = PipelineSettings(agent_timeout_s=300, workspace_root=str(tmp_path / "ws"))
     with LocalStack(oracle_engine, runner, ExactMatch(), settings) as st, httpx.Client(timeout=60) as http:
+        http.headers.update(st.rollout.headers)
         url = st.rollout.url
         tid = http.post(f"{url}/tasks", json={"task": {"prompt": "hi", "answer": "x", "sleep_s": 600}, "num_samples": 2}).json()["task_id"]
         for _ in range(300):  # wait until both sessions are running their harness
@@ -121,7 +123,8 @@ def test_least_loaded_healthy_node_and_http_records(stack, tmp_path):
 
     url = stack.rollout.url
     tok = build_tiny_tokenizer()
-    with GatewayServer(engine=ScriptedEngine.tiny(oracle_script(tok))) as gw2, httpx.Client(timeout=60) as http:
+    with GatewayServer(engine=ScriptedEngine.tiny(oracle_script(tok))) as gw2, \
+            httpx.Client(timeout=60, headers=stack.rollout.headers) as http:
         assert http.post(f"{url}/nodes/register", json={"node_id": "n2", "url": gw2.url}).status_code == 200
         assert http.post(f"{url}/nodes/n2/heartbeat", json={"active_sessions": 0}).status_code == 200
         assert http.post(f"{url}/nodes/ghost/heartbeat", json={}).status_code == 404

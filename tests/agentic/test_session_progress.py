@@ -24,7 +24,8 @@ verifier: {type: "agents_for_tests:always_one"}
 model: {name_or_path: tiny}
 policy:
   type: grpo
-  kwargs: {group_size: 2, tasks_per_step: 2, total_steps: 2, micro_batch_size: 16, max_off_policy_steps: 0}
+  kwargs: {group_size: 2, tasks_per_step: 2, total_steps: 2, micro_batch_size: 16, max_off_policy_steps: 0,
+           dynamic_sampling: {max_extra_rounds: 0}}  # one round a step: the session counts below are the plan
 logging: {checkpoint_freq: 0, tensorboard: false}
 """
 

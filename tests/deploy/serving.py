@@ -1,44 +1,35 @@
-"""``polar serve``'s app on a real socket on 127.0.0.1, in a thread of the test process."""
+"""``polar serve``'s app on a real socket on 127.0.0.1, in a thread of the test process, with the same uvicorn
+config (connection limits included) as ``polar serve``."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import httpx
-import uvicorn
 
-from polar.deploy.serve import ServeSettings, build_app, make_server
+from polar.deploy.serve import ServeSettings, make_server, uvicorn_config
+from polar.httpserver import ThreadedUvicorn, bind
 
 
 class LiveServer:
     def __init__(self, path, **settings) -> None:
-        self.policy_server = make_server(path, ServeSettings(**settings))
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.settings = ServeSettings(**settings)
+        self.policy_server = make_server(path, self.settings)
+        self.sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(build_app(self.policy_server), log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2)
-        self.uv = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.uv = ThreadedUvicorn(uvicorn_config(self.policy_server, self.settings, timeout_graceful_shutdown=2),
+                                  self.sock, "polar-serve-test")
 
     def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.uv.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.02)
+        if not self.uv.start(60):
+            self.uv.stop(30)
+            raise RuntimeError("the server did not start")
         self.client = httpx.Client(base_url=self.url, timeout=30)
         return self
 
     def __exit__(self, *exc) -> None:
         self.client.close()
-        self.uv.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-        assert not self.thread.is_alive(), "the server thread outlived shutdown"
+        assert self.uv.stop(30), "the server thread outlived shutdown"
 
     def wait_for_version(self, name: str, version: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

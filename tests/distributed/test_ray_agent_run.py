@@ -35,7 +35,9 @@ def agent_cfg(tmp_path, dist, total_steps=2, hang_s=0.0, **policy):
         "sessions": {"max_run_workers": 16, "node_wait_s": 60, "max_node_retries": 2},
         "policy": {"type": "grpo", "kwargs": {"group_size": 4, "tasks_per_step": 2, "total_steps": total_steps,
                                               "learning_rate": 5.0e-2, "micro_batch_size": 64,
-                                              "max_off_policy_steps": 0, "eval_samples": 1, **policy}},
+                                              "max_off_policy_steps": 0, "eval_samples": 1,
+                                              # one round a step: the session counts below are the plan's
+                                              "dynamic_sampling": {"max_extra_rounds": 0}, **policy}},
         "distribution": {"backend": "ray", **dist},
         "logging": {"checkpoint_freq": 1, "tensorboard": False, "progress_bar": False, "system_metrics_s": 0},
     })

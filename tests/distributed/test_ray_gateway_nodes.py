@@ -61,7 +61,7 @@ def test_sessions_spread_over_two_gateway_actors_and_survive_losing_one(ray_clus
             concurrent.futures.ThreadPoolExecutor(1) as pool:
         # harnesses may hard-code a model name; the test engine serves "tiny" under any name
         nodes = RayGatewayNodes(2, server.url, oracle_engine_factory, num_cpus=0.5, heartbeat_interval_s=0.5,
-                                gateway_cfg={"accept_any_model": True})
+                                gateway_cfg={"accept_any_model": True}, service_token=server.token)
         try:
             ray_nodes = {d["ray_node_id"] for d in nodes.describe()}
             assert len(ray_nodes) == 2  # SPREAD: one gateway per Ray node

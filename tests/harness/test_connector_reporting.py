@@ -94,3 +94,17 @@ def test_a_node_connector_is_named_by_its_class_not_by_node():
     finally:
         envs.close()
     assert str(e.value).startswith("LineWalk (connector-0) failed 1 times in a row")
+
+
+def test_a_command_connector_next_to_its_config_runs_by_its_bare_name(tmp_path):
+    """`command: [game.sh]` with game.sh beside the config passes polar's start-up check, so it must also start
+    (exec alone would search only PATH and fail after the check said yes)."""
+    launcher = tmp_path / "game.sh"
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} -m polar.harness.connector.server --module sample_connectors "
+                        f"--class-name CountingConnector --search-path {CONNECTORS_DIR}\n")
+    launcher.chmod(0o755)
+    envs = ConnectorVectorEnv(make_spec(None, module=None, command=["game.sh"], max_restarts=0), 1, config_dir=tmp_path)
+    try:
+        assert envs.name == "CountingConnector"
+    finally:
+        envs.close()

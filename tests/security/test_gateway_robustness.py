@@ -432,7 +432,7 @@ def test_idle_connections_are_closed_and_cannot_exhaust_descriptors(start):
         assert status == 200 and health["status"] == "ok"
         # a client that sent one request and then idles on keep-alive
         kept = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
-        kept.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        kept.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         assert kept.recv(65536).startswith(b"HTTP/1.1 200")
         idle.append(kept)
         time.sleep(limits.header_timeout_s + 1.0)
@@ -453,7 +453,7 @@ def test_slowloris_dripping_headers_is_cut(start):
     gw = start("fine", limits=limits)
     sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
     try:
-        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n")
         t0 = time.monotonic()
         cut_after_s = None
         for i in range(100):  # one header every 0.1 s: never finished, never idle
@@ -480,7 +480,7 @@ def test_slow_dripped_body_is_cut_with_a_408(start, monkeypatch):
     gw = start("fine")
     sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
     try:
-        sock.sendall(b"POST /s/drip/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(b"POST /s/drip/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                      b"content-length: 100000\r\n\r\n{\"model\": ")
         t0 = time.monotonic()
         answer = b""
@@ -508,7 +508,7 @@ def test_hundred_megabyte_header_is_refused_quickly(start):
     sent, chunk = 0, b"a" * 65536
     t0 = time.monotonic()
     try:
-        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-huge: ")
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nx-huge: ")
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             while sent < 100 * 1024 * 1024:
                 sock.sendall(chunk)

@@ -177,6 +177,8 @@ def _usage(out: CallOutput) -> dict[str, int]:
 def _logprobs(call: Call, out: CallOutput) -> dict[str, Any]:
     """OpenAI's shape: each token's text and UTF-8 bytes (not the tokenizer's piece spelling), with the
     requested number of most likely alternatives."""
+    if out.logprob_content is not None:  # a text-level engine: the endpoint's own entries, passed through
+        return {"content": out.logprob_content}
     tb = call.core.token_bytes
     tops = out.top_logprobs or [[] for _ in out.sampled_ids]
     return {"content": [

@@ -26,6 +26,7 @@ def build_runner(harness_cfg: AgentHarnessConfig, config_dir: Path | None = None
         task_file=harness_cfg.task_file,
         limits=ProcessLimits(lim.cpu_time_s, lim.memory_mb, lim.open_files, lim.file_size_mb, lim.output_bytes),
         config_dir=config_dir,
+        sandbox=harness_cfg.sandbox,
     )
 
 

@@ -11,57 +11,88 @@ under the system ``python3`` without polar installed.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
+import os
+import socket
 import sys
+import threading
+
+# threads and plain sockets, no asyncio or argparse: their imports took ~160 ms of every session's start
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
     try:
-        while chunk := await reader.read(65536):
-            writer.write(chunk)
-            await writer.drain()
-    except (ConnectionError, OSError):
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
         pass
     finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
 
-async def _serve(uds: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def _serve(uds: str, conn: socket.socket) -> None:
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        up_reader, up_writer = await asyncio.open_unix_connection(uds)
+        up.connect(uds)
     except OSError:
-        writer.close()
+        conn.close()
+        up.close()
         return
-    await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+    back = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
+    back.start()
+    _pipe(conn, up)
+    back.join()
+    conn.close()
+    up.close()
 
 
-async def _main(listen: str, uds: str, cmd: list[str]) -> int:
-    host, _, port = listen.rpartition(":")
-    server = await asyncio.start_server(lambda r, w: _serve(uds, r, w), host, int(port))
+def _accept(server: socket.socket, uds: str) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        threading.Thread(target=_serve, args=(uds, conn), daemon=True).start()
+
+
+def _usage(why: str) -> int:
+    sys.stderr.write(f"polar relay: {why}\nusage: relay.py --listen HOST:PORT --uds PATH -- CMD [ARGS...]\n")
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        return _usage("no command given after --")
+    split = argv.index("--")
+    opts, cmd = argv[:split], argv[split + 1:]
+    values = dict(zip(opts[::2], opts[1::2], strict=False))
+    if not cmd or set(values) != {"--listen", "--uds"} or len(opts) != 4:
+        return _usage("expected --listen HOST:PORT --uds PATH -- CMD")
+    host, _, port = values["--listen"].rpartition(":")
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+    server.listen(128)
+    # the listener is up before the command starts (forked before any thread; the socket is not inherited)
     try:
-        proc = await asyncio.create_subprocess_exec(*cmd)
+        pid = os.fork()
     except OSError as e:
         sys.stderr.write(f"polar relay: cannot start {cmd[0]!r}: {e}\n")
         return 127
-    rc = await proc.wait()
+    if pid == 0:
+        try:
+            os.execvp(cmd[0], cmd)
+        except OSError as e:
+            sys.stderr.write(f"polar relay: cannot start {cmd[0]!r}: {e}\n")
+        os._exit(127)
+    threading.Thread(target=_accept, args=(server, values["--uds"]), daemon=True).start()
+    _, status = os.waitpid(pid, 0)
     server.close()
+    rc = os.waitstatus_to_exitcode(status)
     return rc if rc >= 0 else 128 - rc
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--listen", required=True)
-    parser.add_argument("--uds", required=True)
-    parser.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = parser.parse_args()
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        parser.error("no command given after --")
-    return asyncio.run(_main(args.listen, args.uds, cmd))
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

@@ -3,8 +3,12 @@
 Two kinds, one contract (:meth:`HarnessRunner.run` → :class:`HarnessOutcome`):
 
 - :class:`CommandRunner`: any program (a CLI, a script in any language). It gets the gateway through
-  the provider environment variables every official SDK reads, with the session id as the API key;
-  the task arrives on stdin, in a file, or through ``{placeholders}`` in the command line.
+  the provider environment variables every official SDK reads, with the session's secret key as the API
+  key, at a per-session relay address that passes only that session's model calls
+  (:mod:`polar.harness.agent.session_relay`); the task arrives on stdin, in a file, or through
+  ``{placeholders}`` in the command line. It runs in the same sandbox as the presets
+  (:class:`~polar.harness.agent.sandbox.Sandbox`, ``harness.sandbox``): bubblewrap with a read-only system,
+  its program read-only, only its workspace and a private HOME writable, and no network but its relay.
 - :class:`CallableRunner`: a Python ``module:function`` (sync or async) called with ``base_url``,
   ``task`` and, if it asks for them, ``api_key``, ``workspace``, ``session_id``, ``model``.
 """
@@ -12,18 +16,24 @@ Two kinds, one contract (:meth:`HarnessRunner.run` → :class:`HarnessOutcome`):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
 import logging
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
-from polar.errors import ConfigError, HarnessError
+from polar.errors import ConfigError, HarnessError, PolarError
 from polar.harness.agent.process import ProcessLimits, run_process
+from polar.harness.agent.sandbox import Sandbox, SandboxOptions, check_runtime
+from polar.harness.agent.session_relay import SessionRelay
+from polar.types import CREDENTIAL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +45,8 @@ class SessionContext:
     session_id: str
     task: dict[str, Any]
     workspace: Path
-    gateway_url: str  # the node's root URL, e.g. http://127.0.0.1:8100
-    api_key: str
+    gateway_url: str  # the node's root URL, e.g. http://127.0.0.1:8100 (a command harness: its relay's /s/<id>)
+    api_key: str  # the session's secret key (polar.types.new_session_key): its credential at the gateway
     model: str = "polar"
 
     @property
@@ -66,7 +76,7 @@ def task_prompt(task: dict[str, Any]) -> str:
 
 
 def gateway_env(ctx: SessionContext) -> dict[str, str]:
-    """Provider variables that point every official SDK at the gateway, keyed by the session id."""
+    """Provider variables that point every official SDK at the gateway, with the session's own key."""
     root = ctx.gateway_url.rstrip("/")
     return {
         "OPENAI_BASE_URL": f"{root}/v1",
@@ -97,7 +107,14 @@ class _SafeDict(dict):
 
 
 class CommandRunner(HarnessRunner):
-    """Run a program per session in its own workspace, process group and resource limits."""
+    """Run a program per session in its own workspace, sandbox, process group and resource limits.
+
+    ``sandbox`` is ``harness.sandbox`` (the presets' options: ``runtime``, ``network``, ``user``,
+    ``ro_binds``). Inside bubblewrap the program sees a read-only system, read-only its own program (the
+    install prefix of the command's executable, e.g. a venv and its base interpreter; ``{python}``'s prefix;
+    the existing files and folders the command line names) and ``ro_binds`` (relative to the config
+    folder), its workspace and a private HOME read-write, and nothing else of the host: not the run folder,
+    not the task files, not other sessions. Its only network is its session's relay."""
 
     def __init__(
         self,
@@ -108,6 +125,7 @@ class CommandRunner(HarnessRunner):
         task_file: str = "task.json",
         limits: ProcessLimits | None = None,
         config_dir: Path | None = None,
+        sandbox: SandboxOptions | dict[str, Any] | None = None,
     ) -> None:
         if not command:
             raise ConfigError("harness.command is empty; give the program and its arguments as a list")
@@ -117,6 +135,10 @@ class CommandRunner(HarnessRunner):
         self.task_file = task_file
         self.limits = limits or ProcessLimits()
         self.config_dir = config_dir
+        self.sandbox_options = (sandbox if isinstance(sandbox, SandboxOptions)
+                                else SandboxOptions.from_dict(sandbox, "harness.sandbox"))
+        # one runner per run: a sandbox that cannot work fails here; one that falls back says so, once
+        check_runtime(self.sandbox_options, f"the harness command {self.command[0]!r}", "harness.sandbox")
 
     def _argv(self, ctx: SessionContext, task_path: Path) -> list[str]:
         values = _SafeDict({k: str(v) for k, v in ctx.task.items() if isinstance(v, (str, int, float))})
@@ -127,18 +149,79 @@ class CommandRunner(HarnessRunner):
         )
         return [part.format_map(values) for part in self.command]
 
+    def _ro_paths(self, argv: list[str], env: dict[str, str], workspace: Path) -> list[str]:
+        """What the program needs to see read-only: its executable's install prefix, ``{python}``'s prefix,
+        the existing paths its command line names, and ``sandbox.ro_binds`` (relative to the config folder).
+        A folder that holds the workspace is never bound (it would show the run folder and other sessions)."""
+        found = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+        paths: list[Path] = []
+        if found:
+            paths += program_roots(Path(found))
+            interpreter = _shebang(Path(found))  # a script's interpreter (e.g. a venv's python) must run too
+            if interpreter is not None:
+                paths += program_roots(interpreter)
+        if sys.executable in argv:
+            paths += program_roots(Path(sys.executable))
+        for part in argv[1:]:
+            if part.startswith("/") and os.path.exists(part):
+                paths.append(Path(part))
+        base = Path(self.config_dir or Path.cwd())
+        paths += [(base / p).resolve() for p in (os.path.expanduser(p) for p in self.sandbox_options.ro_binds)]
+        ws = workspace.resolve()
+        out: list[str] = []
+        for p in paths:
+            p = Path(os.path.abspath(p))
+            if p == ws or p in ws.parents or ws in p.parents or not p.exists():
+                continue
+            out.append(str(p))
+        return list(dict.fromkeys(out))
+
     async def run(self, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
+        # the program's only gateway address is a relay that passes this session's model calls and nothing else
+        # (the gateway itself refuses /admin/* and other sessions without its token or their keys, too)
         task_path = ctx.workspace / self.task_file
         task_path.write_text(json.dumps(ctx.task))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
+        try:
+            sandbox = await asyncio.to_thread(Sandbox.create, ctx.session_id, Path(ctx.workspace), None,
+                                              self.sandbox_options, False)
+        except (OSError, PolarError) as e:
+            return HarnessOutcome(error=f"harness command: sandbox setup failed: {e}")
+        relay = SessionRelay(ctx.gateway_url, ctx.session_id) if (
+            not sandbox.isolated and ctx.gateway_url.startswith("http://")) else None
+        try:
+            if relay is not None:
+                server = await relay.listen_tcp("127.0.0.1", 0)
+                root = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            else:
+                root = sandbox.gateway_url(ctx.gateway_url)
+            if ctx.gateway_url.startswith("http://"):
+                root = f"{root}/s/{quote(ctx.session_id, safe='')}"
+            try:
+                await asyncio.to_thread(sandbox.start, ctx.gateway_url)
+            except (OSError, PolarError) as e:
+                return HarnessOutcome(error=f"harness command: could not open the sandbox's route to the gateway: {e}")
+            return await self._run(dataclasses.replace(ctx, gateway_url=root), sandbox, task_path, timeout_s, cancel)
+        finally:
+            if relay is not None:
+                await relay.aclose()
+            await asyncio.to_thread(sandbox.cleanup)
+
+    async def _run(self, ctx: SessionContext, sandbox: Sandbox, task_path: Path, timeout_s: float,
+                   cancel: asyncio.Event) -> HarnessOutcome:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "POLAR_")) and k not in CREDENTIAL_ENV}
+        if sandbox.use_bwrap:  # the host's temp folders do not exist inside; its own HOME does
+            env = {k: v for k, v in env.items() if k not in ("TMPDIR", "TMP", "TEMP")}
+        env["HOME"] = str(sandbox.home)
         env.update(self.env)
         env.update(gateway_env(ctx))
         env["POLAR_TASK_FILE"] = str(task_path)
         stdin = task_prompt(ctx.task).encode() if self.task_input == "stdin" else None
         argv = self._argv(ctx, task_path)
+        wrapped = sandbox.wrap(argv, ro_paths=self._ro_paths(argv, env, ctx.workspace))
         try:
             res = await run_process(
-                argv, cwd=str(ctx.workspace), env=env, stdin=stdin, timeout_s=timeout_s,
+                wrapped, cwd=str(ctx.workspace), env=env, stdin=stdin, timeout_s=timeout_s,
                 limits=self.limits, cancel=cancel,
             )
         except (FileNotFoundError, PermissionError) as e:
@@ -149,7 +232,8 @@ class CommandRunner(HarnessRunner):
             timed_out=res.timed_out,
             cancelled=res.cancelled,
             stderr_tail=res.stderr_tail(),
-            details={"duration_s": round(res.duration_s, 3), "leftover_pids": res.leftover_pids},
+            details={"duration_s": round(res.duration_s, 3), "leftover_pids": res.leftover_pids,
+                     "sandbox": sandbox.report},
         )
         if res.output_exceeded:
             out.error = f"harness wrote more than {self.limits.output_bytes} bytes of output; it was killed"
@@ -164,6 +248,56 @@ class CommandRunner(HarnessRunner):
                 f"(pids {res.leftover_pids[:5]}); they were killed. Wait for children before exiting."
             )
         return out
+
+
+SYSTEM_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/lib32/", "/etc/")
+
+
+def program_roots(executable: Path) -> list[Path]:
+    """The folders a program needs read-only in a sandbox that shows only the system: for a file in a
+    virtual environment the environment and its base interpreter's prefix (``pyvenv.cfg``'s ``home``), for a
+    package under ``node_modules`` that folder, else the executable's own folder; for the target of a
+    symlink the same again. Nothing for the system's own folders, which every sandbox sees."""
+    out: list[Path] = []
+    for path in dict.fromkeys([Path(os.path.abspath(executable)), executable.resolve()]):
+        if str(path).startswith(SYSTEM_PREFIXES):
+            continue
+        root = path.parent
+        for parent in path.parents:
+            if (parent / "pyvenv.cfg").is_file():
+                root = parent
+                home = _venv_home(parent / "pyvenv.cfg")
+                if home is not None and not str(home).startswith(SYSTEM_PREFIXES):
+                    out.append(home.parent if home.name == "bin" else home)
+                break
+            if parent.name == "node_modules":
+                root = parent
+                break
+        out.append(root)
+    return out
+
+
+def _shebang(path: Path) -> Path | None:
+    """The absolute interpreter named by a script's ``#!`` line (``/usr/bin/env`` names none), else None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode("utf-8", "replace").split()
+    if not parts or not parts[0].startswith("/") or parts[0].endswith("/env"):
+        return None
+    return Path(parts[0])
+
+
+def _venv_home(cfg: Path) -> Path | None:
+    for line in cfg.read_text(errors="replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            return Path(value.strip()).resolve()
+    return None
 
 
 def import_callable(spec: str, config_dir: Path | None = None) -> Any:

@@ -12,7 +12,8 @@ Layers, each used when available and reported in :attr:`Sandbox.report`:
   namespaces, a read-only view of ``/usr``, ``/etc`` and the CLI install, a fresh ``/tmp``, and the
   session folders read-write. With ``network: gateway`` the net namespace has only loopback; the
   gateway is reached through :mod:`polar.harness.agent.relay` (loopback port inside -> Unix socket bind-mounted
-  in -> :class:`HostRelay` -> the gateway's TCP address). Nothing else is routable.
+  in -> :class:`HostRelay`, which passes only the session's own model calls -> the gateway's TCP
+  address). Nothing else is routable.
 
 Resource limits (CPU time, address space, open files, file size) and kill-everything-at-the-end
 are applied by :func:`polar.harness.agent.process.run_process`, which runs the wrapped command.
@@ -31,9 +32,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from polar.errors import ConfigError, HarnessError
+from polar.harness.agent.session_relay import SessionRelay
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,10 @@ class SandboxOptions:
     keep: bool = False
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> SandboxOptions:
+    def from_dict(cls, d: dict[str, Any] | None, where: str = "harness.preset_options.sandbox") -> SandboxOptions:
+        """Checked options; ``where`` is the config key named in errors (presets' or a command harness's)."""
+        if d is not None and not isinstance(d, dict):
+            raise ConfigError(f"{where} must be a mapping like {{runtime: auto, network: gateway}}, got {d!r}")
         d = dict(d or {})
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
@@ -67,16 +71,16 @@ class SandboxOptions:
             from polar.config.base import did_you_mean
 
             raise ConfigError(
-                f"harness.preset_options.sandbox: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+                f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
                 f"valid keys: {', '.join(sorted(known))}"
             )
         opts = cls(**d)
         for name, allowed in (("runtime", ("auto", "bwrap", "none")), ("network", ("gateway", "host", "none")),
                               ("user", ("auto", "nobody", "current"))):
             if getattr(opts, name) not in allowed:
-                raise ConfigError(
-                    f"harness.preset_options.sandbox.{name}: {getattr(opts, name)!r} is not one of {', '.join(allowed)}"
-                )
+                raise ConfigError(f"{where}.{name}: {getattr(opts, name)!r} is not one of {', '.join(allowed)}")
+        if not isinstance(opts.ro_binds, list) or not all(isinstance(p, str) for p in opts.ro_binds):
+            raise ConfigError(f"{where}.ro_binds must be a list of paths, got {opts.ro_binds!r}")
         return opts
 
 
@@ -100,7 +104,7 @@ def _bwrap_required(why: str) -> str:
     return f"sandbox.runtime is 'bwrap' but {why}; fix that, or set sandbox.runtime: none to run the CLI unisolated"
 
 
-def check_runtime(options: SandboxOptions, cli: str) -> None:
+def check_runtime(options: SandboxOptions, cli: str, where: str = "harness.preset_options.sandbox") -> None:
     """At the start of a run (once per runner): ``runtime: bwrap`` that cannot work fails here, before any
     session; ``runtime: auto`` that falls back to no isolation says so once, since the CLIs run with their
     permission checks off. ``cli`` names the CLI and its flag for that warning."""
@@ -112,8 +116,8 @@ def check_runtime(options: SandboxOptions, cli: str) -> None:
     if options.runtime == "bwrap":
         raise HarnessError(_bwrap_required(why))
     log.warning("sandbox.runtime auto: %s, so %s runs with no isolation: it can read, change and reach whatever "
-                "this user can. Make bubblewrap work, or set harness.preset_options.sandbox.runtime: none to run "
-                "unisolated on purpose", why, cli)
+                "this user can. Make bubblewrap work, or set %s.runtime: none to run unisolated on purpose",
+                why, cli, where)
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -146,51 +150,34 @@ def workspace_diff(workspace: Path, base: str = BASE_TAG) -> str:
 
 
 class HostRelay:
-    """Host side of the isolated network: a Unix socket whose connections are piped to the gateway."""
+    """Host side of the isolated network: a Unix socket whose connections reach the gateway through a
+    :class:`~polar.harness.agent.session_relay.SessionRelay`, which passes only this session's model calls.
 
-    def __init__(self, socket_path: Path, gateway_url: str) -> None:
-        parts = urlsplit(gateway_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise HarnessError(
-                f"sandbox network 'gateway' relays plain HTTP, but the gateway URL is {gateway_url!r}; "
-                "use an http:// gateway address or set sandbox.network: host"
-            )
-        self.target = (parts.hostname, parts.port or 80)
+    The in-sandbox relay (:mod:`polar.harness.agent.relay`) is untrusted, since the agent can connect to
+    the socket itself: this side is the one that parses and filters every request."""
+
+    def __init__(self, socket_path: Path, gateway_url: str, session_id: str) -> None:
+        self.relay = SessionRelay(gateway_url, session_id)
+        self.target = self.relay.target
         self.socket_path = socket_path
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="polar-host-relay", daemon=True)
         self._server: asyncio.AbstractServer | None = None
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while chunk := await reader.read(65536):
-                writer.write(chunk)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*self.target), timeout=10)
-        except (OSError, asyncio.TimeoutError):
-            writer.close()
-            return
-        await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
-
     def start(self) -> None:
         self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(asyncio.start_unix_server(self._serve, str(self.socket_path)), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self.relay.listen_unix(str(self.socket_path)), self._loop)
         self._server = fut.result(timeout=10)
         os.chmod(self.socket_path, 0o666)
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+        if self._server is not None and self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.relay.aclose(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
 
@@ -219,8 +206,9 @@ class Sandbox:
     # -- setup --------------------------------------------------------------------------------
     @classmethod
     def create(cls, session_id: str, workspace: Path, source: Path | None = None,
-               options: SandboxOptions | None = None) -> Sandbox:
-        """Copy ``source`` (the task's repo) into ``workspace``, commit the baseline, make a private HOME."""
+               options: SandboxOptions | None = None, baseline: bool = True) -> Sandbox:
+        """Copy ``source`` (the task's repo) into ``workspace``, commit the baseline (``baseline``: presets
+        diff against it; a command harness's workspace stays as the pipeline made it), make a private HOME."""
         workspace = Path(workspace)
         workspace.mkdir(parents=True, exist_ok=True)
         if source is not None:
@@ -228,7 +216,8 @@ class Sandbox:
                 raise HarnessError(f"task repository {source} is not a directory; check the task's 'repo' field")
             shutil.copytree(source, workspace, dirs_exist_ok=True, symlinks=True,
                             ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache"))
-        git_baseline(workspace)
+        if baseline:
+            git_baseline(workspace)
         root = Path(tempfile.mkdtemp(prefix=f".{session_id}-", dir=workspace.parent))
         try:
             sbx = cls(session_id, workspace, root, options or SandboxOptions())
@@ -286,7 +275,7 @@ class Sandbox:
             for path in (self.workspace, self.root):
                 _chown_tree(path, self.uid, self.uid)
         if self.isolated:
-            self._relay = HostRelay(self.socket_path, host_url)
+            self._relay = HostRelay(self.socket_path, host_url, self.session_id)
             self._relay.start()
         return self.gateway_url(host_url)
 
@@ -303,7 +292,7 @@ class Sandbox:
             return inner + argv
         if self.isolated:
             python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else os.path.realpath(shutil.which("python3") or "")
-            inner += [python, str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
+            inner += [python, "-I", "-S", str(RELAY_SCRIPT), "--listen", f"127.0.0.1:{INNER_PORT}", "--uds", str(self.socket_path), "--"]
         ro = [*(ro_paths or []), *self.options.ro_binds, str(RELAY_SCRIPT)]
         rw = [str(self.workspace), str(self.root), *([str(self.socket_dir)] if self.socket_dir else [])]
         b = bwrap_args(rw=rw, ro=ro, unshare_net=self.isolated or self.options.network == "none",

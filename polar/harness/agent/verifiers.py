@@ -9,6 +9,8 @@ Every verifier is ``async (VerifyInput) -> Verdict``. Built-ins:
   against a copy of the workspace, isolated as the agent was (:mod:`polar.harness.agent.isolation`);
   reward = 1 if the tests run to their end and exit 0.
 - ``workspace``: files in the workspace must exist / contain given text (``files: {path: substring}``).
+- ``llm_judge``: an LLM scores the session (a JSON score, a rubric, or pairwise against a reference), its
+  transcript fenced and quoted (:mod:`polar.harness.agent.judge`).
 - ``module:function``: a user function ``(task, output, workspace, records) -> float | dict`` (sync or
   async); a dict carries ``reward`` plus anything else worth storing. One that runs the workspace's code
   should take ``trusted_workspace`` and run it in a :class:`~polar.harness.agent.isolation.VerifySandbox`.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -31,6 +34,9 @@ from typing import Any
 
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.isolation import VerifySandbox, WorkspaceRefused, read_untrusted, require_isolation
+from polar.harness.agent.judge import LLMJudge
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -195,6 +201,14 @@ class UserFunction:
         raise HarnessError(f"verifier {self.spec} returned {type(result).__name__}; return a float or a dict with 'reward'")
 
 
+class LLMJudgeVerifier(LLMJudge):
+    """``llm_judge``: :class:`~polar.harness.agent.judge.LLMJudge` as a verifier."""
+
+    async def __call__(self, inp: VerifyInput) -> Verdict:
+        reward, details = await self.judge(inp)
+        return Verdict(reward, details)
+
+
 class NoVerifier:
     async def __call__(self, inp: VerifyInput) -> Verdict:
         return Verdict(0.0, {"note": "no verifier"})
@@ -202,7 +216,7 @@ class NoVerifier:
 
 _BUILTIN = {
     "exact_match": ExactMatch, "numeric": Numeric, "regex": Regex, "python_tests": PythonTests,
-    "workspace": WorkspaceCheck, "none": NoVerifier,
+    "workspace": WorkspaceCheck, "none": NoVerifier, "llm_judge": LLMJudgeVerifier,
 }
 
 #: Built-ins that run the workspace's code (and so take ``trusted_workspace``).
@@ -216,6 +230,43 @@ _NAMED = {
     "reasoning_gym": "polar.harness.benchmarks.reasoning_gym:verify",
     "lm_eval": "polar.harness.benchmarks.lm_eval:verify",
 }
+
+
+class CheckedVerifier:
+    """A verifier whose reward is checked before anyone averages it: NaN or infinity always, and a value outside
+    ``reward_range`` when the config gives one (``[0, 1]``: the reward is a success rate), raise a
+    ``HarnessError`` naming the task, so the session ends ERROR with that line instead of being scored."""
+
+    def __init__(self, inner: Any, name: str, reward_range: tuple[float, float] | None = None) -> None:
+        self.inner, self.name, self.reward_range = inner, name, reward_range
+        self._warned: set[str] = set()  # the log names each bad task once; every session still ends ERROR
+
+    async def __call__(self, inp: VerifyInput) -> Verdict:
+        verdict: Verdict = await self.inner(inp)
+        reward = float(verdict.reward)
+        task_id = str(inp.task.get("id", "?"))
+        problem = None
+        if not math.isfinite(reward):
+            problem = (f"verifier {self.name} returned {reward} for task {task_id!r}; a reward must be a finite "
+                       "number (fix the verifier: a 0/0 or a failed parse is the usual cause)")
+        elif self.reward_range is not None and not self.reward_range[0] <= reward <= self.reward_range[1]:
+            low, high = self.reward_range
+            problem = (f"verifier {self.name} returned {reward:g} for task {task_id!r}, outside verifier.reward_range "
+                       f"[{low:g}, {high:g}]; fix the verifier, or widen reward_range")
+        if problem is not None:
+            if task_id not in self._warned:
+                self._warned.add(task_id)
+                log.warning("%s (the session ends ERROR and is neither trained on nor averaged)", problem)
+            raise HarnessError(problem)
+        return verdict
+
+
+def checked_verifier(cfg: Any, config_dir: Path | None = None) -> CheckedVerifier:
+    """``build_verifier`` with its rewards checked (``CheckedVerifier``, ``verifier.reward_range``): what a run
+    scores its sessions with."""
+    rng = getattr(cfg, "reward_range", None)
+    return CheckedVerifier(build_verifier(cfg, config_dir), str(cfg.type) if cfg is not None else "none",
+                           (float(rng[0]), float(rng[1])) if rng is not None else None)
 
 
 def build_verifier(cfg: Any, config_dir: Path | None = None):

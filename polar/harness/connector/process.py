@@ -15,6 +15,7 @@ import logging
 import numbers
 import os
 import secrets
+import select
 import shlex
 import shutil
 import signal
@@ -38,8 +39,12 @@ from polar.errors import (
     EnvContractError,
     ProtocolError,
 )
+from polar.harness.connector import supervisor
+from polar.harness.connector.spaces import wire_space_bytes
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
+
+SUPERVISOR = supervisor.__file__  # run as a script, isolated (-I -S): see its module
 
 log = logging.getLogger("polar.connector")
 _POLAR_ROOT = str(Path(__file__).resolve().parents[3])
@@ -52,6 +57,8 @@ HEALTHY_ENV_STEPS = 10
 # how long an error message waits for a dead process's output still in the pipe (bounded: a grandchild that
 # escaped the process group may hold the pipe open)
 OUTPUT_DRAIN_S = 2.0
+KILL_WAIT_S = 5.0  # how long the supervisor gets to kill and reap a connector's tree before its group is SIGKILLed
+PID_WAIT_S = 5.0  # how long `pid` waits for the supervisor to report the connector's pid
 SEED_KEY = "seed"
 REPLY_KEYS = {"init": ("action_space",), "reset": ("obs",), "step": ("obs", "rewards", "terminated", "truncated")}
 
@@ -69,10 +76,22 @@ def kill_leftovers() -> None:
             shutil.rmtree(proc._tmpdir, ignore_errors=True)
 
 
+def expand_command(command: list[str], config_dir: Path) -> list[str]:
+    """A ``command:`` connector's argv with ``{python}`` (the interpreter running polar, ``sys.executable``) and
+    ``{config_dir}`` filled in, as in agent harness commands. Only these two: other braces stay as written."""
+    values = {"{python}": sys.executable, "{config_dir}": str(config_dir)}
+    out = []
+    for part in command:
+        for key, value in values.items():
+            part = part.replace(key, value)
+        out.append(part)
+    return out
+
+
 def check_command(spec: Any, config_dir: Path) -> None:
     """A command connector's program exists (on PATH, with ``spec.env``'s PATH, or next to the config), or one
     ``ConnectorStartError``. ``polar run`` calls it before it creates anything."""
-    program = spec.command[0]
+    program = expand_command(spec.command, config_dir)[0]
     path = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}.get("PATH")
     if shutil.which(program, path=path) is None and not Path(config_dir, program).exists():
         raise ConnectorStartError(f"connector_spec.command: executable {program!r} not found on PATH; install it or "
@@ -103,6 +122,13 @@ def command_label(command: list[str]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def declared_name(name: str) -> str:
+    """A name the connector gave itself, fit for one-line messages and terminals: printable, at most 80 characters
+    (it is the connector's own text: a newline or an escape sequence in it must not forge log lines)."""
+    text = "".join(c if c.isprintable() else "?" for c in name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -130,6 +156,8 @@ class ConnectorProcess:
         self.run_seed = seed
         self._warned_seed = False
         self.codec = Codec()
+        self._obs_bytes: int | None = None  # one declared observation, once the spaces are known
+        self.set_observation_bytes(None)
         self.restarts = 0
         self.consecutive_failures = 0
         self.steps_since_start = 0
@@ -139,7 +167,9 @@ class ConnectorProcess:
         self.last_io = time.monotonic()
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._drain_thread: threading.Thread | None = None
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | None = None  # the supervisor; the connector is its only child
+        self._pid_pipe: int | None = None  # where the supervisor writes the connector's pid
+        self._child_pid: int | None = None
         self._conn: FrameSocket | None = None
         self._tmpdir: str | None = None
         self._listener = self._listen()
@@ -169,7 +199,12 @@ class ConnectorProcess:
     def command(self) -> list[str]:
         spec = self.spec
         if spec.command:
-            return list(spec.command)
+            cmd = expand_command(spec.command, self.config_dir)
+            path = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}.get("PATH")
+            beside = Path(self.config_dir, cmd[0])
+            if os.sep not in cmd[0] and shutil.which(cmd[0], path=path) is None and beside.exists():
+                cmd[0] = str(beside)  # next to the config, as check_command accepts it (exec alone searches PATH)
+            return cmd
         cmd = [spec.python or sys.executable, "-m", "polar.harness.connector.server"]
         cmd += ["--module", spec.module, "--class-name", spec.class_name]
         for p in dict.fromkeys([str(self.config_dir), os.getcwd()]):
@@ -182,23 +217,66 @@ class ConnectorProcess:
         env.update({k: str(v) for k, v in self.spec.env.items()})
         env.update(POLAR_CONNECTOR_ADDRESS=self.address, POLAR_CONNECTOR_TOKEN=self.token, PYTHONUNBUFFERED="1")
         env.setdefault("SDL_VIDEODRIVER", "dummy")
-        env.setdefault("POLAR_ROLE", "connector")  # system metrics name the process by it (polar.metrics.system)
+        # system metrics name the process by it (polar.metrics.system); the supervisor has a role of its own
+        env[supervisor.ROLE_VARIABLE] = env.get("POLAR_ROLE", "connector")
+        env["POLAR_ROLE"] = supervisor.ROLE
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_POLAR_ROOT, env.get("PYTHONPATH")) if p)
         cmd = self.command()
         cwd = str(self.config_dir) if self.spec.command else None
         if self.spec.command:
             check_command(self.spec, self.config_dir)
         self._tail.clear()
-        # dies with this process even when it is SIGKILLed (no atexit then): see polar.lifetime
-        self._proc = popen_tied(
-            cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # Under the supervisor (see its module): the connector's whole tree, new sessions and daemons included,
+        # dies when polar stops it and when polar dies, even SIGKILLed (SIGTERM as the supervisor's
+        # parent-death signal, armed from polar.lifetime's long-lived spawner thread).
+        self._close_pid_pipe()
+        pid_read, pid_write = os.pipe()
+        try:
+            self._proc = popen_tied(
+                [sys.executable, "-I", "-S", SUPERVISOR, str(pid_write), str(os.getpid()), "--", *cmd],
+                pdeathsig=signal.SIGTERM, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(pid_write,),
+            )
+        except BaseException:
+            os.close(pid_read)
+            raise
+        finally:
+            os.close(pid_write)
+        self._pid_pipe = pid_read
+        self._child_pid = None
+        self._op = None  # a new process: nothing asked of it yet
         self._drain_thread = threading.Thread(target=self._drain, args=(self._proc,), daemon=True,
                                               name=f"polar-{self.label}-out")
         self._drain_thread.start()
         self.dead_reason = None
         self.steps_since_start = 0
+
+    def set_observation_bytes(self, obs_bytes: int | None) -> None:
+        """Bound what one reply's compressed arrays may decode to: what a frame can carry uncompressed
+        (``max_frame_bytes``) plus each copy's observation and final observation as declared (``obs_bytes``,
+        unknown until the spaces are). A reply over it is refused before it is decoded."""
+        self._obs_bytes = obs_bytes
+        cap = self.spec.max_frame_bytes
+        why = f"max_frame_bytes={cap}"
+        if obs_bytes is not None:
+            cap += 2 * self.num_envs * obs_bytes
+            why += f" + 2 x {self.num_envs} copies x {obs_bytes} bytes per declared observation"
+        self.codec.max_decoded_bytes = cap
+        self.codec.decode_limit_why = f"{why}; raise connector_spec.max_frame_bytes if such replies are intended"
+
+    def _budget_init_reply(self, data: bytes) -> None:
+        """Bound the init reply by the spaces it declares (each may carry two arrays of its size: Box low, high),
+        read from the reply's plain fields before any of its arrays is decoded."""
+        skim = self.codec.skim(data)
+        if isinstance(skim, dict):
+            if isinstance(skim.get("class_name"), str) and skim["class_name"]:
+                self.name = declared_name(skim["class_name"])  # so an error decoding this reply names the class
+            declared = sum(wire_space_bytes(skim.get(k)) for k in ("observation_space", "action_space"))
+            cap = self.spec.max_frame_bytes + 2 * declared
+            self.codec.max_decoded_bytes = cap
+            self.codec.decode_limit_why = (f"max_frame_bytes={self.spec.max_frame_bytes} + 2 x {declared} bytes of "
+                                           "declared spaces (their low and high arrays); raise "
+                                           "connector_spec.max_frame_bytes if such replies are intended")
 
     def mark_healthy_step(self) -> None:
         """Count a good step; after HEALTHY_ENV_STEPS in one incarnation, past failures stop counting."""
@@ -259,7 +337,7 @@ class ConnectorProcess:
             sock.close()
             raise ConnectorStartError(f"{self.name}: a connector connected with a wrong token; check connector_spec.token")
         if isinstance(hello.get("name"), str) and hello["name"]:
-            self.name = hello["name"]  # optional in the hello: lets errors before init name the connector
+            self.name = declared_name(hello["name"])  # optional in the hello: lets errors before init name the connector
         if hello.get("protocol") != PROTOCOL_VERSION:
             raise ConnectorStartError(f"{self.name}: speaks protocol {hello.get('protocol')!r}; polar speaks {PROTOCOL_VERSION}")
         options = {
@@ -269,8 +347,9 @@ class ConnectorProcess:
         }
         self.describe = self.call({"op": "init", "config": self.spec.config, "num_envs": self.num_envs, "copies": self.copies(),
                                    "options": options}, self.spec.start_timeout_s)
+        self.set_observation_bytes(self._obs_bytes)  # the init reply had its own bound; a restart keeps the spaces
         if isinstance(self.describe.get("class_name"), str) and self.describe["class_name"]:
-            self.name = self.describe["class_name"]  # errors name the class the connector declared, not its launcher
+            self.name = declared_name(self.describe["class_name"])  # errors name the class the connector declared, not its launcher
         return self.describe
 
     def start(self) -> dict:
@@ -282,18 +361,33 @@ class ConnectorProcess:
             raise ConnectorStartError(f"{self.name} failed to start: {e}.{self.tail_text()}") from None
 
     def kill(self) -> None:
+        """End the connector's whole process tree: SIGTERM asks its supervisor to SIGKILL every descendant and
+        reap them; SIGKILL to the process group is the fallback should the supervisor not exit in time."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
         if self._proc is not None and self._proc.poll() is None:
             try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self._proc.kill()
-            try:
-                self._proc.wait(timeout=5)
+                self._proc.send_signal(signal.SIGTERM)
+                self._proc.send_signal(signal.SIGCONT)  # a supervisor the connector stopped gets its SIGTERM now
+                self._proc.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
-                log.warning("%s pid %d did not exit after SIGKILL", self.label, self._proc.pid)
+                log.warning("%s: supervisor pid %d did not exit %.0f s after SIGTERM; killing its process group",
+                            self.label, self._proc.pid, KILL_WAIT_S)
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self._proc.kill()
+                try:
+                    self._proc.wait(timeout=KILL_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s pid %d did not exit after SIGKILL", self.label, self._proc.pid)
+        self._close_pid_pipe()
+
+    def _close_pid_pipe(self) -> None:
+        if self._pid_pipe is not None:
+            os.close(self._pid_pipe)
+            self._pid_pipe = None
 
     def close(self) -> None:
         """Ask the process to close its envs, then make sure it is gone and the socket removed."""
@@ -315,6 +409,15 @@ class ConnectorProcess:
 
     @property
     def pid(self) -> int | None:
+        """The connector's own pid (the supervisor's child), once the supervisor has told it; else the supervisor's."""
+        if self._child_pid is None and self._pid_pipe is not None:
+            ready, _, _ = select.select([self._pid_pipe], [], [], PID_WAIT_S)
+            data = os.read(self._pid_pipe, 4) if ready else b""
+            if len(data) == 4:
+                self._child_pid = int.from_bytes(data, sys.byteorder, signed=True)
+            self._close_pid_pipe()
+        if self._child_pid is not None:
+            return self._child_pid
         return self._proc.pid if self._proc else None
 
     def tail_text(self, n: int = 15) -> str:
@@ -361,6 +464,8 @@ class ConnectorProcess:
         except OSError as e:
             raise ProcessFailed(f"receiving failed ({e})") from None
         self.last_io = time.monotonic()
+        if self._op == "init":  # its spaces' arrays (Box low, high) come before the spaces are known
+            self._budget_init_reply(data)
         try:
             return self.codec.unpack(data)
         except ProtocolError as e:  # the frame arrived whole, so the stream is still in step

@@ -88,6 +88,43 @@ def infer_space(obs: Any, where: str = "observation") -> spaces.Space:
     )
 
 
+def space_bytes(space: spaces.Space) -> int:
+    """Bytes of one observation of ``space`` as an array (a Dict: the sum of its keys)."""
+    if isinstance(space, spaces.Dict):
+        return sum(space_bytes(sub) for sub in space.spaces.values())
+    shape = space.shape or ()
+    dtype = np.dtype(space.dtype) if space.dtype is not None else np.dtype(np.float64)
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize
+
+
+def wire_space_bytes(desc: Any) -> int:
+    """Bytes of one value of a space as declared on the wire, from its plain fields only (``shape``, ``dtype``,
+    ``n``): no array in it is decoded. 0 where those fields do not say (the caller's base budget covers those)."""
+    if not isinstance(desc, dict):
+        return 0
+    kind = desc.get("type")
+    try:
+        if kind == "Dict" and isinstance(desc.get("spaces"), dict):
+            return sum(wire_space_bytes(sub) for sub in desc["spaces"].values())
+        if kind == "Box" and isinstance(desc.get("shape"), list):
+            dtype = np.dtype(str(desc.get("dtype", "float32")))
+            if dtype.kind not in "biuf":  # a Box of any other dtype is refused when built: it buys no budget
+                return 0
+            return _count(desc["shape"]) * dtype.itemsize
+        if kind == "MultiBinary":
+            n = desc.get("n")
+            return _count(n if isinstance(n, list) else [n])
+    except (TypeError, ValueError):
+        return 0
+    return 0
+
+
+def _count(dims: list) -> int:
+    """Elements of an array of shape ``dims`` (0 for a negative dimension, which no space accepts)."""
+    sizes = [int(d) for d in dims]
+    return 0 if any(d < 0 for d in sizes) else int(np.prod(sizes, dtype=object))
+
+
 def conform(obs: Any, space: spaces.Space) -> Any:
     """Cast a batched or single obs to the space's dtype (no copy when it already matches)."""
     if isinstance(space, spaces.Dict):

@@ -30,6 +30,7 @@ from polar.harness.connector.spaces import (
     index,
     infer_space,
     shape_mismatch,
+    space_bytes,
     space_from_wire,
 )
 
@@ -99,13 +100,16 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------------------- spaces
     def _init_spaces(self, desc: dict) -> None:
-        name = desc.get("class_name") or self.procs[0].name
+        name = self.procs[0].name  # the declared class name, made printable
         self.single_action_space = space_from_wire(desc.get("action_space"), f"{name}.action_space")
         if desc.get("observation_space") is not None:
             self.single_observation_space = space_from_wire(desc["observation_space"], f"{name}.observation_space")
         else:  # inferred from the first observation
             reply = self.procs[0].call({"op": "reset", "seeds": None, "env_ids": [0]})
             self.single_observation_space = infer_space(index(reply["obs"], 0), f"{name}.reset() observation")
+        obs_bytes = space_bytes(self.single_observation_space)
+        for p in self.procs:  # compressed replies decode to the declared observations, not to what a header claims
+            p.set_observation_bytes(obs_bytes)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 

@@ -134,34 +134,131 @@ def _compress(arr: np.ndarray, codec: str) -> bytes | None:
 
 
 def _decompress(codec: int, payload: memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode a compressed array, never producing more than its header's ``prod(shape) * itemsize`` bytes.
+
+    The caller has checked that size against its budget; every codec here stops at that size plus one
+    byte (zstd and lz4 streaming with an output limit, images by their header before any pixel is
+    decoded), so a small frame cannot make the learner allocate what its header does not announce.
+    """
+    expected = math.prod(shape) * dtype.itemsize
     if codec == 1:
         import zstandard
 
-        raw = zstandard.ZstdDecompressor().decompress(bytes(payload))
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(bytes(payload)) as reader:
+                raw = reader.read(expected + 1)
+        except zstandard.ZstdError as e:
+            raise ProtocolError(f"compressed ndarray: invalid zstd data ({e})") from None
     elif codec == 2:
         import lz4.frame
 
-        raw = lz4.frame.decompress(bytes(payload))
+        try:
+            raw = lz4.frame.LZ4FrameDecompressor().decompress(bytes(payload), max_length=expected + 1)
+        except RuntimeError as e:
+            raise ProtocolError(f"compressed ndarray: invalid lz4 frame ({e})") from None
     elif codec in (3, 4):
         from PIL import Image
 
-        raw = np.asarray(Image.open(io.BytesIO(bytes(payload)))).tobytes()
+        try:
+            img = Image.open(io.BytesIO(bytes(payload)))
+            width, height = img.size
+            if width * height * len(img.getbands()) != expected:  # checked before a single pixel is decoded
+                raise ProtocolError(f"compressed ndarray: a {width}x{height} {img.mode} image cannot fill shape {shape} "
+                                    f"{dtype} ({expected} bytes)")
+            raw = np.asarray(img).tobytes()
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise ProtocolError(f"compressed ndarray: invalid image data ({e})") from None
     else:
         raise ProtocolError(f"unknown compression codec {codec} in ext 2 (known: {CODECS})")
-    expected = math.prod(shape) * dtype.itemsize
+    if len(raw) > expected:
+        raise ProtocolError(f"compressed ndarray decodes to more than the {expected} bytes its shape {shape} {dtype} needs")
     if len(raw) != expected:
         raise ProtocolError(f"compressed ndarray decodes to {len(raw)} bytes; shape {shape} {dtype} needs {expected}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
-class Codec:
-    """msgpack packer/unpacker with the ndarray ext types and optional compression of large arrays."""
+# ----------------------------------------------------------------------------------------- object cost
+# What decoding a frame costs in Python objects, estimated from its msgpack bytes before it is decoded. A 1-byte
+# empty map becomes a 64-byte dict: 64 MiB of them (one frame under the default max_frame_bytes) would build
+# about 5 GiB. A list or dict costs its header and 8 bytes per slot (a dict 24 more per entry); a value costs
+# its object unless CPython shares it (None, bools, small ints, one-character strings).
+OBJECT_COST_RATIO = 16  # legitimate frames measure 3.6 (floats) to 8.7 (infos, plain int lists); empty maps 72
+WALK_MIN_BYTES = 1 << 20  # smaller frames cannot build more than ~72 MiB: not worth the walk
+_FIXED = {0xC0: (0, 0), 0xC2: (0, 0), 0xC3: (0, 0), 0xCA: (4, 24), 0xCB: (8, 24), 0xCC: (1, 0), 0xCD: (2, 32),
+          0xCE: (4, 32), 0xCF: (8, 32), 0xD0: (1, 32), 0xD1: (2, 32), 0xD2: (4, 32), 0xD3: (8, 32)}
+_FIXEXT = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+_LENGTH = {0xC4: (1, 33), 0xC5: (2, 33), 0xC6: (4, 33), 0xD9: (1, 49), 0xDA: (2, 49), 0xDB: (4, 49),
+           0xC7: (1, 0), 0xC8: (2, 0), 0xC9: (4, 0)}  # str, bin, ext: length bytes, object overhead
+_COUNT = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # array16/32, map16/32: length bytes, values per entry
 
-    def __init__(self, compression: str | None = None, compress_min_bytes: int = 4096) -> None:
+
+def object_cost(data: bytes | bytearray | memoryview, limit: int) -> int:
+    """Estimated bytes of Python objects ``msgpack.unpackb(data)`` builds, counted until it passes ``limit``.
+
+    Ext payloads count their size (ndarray data is copied once; compressed arrays have their own budget).
+    Malformed input stops the count early: the decoder then reports it.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    size, pos, pending, cost = len(view), 0, 1, 0
+    while pending and pos < size and cost <= limit:
+        pending -= 1
+        b = view[pos]
+        pos += 1
+        if b <= 0x7F:
+            pass
+        elif b <= 0x8F:
+            cost += 64 + 40 * (b & 0x0F)
+            pending += 2 * (b & 0x0F)
+        elif b <= 0x9F:
+            cost += 56 + 8 * (b & 0x0F)
+            pending += b & 0x0F
+        elif b <= 0xBF:
+            n = b & 0x1F
+            pos += n
+            cost += 49 + n if n > 1 else 0
+            cost += 40
+        elif b in _FIXED:
+            skip, c = _FIXED[b]
+            pos += skip
+            cost += c
+        elif b in _FIXEXT:
+            n = _FIXEXT[b]
+            pos += 1 + n
+            cost += n
+        elif b in _LENGTH:
+            width, overhead = _LENGTH[b]
+            n = int.from_bytes(view[pos : pos + width], "big")
+            pos += width + n + (1 if 0xC7 <= b <= 0xC9 else 0)
+            cost += overhead + n
+        elif b in _COUNT:
+            width, per = _COUNT[b]
+            n = int.from_bytes(view[pos : pos + width], "big")
+            pos += width
+            cost += 64 + 40 * n if per == 2 else 56 + 8 * n
+            pending += per * n
+        else:  # 0xc1 (never used) : let msgpack say what is wrong
+            break
+    return cost
+
+
+class Codec:
+    """msgpack packer/unpacker with the ndarray ext types and optional compression of large arrays.
+
+    ``max_decoded_bytes`` bounds what the compressed arrays of one frame may inflate to, all together
+    (None: no bound, for the connector side, which decodes only polar's frames). Uncompressed data is
+    bounded by the frame size already; without this bound a 32 KiB zstd frame announcing a 1 GiB array
+    makes its reader allocate 1 GiB. ``decode_limit_why`` says in an error where the bound comes from.
+    """
+
+    def __init__(self, compression: str | None = None, compress_min_bytes: int = 4096,
+                 max_decoded_bytes: int | None = None) -> None:
         if compression is not None and compression not in CODECS:
             raise ValueError(f"compression must be one of {sorted(CODECS)} or None, got {compression!r}")
         self.compression = compression
         self.compress_min_bytes = compress_min_bytes
+        self.max_decoded_bytes = max_decoded_bytes
+        self.decode_limit_why = "the decode limit"
+        self._budget: int | None = None  # what the current frame's compressed arrays may still inflate to
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True, autoreset=True)
 
     def _default(self, obj: Any) -> Any:
@@ -186,8 +283,7 @@ class Codec:
     def pack(self, obj: Any) -> bytes:
         return self._packer.pack(obj)
 
-    @staticmethod
-    def _ext_hook(code: int, data: bytes) -> Any:
+    def _ext_hook(self, code: int, data: bytes) -> Any:
         view = memoryview(data)
         if code == EXT_NDARRAY:
             dtype, shape, start = _parse_header(view)
@@ -198,10 +294,36 @@ class Codec:
             return np.frombuffer(data, dtype=dtype, offset=start).reshape(shape).copy()
         if code == EXT_COMPRESSED:
             dtype, shape, start = _parse_header(view[1:])
+            size = math.prod(shape) * dtype.itemsize
+            if self._budget is not None:
+                if size > self._budget:
+                    raise ProtocolError(
+                        f"a compressed array of shape {list(shape)} {dtype} ({size} bytes, from "
+                        f"{len(view)} on the wire) is over the {self.max_decoded_bytes}-byte limit on what one "
+                        f"frame's compressed arrays may decode to ({self.decode_limit_why}); refused undecoded")
+                self._budget -= size
             return _decompress(view[0], view[1 + start :], dtype, shape)
         raise ProtocolError(f"unknown msgpack ext type {code} (known: 1 ndarray, 2 compressed ndarray)")
 
+    @staticmethod
+    def skim(data: bytes | bytearray | memoryview) -> Any:
+        """The frame's plain msgpack values with every array left undecoded (None): what a reply declares,
+        read before its arrays are inflated. None for a frame that is not msgpack (``unpack`` says why)."""
+        try:
+            return msgpack.unpackb(data, ext_hook=lambda code, payload: None, raw=False, strict_map_key=False)
+        except Exception:  # garbage: the real decode reports it
+            return None
+
     def unpack(self, data: bytes | bytearray | memoryview) -> Any:
+        self._budget = self.max_decoded_bytes
+        if self.max_decoded_bytes is not None and len(data) > WALK_MIN_BYTES:
+            limit = OBJECT_COST_RATIO * len(data)
+            cost = object_cost(data, limit)
+            if cost > limit:
+                raise ProtocolError(
+                    f"a frame of {len(data)} bytes would build over {limit} bytes of Python objects ({OBJECT_COST_RATIO} "
+                    "x its size: many tiny maps, lists or strings); refused undecoded. Send arrays as the ndarray ext "
+                    "types (docs/connector-protocol.md, 3. Values)")
         try:
             return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True)
         except ProtocolError:

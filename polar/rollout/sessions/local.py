@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
 import threading
 from collections.abc import Coroutine
@@ -22,7 +23,7 @@ from polar.errors import GatewayError
 from polar.harness.agent.runners import HarnessRunner
 from polar.rollout.sessions.nodes import NodeRegistry
 from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline
-from polar.rollout.sessions.service import RolloutService, build_app
+from polar.rollout.sessions.service import RolloutService, build_app, service_headers
 from polar.rollout.sessions.session import SessionResult
 from polar.rollout.sessions.store import SessionStore
 
@@ -30,12 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class RolloutServer:
-    """The rollout service on a background thread. ``url`` is its HTTP root once started."""
+    """The rollout service on a background thread. ``url`` is its HTTP root once started; ``token`` (random,
+    in this process's memory only) is what its HTTP API asks of every client (``headers``)."""
 
     def __init__(self, runner: HarnessRunner, verifier: Any, settings: PipelineSettings,
                  host: str = "127.0.0.1", port: int = 0, heartbeat_timeout_s: float = 30.0) -> None:
         self.runner, self.verifier, self.settings = runner, verifier, settings
         self.host, self.port = host, port
+        self.token = secrets.token_urlsafe(32)
         self.registry = NodeRegistry(heartbeat_timeout_s)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pipeline: SessionPipeline | None = None
@@ -46,6 +49,11 @@ class RolloutServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a polar client of this service sends with every request (the run's service token)."""
+        return service_headers(self.token)
 
     def start(self, timeout_s: float = 30.0) -> RolloutServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,7 +68,7 @@ class RolloutServer:
             self.pipeline = SessionPipeline(self.runner, self.verifier, self.registry, self.settings)
             self.service = RolloutService(self.pipeline, self.registry)
             # log_config=None: uvicorn's default dictConfig would close the run's own log handlers
-            config = uvicorn.Config(build_app(self.service), lifespan="off", access_log=False, log_level="warning",
+            config = uvicorn.Config(build_app(self.service, self.token, self.host), lifespan="off", access_log=False, log_level="warning",
                                     log_config=None)
             self._server = uvicorn.Server(config)
             ready.set()
@@ -85,9 +93,11 @@ class RolloutServer:
             raise GatewayError("the rollout service is not running; call start() first")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def add_node(self, node_id: str, url: str, server: Any = None, capacity: int = 0, static: bool = True) -> None:
+    def add_node(self, node_id: str, url: str, server: Any = None, capacity: int = 0, static: bool = True,
+                 admin_token: str | None = None) -> None:
         async def _add() -> None:
-            self.registry.register(node_id, url, capacity=capacity, static=static, server=server)
+            self.registry.register(node_id, url, capacity=capacity, static=static, server=server,
+                                   admin_token=admin_token)
 
         self.call(_add())
 
@@ -127,8 +137,10 @@ class LocalStack:
         from polar.gateway import GatewayServer
 
         cfg = gateway_config or GatewayConfig()
-        if not cfg.accept_any_model:
-            cfg = cfg.model_copy(update={"accept_any_model": True})  # harnesses may hard-code a model name
+        # harnesses may hard-code a model name; the admin token (the config's, else a random one that lives in
+        # this process only) locks /admin/* and other sessions' records away from every harness
+        cfg = cfg.model_copy(update={"accept_any_model": True, "claimed_sessions_only": True,
+                                     "admin_token": cfg.admin_token or secrets.token_urlsafe(32)})
         self.gateway = GatewayServer(cfg, engine=engine, records_dir=records_dir)
         settings.model_name = engine.model_name
         self.rollout = RolloutServer(runner, verifier, settings)
@@ -144,7 +156,8 @@ class LocalStack:
         self.gateway.start()
         try:
             self.rollout.start()
-            self.rollout.add_node("local", self.gateway.url, server=self.gateway)
+            self.rollout.add_node("local", self.gateway.url, server=self.gateway,
+                                  admin_token=self.gateway.config.admin_token)
         except Exception:
             self.gateway.stop()
             raise

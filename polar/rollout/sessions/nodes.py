@@ -142,13 +142,38 @@ class NodeRegistry:
             return None
         return None
 
-    async def records(self, node: GatewayNode, session_id: str, timeout_s: float = 30.0) -> list[CallRecord]:
-        """The session's call records on ``node`` (empty when it made none)."""
+    async def claim(self, node: GatewayNode, session_id: str, api_key: str, timeout_s: float = 30.0) -> None:
+        """Give ``session_id`` on ``node`` to ``api_key`` before its harness runs (``POST /admin/claim``), so
+        no other caller can create the session first. Without an admin token for a remote node the first
+        call claims it (the gateway's own rule)."""
+        if node.server is not None:
+            from polar.gateway.sessions import key_hash
+
+            owner = node.server.app.store.claim(session_id, key_hash(api_key))
+            if owner != key_hash(api_key):
+                raise GatewayError(f"session {session_id!r} already belongs to another API key")
+            return
+        if not node.admin_token:
+            return
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=timeout_s)
+        try:
+            resp = await self._http.post(f"{node.url}/admin/claim", json={"session_id": session_id, "api_key": api_key},
+                                         headers={"x-polar-admin-token": node.admin_token}, timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise GatewayError(f"{type(e).__name__}: {e}") from None
+        if resp.status_code != 200:
+            raise GatewayError(f"gateway node {node.node_id} answered {resp.status_code}: {resp.text[:200]}")
+
+    async def records(self, node: GatewayNode, session_id: str, api_key: str | None = None,
+                      timeout_s: float = 30.0) -> list[CallRecord]:
+        """The session's call records on ``node`` (empty when it made none), read with the node's admin
+        token, else the session's own key."""
         if node.server is not None:
             return list(node.server.records(session_id))
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=timeout_s)
-        headers = {"authorization": f"Bearer {session_key(session_id)}"}
+        headers = {"authorization": f"Bearer {api_key or session_key(session_id)}"}
         if node.admin_token:
             headers["x-polar-admin-token"] = node.admin_token
         resp = await self._http.get(f"{node.url}/sessions/{session_id}", headers=headers)
@@ -168,14 +193,26 @@ class NodeRegistry:
 
 
 async def heartbeat_loop(service_url: str, node_id: str, node_url: str, report: Any, interval_s: float = 10.0,
-                         stop: asyncio.Event | None = None, capacity: int = 0) -> None:
-    """Run on a gateway node: register with a rollout service, then heartbeat ``report()`` until ``stop``."""
+                         stop: asyncio.Event | None = None, capacity: int = 0, admin_token: str | None = None,
+                         service_token: str | None = None) -> None:
+    """Run on a gateway node: register with a rollout service (with the node's admin token, with which the
+    service reads and reserves sessions), then heartbeat ``report()`` until ``stop``. ``service_token`` is
+    the run's rollout-service token (the service refuses a node that does not send it)."""
     stop = stop or asyncio.Event()
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        await http.post(f"{service_url}/nodes/register", json={"node_id": node_id, "url": node_url, "capacity": capacity})
+    headers = {"authorization": f"Bearer {service_token}"} if service_token else {}
+    async with httpx.AsyncClient(timeout=10.0, headers=headers) as http:
+        body: dict[str, Any] = {"node_id": node_id, "url": node_url, "capacity": capacity}
+        if admin_token:
+            body["admin_token"] = admin_token
+        resp = await http.post(f"{service_url}/nodes/register", json=body)
+        if resp.status_code != 200:
+            log.error("the rollout service at %s refused to register node %s (%d): %s", service_url, node_id,
+                      resp.status_code, resp.text[:200])
         while not stop.is_set():
             try:
-                await http.post(f"{service_url}/nodes/{node_id}/heartbeat", json=report())
+                resp = await http.post(f"{service_url}/nodes/{node_id}/heartbeat", json=report())
+                if resp.status_code != 200:
+                    log.warning("heartbeat to %s refused (%d): %s", service_url, resp.status_code, resp.text[:200])
             except httpx.HTTPError as e:
                 log.warning("heartbeat to %s failed: %s", service_url, e)
             try:

@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from polar.errors import GatewayError
-from polar.gateway.sessions import session_key
 from polar.harness.agent.runners import HarnessOutcome, HarnessRunner, SessionContext
 from polar.harness.agent.verifiers import VerifyInput
 from polar.metrics.logs import trace
 from polar.rollout.sessions.nodes import GatewayNode, NodeRegistry
 from polar.rollout.sessions.session import SessionResult, SessionSpec, SessionStatus, mask_out
-from polar.types import CallRecord
+from polar.types import CallRecord, new_session_key
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +114,7 @@ class _Live:
         self.error: str | None = None
         self.node_lost: str | None = None  # set while RUN when the node is declared lost
         self.waiting_for_node = False
+        self.api_key: str | None = None  # this attempt's secret gateway key (memory only), made when it runs
 
     @property
     def gateway_session(self) -> str:
@@ -346,9 +346,18 @@ class SessionPipeline:
             t = time.monotonic()
             self._set(live, SessionStatus.RUN)
             key = live.gateway_session
+            # a secret key per attempt, and the session given to it before the harness starts: no other
+            # session (which may learn this id) can create it first, read it, or write into it
+            live.api_key = new_session_key(key)
+            try:
+                await self.registry.claim(live.node, key, live.api_key)
+            except GatewayError as e:
+                live.outcome = HarnessOutcome(error=f"could not reserve session {key} on gateway node "
+                                                    f"{live.node.node_id}: {e}")
+                return
             ctx = SessionContext(
                 session_id=key, task=live.spec.task, workspace=live.workspace,
-                gateway_url=live.node.url, api_key=session_key(key), model=self.settings.model_name,
+                gateway_url=live.node.url, api_key=live.api_key, model=self.settings.model_name,
             )
             stop = asyncio.Event()
             watcher = asyncio.ensure_future(self._watch(live, stop))
@@ -378,7 +387,7 @@ class SessionPipeline:
         if live.node is None:
             return []
         try:
-            return await asyncio.wait_for(self.registry.records(live.node, live.gateway_session), timeout=60)
+            return await asyncio.wait_for(self.registry.records(live.node, live.gateway_session, live.api_key), timeout=60)
         except Exception as e:
             gone = await self._node_gone(live)
             if gone is not None:

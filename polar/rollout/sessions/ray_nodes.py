@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ class GatewayNodeActor:
     def __init__(self, node_id: str, service_url: str, engine_factory: Callable[[], Any],
                  gateway_cfg: dict[str, Any] | None = None, capacity: int = 0, heartbeat_interval_s: float = 2.0,
                  loopback: bool = True, weights: tuple[Any, int] | None = None,
-                 records_dir: str | None = None) -> None:
+                 records_dir: str | None = None, service_token: str | None = None) -> None:
         import ray
 
         from polar.config.gateway import GatewayConfig
@@ -43,7 +44,9 @@ class GatewayNodeActor:
 
         self.node_id = node_id
         host = "127.0.0.1" if loopback else "0.0.0.0"
-        cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host})
+        # a random admin token per node, in memory only: harnesses reach neither /admin/* nor others' sessions
+        token = (gateway_cfg or {}).get("admin_token") or secrets.token_urlsafe(32)
+        cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host, "admin_token": token, "claimed_sessions_only": True})
         # records_dir: the run's gateway/sessions/, shared by every node (session keys never repeat)
         self.server = GatewayServer(cfg, engine_factory(), records_dir=records_dir).start()
         if weights is not None:  # a replacement node: the run's current weights before it registers
@@ -59,7 +62,8 @@ class GatewayNodeActor:
         def run() -> None:
             asyncio.set_event_loop(self._loop)
             self._loop.run_until_complete(
-                heartbeat_loop(service_url, node_id, self.url, self.report, heartbeat_interval_s, self._stop, capacity)
+                heartbeat_loop(service_url, node_id, self.url, self.report, heartbeat_interval_s, self._stop, capacity,
+                               admin_token=token, service_token=service_token)
             )
 
         self._thread = threading.Thread(target=run, name=f"polar-heartbeat:{node_id}", daemon=True)
@@ -95,12 +99,14 @@ class RayGatewayNodes:
                  num_cpus: float = 1.0, num_gpus: float = 0.0, gateway_cfg: dict[str, Any] | None = None,
                  capacity: int = 0, heartbeat_interval_s: float = 2.0, loopback: bool = True,
                  start_timeout_s: float = 120.0, resources: dict[str, float] | None = None,
-                 records_dir: str | None = None) -> None:
+                 records_dir: str | None = None, service_token: str | None = None) -> None:
         import ray
 
         self._ray = ray
         self._args = (service_url, engine_factory, gateway_cfg, capacity, heartbeat_interval_s, loopback)
         self._records_dir = records_dir
+        # the run's rollout-service token, handed to each node actor in memory (its constructor's arguments)
+        self._service_token = service_token
         opts: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, scheduling_strategy="SPREAD")
         if resources:
             opts["resources"] = dict(resources)
@@ -118,7 +124,7 @@ class RayGatewayNodes:
     def _spawn(self) -> str:
         node_id = f"ray-gateway-{next(self._ids)}"
         self.actors[node_id] = self._cls.remote(node_id, *self._args, weights=self.weights,
-                                                records_dir=self._records_dir)
+                                                records_dir=self._records_dir, service_token=self._service_token)
         return node_id
 
     def _still_starting(self, node_id: str) -> bool:
@@ -177,7 +183,8 @@ class RayGatewayNodes:
         """Tell the rollout service the node is gone, so its sessions are re-dispatched without waiting
         for the heartbeat timeout. Best effort: the heartbeat timeout catches it anyway."""
         try:
-            httpx.delete(f"{self._args[0]}/nodes/{node_id}", timeout=10.0)
+            headers = {"authorization": f"Bearer {self._service_token}"} if self._service_token else {}
+            httpx.delete(f"{self._args[0]}/nodes/{node_id}", timeout=10.0, headers=headers)
         except httpx.HTTPError as e:
             log.warning("could not deregister gateway node %s: %s", node_id, e)
 
@@ -245,7 +252,7 @@ class RaySessionStack:
 
             url = f"http://{ray.util.get_node_ip_address()}:{self.rollout.port}"
         try:
-            self.nodes = RayGatewayNodes(service_url=url, **self._node_args)
+            self.nodes = RayGatewayNodes(service_url=url, service_token=self.rollout.token, **self._node_args)
         except BaseException:
             self.rollout.stop()
             raise

@@ -12,18 +12,27 @@ node is lost mid-flight is re-dispatched to another (``/health`` counts ``sessio
 ``DELETE /tasks/{id}``                     cancel every session of the task
 ``GET /events?max_events=``                SSE: ``task``, ``session`` and ``redispatch`` events
 ``GET /health``                            per-stage load, nodes, task counts
-``POST /nodes/register``                   ``{node_id, url, capacity?}``
+``POST /nodes/register``                   ``{node_id, url, capacity?, admin_token?}``
 ``POST /nodes/{id}/heartbeat``             body = the node's load report
 ``GET /nodes``, ``DELETE /nodes/{id}``
 =========================================  =================================================
+
+Every route but ``GET /health`` needs ``Authorization: Bearer <service token>``: a random token the run
+keeps in memory (``RolloutServer.token``) and hands only to polar's own clients (the local stack, gateway
+nodes through their Ray actor arguments), never to a harness. Without it an agent program on the host that
+finds the port could list tasks and their answers, cancel siblings, or register a gateway node of its own
+(forged records, tokens and logprobs). ``/health`` without the token leaves out the nodes' addresses.
+Requests with a foreign ``Host`` or a state-changing cross-site ``Origin`` get 403 (as the gateway's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,6 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from polar.gateway.app import LOOPBACK_NAMES, HostOriginGuard
 from polar.rollout.sessions.nodes import NodeRegistry
 from polar.rollout.sessions.pipeline import SessionPipeline
 from polar.rollout.sessions.session import SessionResult, SessionSpec, SessionStatus
@@ -204,7 +214,38 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def build_app(service: RolloutService) -> Starlette:
+def service_headers(token: str) -> dict[str, str]:
+    """The header every polar client of the rollout service sends."""
+    return {"authorization": f"Bearer {token}"}
+
+
+def _authorized(request: Request, token: str) -> bool:
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    # constant time: a prober learns nothing from how long a wrong token takes to refuse
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+class _ServiceAuth:
+    """ASGI wrapper: every route but ``GET /health`` needs the service token (401 otherwise)."""
+
+    def __init__(self, app: Starlette, token: str) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") != "/health":
+            if not _authorized(Request(scope), self.token):
+                await _error(401, "the rollout service needs its run's token (Authorization: Bearer ...); "
+                                  "only polar's own clients hold it")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> Any:
+    """The HTTP app; ``token`` (required, random per run) guards every route but ``/health``."""
+    if len(token) < 16:
+        raise ValueError("the rollout service token must be a random string of at least 16 characters "
+                         "(secrets.token_urlsafe(32))")
     async def submit(request: Request) -> JSONResponse:
         try:
             body = await _json_body(request)
@@ -268,12 +309,17 @@ def build_app(service: RolloutService) -> Starlette:
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(service.health())
+        out = service.health()
+        if not _authorized(request, token):  # open to probes: counts and stages, no node addresses
+            out["nodes"] = [{k: v for k, v in n.items() if k != "url"} for n in out["nodes"]]
+        return JSONResponse(out)
 
     async def register(request: Request) -> JSONResponse:
         try:
             body = await _json_body(request)
-            node = service.registry.register(str(body["node_id"]), str(body["url"]), capacity=int(body.get("capacity", 0)))
+            token = body.get("admin_token")
+            node = service.registry.register(str(body["node_id"]), str(body["url"]), capacity=int(body.get("capacity", 0)),
+                                             admin_token=str(token) if token else None)
         except KeyError as e:
             return _error(400, f"missing field {e.args[0]!r}; send node_id and url")
         except Exception as e:
@@ -296,7 +342,7 @@ def build_app(service: RolloutService) -> Starlette:
         service.registry.remove(request.path_params["node_id"])
         return JSONResponse({"removed": request.path_params["node_id"]})
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/tasks", submit, methods=["POST"]),
         Route("/tasks", list_tasks, methods=["GET"]),
         Route("/tasks/{task_id:str}", get_task, methods=["GET"]),
@@ -308,3 +354,8 @@ def build_app(service: RolloutService) -> Starlette:
         Route("/nodes/{node_id:str}/heartbeat", heartbeat, methods=["POST"]),
         Route("/nodes/{node_id:str}", remove_node, methods=["DELETE"]),
     ])
+    names = {*LOOPBACK_NAMES, host.lower()}
+    if host in ("0.0.0.0", "::"):  # all interfaces: nodes on other machines may name this one
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    hosts = frozenset(names)
+    return HostOriginGuard(_ServiceAuth(app, token), hosts)

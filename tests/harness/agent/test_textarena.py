@@ -234,7 +234,9 @@ def test_polar_run_trains_the_llm_agent_on_tictactoe_with_the_tiny_model(tmp_pat
     cfg["agent"].update(max_steps=3, max_tokens=8, invalid_action_penalty=-0.1)
     cfg["tasks"] = {"source": "seeds", "start": 0, "count": 2}
     cfg["eval_tasks"] = {"source": "seeds", "start": 100000, "count": 2}
-    cfg["policy"]["kwargs"].update(group_size=2, tasks_per_step=2, total_steps=1, lora=None)
+    # one round a step (no dynamic sampling): the session count below is the plan's
+    cfg["policy"]["kwargs"].update(group_size=2, tasks_per_step=2, total_steps=1, lora=None,
+                                   dynamic_sampling={"max_extra_rounds": 0})
     cfg["logging"]["checkpoint_freq"] = 1
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(cfg))

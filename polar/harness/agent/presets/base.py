@@ -46,6 +46,8 @@ class PresetContext:
     workspace: Path
     home: Path
     options: dict[str, Any] = field(default_factory=dict)
+    #: the session's secret gateway key (``polar.types.new_session_key``); None: an open name (no credential)
+    key: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -53,10 +55,11 @@ class PresetContext:
 
     @property
     def api_key(self) -> str:
-        """A key that names the session, so a CLI that drops the URL prefix still routes (no credential)."""
+        """The session's key: it names the session, so a CLI that drops the URL prefix still routes, and
+        (from a rollout) it is the secret that owns the session at the gateway."""
         from polar.types import session_key
 
-        return session_key(self.session_id)
+        return self.key or session_key(self.session_id)
 
 
 @dataclass

@@ -15,6 +15,7 @@ Plugs into the session pipeline as a :class:`polar.harness.agent.runners.Harness
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -25,6 +26,7 @@ from polar.harness.agent.presets.base import HarnessPreset, PresetContext, harne
 from polar.harness.agent.process import ProcessLimits, run_process
 from polar.harness.agent.runners import HarnessOutcome, HarnessRunner, SessionContext, task_prompt
 from polar.harness.agent.sandbox import Sandbox, SandboxOptions, check_runtime
+from polar.harness.agent.session_relay import SessionRelay
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +75,18 @@ class PresetRunner(HarnessRunner):
             )
         except (OSError, PolarError) as e:
             return HarnessOutcome(error=f"preset {name}: sandbox setup failed: {e}")
+        # without bubblewrap's network (runtime none, network host) the CLI still gets no address but a relay
+        # that passes only this session's model calls (the gateway's own locks hold behind it as well)
+        relay = SessionRelay(ctx.gateway_url, ctx.session_id) if (
+            not sandbox.isolated and ctx.gateway_url.startswith("http://")) else None
         try:
+            if relay is not None:
+                server = await relay.listen_tcp("127.0.0.1", 0)
+                ctx = dataclasses.replace(ctx, gateway_url=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
             return await self._run_in(sandbox, ctx, timeout_s, cancel)
         finally:
+            if relay is not None:
+                await relay.aclose()
             await asyncio.to_thread(sandbox.cleanup)
 
     async def _run_in(self, sandbox: Sandbox, ctx: SessionContext, timeout_s: float, cancel: asyncio.Event) -> HarnessOutcome:
@@ -83,7 +94,7 @@ class PresetRunner(HarnessRunner):
         pctx = PresetContext(
             session_id=ctx.session_id, gateway_url=sandbox.gateway_url(ctx.gateway_url), model=ctx.model,
             instruction=task_prompt(ctx.task), workspace=Path(ctx.workspace), home=sandbox.home,
-            options={k: v for k, v in self.options.items() if k != "tasks_root"},
+            options={k: v for k, v in self.options.items() if k != "tasks_root"}, key=ctx.api_key,
         )
         try:
             spec = self.preset.launch(pctx)
