@@ -50,6 +50,22 @@ def gaussian_entropy(mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     return (0.5 + 0.5 * _LOG_2PI + log_std).expand_as(mean).sum(-1)
 
 
+ACTION_MASK_KEY = "action_mask"
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with the actions ``mask`` forbids set to -inf (Gymnasium's ``action_mask``: 1 = legal), so
+    sampling, argmax and log-probs only ever see the legal actions."""
+    return logits.masked_fill(mask == 0, float("-inf"))
+
+
+def masked_categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of a categorical whose forbidden actions have -inf logits (their 0 * -inf terms count as 0)."""
+    logp = torch.log_softmax(logits, -1)
+    finite_logp = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))  # no 0 * -inf, in backward too
+    return -(logp.exp() * finite_logp).sum(-1)
+
+
 class ActionDist:
     """Sampling, log-prob and entropy for one action space, from ``extra_info`` tensors."""
 

@@ -134,7 +134,29 @@ def fmt_number(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def print_games(result: dict[str, Any], title: str = "evaluation") -> None:
+    """A multi-agent evaluation: per-agent returns and win/draw/loss with every agent on its policy, then the
+    learner against a random player and against the self-play pool."""
+    table = Table(title=title, show_header=True)
+    for col in ("games", "agent / opponent", "return mean", "win", "draw", "loss"):
+        table.add_column(col, justify="right")
+    own = result["per_agent"]
+    for agent, ret in own["return_mean"].items():
+        r = own.get(agent, {})
+        table.add_row(str(own["games"]), agent, fmt_number(ret), *(f"{100 * r.get(k, 0.0):.1f}%"
+                                                                  for k in ("win_rate", "draw_rate", "loss_rate")))
+    for part in ("vs_random", "vs_pool"):
+        if part in result:
+            r = result[part]["learner"]
+            table.add_row(str(result[part]["games"]), f"learner {part.replace('_', ' ')}", "-",
+                          *(f"{100 * r[k]:.1f}%" for k in ("win_rate", "draw_rate", "loss_rate")))
+    cli_console(stderr=False).print(table)
+
+
 def print_eval(result: dict[str, Any], title: str = "evaluation") -> None:
+    if "per_agent" in result:  # a multi-agent run (harness.type: pettingzoo)
+        print_games(result, title)
+        return
     table = Table(title=title, show_header=True)
     for col in ("episodes", "return mean", "return std", "length mean", "success rate"):
         table.add_column(col, justify="right")

@@ -65,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
         console.print(heldout_table(f"{cfg.name}: held-out success of {name} ({res['samples_per_task']} per task)",
                                     {name: res}))
     else:
-        print_eval(res, title=f"evaluation of {name}.pt ({res['episodes']} episodes)")
+        count = f"{res['episodes']} episodes" if "episodes" in res else f"{res['per_agent']['games']} games"
+        print_eval(res, title=f"evaluation of {name}.pt ({count})")
     console.print(f"written: {res['written']}")
     if args.record:
         from polar.trainers.loading import load_policy_for_eval

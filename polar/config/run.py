@@ -30,6 +30,7 @@ from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
+from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.policy import (
     OFF_POLICY,
     ON_POLICY,
@@ -80,10 +81,12 @@ EnvPolicyConfig = Annotated[
     | CQLPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
-EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig, Field(discriminator="type")]
+EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
+                             Field(discriminator="type")]
 NetworkAgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]
 AnyHarnessConfig = Annotated[
-    GymnasiumHarnessConfig | CustomHarnessConfig | AgentHarnessConfig, Field(discriminator="type")]
+    GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig | AgentHarnessConfig,
+    Field(discriminator="type")]
 
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from polar.errors import ConfigError
 
 # (section class name, field) -> "always": the value is code (a module, a program); "colon": only a
-# 'module:name' value is code (built-in names are not)
+# 'module:name' value is code (built-in names are not); "module": code unless a 'pettingzoo.' module
 CODE_FIELDS: dict[tuple[str, str], str] = {
     ("CustomAgentConfig", "module"): "always",
     ("GymnasiumHarnessConfig", "id"): "colon",  # 'my_pkg.envs:MyEnv-v0' imports my_pkg.envs
@@ -27,12 +27,15 @@ CODE_FIELDS: dict[tuple[str, str], str] = {
     ("LLMAgentConfig", "translator"): "colon",
     ("LLMAgentConfig", "image_to_text"): "always",
     ("OldTaskConfig", "id"): "colon",
+    ("PettingZooHarnessConfig", "id"): "module",  # imported: code unless one of PettingZoo's own env modules
 }
 
 
 def _is_code(kind: str, value: object) -> bool:
     if value is None or value == [] or value == "":
         return False
+    if kind == "module":
+        return not (isinstance(value, str) and value.startswith("pettingzoo.") and ":" not in value)
     return kind == "always" or (isinstance(value, str) and ":" in value)
 
 

@@ -64,6 +64,9 @@ def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_cod
         raise DeployError(f"{run_dir.path} is an LLM agent run (policy.type {cfg.policy.type}); polar export exports "
                           "env policies (ppo, appo, dqn, sac). Its checkpoint holds Hugging Face weights: serve them "
                           "with `polar gateway` or vLLM")
+    if cfg.harness.type == "pettingzoo":
+        raise DeployError(f"{run_dir.path} is a multi-agent run (harness.type pettingzoo); polar export does not export "
+                          "its policies yet (docs/multi-agent.md); evaluate it with polar eval")
     if checkpoint is not None:
         if ckpt is not None:
             raise DeployError("--checkpoint: give a run directory with --checkpoint N, or a checkpoint file, not both")
@@ -262,8 +265,11 @@ def compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], spec: Graph
             differ = (g.reshape(len(g), -1) != w.reshape(len(w), -1)).any(-1)
             out[name] = {"rows_differ": int(differ.sum()), "agreement": float(1 - differ.mean())}
         else:
-            d = np.abs(g.astype(np.float64) - w.astype(np.float64))
+            with np.errstate(invalid="ignore"):
+                d = np.abs(g.astype(np.float64) - w.astype(np.float64))
+            d[g == w] = 0.0  # the same infinity (a masked-out action's -inf logit) is no difference
             rel = d / np.maximum(1.0, np.abs(w.astype(np.float64)))
+            rel[g == w] = 0.0
             out[name] = {"max_abs": float(d.max(initial=0.0)), "mean_abs": float(d.mean()) if d.size else 0.0,
                          "max_rel": float(rel.max(initial=0.0))}
     return out

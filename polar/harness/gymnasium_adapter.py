@@ -13,6 +13,7 @@ import gymnasium as gym
 
 from polar.config.base import did_you_mean
 from polar.errors import ConfigError
+from polar.harness.action_mask import with_action_masks
 from polar.harness.textarena_env import NAMESPACE, register_textarena_envs, unknown_game
 
 register_textarena_envs()
@@ -43,7 +44,7 @@ def _make(cfg) -> gym.Env:
         from polar.harness.atari import atari_base_kwargs, wrap_atari
 
         return wrap_atari(gym.make(cfg.id, **atari_base_kwargs(cfg.id, cfg.kwargs)), cfg.atari)
-    return gym.make(cfg.id, **cfg.kwargs)
+    return with_action_masks(gym.make(cfg.id, **cfg.kwargs), f"harness {cfg.id}")
 
 
 def make_gymnasium_env(cfg) -> gym.Env:

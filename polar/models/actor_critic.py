@@ -10,12 +10,16 @@ from torch import nn
 from polar.agents import AgentBase, reset_state
 from polar.config.agent import BuiltinAgentConfig
 from polar.distributions import (
+    ACTION_MASK_KEY,
     CategoricalDist,
     GaussianDist,
     action_param_size,
     dist_for_space,
     gumbel_argmax,
+    masked_categorical_entropy,
+    masked_logits,
 )
+from polar.errors import ConfigError
 from polar.models.encoders import build_encoder
 
 _ACT_FNS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
@@ -100,8 +104,14 @@ class ActorCriticAgent(AgentBase):
             _ortho_init(self.vf_head, 1.0)
         self._dist = dist_for_space(action_space)
         self._categorical = isinstance(self._dist, CategoricalDist)
+        # a Gymnasium action_mask in the observation Dict: forbidden actions get -inf logits when acting and in
+        # the loss; the numpy acting path and the fused PPO gradients do not know masks, so they stay off
+        self.masked = isinstance(observation_space, gym.spaces.Dict) and ACTION_MASK_KEY in observation_space.spaces
+        if self.masked and not self._categorical:
+            raise ConfigError(f"the observation has an {ACTION_MASK_KEY!r} but the action space is {action_space}; "
+                              "action masks need Discrete actions")
         self._fast = None
-        if not self.recurrent and self.vf_encoder is not None:
+        if not self.recurrent and self.vf_encoder is not None and not self.masked:
             pi, vf = plain_layers(self.pi_encoder, self.pi_head), plain_layers(self.vf_encoder, self.vf_head)
             if pi is not None and vf is not None:
                 self._fast = (pi, vf)
@@ -151,11 +161,19 @@ class ActorCriticAgent(AgentBase):
         h = torch.zeros(batch_size, self.cfg.lstm_hidden_size)
         return (h, h.clone())
 
-    def _params(self, pi_feat: torch.Tensor) -> dict:
+    def _params(self, pi_feat: torch.Tensor, observation=None) -> dict:
         out = self.pi_head(pi_feat)
         if self.gaussian:
             return {"mean": out, "log_std": self.log_std}
+        if self.masked:
+            mask = observation[ACTION_MASK_KEY]
+            out = masked_logits(out, mask.reshape(out.shape) if mask.dim() != out.dim() else mask)
         return {"logits": out}
+
+    def _log_prob_entropy(self, info: dict, actions: torch.Tensor):
+        if self.masked:  # the masked categorical: log-probs renormalized over the legal actions, their entropy
+            return self._dist.log_prob(info, actions), masked_categorical_entropy(info["logits"])
+        return self._dist.log_prob(info, actions), self._dist.entropy(info)
 
     def _forward(self, obs, state):
         """Features for actor and critic at one step, plus the next state."""
@@ -176,7 +194,7 @@ class ActorCriticAgent(AgentBase):
             state = None
         else:
             pi_feat, vf_feat, state = self._forward(observation, internal_state)
-            info = self._params(pi_feat)
+            info = self._params(pi_feat, observation)
             values = self.vf_head(vf_feat)
         if self._categorical:
             logp_all = torch.log_softmax(info["logits"], -1)
@@ -210,8 +228,8 @@ class ActorCriticAgent(AgentBase):
             return self.evaluate_outputs(_run_layers(self._fast[0], x), _run_layers(self._fast[1], x).squeeze(-1), actions)
         if not self.recurrent:
             pi_feat, vf_feat, _ = self._forward(observation, None)
-            info = self._params(pi_feat)
-            return self._dist.log_prob(info, actions), self._dist.entropy(info), self.vf_head(vf_feat).squeeze(-1)
+            info = self._params(pi_feat, observation)
+            return (*self._log_prob_entropy(info, actions), self.vf_head(vf_feat).squeeze(-1))
         steps, batch = actions.shape[0], actions.shape[1]
         flat_obs = {k: v.reshape(steps * batch, *v.shape[2:]) for k, v in observation.items()} if isinstance(observation, dict) else observation.reshape(steps * batch, *observation.shape[2:])
         feats = self.pi_encoder(flat_obs).reshape(steps, batch, -1)
@@ -224,5 +242,5 @@ class ActorCriticAgent(AgentBase):
             h, c = h1.squeeze(0), c1.squeeze(0)
             outs.append(y.squeeze(0))
         feat = torch.stack(outs)
-        info = self._params(feat)
-        return self._dist.log_prob(info, actions), self._dist.entropy(info), self.vf_head(feat).squeeze(-1)
+        info = self._params(feat, observation)
+        return (*self._log_prob_entropy(info, actions), self.vf_head(feat).squeeze(-1))

@@ -67,6 +67,10 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
     if cfg.distribution.backend == "ray" and cfg.policy.type in OFFLINE:
         raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
                           "distribution.backend: local")
+    if cfg.harness.type == "pettingzoo":  # multi-agent: its own collector, one PPO learner per policy
+        from polar.trainers.multi_agent import MultiAgentTrainer
+
+        return MultiAgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration)
     if cfg.distribution.backend == "ray":
         from polar.trainers.ray_driver import RayLearnerDriver
 
@@ -103,6 +107,21 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
 
         res = evaluate_agent_run(run_dir, cfg, ckpt, episodes, engine=engine)
         name = Path(res["checkpoint"]).stem
+    elif cfg.harness.type == "pettingzoo":  # per-agent returns, win/draw/loss, against random and the pool
+        from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+        from polar.trainers.multi_agent import evaluate_multi_agent, load_multi_agent_policies
+
+        path = ckpt or CheckpointManager(run_dir.checkpoints_dir).latest()
+        if path is None:
+            raise ConfigError(f"{run_dir.path} has no checkpoint yet; nothing to evaluate.")
+        state = load_checkpoint(path)
+        policies, mapping, pool = load_multi_agent_policies(cfg, state)
+        h: Any = cfg.harness
+        games = episodes or (h.self_play.eval_games if h.self_play is not None else cfg.eval.episodes)
+        res = evaluate_multi_agent(cfg, policies, mapping, pool, games, cfg.eval.seed if seed is None else seed,
+                                   not stochastic and cfg.eval.deterministic)
+        res.update(checkpoint=str(path), env_steps=int(state["env_steps"]), iteration=int(state["iteration"]))
+        name = path.stem
     else:
         from polar.trainers.evaluation import evaluate_policy
 

@@ -38,6 +38,7 @@ EXPECTED = {
     "pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),
     "pendulum_sac.yaml": ("env", "gymnasium", "sac"),
     "swe_mini/grpo.yaml": ("agent", "agent", "grpo"),
+    "tictactoe_selfplay.yaml": ("env", "pettingzoo", "ppo"),  # multi-agent self-play (docs/multi-agent.md)
 }
 
 

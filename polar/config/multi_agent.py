@@ -1,0 +1,43 @@
+"""``harness: {type: pettingzoo}``: a PettingZoo AEC or Parallel env, which policy plays which agent, and self-play.
+
+- ``id``: a PettingZoo module (``pettingzoo.classic.tictactoe_v3``: its ``env()`` is called) or ``module:function``
+  returning an AEC or Parallel env; ``env_kwargs`` are passed to it.
+- ``policy_mapping``: agent id -> policy name. Empty: every agent plays one shared policy (parameter sharing).
+  Agents mapped to one name share its parameters and are batched together when acting.
+- ``self_play``: the learning policy plays against frozen past copies of itself (docs/multi-agent.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from polar.config.base import StrictModel
+
+SHARED_POLICY = "shared"
+
+
+class SelfPlayConfig(StrictModel):
+    """An opponent pool of frozen snapshots of the learning policy; each game seats the learner at one random
+    agent and fills the other seats from the pool (or with the learner itself, ``latest_share`` of the games)."""
+
+    pool_size: int = Field(8, ge=1, description="snapshots kept; the oldest goes first")
+    snapshot_every_n_iterations: int = Field(5, ge=1, description="a frozen copy of the learner joins the pool this often")
+    sampling: Literal["uniform", "win_rate"] = Field(
+        "uniform", description="uniform over the pool, or prioritised by the opponent's win rate against the learner "
+        "(weight: its wins + draws/2 + 1, over its games + 2)")
+    latest_share: float = Field(0.5, ge=0.0, le=1.0, description="share of games against the current policy (both seats "
+                                "learn); with an empty pool every game is")
+    random_share: float = Field(0.0, ge=0.0, le=1.0, description="share of games whose other seats a uniformly random "
+                                "legal player takes (not self-play: off by default; docs/multi-agent.md)")
+    eval_games: int = Field(100, ge=1, description="games against the pool and against a random player at each evaluation")
+
+
+class PettingZooHarnessConfig(StrictModel):
+    type: Literal["pettingzoo"] = "pettingzoo"
+    id: str = Field(description="a PettingZoo module (pettingzoo.classic.tictactoe_v3) or module:function")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    policy_mapping: dict[str, str] = Field(
+        default_factory=dict, description=f"agent id -> policy name; empty: all agents share one policy ({SHARED_POLICY!r})")
+    self_play: SelfPlayConfig | None = Field(None, description="train against a pool of frozen past snapshots")

@@ -1,0 +1,226 @@
+"""PettingZoo runs (``harness: {type: pettingzoo}``): the training loop composed of the multi-agent collector
+(``polar.rollout.backends.multi_agent``) and one unchanged ``PPOLearner`` per policy of ``harness.policy_mapping``.
+
+Each batch holds one fragment per policy; each policy's learner updates on its own fragment. With
+``self_play``, a frozen copy of the learner joins the opponent pool every ``snapshot_every_n_iterations``;
+every evaluation plays the learner against a uniformly random legal player and against the pool and logs the
+win rates (``eval/vs_random/win_rate``, ``eval/vs_pool/win_rate``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from polar.algorithms.ppo import PPOLearner
+from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config.multi_agent import PettingZooHarnessConfig
+from polar.config.ppo import PPOKwargs
+from polar.config.run import EnvRunConfig
+from polar.errors import ConfigError
+from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+from polar.models.policy import Policy, build_policy
+from polar.rollout.backends.multi_agent import (
+    MultiAgentCollector,
+    Seat,
+    play_games,
+    policy_spaces,
+    resolve_mapping,
+)
+from polar.rollout.self_play import OpponentPool
+from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
+from polar.trainers.run_dir import RunDir
+from polar.types import Batch
+
+log = logging.getLogger(__name__)
+
+
+def check_multi_agent_config(cfg: EnvRunConfig) -> PettingZooHarnessConfig:
+    """What a PettingZoo run cannot do yet, refused at start with the key to change."""
+    h = cfg.harness
+    assert isinstance(h, PettingZooHarnessConfig)
+    if cfg.policy.type != "ppo":
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: harness.type pettingzoo trains with ppo")
+    kw = cfg.policy.kwargs
+    assert isinstance(kw, PPOKwargs)
+    if kw.normalize_obs or kw.normalize_reward:
+        raise ConfigError("policy.kwargs.normalize_obs / normalize_reward: not supported with harness.type pettingzoo; "
+                          "set them to false")
+    if getattr(cfg.agent, "type", None) not in ("mlp", "cnn"):
+        raise ConfigError(f"agent.type {getattr(cfg.agent, 'type', None)!r}: harness.type pettingzoo runs the built-in "
+                          "feed-forward agents (mlp, cnn)")
+    if cfg.distribution.backend != "local" or cfg.distribution.rollout_workers != 0:
+        raise ConfigError("distribution: harness.type pettingzoo steps its envs in the learner process; set "
+                          "backend: local and rollout_workers: 0")
+    if h.self_play is not None and len(set(h.policy_mapping.values())) > 1:
+        raise ConfigError("harness.self_play trains one policy against its past copies; leave policy_mapping empty "
+                          "(all agents share the learner)")
+    return h
+
+
+def evaluate_multi_agent(cfg: EnvRunConfig, policies: dict[str, Policy], mapping: dict[str, str],
+                         pool: OpponentPool | None, games: int, seed: int, deterministic: bool) -> dict[str, Any]:
+    """Per-agent returns and win/draw/loss with every agent played by its policy; against a random legal player
+    (each policy at each of its agents in turn, the others random); and against each pool snapshot in turn."""
+    h = cfg.harness
+    assert isinstance(h, PettingZooHarnessConfig)
+    agents = list(mapping)
+
+    def own(g: int) -> dict[str, Seat]:
+        return {a: Seat("learn", mapping[a]) for a in agents}
+
+    def vs_random(g: int) -> dict[str, Seat]:
+        learner = agents[g % len(agents)]
+        return {a: Seat("learn", mapping[a]) if a == learner else Seat("random") for a in agents}
+
+    res: dict[str, Any] = {"per_agent": play_games(h, own, policies, mapping, games, seed, deterministic).summary(),
+                           "vs_random": play_games(h, vs_random, policies, mapping, games, seed + 1, deterministic,
+                                                   scored=lambda g: agents[g % len(agents)]).summary()}
+    if pool is not None and pool.snapshots:
+        snaps = pool.snapshots
+
+        def vs_pool(g: int) -> dict[str, Seat]:
+            learner, snap = agents[g % len(agents)], snaps[(g // len(agents)) % len(snaps)]
+            return {a: Seat("learn", mapping[a]) if a == learner else Seat("pool", snapshot=snap) for a in agents}
+
+        res["vs_pool"] = play_games(h, vs_pool, policies, mapping, games, seed + 2, deterministic,
+                                    scored=lambda g: agents[g % len(agents)]).summary()
+    return res
+
+
+def eval_metrics(res: dict[str, Any]) -> Metrics:
+    """The metrics row's view of an evaluation: win rates against the random player and the pool, per-agent returns."""
+    out: Metrics = {}
+    for part in ("vs_random", "vs_pool"):
+        learner = res.get(part, {}).get("learner")
+        if learner is not None:
+            for k in ("win_rate", "draw_rate", "loss_rate", "win_or_draw_rate"):
+                out[f"eval/{part}/{k}"] = learner[k]
+    for agent, r in res["per_agent"]["return_mean"].items():
+        out[f"eval/return_mean/{agent}"] = r
+    return out
+
+
+class MultiAgentTrainer(TrainingLoop):
+    """The loop with a ``MultiAgentCollector`` and a ``PPOLearner`` per policy (see the module docstring)."""
+
+    cfg: EnvRunConfig
+
+    def __init__(self, cfg: EnvRunConfig, run_dir: RunDir, resume: bool = False, on_iteration: OnIteration | None = None,
+                 extra_metrics: Metrics | None = None) -> None:
+        self.harness = check_multi_agent_config(cfg)
+        super().__init__(cfg, run_dir, resume, on_iteration, extra_metrics)
+        self.kw: PPOKwargs = cfg.policy.kwargs  # type: ignore[assignment]
+        self.pool: OpponentPool | None = None
+
+    def _build(self, state: dict[str, Any] | None) -> None:
+        cfg, h = self.cfg, self.harness
+        torch.set_num_threads(1)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        probe = make_pettingzoo_env(h)
+        try:
+            agents = list(probe.possible_agents)
+            spaces = agent_spaces(probe)
+        finally:
+            probe.close()
+        self.mapping = resolve_mapping(h, agents)
+        self.spaces = policy_spaces(h, self.mapping, spaces)
+        self.policies = {name: build_policy(cfg, obs, act, cfg.config_dir) for name, (obs, act) in self.spaces.items()}
+        self.learners = {name: PPOLearner(p.agent, self.kw, cfg.total_env_steps) for name, p in self.policies.items()}
+        if h.self_play is not None:
+            (_name, (obs, act)), = self.spaces.items()
+            self.pool = OpponentPool(h.self_play, lambda: build_policy(cfg, obs, act, cfg.config_dir), cfg.seed)
+        if state is not None:
+            self._load_state(state)
+        seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)
+        num_envs = cfg.distribution.num_envs
+        columns = num_envs * len(agents)
+        self.collector = MultiAgentCollector(h, self.policies, self.mapping, int(self.kw.steps_per_env(columns)),
+                                             num_envs, seed, self.pool)
+        self.collector.start({}, self.version)
+
+    # ------------------------------------------------------------------ the Learner seam
+    def update(self, batch: Batch) -> Metrics:
+        progress = min(1.0, self.env_steps / self.cfg.total_env_steps)
+        stats: Metrics = {}
+        for name, frag in batch.data.items():
+            st = self.learners[name].update(RolloutBuffer([frag]), progress=progress)
+            stats.update(st if len(batch.data) == 1 else {f"{name}/{k}": v for k, v in st.items()})
+        sp = self.harness.self_play
+        if sp is not None and self.pool is not None and (self.iteration + 1) % sp.snapshot_every_n_iterations == 0:
+            (policy,) = self.policies.values()
+            self.pool.add(policy.state_dict(), self.iteration + 1)
+        return stats
+
+    def weights(self) -> Mapping[str, Any]:
+        return {}  # the collector acts with the learner's own policy objects
+
+    def learner_state(self) -> dict[str, Any]:
+        return {"policies": {n: p.state_dict() for n, p in self.policies.items()},
+                "learners": {n: lr.state_dict() for n, lr in self.learners.items()},
+                "pool": self.pool.state_dict() if self.pool is not None else None}
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        for n, p in self.policies.items():
+            p.load_state_dict(state["policies"][n])
+            self.learners[n].load_state_dict(state["learners"][n])
+        if self.pool is not None and state.get("pool") is not None:
+            self.pool.load_state_dict(state["pool"])
+
+    def finished(self) -> bool:
+        return self.env_steps >= self.cfg.total_env_steps
+
+    # ------------------------------------------------------------------ evaluation
+    def _games(self, episodes: int | None) -> int:
+        if episodes is not None:
+            return episodes
+        sp = self.harness.self_play
+        return sp.eval_games if sp is not None else self.cfg.eval.episodes
+
+    def evaluate(self, tag: str = "final", episodes: int | None = None) -> dict[str, Any]:
+        ev = self.cfg.eval
+        res = evaluate_multi_agent(self.cfg, self.policies, self.mapping, self.pool, self._games(episodes), ev.seed,
+                                   ev.deterministic)
+        res.update(env_steps=self.env_steps, iteration=self.iteration)
+        self.run_dir.write_json(f"eval/{tag}.json", res)
+        return res
+
+    def periodic_eval(self) -> Metrics:
+        every = self.cfg.eval.every_n_iterations
+        if every and self.iteration % every == 0:
+            return eval_metrics(self.evaluate(tag=f"iter_{self.iteration:08d}"))
+        return {}
+
+    def final_eval(self) -> dict[str, Any]:
+        return {"eval": self.evaluate(tag="final")} if self.cfg.eval.at_end else {}
+
+
+def load_multi_agent_policies(cfg: EnvRunConfig, state: dict[str, Any]) -> tuple[dict[str, Policy], dict[str, str],
+                                                                                 OpponentPool | None]:
+    """A checkpoint's policies (eval mode), the agent -> policy mapping and the opponent pool (``polar eval``)."""
+    h = check_multi_agent_config(cfg)
+    probe = make_pettingzoo_env(h)
+    try:
+        agents, spaces = list(probe.possible_agents), agent_spaces(probe)
+    finally:
+        probe.close()
+    mapping = resolve_mapping(h, agents)
+    pspaces = policy_spaces(h, mapping, spaces)
+    policies = {}
+    for name, (obs, act) in pspaces.items():
+        policies[name] = build_policy(cfg, obs, act, cfg.config_dir)
+        policies[name].load_state_dict(state["policies"][name])
+        policies[name].eval()
+    pool = None
+    if h.self_play is not None and state.get("pool") is not None:
+        (obs, act), = pspaces.values()
+        pool = OpponentPool(h.self_play, lambda: build_policy(cfg, obs, act, cfg.config_dir), cfg.seed)
+        pool.load_state_dict(state["pool"])
+    return policies, mapping, pool

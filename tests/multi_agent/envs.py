@@ -1,0 +1,86 @@
+"""Small PettingZoo envs for the multi-agent tests, named in configs as ``tests.multi_agent.envs:<function>``."""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+from pettingzoo.classic import tictactoe_v3
+from pettingzoo.utils import BaseWrapper
+
+PLAYED: list[tuple[str, int, bool]] = []  # (agent, action, legal) of every move counting_tictactoe saw
+
+
+class _CountingWrapper(BaseWrapper):
+    """Records every move with whether its mask allowed it; PettingZoo's own TicTacToe would just end the game
+    with -1 for an illegal move, so only a record tells that one was never played."""
+
+    def step(self, action):
+        agent = self.agent_selection
+        if action is not None and not (self.terminations[agent] or self.truncations[agent]):
+            mask = self.observe(agent)["action_mask"]
+            PLAYED.append((agent, int(action), bool(mask[int(action)])))
+        super().step(action)
+
+
+def counting_tictactoe(**kwargs):
+    return _CountingWrapper(tictactoe_v3.env(**kwargs))
+
+
+class Coop(ParallelEnv):
+    """Two agents each see a one-hot target of their own (3 values); each step pays both agents the share of agents
+    that played their target. Episodes are truncated after ``length`` steps. A random pair earns length / 3."""
+
+    metadata = {"name": "coop_v0"}
+
+    def __init__(self, length: int = 8, ghost_at: int = -1, late_joiner: bool = False, mismatched: bool = False):
+        self.possible_agents = ["a", "b"]
+        self.length = length
+        self.ghost_at = ghost_at  # step at which an undeclared agent shows up (the bad-input test)
+        self.late_joiner = late_joiner  # "b" joins at step 2
+        self.mismatched = mismatched  # "b" sees a wider observation than "a"
+        self.rng = np.random.default_rng(0)
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (4 if self.mismatched and agent == "b" else 3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self):
+        out = {}
+        for a in self.agents:
+            o = np.zeros(self.observation_space(a).shape, np.float32)
+            o[self.targets[a]] = 1.0
+            out[a] = o
+        return out
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = ["a"] if self.late_joiner else list(self.possible_agents)
+        self.targets = {a: int(self.rng.integers(3)) for a in self.possible_agents}
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        hits = sum(int(actions[a]) == self.targets[a] for a in actions) / len(self.possible_agents)
+        rewards = {a: float(hits) for a in self.agents}
+        trunc = {a: self.t >= self.length for a in self.agents}
+        terms = dict.fromkeys(self.agents, False)
+        self.targets = {a: int(self.rng.integers(3)) for a in self.possible_agents}
+        if self.t >= self.length:
+            obs = self._obs()
+            self.agents = []
+            return obs, rewards, terms, trunc, {a: {} for a in obs}
+        if self.late_joiner and self.t == 2:
+            self.agents = list(self.possible_agents)
+        if self.t == self.ghost_at:
+            self.agents = [*self.agents, "ghost"]
+            self.targets["ghost"] = 0
+        return self._obs(), rewards, terms, trunc, {a: {} for a in self.agents}
+
+
+def coop(**kwargs):
+    return Coop(**kwargs)
