@@ -85,6 +85,17 @@ _SIGNAL_WHY: dict[int, str] = {int(signal.SIGXCPU): "SIGXCPU: the CPU time limit
                                int(signal.SIGXFSZ): "SIGXFSZ: the file size limit", int(signal.SIGSEGV): "SIGSEGV"}
 
 
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+def _exception_line(err: str) -> str:
+    """The last ``SomeError: ...`` line of stderr. A completion that forks writes several tracebacks at once, so
+    the plain last line may be a frame of another process's traceback."""
+    lines = err.splitlines()
+    return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), lines[-1] if lines else "")
+
+
 async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, cpu_time_s: int = 10,
                         max_processes: int = 32, trusted_workspace: bool = False) -> dict[str, Any]:
     """Run ``code`` as a Python file in a no-network sandbox (:class:`VerifySandbox`: bubblewrap, ``nobody``,
@@ -110,12 +121,11 @@ async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 102
     elif run.how in ("exit", "exit-from-workspace"):
         result = f"failed: the program raised SystemExit({run.exit_code}) before the tests finished"
     elif run.completed:
-        last = err.splitlines()[-1] if err else f"exit code {run.exit_code}"
-        result = f"failed: {last}"
+        result = f"failed: {_exception_line(err) or f'exit code {run.exit_code}'}"
     elif (sig := run.signal) is not None:
         result = f"failed: killed by signal {sig}" + (f" ({_SIGNAL_WHY[sig]})" if sig in _SIGNAL_WHY else "")
         if err:
-            result += f" ({err.splitlines()[-1]})"
+            result += f" ({_exception_line(err)})"
     else:
         result = f"failed: the program ended (exit code {res.returncode}) before the tests finished"
     return {"passed": result == "passed", "result": result, "returncode": res.returncode,

@@ -291,3 +291,14 @@ def test_infinite_loops_and_hidden_sleepers_end_at_the_limits(tmp_path):
             assert not res["timed_out"] and res["result"].startswith("failed: killed by signal 24 (SIGXCPU"), res
         if name == "sleeping":
             assert res["timed_out"] and res["result"] == "timed out after 3s", res
+
+
+def test_a_forking_completions_interleaved_tracebacks_still_report_its_exception():
+    """A fork bomb's children write their tracebacks at once; the result names the exception, not whichever
+    frame line happened to be written last (seen under load: 'failed:   File "<frozen runpy>", ...')."""
+    err = ("Traceback (most recent call last):\n  File \"solution.py\", line 3, in <module>\n"
+           "BlockingIOError: [Errno 11] Resource temporarily unavailable\nTraceback (most recent call last):\n"
+           "  File \"<frozen runpy>\", line 291, in run_path\n")
+    assert humaneval._exception_line(err) == "BlockingIOError: [Errno 11] Resource temporarily unavailable"
+    assert humaneval._exception_line("plain last line\n") == "plain last line"
+    assert humaneval._exception_line("") == ""
