@@ -115,14 +115,16 @@ def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
     or a local model) as a chat function, and its log folder ``<run dir>/judge/`` (one JSONL per session).
     Other verifiers are returned as they are."""
     from polar.harness.agent.judge import LLMJudge
+    from polar.harness.agent.verifiers import CheckedVerifier
 
-    if not isinstance(verifier, LLMJudge) or verifier.chat is not None:
+    judge = verifier.inner if isinstance(verifier, CheckedVerifier) else verifier  # the reward check wraps it
+    if not isinstance(judge, LLMJudge) or judge.chat is not None:
         return verifier
     from polar.inference.chat import chat_function
 
-    engine = engine_of_model_section(verifier.judge_spec, "verifier.kwargs.judge")
-    verifier.chat = chat_function(engine, verifier.max_tokens, verifier.temperature)
-    verifier.log_dir = run_dir_path / "judge"
+    engine = engine_of_model_section(judge.judge_spec, "verifier.kwargs.judge")
+    judge.chat = chat_function(engine, judge.max_tokens, judge.temperature)
+    judge.log_dir = run_dir_path / "judge"
     return verifier
 
 
