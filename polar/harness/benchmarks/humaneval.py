@@ -87,13 +87,18 @@ _SIGNAL_WHY: dict[int, str] = {int(signal.SIGXCPU): "SIGXCPU: the CPU time limit
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+_EXCEPTION_IN_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: |$)")
 
 
 def _exception_line(err: str) -> str:
     """The last ``SomeError: ...`` line of stderr. A completion that forks writes several tracebacks at once, so
-    the plain last line may be a frame of another process's traceback."""
+    the plain last line may be a frame of another process's traceback, or the exception may be glued to one."""
     lines = err.splitlines()
-    return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), lines[-1] if lines else "")
+    found = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+    if found is None:
+        glued = next((m for line in reversed(lines) if (m := _EXCEPTION_IN_LINE.search(line))), None)
+        found = glued.string[glued.start():] if glued is not None else None
+    return found if found is not None else (lines[-1] if lines else "")
 
 
 async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, cpu_time_s: int = 10,
@@ -112,6 +117,8 @@ async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 102
         run = await box.run("script", [str(solution)])
     res = run.process
     err = res.stderr_tail(600)
+    # the exception is looked for in all of stderr: a fork bomb's children can bury it under frames of theirs
+    raised = _exception_line(res.stderr.decode("utf-8", "replace"))
     if res.timed_out:
         result = f"timed out after {timeout_s}s"
     elif res.output_exceeded:
@@ -121,11 +128,11 @@ async def run_sandboxed(code: str, timeout_s: float = 10.0, memory_mb: int = 102
     elif run.how in ("exit", "exit-from-workspace"):
         result = f"failed: the program raised SystemExit({run.exit_code}) before the tests finished"
     elif run.completed:
-        result = f"failed: {_exception_line(err) or f'exit code {run.exit_code}'}"
+        result = f"failed: {raised or f'exit code {run.exit_code}'}"
     elif (sig := run.signal) is not None:
         result = f"failed: killed by signal {sig}" + (f" ({_SIGNAL_WHY[sig]})" if sig in _SIGNAL_WHY else "")
         if err:
-            result += f" ({_exception_line(err)})"
+            result += f" ({raised})"
     else:
         result = f"failed: the program ended (exit code {res.returncode}) before the tests finished"
     return {"passed": result == "passed", "result": result, "returncode": res.returncode,

@@ -302,3 +302,5 @@ def test_a_forking_completions_interleaved_tracebacks_still_report_its_exception
     assert humaneval._exception_line(err) == "BlockingIOError: [Errno 11] Resource temporarily unavailable"
     assert humaneval._exception_line("plain last line\n") == "plain last line"
     assert humaneval._exception_line("") == ""
+    glued = "Traceback (most recent call last):\n    os.fork()BlockingIOError: [Errno 11] again\n    os.fork()\n"
+    assert humaneval._exception_line(glued) == "BlockingIOError: [Errno 11] again"
