@@ -88,8 +88,8 @@ class Plan:
 FULL = Plan(ppo_steps=None, dqn_steps=50_000, sac_steps=10_000, gateway_requests=1000, gateway_warmup=100,
             grpo_steps=8, grpo_overrides=(), timeout_s=3600)
 QUICK = Plan(ppo_steps=2048, dqn_steps=1300, sac_steps=200, gateway_requests=30, gateway_warmup=5, grpo_steps=2,
-             grpo_overrides=("policy.kwargs.group_size=2", "policy.kwargs.tasks_per_step=2",
-                             "policy.kwargs.micro_batch_size=4"), timeout_s=600)
+             grpo_overrides=("policy.kwargs.group_size=4", "policy.kwargs.tasks_per_step=2",
+                             "policy.kwargs.micro_batch_size=8"), timeout_s=600)
 
 
 # ---------------------------------------------------------------------------------------------- sides
