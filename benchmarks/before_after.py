@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     worktrees: list[Path] = []
     upstream: Upstream | None = None
     trials: list[dict[str, float | int | str]] = []
+    failures: list[str] = []
     loads: list[float] = []
     try:
         sides = {"before": make_side("before", args.before, scratch, worktrees),
@@ -335,12 +336,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{side.name}: {side.source} ({side.commit[:12]}) at {side.tree}", file=sys.stderr, flush=True)
         if "gateway" in args.only:
             upstream = Upstream(scratch)
-        up = upstream
         benches: dict[str, Callable[[Side, int, Plan, Path], dict[str, float]]] = {
             "ppo": bench_ppo, "dqn": _off_policy("dqn", "examples/cartpole_dqn.yaml"),
-            "sac": _off_policy("sac", "examples/pendulum_sac.yaml"),
-            "gateway": lambda s, seed, p, w: bench_gateway(s, seed, p, w, up),  # type: ignore[arg-type]
-            "grpo": bench_grpo}
+            "sac": _off_policy("sac", "examples/pendulum_sac.yaml"), "grpo": bench_grpo}
+        if upstream is not None:
+            up = upstream
+            benches["gateway"] = lambda s, seed, p, w: bench_gateway(s, seed, p, w, up)
         for rep in range(repeats):
             for i, name in enumerate(args.only):
                 order = ("before", "after") if (rep + i) % 2 == 0 else ("after", "before")
@@ -349,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
                     work = scratch / f"r{rep}-{name}-{side_name}"
                     work.mkdir()
                     t = time.time()
-                    res = benches[name](side, rep, plan, work)
+                    try:
+                        res = benches[name](side, rep, plan, work)
+                    except Exception as e:  # one failed trial is reported; the others still run
+                        failures.append(f"rep {rep} {name} {side_name}: {str(e)[-1500:]}")
+                        print(f"FAILED {failures[-1]}", file=sys.stderr, flush=True)
+                        continue
                     loads.append(os.getloadavg()[0])
                     trials.append({"rep": rep, "bench": name, "side": side_name, "load": loads[-1], **res})
                     print(f"rep {rep} {name:8s} {side_name:6s} ({time.time() - t:.0f} s, load {loads[-1]:.1f}): "
@@ -360,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({
                 "sides": {k: {"source": s.source, "commit": s.commit, "tree": str(s.tree)} for k, s in sides.items()},
                 "repeats": repeats, "quick": args.quick, "machine": machine(), "trials": trials, "summary": rows,
+                "failures": failures,
             }, indent=1))
+        if failures:
+            print(f"\n{len(failures)} trial(s) failed (above, and in the JSON's 'failures'); their rows are missing "
+                  "or rest on fewer repeats", file=sys.stderr)
     finally:
         if upstream:
             upstream.close()
@@ -370,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"scratch kept: {scratch}", file=sys.stderr)
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

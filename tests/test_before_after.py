@@ -34,7 +34,7 @@ def test_quick_before_after_prints_both_sides_of_every_row_and_writes_the_json(t
         assert float(cells[1]) > 0 and float(cells[2]) > 0, row
 
     data = json.loads(out.read_text())
-    assert data["quick"] is True and data["repeats"] == 1
+    assert data["quick"] is True and data["repeats"] == 1 and data["failures"] == []
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
     assert data["sides"]["before"]["commit"] == head and data["sides"]["before"]["source"] == "ref HEAD"
