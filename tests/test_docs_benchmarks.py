@@ -117,3 +117,20 @@ def test_the_pages_polar_run_commands_are_found():
 def test_every_polar_run_command_loads_its_config_with_its_overrides(config, overrides):
     assert (ROOT / config).exists(), f"docs/benchmarks.md runs `polar run --config {config}`, which is not shipped"
     load_config(ROOT / config, list(overrides))  # a missing key, a renamed kwarg or a bad value raises, naming it
+
+
+def _cells(row: str) -> int:
+    return re.sub(r"`[^`]*`", "", row).count("|") - 1
+
+
+def test_every_table_row_has_as_many_cells_as_its_header():
+    lines = PAGE.splitlines()
+    bad = []
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and re.match(r"^\|\s*:?-{3,}", lines[i + 1]) and not lines[i - 1].startswith("|"):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("|"):
+                if _cells(lines[j]) != _cells(line):
+                    bad.append(f"line {j + 1}: {_cells(lines[j])} cells, header {_cells(line)}")
+                j += 1
+    assert not bad, f"docs/benchmarks.md: table rows that break their table: {bad}"
