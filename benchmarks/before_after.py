@@ -30,7 +30,9 @@ count waiting for a core, which is what a shared box mostly adds to wall time):
 
 Evaluation at the end, TensorBoard and checkpoints are off in every run. The table prints the median
 over repeats per side, after / before, and the cost ratio (after / before for seconds, before / after
-for req/s): issue 34 asks for <= 1.05 on every row. ``--quick`` runs each measurement tiny (a few
+for req/s): issue 34 asks for <= 1.05 on every row. A full run is about 2 x 3 x (20 + 90 + 200 + 15 + 20)
+CPU seconds, ~35 minutes on an idle 2-core box (DQN and SAC are most of it; ``--only`` picks rows). A trial
+that fails is reported and the others still run (exit status 1). ``--quick`` runs each measurement tiny (a few
 thousand env steps, 2 GRPO steps, 30 gateway requests, one repeat): it checks the machinery, not
 the numbers.
 """
