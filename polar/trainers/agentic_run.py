@@ -1,18 +1,20 @@
-"""Agent runs (``harness.type: agent``): GRPO on groups of agent sessions, SFT on demonstrations, through
-the one loop (``polar.trainers.loop``).
+"""Agent runs (``harness.type: agent``, or the LLM agent on an env harness): the agent stack builder. An agent
+run is the one loop (``polar.trainers.loop.TrainingLoop``) composed here of
 
-The Collector is ``SessionCollector``: ``tasks_per_step`` groups of ``group_size`` sessions from the rollout
-service (harness -> gateway -> verifier), the next batch collected while this one trains when
-``max_off_policy_steps >= 1``. The Learner is ``AgentTrainer``: SFT warm-up first (``sft_warmup``, or the
-whole run for ``policy.type: sft``; it is the run's iteration 0, so an SFT run's checkpoint is
-``ckpt_00000000.pt``), then one GRPO step per iteration: group-relative advantages, the clipped update
-against the engine's recorded logprobs (``polar.algorithms.grpo.GRPOLearner``), weights to the engine
-through the gateway's drain. A step with no usable group updates nothing, publishes nothing and is logged
-with ``update_skipped: 1``.
+- the rollout stack (``build_stack``: engine, gateway, rollout service, in this process; ``build_ray_stack``:
+  sessions on Ray gateway nodes, the learner actor's), started for the run and closed after its final
+  evaluation;
+- a collector: ``polar.rollout.sessions.collector.SessionCollector`` (``tasks_per_step`` groups of
+  ``group_size`` sessions, dynamic sampling, the difficulty filter and curriculum, checkpointed with the run);
+- a learner: ``polar.algorithms.grpo.GRPOLearner`` (one GRPO step per iteration: group-relative advantages,
+  the clipped update against the engine's recorded logprobs, weights to the engine through the gateway's
+  drain) or ``polar.algorithms.sft.SFTLearner``;
+- a warm-up stage: SFT on demonstrations (``sft_warmup``, or the whole of a ``policy.type: sft`` run, whose
+  checkpoint is then ``ckpt_00000000.pt``) through ``DemonstrationCollector`` and ``SFTLearner``, logged as
+  ``sft/...`` rows, one new policy version the engine gets before the first session;
+- an evaluator (``AgentEvaluator``): held-out success over ``eval_tasks`` before GRPO (after the warm-up),
+  every ``eval_every`` steps, and at the end (``eval/summary.json``).
 
-With ``distribution.backend: local`` everything runs in this process: the engine behind an in-process
-gateway, the rollout service with its session pipeline, and the learner (``build_stack``). With ``ray`` the
-learner actor runs this loop on ``build_ray_stack``: gateway nodes, each with its engine, as Ray actors.
 The run directory holds the usual ``config.resolved.yaml``, ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and
 ``eval/``, plus ``gateway/sessions/`` (every call). The metrics rows carry the loop's names (``iteration``,
 ``env_steps``: sessions so far, ``episode_reward_mean``: the step's sessions, ``pg_loss``) and, for tools
@@ -21,22 +23,39 @@ that read agent runs, ``step`` and ``reward_mean``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from polar.algorithms.grpo import GRPOLearner, has_signal
+from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
+from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.run import AgentRunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.tasks import resolve
 from polar.harness.sessions import agent_timeout_s, session_runner, session_verifier
 from polar.harness.sessions import load_run_tasks as load_tasks
+from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector, SessionStack
 from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
+from polar.rollout.sessions.stats import success_rate
+from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
+from polar.trainers.checkpoint import CheckpointManager
+from polar.trainers.loop import OnIteration, Stage, TrainingLoop, iterations_budget
+from polar.trainers.run_dir import RunDir
+from polar.types import Metrics, Progress, SessionResult
+
+if TYPE_CHECKING:
+    from polar.rollout.sessions.ray_nodes import RaySessionStack
 
 log = logging.getLogger(__name__)
 
 
-def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineSettings:
+def pipeline_settings(cfg: AgentRunConfig, workspace_root: Path | None = None) -> PipelineSettings:
     s, h = cfg.sessions, cfg.harness
     template = str(resolve(h.cwd, cfg.config_dir)) if getattr(h, "cwd", None) else None
     if template and not Path(template).is_dir():
@@ -65,28 +84,28 @@ class EmbeddedEngineFactory:
         return with_rollout_sampling(load_engine(self.spec, **self.kwargs), *self.sampling)
 
 
-def rollout_sampling(cfg: Any) -> tuple[float | None, int | None]:
+def rollout_sampling(cfg: AgentRunConfig) -> tuple[float | None, int | None]:
     """``(temperature, max_tokens)`` every model call of a training session samples with (the config's
     ``policy.kwargs``, resolved by ``AgentRunConfig``); ``(None, None)`` for SFT, which samples nothing."""
     kw = cfg.policy.kwargs
     return getattr(kw, "temperature", None), getattr(kw, "max_tokens", None)
 
 
-def _chat_template(cfg: Any) -> str | None:
+def _chat_template(cfg: AgentRunConfig) -> str | None:
     chat_template = (cfg.model.chat_template if cfg.model else None) or cfg.gateway.chat_template
     if chat_template and chat_template.removeprefix("builtin:") not in ("model", "hermes-tools"):
         chat_template = str(resolve(chat_template, cfg.config_dir))  # a file, next to the config
     return chat_template
 
 
-def _model_spec(cfg: Any) -> tuple[str, str, Any]:
+def _model_spec(cfg: AgentRunConfig) -> tuple[str, str, Any]:
     """``(spec, config key, the section that may ask polar to launch an engine)``."""
     if cfg.model:
         return cfg.model.name_or_path, "model.name_or_path", cfg.model
     return cfg.gateway.model, "gateway.model", cfg.gateway
 
 
-def embedded_engine_factory(cfg: Any, training: bool = False) -> EmbeddedEngineFactory:
+def embedded_engine_factory(cfg: AgentRunConfig, training: bool = False) -> EmbeddedEngineFactory:
     spec, key, _ = _model_spec(cfg)
     return EmbeddedEngineFactory(spec, {**({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
                                         "config_key": key, "chat_template": _chat_template(cfg)},
@@ -128,7 +147,7 @@ def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
     return verifier
 
 
-def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
                 training: bool = False) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
     (default: the run's ``gateway/sessions/``). ``training``: a run's own stack, whose every model call
@@ -168,7 +187,7 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
         raise
 
 
-def trained_engine_problem(cfg: Any) -> str | None:
+def trained_engine_problem(cfg: AgentRunConfig) -> str | None:
     """Why ``cfg``'s engine cannot be the trained policy (None: it can): a remote chat endpoint has no weights."""
     model = getattr(cfg, "model", None)
     if model is not None and model.engine == "openai_compat":
@@ -178,7 +197,7 @@ def trained_engine_problem(cfg: Any) -> str | None:
     return None
 
 
-def ray_engine_problem(cfg: Any) -> str | None:
+def ray_engine_problem(cfg: AgentRunConfig) -> str | None:
     """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds the embedded
     engine itself; an engine polar launches (``engine: vllm``) or an external server URL is one shared
     thing per run, which the nodes cannot each own."""
@@ -193,8 +212,8 @@ def ray_engine_problem(cfg: Any) -> str | None:
     return None
 
 
-def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
-                    training: bool = False) -> Any:
+def build_ray_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+                    training: bool = False) -> RaySessionStack:
     """The rollout stack of an agent run with ``distribution.backend: ray`` (not started): this process runs
     the rollout service and keeps a local engine the learner is built from; ``max(1, rollout_workers)``
     gateway nodes, each building the same embedded engine inside its Ray actor, are placed with
@@ -221,14 +240,12 @@ def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_di
                            results_dir=run_dir_path / "sessions")
 
 
-def heldout_success(stack: Any, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
+def heldout_success(stack: SessionStack, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
     """``samples`` sessions of every held-out task with the engine's current weights; success rate and counts."""
-    from polar.trainers.llm_trainer import success_rate
-
     return success_rate(stack.run_groups([(t, samples, {"eval": tag}) for t in eval_tasks]))
 
 
-def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, samples: int | None = None,
+def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | None = None, samples: int | None = None,
                        engine: Any = None) -> dict[str, Any]:
     """``polar eval`` for an agent run: its ``eval_tasks`` with the weights of ``checkpoint`` (default: the
     latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``."""
@@ -262,12 +279,12 @@ def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, s
         policy.load_state_dict(state["model"])
         stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
         res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
-    res.update(checkpoint=str(ckpt), step=int(state.get("step", 0)), samples_per_task=samples,
+    res.update(checkpoint=str(ckpt), step=int(state.get("iteration", state.get("step", 0))), samples_per_task=samples,
                policy_version=int(state.get("policy_version", 0)), records=str(records))
     return res
 
 
-def policy_options(cfg: Any) -> dict[str, Any]:
+def policy_options(cfg: AgentRunConfig) -> dict[str, Any]:
     """``LLMPolicy`` options from a run config: the learner's device (``distribution.num_gpus``), and the
     ``policy.kwargs`` autocast and gradient checkpointing switches."""
     from polar.trainers.device import learner_device
@@ -291,3 +308,175 @@ def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
+
+
+# ---------------------------------------------------------------- the agent run: one loop, composed
+
+
+class StackBuilder(Protocol):
+    """``build_stack`` (in this process) or ``build_ray_stack`` (sessions on Ray gateway nodes)."""
+
+    def __call__(self, cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+                 training: bool = False) -> LocalStack | RaySessionStack: ...
+
+
+@dataclass(frozen=True)
+class StackCloser:
+    """Stops a rollout stack when the loop closes it (after the final evaluation, before the logger: the
+    stack's threads log until they stop)."""
+
+    stack: LocalStack | RaySessionStack
+
+    def close(self) -> None:
+        self.stack.stop()
+
+
+class AgentEvaluator:
+    """Held-out success over ``eval_tasks`` with the engine's current weights (``{}`` without eval_tasks):
+
+    - ``before``: GRPO's starting point (after the SFT warm-up), ``eval/before_grpo.json``; a resumed run reads
+      that file instead of scoring the starting weights again;
+    - ``periodic``: every ``eval_every`` GRPO steps (not the last), as ``eval_*`` fields of the step's row;
+    - ``final``: ``eval_after`` (GRPO, ``eval/after_grpo.json``) or ``eval_final`` (SFT, ``eval/final.json``),
+      and ``eval/summary.json``: the evaluations plus ``grpo: {steps, time_s, reward_first, reward_last}``."""
+
+    def __init__(self, run_dir: RunDir, stack: SessionStack, eval_tasks: list[dict[str, Any]], samples: int,
+                 resumed: bool, grpo: GRPOLearner | None = None, eval_every: int = 0, total_steps: int = 0) -> None:
+        self.run_dir = run_dir
+        self.stack = stack
+        self.eval_tasks = eval_tasks
+        self.samples = samples
+        self.resumed = resumed
+        self.grpo = grpo
+        self.eval_every = eval_every
+        self.total_steps = total_steps
+        self.summary: dict[str, Any] = {}
+        self._t0 = time.monotonic()
+
+    def evaluate(self, tag: str, write: bool = True) -> dict[str, Any]:
+        if not self.eval_tasks:
+            return {}
+        res: dict[str, Any] = heldout_success(self.stack, self.eval_tasks, self.samples, tag)
+        if write:
+            self.run_dir.write_json(f"eval/{tag}.json", res)
+            log.info("held-out success (%s): %.3f over %d sessions", tag, res["success"], res["sessions"])
+        return res
+
+    def before(self, progress: Progress) -> dict[str, Any]:
+        self._t0 = time.monotonic()
+        if self.grpo is None:
+            return {}
+        done = self.run_dir.path / "eval" / "before_grpo.json"
+        before: dict[str, Any] | None = None
+        if self.resumed and done.is_file():
+            try:
+                before = dict(json.loads(done.read_text()))
+            except (OSError, ValueError) as e:
+                log.warning("could not read %s (%s); evaluating the starting weights again", done, e)
+        self.summary["eval_before"] = before if before is not None else self.evaluate("before_grpo")
+        return dict(self.summary)
+
+    def periodic(self, progress: Progress) -> Metrics:
+        if self.eval_every and progress.iteration % self.eval_every == 0 and progress.iteration < self.total_steps:
+            res = self.evaluate(f"iter_{progress.iteration:08d}", write=False)
+            return {f"eval_{k}": v for k, v in res.items()}
+        return {}
+
+    def final(self, progress: Progress) -> dict[str, Any]:
+        out: dict[str, Any]
+        if self.grpo is not None:
+            out = {"eval_after": self.evaluate("after_grpo"),
+                   "grpo": {"steps": progress.iteration, "time_s": round(time.monotonic() - self._t0, 1)}}
+            if self.grpo.reward_means:
+                out["grpo"].update(reward_first=self.grpo.reward_means[0], reward_last=self.grpo.reward_means[-1])
+        else:
+            out = {"eval_final": self.evaluate("final")}
+        self.run_dir.write_json("eval/summary.json", {**self.summary, **out})
+        return out
+
+
+def _sft_stage(cfg: AgentRunConfig, policy: Any, demonstrations: str, kwargs: SFTKwargs) -> tuple[Stage[Any], SFTLearner]:
+    """SFT on ``demonstrations`` (a chat JSONL or a ``polar generate`` dataset) as a stage of the loop."""
+    from polar.models.llm_policy import load_demonstrations
+
+    demos = load_demonstrations(resolve(demonstrations, cfg.config_dir), policy.tokenizer)
+    learner = SFTLearner(policy, kwargs)
+    steps = sft_steps(len(demos), kwargs)
+    log.info("SFT: %d steps over %d demonstrations", steps, len(demos))
+    collector = DemonstrationCollector(demonstration_batches(demos, kwargs, cfg.seed))
+    return Stage("sft", collector, learner, iterations_budget(steps)), learner
+
+
+def build_agent_loop(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
+                     on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
+                     engine: Any = None, stack_builder: StackBuilder = build_stack) -> TrainingLoop[Any]:
+    """The loop of an agent run, composed (module docstring); its rollout stack is started here and stopped
+    when the loop ends. ``engine``: an inference engine already loaded (tests, benchmarks) instead of the one
+    the config names; ``resume``: continue from the run directory's newest checkpoint."""
+    from polar.models.llm_policy import LLMPolicy
+
+    kw = cfg.policy.kwargs
+    grpo_kw = kw if isinstance(kw, GRPOKwargs) else None
+    if grpo_kw is not None and not cfg.tasks:
+        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
+    sft = cfg.sft_warmup
+    if grpo_kw is not None and sft is not None and sft.kwargs.lora is not None and grpo_kw.lora is None:
+        raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+    state: Mapping[str, Any] | None = None
+    if resume:
+        ckpt, state = CheckpointManager(run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints).load_newest()
+        if ckpt is not None:
+            log.info("resuming from checkpoint %s", ckpt)
+    run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
+    eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
+    tasks = load_tasks(cfg.tasks, cfg.config_dir) if grpo_kw is not None and cfg.tasks else []
+    stack = stack_builder(cfg, run_dir.path, engine, training=True).__enter__()
+    try:
+        policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
+        warm_up: list[Stage[Any]] = []
+        if grpo_kw is None:  # SFT: the whole run is the warm-up stage; no GRPO iteration follows
+            assert isinstance(kw, SFTKwargs)
+            if not isinstance(cfg.tasks, str):
+                raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a "
+                                  "polar generate dataset)")
+            stage, sft_learner = _sft_stage(cfg, policy, cfg.tasks, kw)
+            if state is None:
+                warm_up.append(stage)
+            collector = SessionCollector(stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)
+            evaluator = AgentEvaluator(run_dir, stack, eval_tasks, 1, state is not None)
+            return TrainingLoop(cfg, run_dir, collector, sft_learner, evaluator, budget=iterations_budget(0),
+                                state=state, on_iteration=on_iteration, extra_metrics=extra_metrics,
+                                warm_up=warm_up, close_after=[StackCloser(stack)])
+        if sft is not None and state is None:
+            warm_up.append(_sft_stage(cfg, policy, sft.demonstrations, sft.kwargs)[0])
+        learner = GRPOLearner(policy, grpo_kw)
+        difficulty = TaskDifficulty(grpo_kw.difficulty_filter) if grpo_kw.difficulty_filter is not None else None
+        advance = getattr(cfg.tasks, "advance", None) is not None
+        curriculum = Curriculum(cfg.tasks) if advance else None  # type: ignore[arg-type]
+        # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
+        dynamic = grpo_kw.advantage != "value_head" and grpo_kw.dynamic_sampling.max_extra_rounds > 0
+        overlong_filter = bool(grpo_kw.overlong_filter)
+        signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
+        collector = SessionCollector(
+            stack, tasks, grpo_kw.tasks_per_step, grpo_kw.group_size, cfg.seed, batches=grpo_kw.total_steps,
+            prefetch=grpo_kw.max_off_policy_steps >= 1,
+            max_extra_rounds=grpo_kw.dynamic_sampling.max_extra_rounds if dynamic else 0, signal=signal,
+            difficulty=difficulty, curriculum=curriculum)
+        evaluator = AgentEvaluator(run_dir, stack, eval_tasks, grpo_kw.eval_samples, state is not None, learner,
+                                   grpo_kw.eval_every, grpo_kw.total_steps)
+        return TrainingLoop(cfg, run_dir, collector, learner, evaluator, budget=iterations_budget(grpo_kw.total_steps),
+                            state=state, episode_window=grpo_kw.tasks_per_step * grpo_kw.group_size,
+                            on_iteration=on_iteration, extra_metrics=extra_metrics, warm_up=warm_up,
+                            close_after=[StackCloser(stack)])
+    except BaseException:
+        stack.stop()
+        raise
+
+
+def train_agentic(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """An agent run from start to end (``polar run`` does the same through ``polar.trainers.build``); returns its
+    summary. ``run.json`` records this process as the run's owner and the run's final status, however it ends."""
+    from polar.trainers.lifecycle import run_guard
+
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
+        return build_agent_loop(cfg, run_dir, resume=resume, engine=engine).train()

@@ -4,7 +4,7 @@ all come through here.
 Two choices, made once:
 
 - **what learns**: an agent run (``harness.type: agent``, or ``agent: {type: llm}`` on an env harness) trains
-  an LLM policy with GRPO or SFT on session groups (``polar.trainers.agent.AgentTrainer``); an env run trains
+  an LLM policy with GRPO or SFT on session groups (the loop ``polar.trainers.agentic_run.build_agent_loop`` composes); an env run trains
   PPO/APPO/DQN/SAC on env fragments (``polar.trainers.registry``);
 - **where the learner runs**: ``distribution.backend: local`` in this process; ``ray`` in a learner actor
   that runs the same loop (``polar.trainers.ray_driver``). An agent run on Ray also spreads its sessions over
@@ -61,9 +61,9 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
             from polar.trainers.ray_driver import RayLearnerDriver
 
             return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
-        from polar.trainers.agent import AgentTrainer
+        from polar.trainers.agentic_run import build_agent_loop
 
-        return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
+        return build_agent_loop(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
     if cfg.distribution.backend == "ray" and cfg.policy.type in OFFLINE:
         raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
                           "distribution.backend: local")

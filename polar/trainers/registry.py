@@ -22,7 +22,7 @@ ENV_TRAINERS: dict[str, type[EnvTrainer] | type[OfflineTrainer]] = {
     "iql": OfflineTrainer,
     "cql": OfflineTrainer,
 }
-AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agent.AgentTrainer
+AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agentic_run.build_agent_loop
 
 
 def trainer_class(cfg: RunConfig) -> type[EnvTrainer] | type[OfflineTrainer]:
