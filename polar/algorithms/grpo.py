@@ -445,7 +445,7 @@ class TokenPolicy(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def serving_state_dict(self) -> dict[str, Any]: ...
 
@@ -763,7 +763,7 @@ class GRPOLearner:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "model" in state:
-            self.policy.load_state_dict(state["model"])
+            self.policy.load_state_dict(dict(state["model"]))
         seen = state.get("reward_range")  # None in checkpoints from before it was kept
         self.reward_range = (float(seen[0]), float(seen[1])) if seen else None
         if "optimizer" not in state:  # an optimizer-free checkpoint: the weights only

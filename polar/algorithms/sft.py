@@ -62,7 +62,7 @@ class SFTLearner:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "model" in state:
-            self.policy.load_state_dict(state["model"])
+            self.policy.load_state_dict(dict(state["model"]))
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
 

@@ -31,10 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from polar.algorithms.grpo import GRPOLearner, has_signal
-from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
 from polar.config.grpo import GRPOKwargs, SFTKwargs
-from polar.config.run import AgentRunConfig
+from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.tasks import resolve
 from polar.harness.sessions import agent_timeout_s, session_runner, session_verifier
@@ -44,22 +42,25 @@ from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
 from polar.rollout.sessions.stats import success_rate
 from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
-from polar.trainers.checkpoint import CheckpointManager
-from polar.trainers.loop import OnIteration, Stage, TrainingLoop, iterations_budget
 from polar.trainers.run_dir import RunDir
 from polar.types import Metrics, Progress, SessionResult
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and the loop load when a run is built, not when a config is checked (polar run's preflight)
+    from polar.algorithms.grpo import GRPOLearner
+    from polar.algorithms.sft import SFTLearner
+    from polar.models.llm_policy import LLMPolicy
     from polar.rollout.sessions.ray_nodes import RaySessionStack
+    from polar.trainers.loop import OnIteration, Stage, TrainingLoop
 
 log = logging.getLogger(__name__)
 
 
 def pipeline_settings(cfg: AgentRunConfig, workspace_root: Path | None = None) -> PipelineSettings:
-    s, h = cfg.sessions, cfg.harness
-    template = str(resolve(h.cwd, cfg.config_dir)) if getattr(h, "cwd", None) else None
+    s = cfg.sessions
+    cwd = getattr(cfg.harness, "cwd", None)  # an agent harness's workspace template
+    template = str(resolve(cwd, cfg.config_dir)) if cwd else None
     if template and not Path(template).is_dir():
-        raise ConfigError(f"harness.cwd {h.cwd!r} is not a directory (resolved next to the config: {template})")
+        raise ConfigError(f"harness.cwd {cwd!r} is not a directory (resolved next to the config: {template})")
     return PipelineSettings(
         max_init_workers=s.max_init_workers, max_run_workers=s.max_run_workers, max_postrun_workers=s.max_postrun_workers,
         session_budget_s=s.session_budget_s, agent_timeout_s=agent_timeout_s(cfg),
@@ -88,7 +89,7 @@ def rollout_sampling(cfg: AgentRunConfig) -> tuple[float | None, int | None]:
     """``(temperature, max_tokens)`` every model call of a training session samples with (the config's
     ``policy.kwargs``, resolved by ``AgentRunConfig``); ``(None, None)`` for SFT, which samples nothing."""
     kw = cfg.policy.kwargs
-    return getattr(kw, "temperature", None), getattr(kw, "max_tokens", None)
+    return (kw.temperature, kw.max_tokens) if isinstance(kw, GRPOKwargs) else (None, None)
 
 
 def _chat_template(cfg: AgentRunConfig) -> str | None:
@@ -187,9 +188,12 @@ def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, rec
         raise
 
 
-def trained_engine_problem(cfg: AgentRunConfig) -> str | None:
-    """Why ``cfg``'s engine cannot be the trained policy (None: it can): a remote chat endpoint has no weights."""
-    model = getattr(cfg, "model", None)
+def trained_engine_problem(cfg: RunConfig) -> str | None:
+    """Why ``cfg``'s engine cannot be the trained policy (None: it can, or ``cfg`` is an env run): a remote chat
+    endpoint has no weights."""
+    if not isinstance(cfg, AgentRunConfig):
+        return None
+    model = cfg.model
     if model is not None and model.engine == "openai_compat":
         return (f"model.engine: openai_compat ({model.base_url}) serves a remote model with no weights to update, "
                 f"so policy.type {cfg.policy.type} cannot train it; use it with polar generate or as a judge, and "
@@ -266,7 +270,7 @@ def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | 
     if "model" not in state:
         raise RunDirError(f"checkpoint {ckpt} holds no LLM weights ('model'); it was not written by an agent run")
     kw = cfg.policy.kwargs
-    samples = samples or getattr(kw, "eval_samples", 1)
+    samples = samples or (kw.eval_samples if isinstance(kw, GRPOKwargs) else 1)
     tag = f"eval_{Path(ckpt).stem}_{time.strftime('%Y%m%d-%H%M%S')}"
     # this evaluation's calls go to a folder of their own, never into the training records
     records = run_dir.eval_dir / "sessions" / tag
@@ -275,7 +279,7 @@ def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | 
         n += 1
         records = run_dir.eval_dir / "sessions" / f"{tag}-{n}"
     with build_stack(cfg, run_dir.path, engine, records_dir=records) as stack:
-        policy = LLMPolicy.from_engine(stack.engine, getattr(kw, "lora", None), **policy_options(cfg))
+        policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
         policy.load_state_dict(state["model"])
         stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
         res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
@@ -290,8 +294,8 @@ def policy_options(cfg: AgentRunConfig) -> dict[str, Any]:
     from polar.trainers.device import learner_device
 
     kw = cfg.policy.kwargs
-    return {"device": learner_device(cfg.distribution.num_gpus), "autocast": getattr(kw, "autocast", "off"),
-            "gradient_checkpointing": getattr(kw, "gradient_checkpointing", False)}
+    return {"device": learner_device(cfg.distribution.num_gpus), "autocast": kw.autocast,
+            "gradient_checkpointing": kw.gradient_checkpointing}
 
 
 def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
@@ -395,9 +399,12 @@ class AgentEvaluator:
         return out
 
 
-def _sft_stage(cfg: AgentRunConfig, policy: Any, demonstrations: str, kwargs: SFTKwargs) -> tuple[Stage[Any], SFTLearner]:
+def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwargs: SFTKwargs
+               ) -> tuple[Stage[Any], SFTLearner]:
     """SFT on ``demonstrations`` (a chat JSONL or a ``polar generate`` dataset) as a stage of the loop."""
+    from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
     from polar.models.llm_policy import load_demonstrations
+    from polar.trainers.loop import Stage, iterations_budget
 
     demos = load_demonstrations(resolve(demonstrations, cfg.config_dir), policy.tokenizer)
     learner = SFTLearner(policy, kwargs)
@@ -413,7 +420,10 @@ def build_agent_loop(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
     """The loop of an agent run, composed (module docstring); its rollout stack is started here and stopped
     when the loop ends. ``engine``: an inference engine already loaded (tests, benchmarks) instead of the one
     the config names; ``resume``: continue from the run directory's newest checkpoint."""
+    from polar.algorithms.grpo import GRPOLearner, has_signal
     from polar.models.llm_policy import LLMPolicy
+    from polar.trainers.checkpoint import CheckpointManager
+    from polar.trainers.loop import TrainingLoop, iterations_budget
 
     kw = cfg.policy.kwargs
     grpo_kw = kw if isinstance(kw, GRPOKwargs) else None

@@ -138,6 +138,10 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
 def build_session_stack(cfg: RunConfig, work_dir: str | Path, engine: Any = None, records_dir: Path | None = None) -> Any:
     """Engine + gateway + rollout service for an agent config, not started (``polar generate``, evaluation
     suites); calls are recorded under ``records_dir`` (default ``work_dir/gateway/sessions``)."""
+    from polar.harness.sessions import session_runner
     from polar.trainers.agentic_run import build_stack
 
+    if not isinstance(cfg, AgentRunConfig):
+        session_runner(cfg)  # raises the ConfigError that says what an agent run needs
+        raise ConfigError(f"{cfg.name}: not an agent run")
     return build_stack(cfg, Path(work_dir), engine, records_dir=records_dir)
