@@ -137,12 +137,12 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
 
         parts.continual = Continual.create(cfg, acting)  # init, eval.old_tasks (polar.trainers.continual)
         learner = row.make_learner(parts)
-        if state is None and parts.continual is not None:
+        collector = row.make_collector(parts, learner)
+        if state is None and parts.continual is not None:  # before the collector starts with its weights
             parts.continual.apply(InitTarget(cfg, policy, parts.train_agent, getattr(learner, "algorithm", learner)))
         attach = getattr(backend, "attach_run_dir", None)
         if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
             attach(run_dir.path)
-        collector = row.make_collector(parts, learner)
         evaluator = PolicyEvaluator(parts, row_fields=from_dataset)
         gradient_steps = row.gradient_steps
         if gradient_steps is not None:
