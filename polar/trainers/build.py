@@ -222,8 +222,10 @@ def progress_total(cfg: RunConfig) -> int:
     (``max_steps``, else unknown until the demonstrations are read: 0)."""
     if not isinstance(cfg, AgentRunConfig):
         return cfg.total_env_steps
-    kw: Any = cfg.policy.kwargs
-    if cfg.policy.type == "grpo":
+    from polar.config.grpo import GRPOKwargs
+
+    kw = cfg.policy.kwargs
+    if isinstance(kw, GRPOKwargs):
         return int(kw.total_steps * kw.tasks_per_step * kw.group_size)
     return int(kw.max_steps)
 

@@ -46,10 +46,9 @@ def check_multi_agent_config(cfg: EnvRunConfig) -> PettingZooHarnessConfig:
     """What a PettingZoo run cannot do yet, refused at start with the key to change."""
     h = cfg.harness
     assert isinstance(h, PettingZooHarnessConfig)
-    if cfg.policy.type != "ppo":
+    if not isinstance(cfg.policy.kwargs, PPOKwargs):  # one PPOLearner per policy
         raise ConfigError(f"policy.type {cfg.policy.type!r}: harness.type pettingzoo trains with ppo")
     kw = cfg.policy.kwargs
-    assert isinstance(kw, PPOKwargs)
     if kw.normalize_obs or kw.normalize_reward:
         raise ConfigError("policy.kwargs.normalize_obs / normalize_reward: not supported with harness.type pettingzoo; "
                           "set them to false")
