@@ -173,6 +173,9 @@ class Rollout:
     fragments: list[Fragment]
     reward_scale: float = 1.0
     reward_clip: float | None = None
+    # the fragments as one ``polar.buffers.RolloutBuffer`` (PPO's epochs run on it), made by the collector when
+    # the learner wants one: buffers sit beside algorithms, so neither names the other's type here
+    buffer: Any = None
 
 
 class ReplaySampler(Protocol):

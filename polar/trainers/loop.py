@@ -127,6 +127,7 @@ class TrainingLoop(Generic[T]):
         self.checkpoints = CheckpointManager(run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints)
         self._t0 = time.perf_counter()
         self._last_t, self._last_steps = 0.0, 0
+        self._restored = False
 
     @property
     def progress(self) -> Progress:
@@ -150,6 +151,13 @@ class TrainingLoop(Generic[T]):
         if "rng" in state:
             set_rng_state(state["rng"])
         log.info("resumed from iteration %d (%d env steps)", self.iteration, self.env_steps)
+
+    def restore(self) -> None:
+        """Load ``state`` (the checkpoint to resume from) into the learner, the collector and the counters, once
+        (``train`` does it first; tests and tools call it to inspect a resumed run without training)."""
+        if self.state is not None and not self._restored:
+            self._load_state(self.state)
+        self._restored = True
 
     def _save_checkpoint(self) -> None:
         self.checkpoints.save(self.iteration, self._state())
@@ -182,7 +190,7 @@ class TrainingLoop(Generic[T]):
             with deferred_stop():  # Ctrl-C / SIGTERM end the iteration first: the final checkpoint is consistent
                 try:
                     if self.state is not None:
-                        self._load_state(self.state)
+                        self.restore()
                     else:
                         for stage in self.warm_up:
                             self._run_stage(stage)
