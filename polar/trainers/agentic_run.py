@@ -26,12 +26,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import BaseModel
+
 from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.llm_agent import ReasoningGymTasks
 from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.tasks import resolve
@@ -43,14 +46,14 @@ from polar.rollout.sessions.pipeline import PipelineSettings
 from polar.rollout.sessions.stats import success_rate
 from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.run_dir import RunDir
-from polar.types import Metrics, Progress, SessionResult
+from polar.types import Collector, Evaluator, Learner, Metrics, Progress, SessionResult
 
 if TYPE_CHECKING:  # torch and the loop load when a run is built, not when a config is checked (polar run's preflight)
     from polar.algorithms.grpo import GRPOLearner
     from polar.algorithms.sft import SFTLearner
     from polar.models.llm_policy import LLMPolicy
     from polar.rollout.sessions.ray_nodes import RaySessionStack
-    from polar.trainers.loop import OnIteration, Stage, TrainingLoop
+    from polar.trainers.loop import Budget, OnIteration, Stage, TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -414,24 +417,112 @@ def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwar
     return Stage("sft", collector, learner, iterations_budget(steps)), learner
 
 
+@dataclass(frozen=True)
+class AgentContext:
+    """What every agent row composes from: the config, the run directory, the started rollout stack, the policy
+    the learner trains (built from the stack's engine), the checkpoint to resume from (None: a fresh run), and
+    the held-out tasks."""
+
+    cfg: AgentRunConfig
+    run_dir: RunDir
+    stack: LocalStack | RaySessionStack
+    policy: LLMPolicy
+    state: Mapping[str, Any] | None
+    eval_tasks: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class AgentParts:
+    """An agent row's share of the loop: collector, learner, evaluator, budget, warm-up stages, the episodes
+    ``episode_reward_mean`` averages over."""
+
+    collector: Collector[Any]
+    learner: Learner[Any]
+    evaluator: Evaluator
+    budget: Budget
+    warm_up: Sequence[Stage[Any]] = ()
+    episode_window: int = 100
+
+
+@dataclass(frozen=True)
+class AgentAlgorithm:
+    """One agent algorithm's row (``polar.trainers.registry.AGENT_ALGORITHMS``): its ``policy.kwargs`` model,
+    ``check(cfg)`` (config errors found before the stack starts) and ``make_parts(context)``."""
+
+    kwargs: type[BaseModel]
+    make_parts: Callable[[AgentContext], AgentParts]
+    check: Callable[[AgentRunConfig], None] = lambda cfg: None
+
+
+def check_grpo(cfg: AgentRunConfig) -> None:
+    kw = cfg.policy.kwargs
+    if not cfg.tasks:
+        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
+    sft = cfg.sft_warmup
+    if sft is not None and sft.kwargs.lora is not None and kw.lora is None:
+        raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+
+
+def grpo_parts(ctx: AgentContext) -> AgentParts:
+    """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
+    held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
+    (``sft_warmup``) as the first stage of a fresh run."""
+    from polar.algorithms.grpo import GRPOLearner, has_signal
+    from polar.trainers.loop import iterations_budget
+
+    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
+    assert isinstance(kw, GRPOKwargs)  # the row's kwargs model
+    warm_up = []
+    if cfg.sft_warmup is not None and ctx.state is None:
+        warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
+    learner = GRPOLearner(ctx.policy, kw)
+    tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
+    difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
+    curriculum = Curriculum(cfg.tasks) if isinstance(cfg.tasks, ReasoningGymTasks) and cfg.tasks.advance else None
+    # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
+    dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
+    overlong_filter = bool(kw.overlong_filter)
+    signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
+    collector = SessionCollector(
+        ctx.stack, tasks, kw.tasks_per_step, kw.group_size, cfg.seed, batches=kw.total_steps,
+        prefetch=kw.max_off_policy_steps >= 1, max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
+        signal=signal, difficulty=difficulty, curriculum=curriculum)
+    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, kw.eval_samples, ctx.state is not None,
+                               learner, kw.eval_every, kw.total_steps)
+    return AgentParts(collector, learner, evaluator, iterations_budget(kw.total_steps), warm_up,
+                      episode_window=kw.tasks_per_step * kw.group_size)
+
+
+def sft_parts(ctx: AgentContext) -> AgentParts:
+    """SFT: the whole run is the warm-up stage (``tasks`` are the demonstrations), so its checkpoint is
+    ``ckpt_00000000.pt``; no GRPO iteration follows, the final evaluation scores the trained weights."""
+    from polar.trainers.loop import iterations_budget
+
+    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
+    assert isinstance(kw, SFTKwargs)  # the row's kwargs model
+    if not isinstance(cfg.tasks, str):
+        raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a polar "
+                          "generate dataset)")
+    stage, learner = _sft_stage(cfg, ctx.policy, cfg.tasks, kw)
+    collector = SessionCollector(ctx.stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)  # publishes only
+    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, 1, ctx.state is not None)
+    return AgentParts(collector, learner, evaluator, iterations_budget(0), [stage] if ctx.state is None else [])
+
+
 def build_agent_loop(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
                      on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
                      engine: Any = None, stack_builder: StackBuilder = build_stack) -> TrainingLoop[Any]:
-    """The loop of an agent run, composed (module docstring); its rollout stack is started here and stopped
-    when the loop ends. ``engine``: an inference engine already loaded (tests, benchmarks) instead of the one
-    the config names; ``resume``: continue from the run directory's newest checkpoint."""
-    from polar.algorithms.grpo import GRPOLearner, has_signal
+    """The loop of an agent run, composed (module docstring) from its algorithm's row
+    (``polar.trainers.registry.agent_algorithm``); its rollout stack is started here and stopped when the loop
+    ends. ``engine``: an inference engine already loaded (tests, benchmarks) instead of the one the config
+    names; ``resume``: continue from the run directory's newest checkpoint."""
     from polar.models.llm_policy import LLMPolicy
     from polar.trainers.checkpoint import CheckpointManager
-    from polar.trainers.loop import TrainingLoop, iterations_budget
+    from polar.trainers.loop import TrainingLoop
+    from polar.trainers.registry import agent_algorithm
 
-    kw = cfg.policy.kwargs
-    grpo_kw = kw if isinstance(kw, GRPOKwargs) else None
-    if grpo_kw is not None and not cfg.tasks:
-        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
-    sft = cfg.sft_warmup
-    if grpo_kw is not None and sft is not None and sft.kwargs.lora is not None and grpo_kw.lora is None:
-        raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+    row = agent_algorithm(cfg)
+    row.check(cfg)  # before minutes of engine start
     state: Mapping[str, Any] | None = None
     if resume:
         ckpt, state = CheckpointManager(run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints).load_newest()
@@ -439,45 +530,13 @@ def build_agent_loop(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
             log.info("resuming from checkpoint %s", ckpt)
     run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
     eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
-    tasks = load_tasks(cfg.tasks, cfg.config_dir) if grpo_kw is not None and cfg.tasks else []
     stack = stack_builder(cfg, run_dir.path, engine, training=True).__enter__()
     try:
-        policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
-        warm_up: list[Stage[Any]] = []
-        if grpo_kw is None:  # SFT: the whole run is the warm-up stage; no GRPO iteration follows
-            assert isinstance(kw, SFTKwargs)
-            if not isinstance(cfg.tasks, str):
-                raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a "
-                                  "polar generate dataset)")
-            stage, sft_learner = _sft_stage(cfg, policy, cfg.tasks, kw)
-            if state is None:
-                warm_up.append(stage)
-            collector = SessionCollector(stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)
-            evaluator = AgentEvaluator(run_dir, stack, eval_tasks, 1, state is not None)
-            return TrainingLoop(cfg, run_dir, collector, sft_learner, evaluator, budget=iterations_budget(0),
-                                state=state, on_iteration=on_iteration, extra_metrics=extra_metrics,
-                                warm_up=warm_up, close_after=[StackCloser(stack)])
-        if sft is not None and state is None:
-            warm_up.append(_sft_stage(cfg, policy, sft.demonstrations, sft.kwargs)[0])
-        learner = GRPOLearner(policy, grpo_kw)
-        difficulty = TaskDifficulty(grpo_kw.difficulty_filter) if grpo_kw.difficulty_filter is not None else None
-        advance = getattr(cfg.tasks, "advance", None) is not None
-        curriculum = Curriculum(cfg.tasks) if advance else None  # type: ignore[arg-type]
-        # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
-        dynamic = grpo_kw.advantage != "value_head" and grpo_kw.dynamic_sampling.max_extra_rounds > 0
-        overlong_filter = bool(grpo_kw.overlong_filter)
-        signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
-        collector = SessionCollector(
-            stack, tasks, grpo_kw.tasks_per_step, grpo_kw.group_size, cfg.seed, batches=grpo_kw.total_steps,
-            prefetch=grpo_kw.max_off_policy_steps >= 1,
-            max_extra_rounds=grpo_kw.dynamic_sampling.max_extra_rounds if dynamic else 0, signal=signal,
-            difficulty=difficulty, curriculum=curriculum)
-        evaluator = AgentEvaluator(run_dir, stack, eval_tasks, grpo_kw.eval_samples, state is not None, learner,
-                                   grpo_kw.eval_every, grpo_kw.total_steps)
-        return TrainingLoop(cfg, run_dir, collector, learner, evaluator, budget=iterations_budget(grpo_kw.total_steps),
-                            state=state, episode_window=grpo_kw.tasks_per_step * grpo_kw.group_size,
-                            on_iteration=on_iteration, extra_metrics=extra_metrics, warm_up=warm_up,
-                            close_after=[StackCloser(stack)])
+        policy = LLMPolicy.from_engine(stack.engine, cfg.policy.kwargs.lora, **policy_options(cfg))
+        parts = row.make_parts(AgentContext(cfg, run_dir, stack, policy, state, eval_tasks))
+        return TrainingLoop(cfg, run_dir, parts.collector, parts.learner, parts.evaluator, budget=parts.budget,
+                            state=state, episode_window=parts.episode_window, on_iteration=on_iteration,
+                            extra_metrics=extra_metrics, warm_up=parts.warm_up, close_after=[StackCloser(stack)])
     except BaseException:
         stack.stop()
         raise

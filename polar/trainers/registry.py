@@ -1,4 +1,5 @@
-"""One row per env algorithm: ``{policy.type: Algorithm(Kwargs, make_learner, make_collector, ...)}``. With the
+"""One row per algorithm: ``{policy.type: Algorithm(Kwargs, make_learner, make_collector, ...)}`` for env runs,
+``{policy.type: AgentAlgorithm(Kwargs, make_parts)}`` for agent runs (GRPO, SFT). With the
 config models, this is the only place that knows algorithm names; ``polar.trainers.build`` composes a row into
 the one loop, for ``polar run`` and the Ray learner actor alike.
 
@@ -30,14 +31,16 @@ from polar.config.appo import APPOKwargs
 from polar.config.bc import BCKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
+from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.ppo import PPOKwargs
-from polar.config.run import EnvRunConfig
+from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.config.sac import SACKwargs
 from polar.errors import ConfigError
 from polar.models.off_policy import QCritic, network_settings
 from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_name
 from polar.rollout.backends.replay import ReplayCollector
+from polar.trainers.agentic_run import AgentAlgorithm, check_grpo, grpo_parts, sft_parts
 from polar.trainers.continual import MixedReplay, old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
 from polar.types import Collector, Learner
@@ -218,7 +221,20 @@ ALGORITHMS: dict[str, Algorithm] = {
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
 }
-AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agentic_run.build_agent_loop
+# agent runs: the loop polar.trainers.agentic_run.build_agent_loop composes around the run's rollout stack
+AGENT_ALGORITHMS: dict[str, AgentAlgorithm] = {
+    "grpo": AgentAlgorithm(GRPOKwargs, grpo_parts, check=check_grpo),
+    "sft": AgentAlgorithm(SFTKwargs, sft_parts),
+}
+
+
+def agent_algorithm(cfg: AgentRunConfig) -> AgentAlgorithm:
+    """The agent row of ``cfg.policy.type``."""
+    row = AGENT_ALGORITHMS.get(cfg.policy.type)
+    if row is None:
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: agent harnesses train with "
+                          f"{' or '.join(map(repr, AGENT_ALGORITHMS))}")
+    return row
 
 
 def algorithm(cfg: EnvRunConfig) -> Algorithm:
