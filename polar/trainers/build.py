@@ -199,7 +199,7 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.distribution.backend == "ray":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
         from polar.trainers.agent import AgentTrainer
 
         return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
@@ -212,7 +212,7 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.harness.type != "pettingzoo":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
     return compose(cfg, run_dir, resume=resume, on_iteration=on_iteration)
 
 

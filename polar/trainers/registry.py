@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import gymnasium as gym
+import torch
 from pydantic import BaseModel
 
 from polar.algorithms.appo import APPOLearner
@@ -40,7 +41,7 @@ from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_
 from polar.rollout.backends.replay import ReplayCollector
 from polar.trainers.continual import MixedReplay, old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
-from polar.types import Collector, Learner
+from polar.types import Collector, Learner, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,13 @@ def _ppo_kw(parts: EnvParts) -> PPOKwargs:
     return cast(PPOKwargs, parts.cfg.policy.kwargs)
 
 
+def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> AlgorithmLearner[Rollout]:
+    """PPO's learner for ``agent`` (also one per policy of a PettingZoo run, ``polar.trainers.multi_agent``)."""
+    return PPOLearner(agent, kw, total_env_steps)
+
+
 def _ppo_learner(parts: EnvParts) -> Learner[Any]:
-    return PolicyLearner(parts, PPOLearner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
+    return PolicyLearner(parts, ppo_learner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
 
 
 def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
