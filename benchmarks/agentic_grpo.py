@@ -32,7 +32,7 @@ def main() -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from polar.config import load_config
     from polar.metrics.logger import read_metrics
-    from polar.trainers.agentic_run import train_agentic
+    from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(args.config, args.override)

@@ -38,6 +38,7 @@ def run_one(config: str, engine: str, overrides: list[str], run_root: str | None
     from polar.config import load_config
     from polar.trainers.agentic_run import build_agent_loop
     from polar.trainers.lifecycle import run_guard
+    from polar.trainers.registry import agent_algorithm
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(config, [f"model.engine={engine}", *overrides])
@@ -76,7 +77,7 @@ def run_one(config: str, engine: str, overrides: list[str], run_root: str | None
 
     t0 = time.monotonic()
     with run_guard(run_dir, cfg.logging.sigterm_grace_s):
-        trainer = build_agent_loop(cfg, run_dir, on_iteration=on_iteration)
+        trainer = build_agent_loop(agent_algorithm(cfg), cfg, run_dir, on_iteration=on_iteration)
         trainer.evaluator.evaluate = timed(trainer.evaluator.evaluate)  # the loop's parts, measured in place
         trainer.learner.update = counted(trainer.learner.update)
         summary = trainer.train()

@@ -33,24 +33,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
-from polar.config.grpo import GRPOKwargs, SFTKwargs
-from polar.config.llm_agent import ReasoningGymTasks
+from polar.config.grpo import GRPOKwargs
 from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.tasks import resolve
 from polar.harness.sessions import agent_timeout_s, session_runner, session_verifier
 from polar.harness.sessions import load_run_tasks as load_tasks
-from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector, SessionStack
+from polar.rollout.sessions.collector import SessionStack
 from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
 from polar.rollout.sessions.stats import success_rate
-from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.run_dir import RunDir
-from polar.types import Collector, Evaluator, Learner, Metrics, Progress, SessionResult
+from polar.types import Collector, Evaluator, Learner, Metrics, Progress
 
 if TYPE_CHECKING:  # torch and the loop load when a run is built, not when a config is checked (polar run's preflight)
-    from polar.algorithms.grpo import GRPOLearner
-    from polar.algorithms.sft import SFTLearner
     from polar.models.llm_policy import LLMPolicy
     from polar.rollout.sessions.ray_nodes import RaySessionStack
     from polar.trainers.loop import Budget, OnIteration, Stage, TrainingLoop
@@ -338,17 +334,25 @@ class StackCloser:
         self.stack.stop()
 
 
+class RewardHistory(Protocol):
+    """A GRPO learner's mean reward per step (``GRPOLearner.reward_means``): the summary's first and last."""
+
+    reward_means: list[float]
+
+
 class AgentEvaluator:
     """Held-out success over ``eval_tasks`` with the engine's current weights (``{}`` without eval_tasks):
 
-    - ``before``: GRPO's starting point (after the SFT warm-up), ``eval/before_grpo.json``; a resumed run reads
+    - ``before``: GRPO's starting point (``grpo``: the GRPO learner; None for SFT) (after the SFT warm-up), ``eval/before_grpo.json``; a resumed run reads
       that file instead of scoring the starting weights again;
     - ``periodic``: every ``eval_every`` GRPO steps (not the last), as ``eval_*`` fields of the step's row;
     - ``final``: ``eval_after`` (GRPO, ``eval/after_grpo.json``) or ``eval_final`` (SFT, ``eval/final.json``),
-      and ``eval/summary.json``: the evaluations plus ``grpo: {steps, time_s, reward_first, reward_last}``."""
+      and ``eval/summary.json``: the evaluations plus ``<name>: {steps, time_s, reward_first, reward_last}``
+      (``grpo: {...}``)."""
 
     def __init__(self, run_dir: RunDir, stack: SessionStack, eval_tasks: list[dict[str, Any]], samples: int,
-                 resumed: bool, grpo: GRPOLearner | None = None, eval_every: int = 0, total_steps: int = 0) -> None:
+                 resumed: bool, grpo: RewardHistory | None = None, eval_every: int = 0, total_steps: int = 0,
+                 name: str = "") -> None:
         self.run_dir = run_dir
         self.stack = stack
         self.eval_tasks = eval_tasks
@@ -357,6 +361,7 @@ class AgentEvaluator:
         self.grpo = grpo
         self.eval_every = eval_every
         self.total_steps = total_steps
+        self.name = name  # the RL stage's key in the summary (its registry row's name)
         self.summary: dict[str, Any] = {}
         self._t0 = time.monotonic()
 
@@ -392,29 +397,14 @@ class AgentEvaluator:
     def final(self, progress: Progress) -> dict[str, Any]:
         out: dict[str, Any]
         if self.grpo is not None:
-            out = {"eval_after": self.evaluate("after_grpo"),
-                   "grpo": {"steps": progress.iteration, "time_s": round(time.monotonic() - self._t0, 1)}}
+            stage: dict[str, Any] = {"steps": progress.iteration, "time_s": round(time.monotonic() - self._t0, 1)}
             if self.grpo.reward_means:
-                out["grpo"].update(reward_first=self.grpo.reward_means[0], reward_last=self.grpo.reward_means[-1])
+                stage.update(reward_first=self.grpo.reward_means[0], reward_last=self.grpo.reward_means[-1])
+            out = {"eval_after": self.evaluate("after_grpo"), self.name: stage}
         else:
             out = {"eval_final": self.evaluate("final")}
         self.run_dir.write_json("eval/summary.json", {**self.summary, **out})
         return out
-
-
-def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwargs: SFTKwargs
-               ) -> tuple[Stage[Any], SFTLearner]:
-    """SFT on ``demonstrations`` (a chat JSONL or a ``polar generate`` dataset) as a stage of the loop."""
-    from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
-    from polar.models.llm_policy import load_demonstrations
-    from polar.trainers.loop import Stage, iterations_budget
-
-    demos = load_demonstrations(resolve(demonstrations, cfg.config_dir), policy.tokenizer)
-    learner = SFTLearner(policy, kwargs)
-    steps = sft_steps(len(demos), kwargs)
-    log.info("SFT: %d steps over %d demonstrations", steps, len(demos))
-    collector = DemonstrationCollector(demonstration_batches(demos, kwargs, cfg.seed))
-    return Stage("sft", collector, learner, iterations_budget(steps)), learner
 
 
 @dataclass(frozen=True)
@@ -454,74 +444,17 @@ class AgentAlgorithm:
     check: Callable[[AgentRunConfig], None] = lambda cfg: None
 
 
-def check_grpo(cfg: AgentRunConfig) -> None:
-    kw = cfg.policy.kwargs
-    if not cfg.tasks:
-        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
-    sft = cfg.sft_warmup
-    if sft is not None and sft.kwargs.lora is not None and kw.lora is None:
-        raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
-
-
-def grpo_parts(ctx: AgentContext) -> AgentParts:
-    """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
-    held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
-    (``sft_warmup``) as the first stage of a fresh run."""
-    from polar.algorithms.grpo import GRPOLearner, has_signal
-    from polar.trainers.loop import iterations_budget
-
-    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
-    assert isinstance(kw, GRPOKwargs)  # the row's kwargs model
-    warm_up = []
-    if cfg.sft_warmup is not None and ctx.state is None:
-        warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
-    learner = GRPOLearner(ctx.policy, kw)
-    tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
-    difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
-    curriculum = Curriculum(cfg.tasks) if isinstance(cfg.tasks, ReasoningGymTasks) and cfg.tasks.advance else None
-    # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
-    dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
-    overlong_filter = bool(kw.overlong_filter)
-    signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
-    collector = SessionCollector(
-        ctx.stack, tasks, kw.tasks_per_step, kw.group_size, cfg.seed, batches=kw.total_steps,
-        prefetch=kw.max_off_policy_steps >= 1, max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
-        signal=signal, difficulty=difficulty, curriculum=curriculum)
-    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, kw.eval_samples, ctx.state is not None,
-                               learner, kw.eval_every, kw.total_steps)
-    return AgentParts(collector, learner, evaluator, iterations_budget(kw.total_steps), warm_up,
-                      episode_window=kw.tasks_per_step * kw.group_size)
-
-
-def sft_parts(ctx: AgentContext) -> AgentParts:
-    """SFT: the whole run is the warm-up stage (``tasks`` are the demonstrations), so its checkpoint is
-    ``ckpt_00000000.pt``; no GRPO iteration follows, the final evaluation scores the trained weights."""
-    from polar.trainers.loop import iterations_budget
-
-    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
-    assert isinstance(kw, SFTKwargs)  # the row's kwargs model
-    if not isinstance(cfg.tasks, str):
-        raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a polar "
-                          "generate dataset)")
-    stage, learner = _sft_stage(cfg, ctx.policy, cfg.tasks, kw)
-    collector = SessionCollector(ctx.stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)  # publishes only
-    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, 1, ctx.state is not None)
-    return AgentParts(collector, learner, evaluator, iterations_budget(0), [stage] if ctx.state is None else [])
-
-
-def build_agent_loop(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
+def build_agent_loop(row: AgentAlgorithm, cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
                      on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
                      engine: Any = None, stack_builder: StackBuilder = build_stack) -> TrainingLoop[Any]:
-    """The loop of an agent run, composed (module docstring) from its algorithm's row
+    """The loop of an agent run, composed (module docstring) from its algorithm's ``row``
     (``polar.trainers.registry.agent_algorithm``); its rollout stack is started here and stopped when the loop
     ends. ``engine``: an inference engine already loaded (tests, benchmarks) instead of the one the config
     names; ``resume``: continue from the run directory's newest checkpoint."""
     from polar.models.llm_policy import LLMPolicy
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.loop import TrainingLoop
-    from polar.trainers.registry import agent_algorithm
 
-    row = agent_algorithm(cfg)
     row.check(cfg)  # before minutes of engine start
     state: Mapping[str, Any] | None = None
     if resume:
@@ -540,12 +473,3 @@ def build_agent_loop(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
     except BaseException:
         stack.stop()
         raise
-
-
-def train_agentic(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, engine: Any = None) -> dict[str, Any]:
-    """An agent run from start to end (``polar run`` does the same through ``polar.trainers.build``); returns its
-    summary. ``run.json`` records this process as the run's owner and the run's final status, however it ends."""
-    from polar.trainers.lifecycle import run_guard
-
-    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
-        return build_agent_loop(cfg, run_dir, resume=resume, engine=engine).train()

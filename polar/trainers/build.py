@@ -199,10 +199,12 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.distribution.backend == "ray":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
         from polar.trainers.agentic_run import build_agent_loop
+        from polar.trainers.registry import agent_algorithm
 
-        return build_agent_loop(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
+        return build_agent_loop(agent_algorithm(cfg), cfg, run_dir, resume=resume, on_iteration=on_iteration,
+                                engine=engine)
     if cfg.distribution.backend == "ray":
         from polar.trainers.registry import algorithm
 
@@ -212,7 +214,7 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.harness.type != "pettingzoo":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
     return compose(cfg, run_dir, resume=resume, on_iteration=on_iteration)
 
 
@@ -285,3 +287,15 @@ def build_session_stack(cfg: RunConfig, work_dir: str | Path, engine: Any = None
         session_runner(cfg)  # raises the ConfigError that says what an agent run needs
         raise ConfigError(f"{cfg.name}: not an agent run")
     return build_stack(cfg, Path(work_dir), engine, records_dir=records_dir)
+
+
+def train_agentic(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """An agent run from start to end in this process (``polar run`` does the same through ``build_trainer``;
+    tests and benchmarks call this); returns its summary. ``run.json`` records this process as the run's owner
+    and the run's final status, however it ends."""
+    from polar.trainers.agentic_run import build_agent_loop
+    from polar.trainers.lifecycle import run_guard
+    from polar.trainers.registry import agent_algorithm
+
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
+        return build_agent_loop(agent_algorithm(cfg), cfg, run_dir, resume=resume, engine=engine).train()

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.ppo import PPOKwargs
@@ -35,7 +34,9 @@ from polar.rollout.backends.multi_agent import (
 )
 from polar.rollout.self_play import OpponentPool
 from polar.trainers.checkpoint import CheckpointManager
+from polar.trainers.env_run import AlgorithmLearner
 from polar.trainers.loop import OnIteration, TrainingLoop, env_steps_budget
+from polar.trainers.registry import ppo_learner
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch, Fragment, Metrics, Progress, Rollout
 
@@ -111,7 +112,8 @@ class MultiPolicyLearner:
     """One unchanged ``PPOLearner`` per policy, each updated on its own fragment of the batch; with ``self_play``, a
     frozen copy of the learner joins the opponent pool every ``snapshot_every_n_iterations`` iterations."""
 
-    def __init__(self, harness: PettingZooHarnessConfig, policies: dict[str, Policy], learners: dict[str, PPOLearner],
+    def __init__(self, harness: PettingZooHarnessConfig, policies: dict[str, Policy],
+                 learners: dict[str, AlgorithmLearner[Rollout]],
                  pool: OpponentPool | None) -> None:
         self.harness = harness
         self.policies = policies
@@ -203,7 +205,7 @@ def compose_multi_agent(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = Fa
     mapping = resolve_mapping(h, agents)
     pspaces = policy_spaces(h, mapping, spaces)
     policies = {name: build_policy(cfg, obs, act, cfg.config_dir) for name, (obs, act) in pspaces.items()}
-    learners = {name: PPOLearner(p.agent, kw, cfg.total_env_steps) for name, p in policies.items()}
+    learners = {name: ppo_learner(p.agent, kw, cfg.total_env_steps) for name, p in policies.items()}
     pool = None
     if h.self_play is not None:
         (_name, (obs, act)), = pspaces.items()

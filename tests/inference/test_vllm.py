@@ -314,7 +314,7 @@ def test_grpo_with_vllm_syncs_each_step_and_records_carry_the_new_versions(launc
 
     from polar.config import load_config
     from polar.config.sync import WeightSyncConfig
-    from polar.trainers.agentic_run import train_agentic
+    from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
 
     here = Path(__file__).parent
