@@ -261,6 +261,12 @@ def check_grpo(cfg: AgentRunConfig) -> None:
         raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
 
 
+def check_sft(cfg: AgentRunConfig) -> None:
+    if not isinstance(cfg.tasks, str):
+        raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a polar "
+                          f"generate dataset), not {cfg.tasks!r}")
+
+
 def grpo_parts(ctx: AgentContext) -> AgentParts:
     """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
     held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
@@ -293,9 +299,7 @@ def sft_parts(ctx: AgentContext) -> AgentParts:
     ``ckpt_00000000.pt``; no GRPO iteration follows, the final evaluation scores the trained weights."""
     cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
     assert isinstance(kw, SFTKwargs)  # the row's kwargs model
-    if not isinstance(cfg.tasks, str):
-        raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a polar "
-                          "generate dataset)")
+    assert isinstance(cfg.tasks, str)  # check_sft
     stage, learner = _sft_stage(cfg, ctx.policy, cfg.tasks, kw)
     collector = SessionCollector(ctx.stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)  # publishes only
     evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, 1, ctx.state is not None)
@@ -305,7 +309,7 @@ def sft_parts(ctx: AgentContext) -> AgentParts:
 # agent runs: the loop polar.trainers.agentic_run.build_agent_loop composes around the run's rollout stack
 AGENT_ALGORITHMS: dict[str, AgentAlgorithm] = {
     "grpo": AgentAlgorithm(GRPOKwargs, grpo_parts, check=check_grpo),
-    "sft": AgentAlgorithm(SFTKwargs, sft_parts),
+    "sft": AgentAlgorithm(SFTKwargs, sft_parts, check=check_sft),
 }
 
 

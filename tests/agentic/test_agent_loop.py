@@ -140,3 +140,22 @@ policy: {{type: grpo, kwargs: {{group_size: 2, tasks_per_step: 1, total_steps: 3
     finally:
         for closer in loop.close_after:
             closer.close()
+
+
+def test_an_sft_run_without_demonstrations_fails_before_the_engine_starts_saying_what_it_needs(tmp_path):
+    import pytest
+
+    from polar.config import RunConfig, validate
+    from polar.errors import ConfigError
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+
+    cfg = validate(RunConfig, {"harness": {"type": "agent", "callable": "agents_for_tests:one_token"},
+                               "model": {"name_or_path": "tiny"}, "policy": {"type": "sft"}})
+
+    class NoEngine:  # the check comes first: a stack built from this would fail differently
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the engine was used ({name}) before the config was checked")
+
+    with pytest.raises(ConfigError, match=r"policy sft needs 'tasks: FILE.jsonl' \(the demonstrations"):
+        build_trainer(cfg, RunDir.create("x", tmp_path / "run"), engine=NoEngine())
