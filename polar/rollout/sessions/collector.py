@@ -30,10 +30,6 @@ GroupRequest = tuple[dict[str, Any], int, dict[str, Any]]
 """``(task, sessions, metadata)``: one group to run."""
 
 
-class ServingEngine(Protocol):
-    policy_version: int
-
-
 class SessionStack(Protocol):
     """A started rollout stack (``LocalStack``, ``RaySessionStack``): runs groups of sessions, swaps weights."""
 
@@ -239,11 +235,11 @@ class SessionCollector:
 
 class DemonstrationCollector:
     """SFT's collector: ``demonstration_batches`` minibatches of a list of demonstrations, one per ``collect``
-    (``env_steps`` 0: no episode is played); ``publish`` hands the trained weights to the engine."""
+    (``env_steps`` 0: no episode is played). It publishes nothing: a warm-up stage ends with one new version,
+    which the session collector hands the engine when it starts."""
 
-    def __init__(self, batches: Iterator[list[TrajectorySample]], stack: SessionStack | None = None) -> None:
+    def __init__(self, batches: Iterator[list[TrajectorySample]]) -> None:
         self.batches = batches
-        self.stack = stack
 
     def start(self, weights: Mapping[str, Any], version: int) -> None:
         pass
@@ -252,8 +248,7 @@ class DemonstrationCollector:
         return Batch(data=next(self.batches), env_steps=0)
 
     def publish(self, weights: Mapping[str, Any], version: int) -> None:
-        if self.stack is not None:
-            self.stack.update_weights(weights, version)
+        pass
 
     def metrics(self) -> Metrics:
         return {}
