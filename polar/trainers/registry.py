@@ -279,7 +279,8 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     learner = GRPOLearner(ctx.policy, kw)
     tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
     difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
-    curriculum = Curriculum(cfg.tasks) if isinstance(cfg.tasks, ReasoningGymTasks) and cfg.tasks.advance else None
+    source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum
+    curriculum = Curriculum(source) if isinstance(source, ReasoningGymTasks) and source.advance is not None else None
     # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
     dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
     overlong_filter = bool(kw.overlong_filter)
