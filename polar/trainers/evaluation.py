@@ -1,69 +1,39 @@
-"""Evaluation: deterministic episodes on env instances of their own, with their own seeds."""
+"""Evaluation: deterministic episodes on env instances of their own, with their own seeds.
+
+The episodes are played by the one env-episode loop (``polar.rollout.episodes``); :class:`EnvEvaluator` is what
+the training loop calls after an iteration and at the end of an env run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
-import torch
 
-from polar.agents import check_act_output, reset_state
-from polar.rollout.runner import obs_to_tensor
+from polar.config.run import EnvHarnessConfig
+from polar.config.sections import EvalConfig
+from polar.rollout.episodes import ActingPolicy, EpisodePlan, PolicyActor, VectorSlots, run_episodes
 
 
-@torch.inference_mode()
-def evaluate_policy(policy, harness_cfg, episodes: int = 20, seed: int = 10_000, deterministic: bool = True,
-                    num_envs: int = 4, config_dir: Path | None = None, max_episode_steps: int = 100_000) -> dict:
+def evaluate_policy(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, episodes: int = 20, seed: int = 10_000,
+                    deterministic: bool = True, num_envs: int = 4, config_dir: Path | None = None,
+                    max_episode_steps: int = 100_000) -> dict[str, Any]:
     """Run ``episodes`` episodes and report mean/std return, length and success rate (when the env
     reports ``info["success"]``). Episodes are split evenly over the envs (as SB3's evaluate_policy),
     so short episodes do not crowd out long ones."""
     from polar.harness import make_vector_env
 
     num_envs = max(1, min(num_envs, episodes))
-    env = make_vector_env(harness_cfg, num_envs, seed=seed, config_dir=config_dir)
+    slots = VectorSlots(make_vector_env(harness_cfg, num_envs, seed=seed, config_dir=config_dir))
     try:
-        space = env.single_action_space
-        targets = np.array([(episodes + i) // num_envs for i in range(num_envs)])
-        counts = np.zeros(num_envs, dtype=np.int64)
-        returns, lengths, successes = [], [], []
-        ep_ret = np.zeros(num_envs)
-        ep_len = np.zeros(num_envs, dtype=np.int64)
-        obs, _ = env.reset(seed=seed)
-        agent = policy.agent
-        state = agent.get_initial_state(num_envs)
-        initial = agent.get_initial_state(num_envs)
-        while (counts < targets).any():
-            action, state, _ = policy.act(obs_to_tensor(obs), state, deterministic)
-            act = check_act_output(agent, action, num_envs, space)
-            if isinstance(space, gym.spaces.Box):
-                act = np.clip(act, space.low, space.high)
-            obs, rew, term, trunc, infos = env.step(act)
-            ep_ret += rew
-            ep_len += 1
-            cut = ep_len >= max_episode_steps
-            done = term | trunc | cut
-            if done.any():
-                final_info = infos.get("final_info", {}) or {}
-                succ, succ_mask = final_info.get("success"), final_info.get("_success")
-                for i in np.flatnonzero(done):
-                    if counts[i] < targets[i]:
-                        returns.append(float(ep_ret[i]))
-                        lengths.append(int(ep_len[i]))
-                        if succ is not None and (succ_mask is None or succ_mask[i]):
-                            successes.append(float(bool(succ[i])))
-                        counts[i] += 1
-                ep_ret[done] = 0
-                ep_len[done] = 0
-                if cut.any():  # envs that never end on their own: restart all, drop partial episodes
-                    obs, _ = env.reset(seed=seed + int(counts.sum()) + 1)
-                    ep_ret[:] = 0
-                    ep_len[:] = 0
-                    state = agent.get_initial_state(num_envs)
-                elif state is not None:
-                    state = reset_state(state, initial, torch.from_numpy(done))
+        results = run_episodes(PolicyActor(policy), slots, EpisodePlan.split(episodes, num_envs, seed),
+                               deterministic=deterministic, max_episode_steps=max_episode_steps)
     finally:
-        env.close()
+        slots.close()
+    returns = [r.ret for r in results]
+    lengths = [r.length for r in results]
+    successes = [float(r.success) for r in results if r.success is not None]
     return {
         "episodes": len(returns),
         "return_mean": float(np.mean(returns)),
@@ -75,3 +45,25 @@ def evaluate_policy(policy, harness_cfg, episodes: int = 20, seed: int = 10_000,
         "returns": returns,
         "lengths": lengths,
     }
+
+
+class EnvEvaluator:
+    """An env run's evaluation: ``eval.episodes`` episodes of the acting policy on fresh env copies seeded from
+    ``eval.seed``, apart from the training envs. ``before`` runs first (e.g. copy the learner's weights into the
+    acting policy, or put it in eval mode)."""
+
+    def __init__(self, harness: EnvHarnessConfig, eval_cfg: EvalConfig, policy: ActingPolicy,
+                 config_dir: Path | None = None, before: Callable[[], None] | None = None) -> None:
+        self.harness, self.eval_cfg, self.policy = harness, eval_cfg, policy
+        self.config_dir, self.before = config_dir, before
+
+    def evaluate(self, tag: str, counters: Mapping[str, int], episodes: int | None = None) -> dict[str, Any]:
+        """The evaluation's summary (``evaluate_policy``'s) with ``counters`` (env_steps, iteration, ...) added;
+        ``tag`` names it for the caller, which writes it to ``eval/<tag>.json``."""
+        if self.before is not None:
+            self.before()
+        ev = self.eval_cfg
+        res = evaluate_policy(self.policy, self.harness, episodes or ev.episodes, ev.seed, ev.deterministic,
+                              ev.num_envs, self.config_dir)
+        res.update(counters)
+        return res
