@@ -143,11 +143,11 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
             evals[int(m["iteration"])], env_steps[int(m["iteration"])] = r, int(m["env_steps"])
 
     trainer.on_iteration = on_iteration
-    finished = trainer.finished
+    budget = trainer.budget
     def reached() -> bool:
         return any(r >= target for r in evals.values())
 
-    trainer.finished = lambda: finished() or reached()  # type: ignore[method-assign]
+    trainer.budget = lambda p: budget(p) or reached()
     t0 = time.perf_counter()
     trainer.train()
     src_s = time.perf_counter() - t0

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,9 @@ from torch import nn
 from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
 from polar.config.continual import old_task_harness, old_task_names
 from polar.config.policy import OFF_POLICY, ON_POLICY
+from polar.config.run import EnvRunConfig
 from polar.errors import ConfigError
+from polar.models.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +148,19 @@ def _check_activation(src_act: str, dst_act: str, where: str, fix: str) -> None:
         raise ConfigError(f"init.source: {where} uses {src_act} activations and this run's network {dst_act}; {fix}")
 
 
-def apply_init(trainer: Any) -> dict[str, Any]:
-    """Load ``trainer.cfg.init.source``'s weights into a freshly built env trainer (its ``policy`` and
+@dataclass
+class InitTarget:
+    """What ``init`` loads into: the run's config, its acting policy, the learner's copy of the agent and the
+    algorithm's learner (SAC's critics and entropy coefficient, DQN's target network)."""
+
+    cfg: EnvRunConfig
+    policy: Policy
+    train_agent: nn.Module
+    learner: Any  # the algorithm's learner: SACLearner, DQNLearner, ... (only their attributes are read)
+
+
+def apply_init(trainer: InitTarget) -> dict[str, Any]:
+    """Load ``trainer.cfg.init.source``'s weights into a freshly built env run (its ``policy`` and
     ``learner``); returns what was copied (logged, and kept in the run's summary)."""
     from polar.models.off_policy import network_settings
 
@@ -244,7 +259,7 @@ def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str,
             learner.log_ent_coef.copy_(src_learner["log_ent_coef"])
 
 
-def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], where: str) -> dict[str, Any]:
+def _sac_from_actor_critic(trainer: InitTarget, src_cfg: Any, state: dict[str, Any], where: str) -> dict[str, Any]:
     """SAC's actor from a Gaussian actor-critic agent: the trunk as is, the mean mapped linearly into tanh space
     (``mu = (mean - bias) / scale``: exact for actions well inside the bounds), the state-independent log std as the
     log-std head's bias; from IQL also both critics, their action input rescaled to SAC's [-1, 1]."""
@@ -296,16 +311,16 @@ def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], wh
     return report
 
 
-def _sync_learner(trainer: Any) -> None:
+def _sync_learner(trainer: InitTarget) -> None:
     """After the acting policy got new weights: the learner's own copy (when it trains on another device) and
-    DQN's target network."""
-    acting = trainer.policy.agent
-    train_agent = getattr(trainer, "train_agent", acting)
+    a Q-network's target network (DQN)."""
+    acting, train_agent = trainer.policy.agent, trainer.train_agent
     if train_agent is not acting:
         train_agent.load_state_dict(acting.state_dict())
     target = getattr(trainer.learner, "target", None)
-    if trainer.cfg.policy.type == "dqn" and target is not None:
-        target.load_state_dict(train_agent.q_net.state_dict())
+    q_net = getattr(train_agent, "q_net", None)
+    if isinstance(target, nn.Module) and isinstance(q_net, nn.Module):
+        target.load_state_dict(q_net.state_dict())
 
 
 # ---------------------------------------------------------------------- replay mix
@@ -425,45 +440,43 @@ class OldTasks:
                               f"config names {self.names}; resume with the old tasks the run started with")
 
 
-# ---------------------------------------------------------------------- the env trainer's hooks
+# ---------------------------------------------------------------------- the env run's continual state
 class Continual:
     """What an env run with ``init`` or ``eval.old_tasks`` keeps: the init report, the run's own eval return at
-    the start, and the old tasks. ``EnvTrainer`` calls ``begin`` once built, ``metrics`` with every periodic
-    evaluation and ``summary`` at the end; its state travels in checkpoints (``polar resume`` keeps the start)."""
+    the start, and the old tasks. ``polar.trainers.build`` calls ``apply`` on a fresh run before the collector
+    starts; the evaluator calls ``begin`` before the first iteration, ``metrics`` with every periodic evaluation
+    and ``summary`` at the end; its state travels in checkpoints (``polar resume`` keeps the start).
+    ``acting()`` returns the acting policy with the learner's latest weights."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def __init__(self, cfg: EnvRunConfig, acting: Callable[[], Policy]) -> None:
+        self.cfg = cfg
+        self.acting = acting
         self.init: dict[str, Any] | None = None
         self.start_return: float | None = None
-        self.old_tasks = OldTasks(trainer.cfg) if trainer.cfg.eval.old_tasks else None
+        self.old_tasks = OldTasks(cfg) if cfg.eval.old_tasks else None
 
     @classmethod
-    def create(cls, trainer: Any) -> Continual | None:
-        cfg = trainer.cfg
-        return cls(trainer) if cfg.init is not None or cfg.eval.old_tasks else None
+    def create(cls, cfg: EnvRunConfig, acting: Callable[[], Policy]) -> Continual | None:
+        return cls(cfg, acting) if cfg.init is not None or cfg.eval.old_tasks else None
 
-    def begin(self, state: dict[str, Any] | None) -> None:
-        """A fresh run: load ``init``, then measure the start (the run's own task and the old ones)."""
-        tr = self.trainer
+    def apply(self, target: InitTarget) -> None:
+        """A fresh run with ``init``: load the source's weights."""
+        if self.cfg.init is not None:
+            self.init = apply_init(target)
+
+    def begin(self, state: Mapping[str, Any] | None, evaluate: Callable[[], dict[str, Any]]) -> None:
+        """Measure the start (the run's own task with ``evaluate``, and the old ones); a resumed run has it."""
         if state is not None:
             if self.old_tasks is not None and not self.old_tasks.start:  # old tasks added on resume (-o)
                 log.warning("eval.old_tasks: the checkpoint has no start measurement of the old tasks; forgetting "
                             "counts from this resume instead")
-                self._sync()
-                self.old_tasks.begin(tr.policy)
+                self.old_tasks.begin(self.acting())
             return
-        if tr.cfg.init is not None:
-            self.init = apply_init(tr)
-            self.start_return = float(tr.evaluate(tag="start")["return_mean"])
+        if self.init is not None:
+            self.start_return = float(evaluate()["return_mean"])
             log.info("init: eval return %.4g on this run's task at the start", self.start_return)
         if self.old_tasks is not None:
-            self._sync()
-            self.old_tasks.begin(tr.policy)
-
-    def _sync(self) -> None:
-        sync = getattr(self.trainer, "sync_acting_policy", None)  # a learner on another device: its weights first
-        if sync is not None:
-            sync()
+            self.old_tasks.begin(self.acting())
 
     def metrics(self, eval_result: dict[str, Any] | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -472,8 +485,7 @@ class Continual:
             if self.start_return is not None:
                 out["eval/improvement"] = float(eval_result["return_mean"]) - self.start_return
         if self.old_tasks is not None:
-            self._sync()
-            out.update(self.old_tasks.metrics(self.trainer.policy))
+            out.update(self.old_tasks.metrics(self.acting()))
         return out
 
     def summary(self, final_eval: dict[str, Any] | None) -> dict[str, Any]:
@@ -486,8 +498,7 @@ class Continual:
                 out["final_return"] = float(final_eval["return_mean"])
                 out["improvement"] = out["final_return"] - self.start_return
         if self.old_tasks is not None:
-            self._sync()
-            self.old_tasks.metrics(self.trainer.policy)
+            self.old_tasks.metrics(self.acting())
             out["old_tasks"] = self.old_tasks.summary()
         return out
 

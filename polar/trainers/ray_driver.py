@@ -3,8 +3,8 @@
 With ``distribution.backend: ray``, ``polar run`` / ``polar resume`` do not learn in their own
 process. ``RayLearnerDriver`` joins the cluster, checks that the learner and the rollout workers can
 be placed, and starts one ``LearnerActor`` with ``distribution.learner_resources``. The actor runs the
-one training loop (``polar.trainers.loop``: the trainer ``polar.trainers.registry`` names for the algorithm,
-same config and run directory as a local run); its Ray backend creates
+one training loop, composed by the same ``polar.trainers.build.compose`` as a local run (same config and run
+directory; only the rollout backend differs); its Ray backend creates
 the rollout actors from inside the learner actor, so fragments go rollout actor -> learner actor
 through the object store and never pass through the driver.
 
@@ -57,7 +57,7 @@ class LearnerActor:
 
         from polar.config import validate
         from polar.config.run import RunConfig
-        from polar.trainers.registry import trainer_class
+        from polar.trainers.build import compose
         from polar.trainers.run_dir import META, RunDir
 
         torch.set_num_threads(1)
@@ -96,8 +96,8 @@ class LearnerActor:
             self.trainer = AgentTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
                                         extra_metrics=extra, stack=build_ray_stack)
             return
-        self.trainer = trainer_class(cfg)(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
-                                       backend_factory=backend_factory, extra_metrics=extra)
+        self.trainer = compose(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
+                               backend_factory=backend_factory, extra_metrics=extra)
 
     def ready(self) -> dict[str, Any]:
         return dict(self.info)
@@ -122,7 +122,8 @@ class LearnerActor:
 
     def rollout_actors(self) -> dict[int, Any]:
         """The rollout actors this learner owns right now (for operators and tests)."""
-        pool = getattr(getattr(self.trainer, "backend", None), "pool", None)
+        backend = getattr(getattr(self.trainer, "collector", None), "backend", None)
+        pool = getattr(backend, "pool", None)
         if pool is None:
             return {}
         for _ in range(10):  # the training thread may resize the pool while this thread reads it

@@ -1,34 +1,230 @@
-"""Which trainer runs which ``policy.type`` (one table; ``polar.trainers.build`` and the Ray learner actor read it).
+"""One row per env algorithm: ``{policy.type: Algorithm(Kwargs, make_learner, make_collector, ...)}``. With the
+config models, this is the only place that knows algorithm names; ``polar.trainers.build`` composes a row into
+the one loop, for ``polar run`` and the Ray learner actor alike.
 
-Adding an algorithm: its config (``polar/config/<algo>.py``, joined in ``polar.config.policy``), its losses
-and learner (``polar/algorithms/<algo>.py``), and one row here naming the trainer that feeds it batches.
+Adding an algorithm (docs/DEVELOPING.md, "Add an algorithm"): its config (``polar/config/<algo>.py``, one line in
+the union of ``polar.config.policy``), its losses and learner with ``update(batch) -> Metrics``,
+``state_dict()``, ``load_state_dict()`` (``polar/algorithms/<algo>.py``), and one row here.
 """
 
 from __future__ import annotations
 
-from polar.config.run import RunConfig
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import gymnasium as gym
+from pydantic import BaseModel
+
+from polar.algorithms.appo import APPOLearner
+from polar.algorithms.bc import BCLearner
+from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
+from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.iql import IQLLearner
+from polar.algorithms.ppo import PPOLearner
+from polar.algorithms.sac import SACLearner
+from polar.buffers.nstep import NStepTransitions
+from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from polar.config.appo import APPOKwargs
+from polar.config.bc import BCKwargs
+from polar.config.cql import CQLKwargs
+from polar.config.dqn import DQNKwargs
+from polar.config.iql import IQLKwargs
+from polar.config.ppo import PPOKwargs
+from polar.config.run import EnvRunConfig
+from polar.config.sac import SACKwargs
 from polar.errors import ConfigError
-from polar.trainers.env import EnvTrainer
-from polar.trainers.off_policy import OffPolicyTrainer
-from polar.trainers.offline import OfflineTrainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.models.off_policy import QCritic, network_settings
+from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_name
+from polar.rollout.backends.replay import ReplayCollector
+from polar.trainers.continual import MixedReplay, old_replay
+from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
+from polar.types import Collector, Learner
 
-ENV_TRAINERS: dict[str, type[EnvTrainer] | type[OfflineTrainer]] = {
-    "ppo": OnPolicyTrainer,
-    "appo": OnPolicyTrainer,
-    "dqn": OffPolicyTrainer,
-    "sac": OffPolicyTrainer,
-    "bc": OfflineTrainer,  # from a dataset (policy.kwargs.dataset), no env interaction but evaluation
-    "iql": OfflineTrainer,
-    "cql": OfflineTrainer,
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- the row type
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm's row.
+
+    - ``kwargs``: its ``policy.kwargs`` model (``polar/config/<algo>.py``);
+    - ``make_learner(parts)``: its ``Learner`` for the run's parts (usually ``PolicyLearner(parts, <its learner>)``);
+    - ``make_collector(parts, learner)``: where its batches come from;
+    - ``steps_per_env(cfg)``: env steps per env in one fragment, for the rollout backend; ``None``: the algorithm
+      trains from a dataset (no backend; the env is made only to read its spaces and to evaluate);
+    - ``iteration_env_steps``: an iteration (a metrics row, the unit of checkpoint and eval intervals) ends once
+      this many env steps arrived (0: after every batch);
+    - ``gradient_steps``: for a dataset algorithm, the run's budget in learner updates (``None``: the env run's
+      ``total_env_steps``)."""
+
+    kwargs: type[BaseModel]
+    make_learner: Callable[[EnvParts], Learner[Any]]
+    make_collector: Callable[[EnvParts, Learner[Any]], Collector[Any]]
+    steps_per_env: Callable[[EnvRunConfig], int] | None = None
+    iteration_env_steps: int = 0
+    gradient_steps: Callable[[EnvRunConfig], int] | None = None
+
+
+def env_collector(parts: EnvParts, fragments: Callable[[], int], buffered: bool = False) -> EnvCollector:
+    """Fragments from the run's backend, ``nonfinite`` applied, normalizer moments folded in."""
+    cfg, backend = parts.cfg, parts.backend
+    assert backend is not None  # rows with steps_per_env have one
+    kw = cfg.policy.kwargs
+    reward_norm = None
+    if getattr(kw, "normalize_reward", False):
+        from polar.models.normalization import RunningNorm
+
+        reward_norm = RunningNorm((), kw.clip_reward)
+    return EnvCollector(backend, parts.policy, FiniteGuard(cfg.nonfinite, harness_name(cfg.harness)), fragments,
+                        reward_norm=reward_norm, reward_clip=getattr(kw, "clip_reward", None), buffered=buffered)
+
+
+def n_updates(learner: Learner[Any]) -> int:
+    """A dataset algorithm's learner updates so far (its budget)."""
+    algorithm = cast(PolicyLearner[Any], learner).algorithm
+    return int(getattr(algorithm, "n_updates", 0))
+
+
+# ---------------------------------------------------------------------- PPO, APPO
+def _ppo_kw(parts: EnvParts) -> PPOKwargs:
+    return cast(PPOKwargs, parts.cfg.policy.kwargs)
+
+
+def _ppo_learner(parts: EnvParts) -> Learner[Any]:
+    return PolicyLearner(parts, PPOLearner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
+
+
+def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    backend = parts.backend
+    assert backend is not None
+    kw, num_envs = _ppo_kw(parts), parts.cfg.distribution.num_envs
+    steps = kw.steps_per_env(num_envs)
+    if (kw.batch_size or 0) > steps * num_envs:  # works, but likely not as meant
+        log.warning("policy.kwargs.batch_size %d is larger than one rollout (%d env steps: %d per env x %d envs): "
+                    "every minibatch is the whole rollout. Lower batch_size, or raise n_steps or the env count.",
+                    kw.batch_size, steps * num_envs, steps, num_envs)
+    # one fragment per worker (read each time: the Ray backend resizes while running)
+    return env_collector(parts, lambda: max(1, backend.num_workers), buffered=True)
+
+
+def _appo_learner(parts: EnvParts) -> Learner[Any]:
+    return PolicyLearner(parts, APPOLearner(parts.train_agent, parts.cfg.policy.kwargs))
+
+
+def _appo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    return env_collector(parts, lambda: 1)  # learns from each fragment as it arrives
+
+
+# ---------------------------------------------------------------------- DQN, SAC
+ITERATION_ENV_STEPS = 1000  # off-policy: log/checkpoint/eval intervals mean about what they mean for PPO
+
+
+def _dqn_learner(parts: EnvParts) -> Learner[Any]:
+    learner = DQNLearner(parts.train_agent, parts.cfg.policy.kwargs, parts.cfg.total_env_steps)
+    learner.set_exploration(0)
+    return PolicyLearner(parts, learner)
+
+
+def _sac_learner(parts: EnvParts) -> Learner[Any]:
+    obs, act, network = parts.observation_space, parts.action_space, network_settings(parts.cfg)
+    learner = SACLearner(parts.train_agent, parts.cfg.policy.kwargs, lambda: QCritic(obs, act, *network), act,
+                         parts.cfg.total_env_steps)
+    learner.set_exploration(0)
+    return PolicyLearner(parts, learner)
+
+
+def replay_collector(parts: EnvParts, replay: ReplayBuffer) -> ReplayCollector:
+    """The env collector feeding ``replay`` (n-step windows when ``n_step_return`` > 1; ``replay_mix``: gradient
+    steps sample a share from an old dataset too)."""
+    cfg = parts.cfg
+    kw = cast(DQNKwargs | SACKwargs, cfg.policy.kwargs)
+    nstep = NStepTransitions(kw.n_step_return, kw.gamma) if kw.n_step_return > 1 else None
+    sampler = None
+    if cfg.replay_mix is not None:
+        sampler = MixedReplay(old_replay(cfg, parts.observation_space, parts.action_space), replay,
+                              cfg.replay_mix.ratio)
+    return ReplayCollector(env_collector(parts, lambda: 1), replay, nstep, parts.checkpoint_dir,
+                           kw.save_replay_buffer, sampler)
+
+
+def _dqn_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    kw = cast(DQNKwargs, parts.cfg.policy.kwargs)
+    obs, act = parts.observation_space, parts.action_space
+    replay: ReplayBuffer
+    if kw.prioritized_replay:
+        replay = PrioritizedReplayBuffer(kw.buffer_size, obs, act, seed=parts.cfg.seed,
+                                         alpha=kw.prioritized_replay_alpha, eps=kw.prioritized_replay_eps)
+    else:
+        replay = ReplayBuffer(kw.buffer_size, obs, act, seed=parts.cfg.seed)
+    return replay_collector(parts, replay)
+
+
+def _sac_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    kw = cast(SACKwargs, parts.cfg.policy.kwargs)
+    return replay_collector(parts, ReplayBuffer(kw.buffer_size, parts.observation_space, parts.action_space,
+                                                seed=parts.cfg.seed))
+
+
+# ---------------------------------------------------------------------- BC, IQL, CQL (from a dataset)
+def _offline_learner(make: Callable[[EnvParts], AlgorithmLearner[Any]]) -> Callable[[EnvParts], Learner[Any]]:
+    return lambda parts: PolicyLearner(parts, make(parts), publish=False)
+
+
+def _cql(parts: EnvParts) -> AlgorithmLearner[Any]:
+    kw = cast(CQLKwargs, parts.cfg.policy.kwargs)
+    obs, act = parts.observation_space, parts.action_space
+    if isinstance(act, gym.spaces.Discrete):
+        return DiscreteCQLLearner(parts.policy.agent, kw)
+    hidden, activation, _ = network_settings(parts.cfg)
+    critic_hidden = list(kw.critic_hidden or hidden)
+    return CQLLearner(parts.policy.agent, kw, lambda: QCritic(obs, act, critic_hidden, activation, []), act)
+
+
+def dataset_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    """Minibatches of ``policy.kwargs.dataset`` (read in ``polar.trainers.build``), ``steps_per_iteration`` per
+    iteration, the last one stopping at ``gradient_steps`` exactly."""
+    from polar.rollout.dataset import DatasetCollector
+
+    kw = parts.cfg.policy.kwargs
+    data = parts.extra["dataset"]
+    spi, total = int(kw.steps_per_iteration), int(kw.gradient_steps)
+    return DatasetCollector(data, kw.batch_size, lambda: max(1, min(spi, total - n_updates(learner))), parts.seed,
+                            parts.policy.obs_norm)
+
+
+def _gradient_steps(cfg: EnvRunConfig) -> int:
+    return int(cfg.policy.kwargs.gradient_steps)
+
+
+# ---------------------------------------------------------------------- the table
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm(PPOKwargs, _ppo_learner, _ppo_collector,
+                     steps_per_env=lambda cfg: cast(PPOKwargs, cfg.policy.kwargs).steps_per_env(cfg.distribution.num_envs)),
+    "appo": Algorithm(APPOKwargs, _appo_learner, _appo_collector,
+                      steps_per_env=lambda cfg: cast(APPOKwargs, cfg.policy.kwargs).n_steps),
+    "dqn": Algorithm(DQNKwargs, _dqn_learner, _dqn_collector, iteration_env_steps=ITERATION_ENV_STEPS,
+                     steps_per_env=lambda cfg: cast(DQNKwargs, cfg.policy.kwargs).train_freq),
+    "sac": Algorithm(SACKwargs, _sac_learner, _sac_collector, iteration_env_steps=ITERATION_ENV_STEPS,
+                     steps_per_env=lambda cfg: cast(SACKwargs, cfg.policy.kwargs).train_freq),
+    "bc": Algorithm(BCKwargs, _offline_learner(lambda p: BCLearner(p.policy.agent, p.cfg.policy.kwargs)),
+                    dataset_collector, gradient_steps=_gradient_steps),
+    "iql": Algorithm(IQLKwargs, _offline_learner(lambda p: IQLLearner(p.policy.agent, p.cfg.policy.kwargs,
+                                                                      p.observation_space, p.action_space)),
+                     dataset_collector, gradient_steps=_gradient_steps),
+    "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
 }
-AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agent.AgentTrainer
+AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs (polar.trainers.agent until they are rows here)
 
 
-def trainer_class(cfg: RunConfig) -> type[EnvTrainer] | type[OfflineTrainer]:
-    """The env trainer for ``cfg.policy.type`` (``OffPolicyTrainer`` for DQN/SAC, ``OnPolicyTrainer`` for PPO/APPO)."""
-    cls = ENV_TRAINERS.get(cfg.policy.type)
-    if cls is None:
+def algorithm(cfg: EnvRunConfig) -> Algorithm:
+    """The row of ``cfg.policy.type``."""
+    row = ALGORITHMS.get(cfg.policy.type)
+    if row is None:
         raise ConfigError(f"policy.type {cfg.policy.type!r}: env harnesses train with "
-                          f"{', '.join(map(repr, ENV_TRAINERS))}; {' and '.join(AGENT_ALGORITHMS)} need harness.type: agent")
-    return cls
+                          f"{', '.join(map(repr, ALGORITHMS))}; {' and '.join(AGENT_ALGORITHMS)} need harness.type: agent")
+    return row

@@ -103,7 +103,7 @@ def test_off_is_the_raw_pipeline_bit_for_bit(dataset, tmp_path):
 def test_observations_it_cannot_standardise_are_refused():
     from polar.datasets.minari import Transitions
     from polar.models.normalization import ObsNormalizer
-    from polar.trainers.offline import set_dataset_statistics
+    from polar.rollout.dataset import set_dataset_statistics
 
     image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
     data = Transitions("x", image, gym.spaces.Discrete(2), np.zeros((4, 8, 8, 3), np.uint8), np.zeros(4),

@@ -8,7 +8,7 @@ from polar.config import RunConfig, validate
 from polar.errors import DistributedError
 from polar.metrics.logger import read_metrics
 from polar.trainers.build import build_trainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.loop import TrainingLoop
 from polar.trainers.run_dir import RunDir
 
 pytestmark = pytest.mark.ray
@@ -29,7 +29,7 @@ def cfg_for(address, **dist):
 
 def test_build_trainer_keeps_the_local_learner_in_process(tmp_path):
     cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
-    assert type(build_trainer(cfg, RunDir.create("x", tmp_path / "run"))) is OnPolicyTrainer
+    assert type(build_trainer(cfg, RunDir.create("x", tmp_path / "run"))) is TrainingLoop
 
 
 @pytest.mark.parametrize("learner, match", [
