@@ -95,7 +95,8 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
     from polar.rollout.backends.base import make_backend
     from polar.trainers.continual import Continual, InitTarget
     from polar.trainers.device import learner_copy, learner_device
-    from polar.trainers.env_run import EnvParts, PolicyEvaluator
+    from polar.trainers.env_run import EnvParts
+    from polar.trainers.evaluation import EnvEvaluator
     from polar.trainers.loop import env_steps_budget
     from polar.trainers.registry import algorithm, n_updates
 
@@ -143,7 +144,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
             attach(run_dir.path)
         collector = row.make_collector(parts, learner)
-        evaluator = PolicyEvaluator(parts, row_fields=from_dataset)
+        evaluator = EnvEvaluator(parts, row_fields=from_dataset)
         gradient_steps = row.gradient_steps
         if gradient_steps is not None:
             total = gradient_steps(cfg)

@@ -5,15 +5,18 @@ the training loop calls after an iteration and at the end of an env run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from polar.config.run import EnvHarnessConfig
-from polar.config.sections import EvalConfig
 from polar.rollout.episodes import ActingPolicy, EpisodePlan, PolicyActor, VectorSlots, run_episodes
+from polar.types import Metrics, Progress
+
+if TYPE_CHECKING:
+    from polar.trainers.env_run import EnvParts
 
 
 def evaluate_policy(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, episodes: int = 20, seed: int = 10_000,
@@ -48,22 +51,47 @@ def evaluate_policy(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, episode
 
 
 class EnvEvaluator:
-    """An env run's evaluation: ``eval.episodes`` episodes of the acting policy on fresh env copies seeded from
-    ``eval.seed``, apart from the training envs. ``before`` runs first (e.g. copy the learner's weights into the
-    acting policy, or put it in eval mode)."""
+    """An env run's ``Evaluator`` (``polar.types``): deterministic episodes of the acting policy on fresh env
+    copies (``eval``), apart from the training envs, every ``eval.every_n_iterations`` iterations and at the end
+    (``eval.at_end``), each written to ``eval/<tag>.json``; with ``init`` or ``eval.old_tasks``, the start
+    measurement before the first iteration and forgetting after each evaluation (``polar.trainers.continual``).
+    ``row_fields``: ``eval/return_mean`` joins the metrics row even without continual (offline runs);
+    ``counters``: extra fields of each result (offline runs: the gradient steps)."""
 
-    def __init__(self, harness: EnvHarnessConfig, eval_cfg: EvalConfig, policy: ActingPolicy,
-                 config_dir: Path | None = None, before: Callable[[], None] | None = None) -> None:
-        self.harness, self.eval_cfg, self.policy = harness, eval_cfg, policy
-        self.config_dir, self.before = config_dir, before
+    def __init__(self, parts: EnvParts, row_fields: bool = False) -> None:
+        self.parts = parts
+        self.row_fields = row_fields
+        self.counters: Callable[[], dict[str, Any]] = dict
 
-    def evaluate(self, tag: str, counters: Mapping[str, int], episodes: int | None = None) -> dict[str, Any]:
-        """The evaluation's summary (``evaluate_policy``'s) with ``counters`` (env_steps, iteration, ...) added;
-        ``tag`` names it for the caller, which writes it to ``eval/<tag>.json``."""
-        if self.before is not None:
-            self.before()
-        ev = self.eval_cfg
-        res = evaluate_policy(self.policy, self.harness, episodes or ev.episodes, ev.seed, ev.deterministic,
-                              ev.num_envs, self.config_dir)
-        res.update(counters)
+    def evaluate(self, tag: str, progress: Progress) -> dict[str, Any]:
+        parts = self.parts
+        ev = parts.cfg.eval
+        parts.sync_acting_policy()
+        parts.policy.eval()
+        res = evaluate_policy(parts.policy, parts.cfg.harness, ev.episodes, ev.seed, ev.deterministic, ev.num_envs,
+                              parts.cfg.config_dir)
+        res.update(env_steps=progress.env_steps, iteration=progress.iteration, **self.counters())
+        parts.run_dir.write_json(f"eval/{tag}.json", res)
         return res
+
+    def before(self, progress: Progress) -> dict[str, Any]:
+        continual = self.parts.continual
+        if continual is not None:
+            continual.begin(self.parts.state, lambda: self.evaluate("start", progress))
+        return {}
+
+    def periodic(self, progress: Progress) -> Metrics:
+        every = self.parts.cfg.eval.every_n_iterations
+        if every and progress.iteration % every == 0:
+            res = self.evaluate(f"iter_{progress.iteration:08d}", progress)
+            if self.parts.continual is not None:  # eval/return_mean, old_task/return, forgetting
+                return self.parts.continual.metrics(res)
+            if self.row_fields:
+                return {"eval/return_mean": res.get("return_mean")}
+        return {}
+
+    def final(self, progress: Progress) -> dict[str, Any]:
+        out = {"eval": self.evaluate("final", progress)} if self.parts.cfg.eval.at_end else {}
+        if self.parts.continual is not None:
+            out["continual"] = self.parts.continual.summary(out.get("eval"))
+        return out
