@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -52,8 +52,9 @@ class EnsembleEngine(_Proxy):
 
     def __init__(self, members: list[Any]) -> None:
         super().__init__(members[0])
-        models = [getattr(m, "model", None) for m in members]
-        if any(m is None for m in models):
+        found = [getattr(m, "model", None) for m in members]
+        models = [m for m in found if m is not None]
+        if len(models) != len(found):
             raise ConfigError("an agent ensemble needs embedded engines (model: tiny or a local folder)")
         self.__dict__.update(members=members, models=models, lock=threading.Lock())
         params = inspect.signature(models[0].forward).parameters
@@ -84,7 +85,7 @@ class EnsembleEngine(_Proxy):
         ids = torch.tensor([request.prompt_ids], device=device)
         caches: list[Any] = [None] * len(self.models)
 
-        def step(x: torch.Tensor, c: list[Any]):
+        def step(x: torch.Tensor, c: list[Any]) -> tuple[torch.Tensor, list[Any]]:
             with self.lock:
                 return self._next_probs(x, c)
 
@@ -96,7 +97,8 @@ class EnsembleEngine(_Proxy):
                 p = probs.clamp_min(1e-30).log() / request.temperature
                 tok = int(torch.multinomial(torch.softmax(p, -1).cpu(), 1, generator=gen))
             logprob = float(torch.log(probs[tok].clamp_min(1e-30)))
-            finish = "stop" if tok in stops else ("length" if n == max_tokens - 1 else None)
+            finish: Literal["stop", "length"] | None = (
+                "stop" if tok in stops else ("length" if n == max_tokens - 1 else None))
             yield TokenEvent(tok, logprob, finish, 0 if finish else None)
             if finish:
                 return

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import gymnasium as gym
 import numpy as np
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from polar.datasets.minari import Episode
 
 # An observation as an env returns it: an array, or a dict of arrays for Dict spaces (batched: one row per copy).
-Obs = Any
-TensorObs = torch.Tensor | dict[str, torch.Tensor]
-Info = Mapping[str, Any]
+Obs: TypeAlias = Any
+TensorObs: TypeAlias = torch.Tensor | dict[str, torch.Tensor]
+Info: TypeAlias = Mapping[str, Any]
 
 
 # ---------------------------------------------------------------- what acts
@@ -191,7 +191,7 @@ class EnvSlots:
 
     def step(self, actions: np.ndarray, live: np.ndarray) -> list[Transition | None]:
         out: list[Transition | None] = [None] * self.num_envs
-        for i in np.flatnonzero(live):
+        for i in map(int, np.flatnonzero(live)):
             t = time.perf_counter()
             o, r, term, trunc, info = self.envs[i].step(_env_action(actions, i, self.action_space))
             out[i] = Transition(o, float(r), bool(term), bool(trunc), info, time.perf_counter() - t)
@@ -430,7 +430,7 @@ def iter_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, *, deter
             acts = explore(acts)
         share = (time.perf_counter() - t) / int(live.sum())
         steps = slots.step(acts, live)
-        starts = np.zeros(n, dtype=bool)
+        starts: np.ndarray = np.zeros(n, dtype=bool)
         cut_any = False
         for i in range(n):
             tr, run = steps[i], running[i]

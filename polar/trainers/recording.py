@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from polar.config.harness import GymnasiumHarnessConfig
 from polar.config.run import EnvHarnessConfig
 from polar.config.secrets import redact
 from polar.rollout.episodes import ActingPolicy, EnvSlots, EpisodePlan, PolicyActor, Step, iter_episodes
@@ -72,8 +73,8 @@ def record_episodes(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, run_pat
         n += 1
         out = out.with_name(f"{tag}-{n}")
     out.mkdir(parents=True)
-    render = harness_cfg.type == "gymnasium"
-    if render:
+    render = isinstance(harness_cfg, GymnasiumHarnessConfig)
+    if isinstance(harness_cfg, GymnasiumHarnessConfig):
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen; no display, no audio
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         harness_cfg = harness_cfg.model_copy(update={"kwargs": {**harness_cfg.kwargs, "render_mode": "rgb_array"}})
