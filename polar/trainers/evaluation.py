@@ -5,9 +5,9 @@ the training loop calls after an iteration and at the end of an env run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -16,7 +16,43 @@ from polar.rollout.episodes import ActingPolicy, EpisodePlan, PolicyActor, Vecto
 from polar.types import Metrics, Progress
 
 if TYPE_CHECKING:
-    from polar.trainers.env_run import EnvParts
+    from polar.config.run import EnvRunConfig
+    from polar.trainers.run_dir import RunDir
+
+
+class EvaluatedPolicy(ActingPolicy, Protocol):
+    def eval(self) -> object: ...
+
+
+class ContinualMeasures(Protocol):
+    """``polar.trainers.continual.Continual`` as the evaluator uses it (start, per-evaluation and final measures)."""
+
+    def begin(self, state: Mapping[str, Any] | None, evaluate: Callable[[], dict[str, Any]]) -> None: ...
+
+    def metrics(self, eval_result: dict[str, Any] | None) -> dict[str, Any]: ...
+
+    def summary(self, final_eval: dict[str, Any] | None) -> dict[str, Any]: ...
+
+
+class EvaluatedRun(Protocol):
+    """What :class:`EnvEvaluator` reads of an env run's parts (``polar.trainers.env_run.EnvParts``)."""
+
+    @property
+    def cfg(self) -> EnvRunConfig: ...
+
+    @property
+    def run_dir(self) -> RunDir: ...
+
+    @property
+    def policy(self) -> EvaluatedPolicy: ...
+
+    @property
+    def state(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def continual(self) -> ContinualMeasures | None: ...
+
+    def sync_acting_policy(self) -> None: ...
 
 
 def evaluate_policy(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, episodes: int = 20, seed: int = 10_000,
@@ -58,7 +94,7 @@ class EnvEvaluator:
     ``row_fields``: ``eval/return_mean`` joins the metrics row even without continual (offline runs);
     ``counters``: extra fields of each result (offline runs: the gradient steps)."""
 
-    def __init__(self, parts: EnvParts, row_fields: bool = False) -> None:
+    def __init__(self, parts: EvaluatedRun, row_fields: bool = False) -> None:
         self.parts = parts
         self.row_fields = row_fields
         self.counters: Callable[[], dict[str, Any]] = dict
