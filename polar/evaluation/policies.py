@@ -35,7 +35,7 @@ def resolve_checkpoint(spec: PolicySpec, suite: EvalSuite) -> ResolvedCheckpoint
 
     where = spec.checkpoint if spec.checkpoint is not None else spec.run
     if where is None:
-        raise ConfigError(f"policy {spec.name!r} is a {spec.kind} policy, not a checkpoint or a run")
+        raise ConfigError(f"policy {spec.name!r} ({spec.kind}) names no checkpoint or run")
     path = suite.resolve(where)
     key = f"policy {spec.name!r}: {'checkpoint' if spec.checkpoint is not None else 'run'}"
     if spec.checkpoint is not None and not path.is_file():

@@ -111,6 +111,14 @@ def test_agent_tasks_from_a_generated_source_ask_for_a_task_file(tmp_path):
         agent_tasks(suite, suite.harnesses[0], cfg)
 
 
+def test_an_env_run_on_an_agent_harness_says_so(tmp_path, cart_run):
+    data = {"policies": [{"name": "a", "run": str(cart_run)}],
+            "harnesses": [{"name": "g", "kind": "agent", "config": str(EXAMPLES / "agentic" / "calculator_grpo.yaml")}]}
+    res = _job(tmp_path, data, "g", "a")
+    assert res["error"].startswith("policy 'a' comes from an env run (") and "evaluate it on a 'kind: env' harness" \
+        in res["error"], res["error"]
+
+
 def test_agent_tasks_that_are_the_training_tasks_are_refused(tmp_path):
     data = {"policies": [{"name": "m", "model": "tiny"}],
             "harnesses": [{"name": "g", "kind": "agent", "config": str(EXAMPLES / "agentic" / "calculator_grpo.yaml"),
