@@ -32,7 +32,7 @@ T_contra = TypeVar("T_contra", contravariant=True)
 class AlgorithmLearner(Protocol[T_contra]):
     """An algorithm's learner (``polar.algorithms``): the update and its own state (optimizer, targets)."""
 
-    def update(self, batch: Batch[T_contra]) -> Metrics: ...
+    def update(self, batch: Batch[T_contra], /) -> Metrics: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -119,7 +119,7 @@ class PolicyEvaluator:
         ev = parts.cfg.eval
         parts.sync_acting_policy()
         parts.policy.eval()
-        res = evaluate_policy(parts.policy, parts.cfg.harness, ev.episodes, ev.seed, ev.deterministic, ev.num_envs,
+        res: dict[str, Any] = evaluate_policy(parts.policy, parts.cfg.harness, ev.episodes, ev.seed, ev.deterministic, ev.num_envs,
                               parts.cfg.config_dir)
         res.update(env_steps=progress.env_steps, iteration=progress.iteration, **self.counters())
         parts.run_dir.write_json(f"eval/{tag}.json", res)

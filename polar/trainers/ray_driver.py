@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 PROGRESS_ROWS = 10_000  # metrics rows the actor keeps for the driver to relay (one per iteration)
 
 
+class Trainer(Protocol):
+    def train(self) -> dict[str, Any]: ...
+
+
 class Compose(Protocol):
     """``polar.trainers.build.compose``: the env run's loop, as a local run composes it. The driver is handed it
     (build sits above this module), and the actor receives it by reference."""
@@ -101,6 +105,7 @@ class LearnerActor:
                               rollout_workers=rollout_workers, autoscale=autoscale)
 
         extra = {"learner/restarts": learner_restarts}
+        self.trainer: Trainer
         if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
             # an LLM learner uses the CPUs its actor reserved (env learners keep 1 thread: small networks)
             torch.set_num_threads(max(1, int(cfg.distribution.learner_resources.num_cpus)))
@@ -174,7 +179,7 @@ class RayLearnerDriver:
         self.resume = resume
         self.on_iteration = on_iteration
         self.poll_interval_s = poll_interval_s
-        self.actor = None
+        self.actor: Any = None  # the LearnerActor's Ray handle
         self.learner_info: dict[str, Any] | None = None
         self.learner_restarts = 0
         self._history: list[dict[str, Any]] = []
