@@ -21,6 +21,8 @@ class DQNKwargs(StrictModel):
     # replay (next_obs in fragments): polar.rollout.runner keeps each step's next observation
     keeps_next_obs: ClassVar[bool] = True
     network: ClassVar[str] = "off_policy"
+    actions: ClassVar[str] = "discrete"  # the action space its networks take (polar.models.off_policy)
+    default_hidden: ClassVar[list[int]] = [64, 64]  # SB3's default hidden sizes
 
     @model_validator(mode="before")
     @classmethod

@@ -43,9 +43,9 @@ from polar.errors import ConfigError
 from polar.metrics.logger import EpisodeWindow
 from polar.rollout.sessions.session import SessionResult
 from polar.trainers.agentic_run import build_stack, heldout_success, load_tasks, policy_options, resolve
+from polar.trainers.legacy_loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.lifecycle import run_guard
 from polar.trainers.llm_trainer import best_reward, group_batch, has_signal, return_batch, reward_range
-from polar.trainers.legacy_loop import Metrics, OnIteration, TrainingLoop
 from polar.trainers.run_dir import RunDir
 from polar.trainers.session_stats import live_counts, session_metrics
 from polar.trainers.task_sampling import Curriculum, TaskDifficulty

@@ -138,12 +138,12 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
 
         parts.continual = Continual.create(cfg, acting)  # init, eval.old_tasks (polar.trainers.continual)
         learner = row.make_learner(parts)
-        if state is None and parts.continual is not None:
+        collector = row.make_collector(parts, learner)
+        if state is None and parts.continual is not None:  # before the collector starts with its weights
             parts.continual.apply(InitTarget(cfg, policy, parts.train_agent, getattr(learner, "algorithm", learner)))
         attach = getattr(backend, "attach_run_dir", None)
         if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
             attach(run_dir.path)
-        collector = row.make_collector(parts, learner)
         evaluator = EnvEvaluator(parts, row_fields=from_dataset)
         gradient_steps = row.gradient_steps
         if gradient_steps is not None:
@@ -200,7 +200,7 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.distribution.backend == "ray":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
         from polar.trainers.agent import AgentTrainer
 
         return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
@@ -213,7 +213,7 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.harness.type != "pettingzoo":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
     return compose(cfg, run_dir, resume=resume, on_iteration=on_iteration)
 
 
@@ -223,8 +223,10 @@ def progress_total(cfg: RunConfig) -> int:
     (``max_steps``, else unknown until the demonstrations are read: 0)."""
     if not isinstance(cfg, AgentRunConfig):
         return cfg.total_env_steps
-    kw: Any = cfg.policy.kwargs
-    if cfg.policy.type == "grpo":
+    from polar.config.grpo import GRPOKwargs
+
+    kw = cfg.policy.kwargs
+    if isinstance(kw, GRPOKwargs):
         return int(kw.total_steps * kw.tasks_per_step * kw.group_size)
     return int(kw.max_steps)
 

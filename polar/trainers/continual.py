@@ -36,7 +36,6 @@ from torch import nn
 
 from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
 from polar.config.continual import old_task_harness, old_task_names
-from polar.config.policy import OFF_POLICY, ON_POLICY
 from polar.config.run import EnvRunConfig
 from polar.errors import ConfigError
 from polar.models.policy import Policy
@@ -44,15 +43,24 @@ from polar.models.policy import Policy
 log = logging.getLogger(__name__)
 
 ACTOR_CRITIC = "actor-critic"
+Q_NETWORK = "q-network"  # DQN's (and discrete CQL's)
+SQUASHED = "squashed-actor"  # SAC's (and continuous CQL's)
 MANIFEST = "manifest.json"  # polar.deploy.runtime.MANIFEST (deploy sits above trainers: not imported)
 
 
-def _family(policy_type: str, policy_state: dict[str, Any] | None = None) -> str:
-    """The network a policy type trains: DQN's Q-network, SAC's squashed actor, or the actor-critic agent
-    (PPO/APPO, BC, IQL). CQL trains DQN's (Discrete) or SAC's (Box) networks: its saved keys tell which."""
-    if policy_type == "cql" and policy_state is not None:
-        return "dqn" if any(k.startswith("agent.q_net.") for k in policy_state) else "sac"
-    return policy_type if policy_type in OFF_POLICY else ACTOR_CRITIC
+def _family(policy_state: Mapping[str, Any]) -> str:
+    """The network a policy's weights are: DQN's Q-network, SAC's squashed actor (CQL trains either), or the
+    actor-critic agent (PPO/APPO, BC, IQL). The saved keys tell which, whatever algorithm trained them."""
+    if any(k.startswith("agent.q_net.") for k in policy_state):
+        return Q_NETWORK
+    if any(k.startswith("agent.mu.") for k in policy_state):
+        return SQUASHED
+    return ACTOR_CRITIC
+
+
+def _has_iql_critics(state: Mapping[str, Any]) -> bool:
+    """An actor-critic source whose learner kept Q(s, a) critics (IQL's)."""
+    return _family(state["policy"]) == ACTOR_CRITIC and "critics" in (state.get("learner") or {})
 
 
 def _shape(t: Any) -> list[int]:
@@ -168,11 +176,11 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
     src_cfg, state, ckpt = load_source(cfg)
     src_type, dst_type = src_cfg.policy.type, cfg.policy.type
     sd = state["policy"]
-    src_fam, dst_fam = _family(src_type, sd), _family(dst_type)
+    src_fam, dst_fam = _family(sd), _family(trainer.policy.state_dict())
     where = f"{ckpt} (policy.type {src_type})"
     agent = trainer.policy.agent
     report: dict[str, Any] = {"source": str(ckpt), "source_policy": src_type}
-    if dst_type in ("dqn", "sac") and any(k.startswith("obs_norm.") for k in sd):
+    if dst_fam != ACTOR_CRITIC and any(k.startswith("obs_norm.") for k in sd):
         raise ConfigError(f"init.source: {where} normalises observations (policy.kwargs.normalize_obs) and "
                           f"{dst_type} has no observation normaliser, so its weights would see raw inputs; continue "
                           "with ppo or appo (normalize_obs: true), or train the source with normalize_obs: false")
@@ -198,13 +206,13 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
             if k not in skip:
                 t.copy(v, sd[k], k)
         report["copied"] = "agent"
-        if dst_type == "sac":
+        if dst_fam == SQUASHED:
             _sac_critics_from_sac(trainer.learner, state.get("learner") or {}, where, t)
             report["copied"] = "actor, critics, entropy coefficient"
         report["tensors"] = t.copied
-    elif dst_type == "dqn" and src_fam == ACTOR_CRITIC:
+    elif dst_fam == Q_NETWORK and src_fam == ACTOR_CRITIC:
         activation = network_settings(cfg)[1]
-        if src_type == "iql":
+        if _has_iql_critics(state):
             critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
             t = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
                                  "agent.activation: relu")
@@ -220,11 +228,11 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
             report["copied"] = "actor logits as initial Q-values"
         t.params(agent.q_net, "agent.q_net", pairs)
         report["tensors"] = t.copied
-    elif dst_type == "sac" and src_fam == ACTOR_CRITIC:
+    elif dst_fam == SQUASHED and src_fam == ACTOR_CRITIC:
         report.update(_sac_from_actor_critic(trainer, src_cfg, state, where))
     else:
         raise ConfigError(f"init.source: a {src_type} checkpoint cannot start a {dst_type} run ({where}): "
-                          f"{_what_starts(dst_type)}")
+                          f"{_what_starts(dst_type, dst_fam)}")
     _sync_learner(trainer)
     log.info("init: %s from %s (%s tensors)", report["copied"], ckpt, report.get("tensors"))
     return report
@@ -236,12 +244,12 @@ def _builtin_feedforward(src_cfg: Any, where: str, target: str) -> None:
                           "actor only (its networks are feed-forward), or from a run of its own kind")
 
 
-def _what_starts(dst_type: str) -> str:
-    if dst_type in ON_POLICY:
-        return "ppo and appo start from bc, iql, ppo or appo runs (the same actor-critic agent)"
-    if dst_type == "dqn":
-        return "dqn starts from dqn or cql runs, or from bc, iql, ppo or appo runs on Discrete actions"
-    return "sac starts from sac or cql runs, or from bc, iql, ppo or appo runs on Box actions"
+def _what_starts(dst_type: str, dst_fam: str) -> str:
+    if dst_fam == ACTOR_CRITIC:
+        return f"{dst_type} starts from bc, iql, ppo or appo runs (the same actor-critic agent)"
+    if dst_fam == Q_NETWORK:
+        return f"{dst_type} starts from dqn or cql runs, or from bc, iql, ppo or appo runs on Discrete actions"
+    return f"{dst_type} starts from sac or cql runs, or from bc, iql, ppo or appo runs on Box actions"
 
 
 def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str, t: _Transfer) -> None:
@@ -286,7 +294,7 @@ def _sac_from_actor_critic(trainer: InitTarget, src_cfg: Any, state: dict[str, A
         agent.log_std.weight.zero_()
     t.copy(agent.log_std.bias.data, log_std - torch.log(scale), "agent.log_std", "agent.log_std.bias")
     report: dict[str, Any] = {"copied": "actor (mean rescaled into tanh space)"}
-    if src_cfg.policy.type == "iql":
+    if _has_iql_critics(state):
         critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
         tc = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
                               "agent.activation: relu; SAC's critics share the agent's hidden sizes")

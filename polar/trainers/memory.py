@@ -141,7 +141,9 @@ def memory_warning(cfg: Any, available: int | None = None) -> str | None:
     levers = [f"policy.kwargs.micro_batch_size (now {micro})"]
     if not getattr(cfg.policy.kwargs, "gradient_checkpointing", False):
         levers.append("policy.kwargs.gradient_checkpointing: true")
-    if getattr(cfg.policy.kwargs, "lora", None) is None and cfg.policy.type == "grpo":
+    from polar.config.grpo import GRPOKwargs
+
+    if getattr(cfg.policy.kwargs, "lora", None) is None and isinstance(cfg.policy.kwargs, GRPOKwargs):
         levers.append("policy.kwargs.lora: {} (no gradients or optimizer state for the base weights)")
     return (f"this run needs about {est.total / GIB:.1f} GiB ({est.describe()} GiB) and this machine has "
             f"{available / GIB:.1f} GiB available: it may be killed for memory. What lowers it: "

@@ -9,7 +9,6 @@ win rates (``eval/vs_random/win_rate``, ``eval/vs_pool/win_rate``, ...).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.ppo import PPOKwargs
@@ -35,7 +33,9 @@ from polar.rollout.backends.multi_agent import (
 )
 from polar.rollout.self_play import OpponentPool
 from polar.trainers.checkpoint import CheckpointManager
+from polar.trainers.env_run import AlgorithmLearner
 from polar.trainers.loop import OnIteration, TrainingLoop, env_steps_budget
+from polar.trainers.registry import ppo_learner
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch, Fragment, Metrics, Progress, Rollout
 
@@ -46,10 +46,9 @@ def check_multi_agent_config(cfg: EnvRunConfig) -> PettingZooHarnessConfig:
     """What a PettingZoo run cannot do yet, refused at start with the key to change."""
     h = cfg.harness
     assert isinstance(h, PettingZooHarnessConfig)
-    if cfg.policy.type != "ppo":
+    if not isinstance(cfg.policy.kwargs, PPOKwargs):  # one PPOLearner per policy
         raise ConfigError(f"policy.type {cfg.policy.type!r}: harness.type pettingzoo trains with ppo")
     kw = cfg.policy.kwargs
-    assert isinstance(kw, PPOKwargs)
     if kw.normalize_obs or kw.normalize_reward:
         raise ConfigError("policy.kwargs.normalize_obs / normalize_reward: not supported with harness.type pettingzoo; "
                           "set them to false")
@@ -112,7 +111,8 @@ class MultiPolicyLearner:
     """One unchanged ``PPOLearner`` per policy, each updated on its own fragment of the batch; with ``self_play``, a
     frozen copy of the learner joins the opponent pool every ``snapshot_every_n_iterations`` iterations."""
 
-    def __init__(self, harness: PettingZooHarnessConfig, policies: dict[str, Policy], learners: dict[str, PPOLearner],
+    def __init__(self, harness: PettingZooHarnessConfig, policies: dict[str, Policy],
+                 learners: dict[str, AlgorithmLearner[Rollout]],
                  pool: OpponentPool | None) -> None:
         self.harness = harness
         self.policies = policies
@@ -122,7 +122,8 @@ class MultiPolicyLearner:
     def update(self, batch: Batch[dict[str, Fragment]]) -> Metrics:
         stats: Metrics = {}
         for name, frag in batch.data.items():
-            own = dataclasses.replace(batch, data=Rollout([frag], buffer=RolloutBuffer([frag])))
+            own = Batch(Rollout([frag], buffer=RolloutBuffer([frag])), frag.env_steps, run_env_steps=batch.run_env_steps,
+                        iteration=batch.iteration, version=batch.version)
             st = self.learners[name].update(own)
             stats.update(st if len(batch.data) == 1 else {f"{name}/{k}": v for k, v in st.items()})
         sp = self.harness.self_play
@@ -204,7 +205,7 @@ def compose_multi_agent(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = Fa
     mapping = resolve_mapping(h, agents)
     pspaces = policy_spaces(h, mapping, spaces)
     policies = {name: build_policy(cfg, obs, act, cfg.config_dir) for name, (obs, act) in pspaces.items()}
-    learners = {name: PPOLearner(p.agent, kw, cfg.total_env_steps) for name, p in policies.items()}
+    learners = {name: ppo_learner(p.agent, kw, cfg.total_env_steps) for name, p in policies.items()}
     pool = None
     if h.self_play is not None:
         (_name, (obs, act)), = pspaces.items()

@@ -68,10 +68,11 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
                               "install it or fix the command")
     if h.callable:
         check_callable("harness.callable", h.callable, config_dir)
+    from polar.config.grpo import SFTKwargs
     from polar.harness.sessions import load_run_tasks as load_tasks
 
     # policy sft (without sft_warmup) reads `tasks` as its demonstrations (chat JSONL), not as prompts
-    demos = cfg.policy.type == "sft" and cfg.sft_warmup is None
+    demos = isinstance(cfg.policy.kwargs, SFTKwargs) and cfg.sft_warmup is None
     for path in ((cfg.eval_tasks,) if demos else (cfg.tasks, cfg.eval_tasks)):
         if path:
             load_tasks(path, cfg.config_dir)

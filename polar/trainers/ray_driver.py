@@ -36,28 +36,46 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polar.distributed.cluster import RoleRequest, connect, ray_options, wait_ready
 from polar.errors import DistributedError, PolarError
+
+if TYPE_CHECKING:
+    from polar.config.run import EnvRunConfig
+    from polar.trainers.loop import OnIteration, TrainingLoop
+    from polar.trainers.run_dir import RunDir
+    from polar.types import Metrics
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_ROWS = 10_000  # metrics rows the actor keeps for the driver to relay (one per iteration)
 
 
+class Trainer(Protocol):
+    def train(self) -> dict[str, Any]: ...
+
+
+class Compose(Protocol):
+    """``polar.trainers.build.compose``: the env run's loop, as a local run composes it. The driver is handed it
+    (build sits above this module), and the actor receives it by reference."""
+
+    def __call__(self, cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = False,
+                 on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
+                 backend_factory: Callable[..., Any] | None = None) -> TrainingLoop[Any]: ...
+
+
 class LearnerActor:
     """Runs the training loop in a Ray actor; ``train`` blocks, ``progress`` answers meanwhile (threaded actor)."""
 
     def __init__(self, cfg_data: dict[str, Any], config_dir: str | None, run_dir: str, resume: bool,
-                 learner_restarts: int = 0, log_level: int = logging.INFO, rollout_workers: int | None = None,
-                 autoscale: bool = True) -> None:
+                 compose: Compose, learner_restarts: int = 0, log_level: int = logging.INFO,
+                 rollout_workers: int | None = None, autoscale: bool = True) -> None:
         import ray
         import torch
 
         from polar.config import validate
         from polar.config.run import RunConfig
-        from polar.trainers.build import compose
         from polar.trainers.run_dir import META, RunDir
 
         torch.set_num_threads(1)
@@ -87,6 +105,7 @@ class LearnerActor:
                               rollout_workers=rollout_workers, autoscale=autoscale)
 
         extra = {"learner/restarts": learner_restarts}
+        self.trainer: Trainer
         if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
             # an LLM learner uses the CPUs its actor reserved (env learners keep 1 thread: small networks)
             torch.set_num_threads(max(1, int(cfg.distribution.learner_resources.num_cpus)))
@@ -152,14 +171,15 @@ class _LearnerDied(Exception):
 class RayLearnerDriver:
     """Starts the learner actor, relays its progress, restarts it from the last checkpoint if it dies."""
 
-    def __init__(self, cfg, run_dir, resume: bool = False,
+    def __init__(self, cfg, run_dir, compose: Compose, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None, poll_interval_s: float = 0.2) -> None:
         self.cfg = cfg
+        self.compose = compose
         self.run_dir = run_dir
         self.resume = resume
         self.on_iteration = on_iteration
         self.poll_interval_s = poll_interval_s
-        self.actor = None
+        self.actor: Any = None  # the LearnerActor's Ray handle
         self.learner_info: dict[str, Any] | None = None
         self.learner_restarts = 0
         self._history: list[dict[str, Any]] = []
@@ -236,7 +256,7 @@ class RayLearnerDriver:
         workers = self._last_row.get("rollout/target_workers")
         self.actor = cls.remote(
             self.cfg.model_dump(mode="json"), str(self.cfg.config_dir), str(Path(self.run_dir.path).resolve()), resume,
-            self.learner_restarts, logging.getLogger("polar").getEffectiveLevel(),
+            self.compose, self.learner_restarts, logging.getLogger("polar").getEffectiveLevel(),
             int(workers) if workers else None, self._last_row.get("autoscale/enabled", 1.0) != 0,
         )
         wait_ready([self.actor.ready.remote()], max(d.connect_timeout_s, 120.0), "learner actor")

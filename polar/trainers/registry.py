@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import gymnasium as gym
+import torch
 from pydantic import BaseModel
 
 from polar.algorithms.appo import APPOLearner
@@ -27,7 +28,7 @@ from polar.algorithms.sac import SACLearner
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
-from polar.config.bc import BCKwargs
+from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
 from polar.config.iql import IQLKwargs
@@ -40,7 +41,7 @@ from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_
 from polar.rollout.backends.replay import ReplayCollector
 from polar.trainers.continual import MixedReplay, old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
-from polar.types import Collector, Learner
+from polar.types import Collector, Learner, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,13 @@ def env_collector(parts: EnvParts, fragments: Callable[[], int], buffered: bool 
     cfg, backend = parts.cfg, parts.backend
     assert backend is not None  # rows with steps_per_env have one
     kw = cfg.policy.kwargs
-    reward_norm = None
-    if getattr(kw, "normalize_reward", False):
+    reward_norm, reward_clip = None, None
+    if isinstance(kw, PPOKwargs | APPOKwargs) and kw.normalize_reward:  # the return normalizer's scale
         from polar.models.normalization import RunningNorm
 
-        reward_norm = RunningNorm((), kw.clip_reward)
+        reward_norm, reward_clip = RunningNorm((), kw.clip_reward), kw.clip_reward
     return EnvCollector(backend, parts.policy, FiniteGuard(cfg.nonfinite, harness_name(cfg.harness)), fragments,
-                        reward_norm=reward_norm, reward_clip=getattr(kw, "clip_reward", None), buffered=buffered)
+                        reward_norm=reward_norm, reward_clip=reward_clip, buffered=buffered)
 
 
 def n_updates(learner: Learner[Any]) -> int:
@@ -95,8 +96,13 @@ def _ppo_kw(parts: EnvParts) -> PPOKwargs:
     return cast(PPOKwargs, parts.cfg.policy.kwargs)
 
 
+def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> AlgorithmLearner[Rollout]:
+    """PPO's learner for ``agent`` (also one per policy of a PettingZoo run, ``polar.trainers.multi_agent``)."""
+    return PPOLearner(agent, kw, total_env_steps)
+
+
 def _ppo_learner(parts: EnvParts) -> Learner[Any]:
-    return PolicyLearner(parts, PPOLearner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
+    return PolicyLearner(parts, ppo_learner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
 
 
 def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
@@ -190,15 +196,15 @@ def dataset_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
     iteration, the last one stopping at ``gradient_steps`` exactly."""
     from polar.rollout.dataset import DatasetCollector
 
-    kw = parts.cfg.policy.kwargs
+    kw = cast(OfflineKwargs, parts.cfg.policy.kwargs)
     data = parts.extra["dataset"]
-    spi, total = int(kw.steps_per_iteration), int(kw.gradient_steps)
+    spi, total = kw.steps_per_iteration, kw.gradient_steps
     return DatasetCollector(data, kw.batch_size, lambda: max(1, min(spi, total - n_updates(learner))), parts.seed,
                             parts.policy.obs_norm)
 
 
 def _gradient_steps(cfg: EnvRunConfig) -> int:
-    return int(cfg.policy.kwargs.gradient_steps)
+    return cast(OfflineKwargs, cfg.policy.kwargs).gradient_steps
 
 
 # ---------------------------------------------------------------------- the table

@@ -71,11 +71,12 @@ def test_learner_runs_in_an_actor_and_the_driver_relays_its_progress(ray_cluster
 def test_learner_that_cannot_see_the_run_dir_says_so(ray_cluster, tmp_path):
     import ray
 
+    from polar.trainers.build import compose
     from polar.trainers.ray_driver import LearnerActor
 
     cfg = cfg_for(ray_cluster.address)
     actor = ray.remote(LearnerActor).options(num_cpus=0.5).remote(
-        cfg.model_dump(mode="json"), None, str(tmp_path / "elsewhere"), False)
+        cfg.model_dump(mode="json"), None, str(tmp_path / "elsewhere"), False, compose)
     with pytest.raises(ray.exceptions.RayActorError, match="cannot see the run directory"):
         ray.get(actor.ready.remote(), timeout=120)
 
