@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -196,3 +197,65 @@ def test_collect_gives_the_episodes_it_gave_before(key, det, epsilon):
         assert g["actions"] == pytest.approx(w["actions"], abs=1e-5)
         assert {k: v for k, v in g.items() if k not in ("obs_sum", "actions")} == \
             {k: v for k, v in w.items() if k not in ("obs_sum", "actions")}
+
+
+class _Countdown(gym.Env):
+    """Observation: steps left. Action 1 ends the episode (terminated); at ``limit`` steps it is truncated."""
+
+    def __init__(self, limit: int = 4) -> None:
+        self.observation_space = gym.spaces.Box(0, 100, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.limit, self.t = limit, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([self.limit], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        term = int(action) == 1
+        return np.array([self.limit - self.t], np.float32), 1.0, term, self.t >= self.limit and not term, \
+            {"success": term}
+
+
+class _StepCounter:
+    """An actor whose recurrent state counts the steps since its row's episode began; acts 1 at ``stop_at``."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.stop_at, self.seen = stop_at, []
+        self.agent = type("A", (), {})()
+
+    def get_initial_state(self, n):
+        return torch.zeros(n)
+
+    def reset_state(self, state, initial, starts):
+        from polar.agents import reset_state
+
+        return reset_state(state, initial, starts)
+
+    def act(self, obs, state, deterministic=True):
+        self.seen.append(state.clone())
+        return (state + 1 == self.stop_at).long(), state + 1, {}
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_the_loop_keeps_terminated_truncated_and_cut_apart_and_resets_state_per_episode(vector):
+    from polar.rollout.episodes import EnvSlots, EpisodePlan, VectorSlots, run_episodes
+
+    def results(stop_at, limit, max_steps):
+        if vector:
+            slots = VectorSlots(gym.vector.SyncVectorEnv([lambda: _Countdown(limit)],
+                                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+        else:
+            slots = EnvSlots([_Countdown(limit)])
+        actor = _StepCounter(stop_at)
+        out = run_episodes(actor, slots, EpisodePlan.seeded([1, 2, 3]), max_episode_steps=max_steps)
+        slots.close()
+        # the state restarts at every episode: the actor sees 0, 1, ..., len - 1 in each
+        assert torch.cat(actor.seen).tolist() == [float(t) for r in out for t in range(r.length)]
+        return [(r.seed, r.length, r.terminated, r.truncated, r.success) for r in out]
+
+    assert results(stop_at=2, limit=4, max_steps=100) == [(s, 2, True, False, True) for s in (1, 2, 3)]
+    assert results(stop_at=9, limit=4, max_steps=100) == [(s, 4, False, True, False) for s in (1, 2, 3)]
+    assert results(stop_at=9, limit=4, max_steps=3) == [(s, 3, False, True, False) for s in (1, 2, 3)]  # cut
