@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 import torch
 
+from polar.config.run import AgentRunConfig
 from polar.errors import ConfigError
-from polar.inference.base import EngineError, GenerationRequest, TokenEvent
+from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class EnsembleEngine(_Proxy):
             ids = torch.tensor([[tok]], device=device)
 
 
-def _embedded_engine(spec: str, cfg: Any) -> Any:
+def _embedded_engine(spec: str, cfg: AgentRunConfig) -> Engine:
     from polar.harness.agent.tasks import resolve
     from polar.inference import load_engine
 
@@ -120,7 +121,7 @@ def _embedded_engine(spec: str, cfg: Any) -> Any:
                        chat_template=chat_template)
 
 
-def _load_weights(engine: Any, cfg: Any, checkpoint: Path) -> int:
+def _load_weights(engine: Any, cfg: AgentRunConfig, checkpoint: Path) -> int:
     """Put a checkpoint's LLM weights into ``engine``; returns its policy version."""
     from polar.errors import RunDirError
     from polar.models.llm_policy import LLMPolicy
@@ -163,7 +164,7 @@ def session_records(results: list[tuple[str, Any]], records_dir: Path) -> list[d
     return out
 
 
-def run_agent_sessions(cfg: Any, engine: Any, tasks: list[dict[str, Any]], samples: int, work_dir: Path,
+def run_agent_sessions(cfg: AgentRunConfig, engine: Any, tasks: list[dict[str, Any]], samples: int, work_dir: Path,
                        records_dir: Path, tag: str) -> list[dict[str, Any]]:
     """``samples`` sessions of every task through a fresh stack over ``engine``; records in task order."""
     from polar.trainers.agentic_run import build_stack

@@ -221,7 +221,7 @@ class EvalSuite(StrictModel):
     def policy(self, name: str) -> PolicySpec:
         return next(p for p in self.policies if p.name == name)
 
-    def policies_for(self, harness: Any) -> list[PolicySpec]:
+    def policies_for(self, harness: EnvHarnessSpec | AgentHarnessSpec) -> list[PolicySpec]:
         return [self.policy(n) for n in harness.policies] if harness.policies else list(self.policies)
 
     @model_validator(mode="after")

@@ -481,9 +481,13 @@ def iter_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, *, deter
             state = actor.reset_state(state, initial, torch.from_numpy(starts))
 
 
-def run_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, **kwargs: Any) -> list[EpisodeResult]:
+def run_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, *, deterministic: bool = True,
+                 max_episode_steps: int = 100_000, info_keys: tuple[str, ...] = (),
+                 explore: Callable[[np.ndarray], np.ndarray] | None = None,
+                 observer: EpisodeObserver | None = None) -> list[EpisodeResult]:
     """:func:`iter_episodes` to the end, in the order the episodes ended."""
-    return list(iter_episodes(actor, slots, plan, **kwargs))
+    return list(iter_episodes(actor, slots, plan, deterministic=deterministic, max_episode_steps=max_episode_steps,
+                              info_keys=info_keys, explore=explore, observer=observer))
 
 
 # ---------------------------------------------------------------- polar collect
