@@ -318,8 +318,8 @@ class Step:
 
 @dataclass
 class EpisodeResult:
-    """One finished episode. ``truncated`` covers the env's truncation and the loop's ``max_episode_steps``;
-    ``success`` is the env's ``info["success"]`` on the last step (None when it reports none)."""
+    """One finished episode. ``truncated`` covers the env's truncation and the loop's ``max_episode_steps``
+    (``cut``: the loop's); ``success`` is the env's ``info["success"]`` on the last step (None when it reports none)."""
 
     episode: int
     slot: int
@@ -330,6 +330,7 @@ class EpisodeResult:
     truncated: bool
     success: bool | None
     time_s: float
+    cut: bool = False
     info_counts: dict[str, float] = field(default_factory=dict)
 
 
@@ -457,7 +458,7 @@ def iter_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, *, deter
             succ = tr.info.get("success")
             done_count += 1
             yield EpisodeResult(run.episode, i, run.seed, run.ret, run.length, tr.terminated, tr.truncated or cut,
-                                None if succ is None else bool(succ), run.time_s, run.counts)
+                                None if succ is None else bool(succ), run.time_s, cut, run.counts)
             cut_any |= cut
             running[i] = None
             if plan.per_slot and cut:

@@ -72,7 +72,8 @@ def evaluate_policy(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, episode
         slots.close()
     returns = [r.ret for r in results]
     lengths = [r.length for r in results]
-    successes = [float(r.success) for r in results if r.success is not None]
+    # the success the env reports when it ends an episode (a cut episode has none)
+    successes = [float(r.success) for r in results if r.success is not None and not r.cut]
     return {
         "episodes": len(returns),
         "return_mean": float(np.mean(returns)),

@@ -85,9 +85,8 @@ def record_episodes(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, run_pat
     try:
         for r in iter_episodes(PolicyActor(policy), slots, EpisodePlan.seeded(range(seed, seed + episodes)),
                                deterministic=deterministic, max_episode_steps=max_steps, observer=frames):
-            ep_id, rows, kinds = frames.finish(r.episode)
-            # the env's success when it ended the episode itself (not when max_steps cut it)
-            success = r.success if rows[-1]["terminated"] or rows[-1]["truncated"] else None
+            ep_id, kinds = frames.finish(r.episode)
+            success = None if r.cut else r.success  # the env's, when it ended the episode itself
             summaries.append({"id": ep_id, "seed": r.seed, "return": r.ret, "length": r.length,
                               "success": success, "frames": "png" if kinds == {"png"} else "text"})
     finally:
@@ -122,10 +121,10 @@ class _Frames:
                {"t": step.t, "action": _jsonable(step.action), "reward": float(step.reward),
                 "terminated": bool(step.terminated), "truncated": bool(step.truncated)}, self.rows, self.kinds)
 
-    def finish(self, episode: int) -> tuple[str, list[dict[str, Any]], set[str]]:
-        """Write the episode's steps.jsonl; returns its id, rows and frame kinds."""
+    def finish(self, episode: int) -> tuple[str, set[str]]:
+        """Write the episode's steps.jsonl; returns its id and frame kinds."""
         (self._dir(episode) / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-        return self._dir(episode).name, self.rows, self.kinds
+        return self._dir(episode).name, self.kinds
 
 
 def _frame(env: gym.Env[Any, Any] | None, ep_dir: Path, t: int, obs: Any, row: dict[str, Any],
