@@ -42,7 +42,8 @@ from polar.distributed.cluster import RoleRequest, connect, ray_options, wait_re
 from polar.errors import DistributedError, PolarError
 
 if TYPE_CHECKING:
-    from polar.config.run import EnvRunConfig
+    from polar.config.run import EnvRunConfig, RunConfig
+    from polar.rollout.backends.base import RolloutBackend
     from polar.trainers.loop import OnIteration, TrainingLoop
     from polar.trainers.run_dir import RunDir
     from polar.types import Metrics
@@ -97,7 +98,8 @@ class LearnerActor:
         self._rows: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PROGRESS_ROWS)
         self._seq = 0
 
-        def backend_factory(cfg, fragment_steps, seed, config_dir=None):
+        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int,
+                            config_dir: Path | None = None) -> RolloutBackend:
             from polar.rollout.backends.ray_backend import RayBackend
 
             # after a crash the cluster may have lost a node: start with what fits, place the rest later
@@ -171,7 +173,7 @@ class _LearnerDied(Exception):
 class RayLearnerDriver:
     """Starts the learner actor, relays its progress, restarts it from the last checkpoint if it dies."""
 
-    def __init__(self, cfg, run_dir, compose: Compose, resume: bool = False,
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, compose: Compose, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None, poll_interval_s: float = 0.2) -> None:
         self.cfg = cfg
         self.compose = compose
