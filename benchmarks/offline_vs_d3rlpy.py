@@ -115,9 +115,9 @@ def replay_episodes(path: Path, act_dtype):
 
 
 def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
-    from polar.datasets.collect import collect_episodes
     from polar.datasets.minari import write_dataset
     from polar.harness import make_vector_env
+    from polar.rollout.episodes import collect_episodes
     from polar.trainers.build import build_trainer, create_run_dir
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.loading import load_policy_for_eval

@@ -255,7 +255,7 @@ class Learner(Protocol[T_contra]):
     ``weights`` are what the collector acts with next; ``state_dict`` is the learner's share of a checkpoint
     (weights, optimizer, normalizers), merged at the checkpoint's top level."""
 
-    def update(self, batch: Batch[T_contra]) -> Metrics: ...
+    def update(self, batch: Batch[T_contra], /) -> Metrics: ...
 
     def weights(self) -> Mapping[str, Any]: ...
 
@@ -275,7 +275,7 @@ class Progress:
 
 @runtime_checkable
 class Evaluator(Protocol):
-    """Evaluates the current weights for the loop. ``before`` runs once before the first iteration (after a
+    """Evaluates the current weights for the loop. ``before`` runs once before the collector starts (after a
     warm-up stage; also on resume); ``periodic`` after every iteration, deciding itself whether one is due
     (``{}`` when not): what it returns joins that iteration's metrics row. ``final`` ends the run (after the last
     checkpoint). What ``before`` and ``final`` return joins the run's summary (``{"eval": {...}}``, ...). Each

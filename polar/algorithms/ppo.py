@@ -148,12 +148,12 @@ class PPOLearner:
             return max(1, batch_samples // kw.num_minibatches)
         return min(batch_samples, kw.batch_size or DEFAULT_BATCH_SIZE)
 
-    def update(self, batch: Batch[Rollout]) -> dict[str, float]:
+    def update(self, rollout: Batch[Rollout], /) -> dict[str, float]:
         """GAE on the batch's rollout buffer (rewards scaled by its ``reward_scale`` and clipped to
         ``reward_clip``), then the epochs x minibatches at the schedules' ``progress`` (the run's env steps over
         ``total_env_steps``); returns the mean diagnostics."""
-        buf, reward_scale, reward_clip = batch.data.buffer, batch.data.reward_scale, batch.data.reward_clip
-        progress = min(1.0, batch.run_env_steps / max(1, self.total_env_steps))
+        buf, reward_scale, reward_clip = rollout.data.buffer, rollout.data.reward_scale, rollout.data.reward_clip
+        progress = min(1.0, rollout.run_env_steps / max(1, self.total_env_steps))
         kw = self.kw
         buf.advantages, buf.returns = rollout_gae(buf, kw.gamma, kw.gae_lambda, reward_scale, reward_clip)
         buf.to(self.device)  # GAE runs on CPU (numpy); the epochs on the learner's device

@@ -21,7 +21,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polar.config.run import AgentRunConfig, EnvRunConfig, RunConfig, RunKind
 from polar.errors import ConfigError
@@ -29,6 +29,12 @@ from polar.trainers.loop import OnIteration, TrainingLoop
 from polar.trainers.preflight import check_agent_distribution
 from polar.trainers.run_dir import RunDir
 from polar.types import Metrics
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from polar.datasets.minari import Transitions
+    from polar.models.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +101,8 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
     from polar.rollout.backends.base import make_backend
     from polar.trainers.continual import Continual, InitTarget
     from polar.trainers.device import learner_copy, learner_device
-    from polar.trainers.env_run import EnvParts, PolicyEvaluator
+    from polar.trainers.env_run import EnvParts
+    from polar.trainers.evaluation import EnvEvaluator
     from polar.trainers.loop import env_steps_budget
     from polar.trainers.registry import algorithm, n_updates
 
@@ -131,7 +138,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         parts = EnvParts(cfg, run_dir, seed, device, obs_space, act_space, policy,
                          learner_copy(policy.agent, device), backend, state, extra=extra)
 
-        def acting() -> Any:
+        def acting() -> Policy:
             parts.sync_acting_policy()
             return parts.policy
 
@@ -143,7 +150,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         attach = getattr(backend, "attach_run_dir", None)
         if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
             attach(run_dir.path)
-        evaluator = PolicyEvaluator(parts, row_fields=from_dataset)
+        evaluator = EnvEvaluator(parts, row_fields=from_dataset)
         gradient_steps = row.gradient_steps
         if gradient_steps is not None:
             total = gradient_steps(cfg)
@@ -161,7 +168,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         raise
 
 
-def _dataset(cfg: EnvRunConfig) -> tuple[Any, Any, Any]:
+def _dataset(cfg: EnvRunConfig) -> tuple[gym.Space[Any], gym.Space[Any], Transitions]:
     """A dataset run's env spaces (the env is made once to read them) and its transitions, checked against them,
     so a bad dataset fails before the first update."""
     import gymnasium as gym

@@ -35,7 +35,9 @@ import torch
 from torch import nn
 
 from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
+from polar.config.agent import BuiltinAgentConfig
 from polar.config.continual import old_task_harness, old_task_names
+from polar.config.iql import IQLKwargs
 from polar.config.run import EnvRunConfig
 from polar.errors import ConfigError
 from polar.models.policy import Policy
@@ -98,11 +100,12 @@ def resolve_source(ref: str, config_dir: Path) -> Path:
                       f"(looked at {p}); give the run directory of the offline or online run to start from")
 
 
-def load_source(cfg: Any) -> tuple[Any, dict[str, Any], Path]:
+def load_source(cfg: EnvRunConfig) -> tuple[EnvRunConfig, dict[str, Any], Path]:
     """(the source run's config, its checkpoint state, the checkpoint path) for ``cfg.init``."""
     from polar.trainers.checkpoint import load_checkpoint
     from polar.trainers.loading import resolve_target
 
+    assert cfg.init is not None  # called for runs with init only
     ckpt = resolve_source(cfg.init.source, cfg.config_dir)
     _, src_cfg, _ = resolve_target(ckpt)
     if src_cfg.kind != "env":
@@ -213,17 +216,17 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
     elif dst_fam == Q_NETWORK and src_fam == ACTOR_CRITIC:
         activation = network_settings(cfg)[1]
         if _has_iql_critics(state):
-            critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
+            critic_hidden = _iql_critic_hidden(src_cfg)
             t = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
                                  "agent.activation: relu")
             _check_activation("relu", activation, f"the IQL critic of {where}", t.fix)
             pairs = _under(state["learner"]["critics"], "0")
             report["copied"] = "IQL critic Q(s, .) as the Q-network"
         else:
-            _builtin_feedforward(src_cfg, where, "DQN")
-            t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
-                                 f"{src_cfg.agent.activation} (the source agent's)")
-            _check_activation(src_cfg.agent.activation, activation, where, t.fix)
+            src_agent = _builtin_feedforward(src_cfg, where, "DQN")
+            t = _Transfer(where, f"set agent.hidden_sizes: {list(src_agent.hidden_sizes)} and agent.activation: "
+                                 f"{src_agent.activation} (the source agent's)")
+            _check_activation(src_agent.activation, activation, where, t.fix)
             pairs = _under(sd, "agent.pi_encoder") + _under(sd, "agent.pi_head")
             report["copied"] = "actor logits as initial Q-values"
         t.params(agent.q_net, "agent.q_net", pairs)
@@ -238,10 +241,20 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
     return report
 
 
-def _builtin_feedforward(src_cfg: Any, where: str, target: str) -> None:
-    if src_cfg.agent.type not in ("mlp", "cnn"):
-        raise ConfigError(f"init.source: {where} has a {src_cfg.agent.type} agent; {target} starts from an mlp or cnn "
+def _builtin_feedforward(src_cfg: EnvRunConfig, where: str, target: str) -> BuiltinAgentConfig:
+    """The source's agent section, when it is a built-in feed-forward one (mlp, cnn)."""
+    agent = src_cfg.agent
+    if not isinstance(agent, BuiltinAgentConfig) or agent.type not in ("mlp", "cnn"):
+        raise ConfigError(f"init.source: {where} has a {agent.type} agent; {target} starts from an mlp or cnn "
                           "actor only (its networks are feed-forward), or from a run of its own kind")
+    return agent
+
+
+def _iql_critic_hidden(src_cfg: EnvRunConfig) -> list[int]:
+    """The hidden sizes of the IQL critics a source run kept."""
+    kw = src_cfg.policy.kwargs
+    assert isinstance(kw, IQLKwargs), kw  # only IQL's learner keeps critics beside an actor-critic agent
+    return list(kw.critic_hidden)
 
 
 def _what_starts(dst_type: str, dst_fam: str) -> str:
@@ -267,7 +280,7 @@ def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str,
             learner.log_ent_coef.copy_(src_learner["log_ent_coef"])
 
 
-def _sac_from_actor_critic(trainer: InitTarget, src_cfg: Any, state: dict[str, Any], where: str) -> dict[str, Any]:
+def _sac_from_actor_critic(trainer: InitTarget, src_cfg: EnvRunConfig, state: dict[str, Any], where: str) -> dict[str, Any]:
     """SAC's actor from a Gaussian actor-critic agent: the trunk as is, the mean mapped linearly into tanh space
     (``mu = (mean - bias) / scale``: exact for actions well inside the bounds), the state-independent log std as the
     log-std head's bias; from IQL also both critics, their action input rescaled to SAC's [-1, 1]."""
@@ -278,11 +291,11 @@ def _sac_from_actor_critic(trainer: InitTarget, src_cfg: Any, state: dict[str, A
     if "agent.log_std" not in sd:
         raise ConfigError(f"init.source: {where} has no Gaussian actor (Box actions); SAC starts from an agent that "
                           "was trained on this Box action space")
-    _builtin_feedforward(src_cfg, where, "SAC")
+    src_agent = _builtin_feedforward(src_cfg, where, "SAC")
     activation = network_settings(cfg)[1]
-    t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
-                         f"{src_cfg.agent.activation} (the source agent's)")
-    _check_activation(src_cfg.agent.activation, activation, where, t.fix)
+    t = _Transfer(where, f"set agent.hidden_sizes: {list(src_agent.hidden_sizes)} and agent.activation: "
+                         f"{src_agent.activation} (the source agent's)")
+    _check_activation(src_agent.activation, activation, where, t.fix)
     t.params(agent.trunk, "agent.trunk", _under(sd, "agent.pi_encoder"))
     scale, bias = agent.action_scale, agent.action_bias
     w, b = sd["agent.pi_head.weight"], sd["agent.pi_head.bias"]
@@ -295,7 +308,7 @@ def _sac_from_actor_critic(trainer: InitTarget, src_cfg: Any, state: dict[str, A
     t.copy(agent.log_std.bias.data, log_std - torch.log(scale), "agent.log_std", "agent.log_std.bias")
     report: dict[str, Any] = {"copied": "actor (mean rescaled into tanh space)"}
     if _has_iql_critics(state):
-        critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
+        critic_hidden = _iql_critic_hidden(src_cfg)
         tc = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
                               "agent.activation: relu; SAC's critics share the agent's hidden sizes")
         _check_activation("relu", activation, f"the IQL critics of {where}", tc.fix)
@@ -332,10 +345,11 @@ def _sync_learner(trainer: InitTarget) -> None:
 
 
 # ---------------------------------------------------------------------- replay mix
-def old_replay(cfg: Any, observation_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
+def old_replay(cfg: EnvRunConfig, observation_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
     """``replay_mix.dataset``'s transitions in a replay buffer of their own (checked against the env's spaces)."""
     from polar.datasets.minari import load_dataset
 
+    assert cfg.replay_mix is not None  # called for runs with replay_mix only
     data = load_dataset(cfg.replay_mix.dataset, cfg.config_dir, observation_space, action_space,
                         where="replay_mix.dataset")
     buf = ReplayBuffer(len(data), observation_space, action_space, seed=cfg.seed + 1)
@@ -393,7 +407,7 @@ class OldTasks:
     """``eval.old_tasks``: each evaluated like the run's own eval (same episodes, seed, determinism); the first
     measurement (before any online step) is the start, and ``forgetting = start - current`` (positive: worse)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: EnvRunConfig) -> None:
         self.cfg = cfg
         tasks = cfg.eval.old_tasks
         self.names = old_task_names(cfg.harness, tasks)

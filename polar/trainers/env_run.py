@@ -1,13 +1,13 @@
 """What every env run is composed of besides its algorithm: the env side (a rollout backend, or for offline
 runs the env's spaces), the acting policy and the learner's copy of it, the learner wrapper that publishes and
-checkpoints the policy, and the evaluator. ``polar.trainers.build`` puts them together with the algorithm's
-registry row; nothing here knows an algorithm.
+checkpoints the policy (the evaluator is ``polar.trainers.evaluation.EnvEvaluator``). ``polar.trainers.build``
+puts them together with the algorithm's registry row; nothing here knows an algorithm.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -21,7 +21,7 @@ from polar.rollout.backends.base import RolloutBackend
 from polar.trainers.continual import Continual
 from polar.trainers.device import copy_weights
 from polar.trainers.run_dir import RunDir
-from polar.types import Batch, Metrics, Progress
+from polar.types import Batch, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ T_contra = TypeVar("T_contra", contravariant=True)
 class AlgorithmLearner(Protocol[T_contra]):
     """An algorithm's learner (``polar.algorithms``): the update and its own state (optimizer, targets)."""
 
-    def update(self, batch: Batch[T_contra]) -> Metrics: ...
+    def update(self, batch: Batch[T_contra], /) -> Metrics: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -98,51 +98,3 @@ class PolicyLearner(Generic[T]):
         self.algorithm.load_state_dict(state["learner"])
         if self.parts.continual is not None:
             self.parts.continual.load_state_dict(state.get("continual"))
-
-
-class PolicyEvaluator:
-    """Deterministic episodes of the acting policy on fresh env instances (``eval``): every
-    ``eval.every_n_iterations`` iterations and at the end (``eval.at_end``), written to ``eval/<tag>.json``; with
-    ``init`` or ``eval.old_tasks``, the start measurement before the first iteration and forgetting after each
-    evaluation (``polar.trainers.continual``). ``counters``: extra fields of each result (offline runs: the
-    gradient steps)."""
-
-    def __init__(self, parts: EnvParts, row_fields: bool = False) -> None:
-        self.parts = parts
-        self.row_fields = row_fields  # eval/return_mean in the row even without continual (offline runs)
-        self.counters: Callable[[], dict[str, Any]] = dict
-
-    def evaluate(self, tag: str, progress: Progress) -> dict[str, Any]:
-        from polar.trainers.evaluation import evaluate_policy
-
-        parts = self.parts
-        ev = parts.cfg.eval
-        parts.sync_acting_policy()
-        parts.policy.eval()
-        res = evaluate_policy(parts.policy, parts.cfg.harness, ev.episodes, ev.seed, ev.deterministic, ev.num_envs,
-                              parts.cfg.config_dir)
-        res.update(env_steps=progress.env_steps, iteration=progress.iteration, **self.counters())
-        parts.run_dir.write_json(f"eval/{tag}.json", res)
-        return res
-
-    def before(self, progress: Progress) -> dict[str, Any]:
-        continual = self.parts.continual
-        if continual is not None:
-            continual.begin(self.parts.state, lambda: self.evaluate("start", progress))
-        return {}
-
-    def periodic(self, progress: Progress) -> Metrics:
-        every = self.parts.cfg.eval.every_n_iterations
-        if every and progress.iteration % every == 0:
-            res = self.evaluate(f"iter_{progress.iteration:08d}", progress)
-            if self.parts.continual is not None:  # eval/return_mean, old_task/return, forgetting
-                return self.parts.continual.metrics(res)
-            if self.row_fields:
-                return {"eval/return_mean": res.get("return_mean")}
-        return {}
-
-    def final(self, progress: Progress) -> dict[str, Any]:
-        out = {"eval": self.evaluate("final", progress)} if self.parts.cfg.eval.at_end else {}
-        if self.parts.continual is not None:
-            out["continual"] = self.parts.continual.summary(out.get("eval"))
-        return out

@@ -1,9 +1,11 @@
 """The one training loop, for every kind of run: collect -> learn -> publish weights -> log -> checkpoint ->
-evaluate. PPO, APPO, DQN, SAC, BC, IQL, CQL, GRPO and SFT all run through ``TrainingLoop.train``::
+evaluate. PPO, APPO, DQN, SAC, BC, IQL, CQL and PettingZoo runs run through ``TrainingLoop.train``, and it
+serves GRPO's shape too (an SFT warm-up stage, ``total_steps`` as the budget); the agent trainer moves onto it
+from ``legacy_loop.py`` when the agent run is composed::
 
     for stage in warm_up:                                # fresh runs only (GRPO's SFT warm-up)
         until stage.budget: stage.learner.update(stage.collector.collect())
-    evaluator.before(progress)
+    evaluator.before(progress); collector.start(weights)
     while not budget(progress):                          # total_env_steps, gradient_steps, or GRPO's total_steps
         batch = collector.collect()                      # env fragments, replay, dataset minibatches, sessions
         count(batch)                                     # env steps, finished episodes
@@ -194,9 +196,9 @@ class TrainingLoop(Generic[T]):
                     else:
                         for stage in self.warm_up:
                             self._run_stage(stage)
+                    self.summary.update(self.evaluator.before(self.progress))  # the weights the run starts from
                     self.collector.start(self.learner.weights(), self.version)
                     self.run_dir.update_meta(status="running")
-                    self.summary.update(self.evaluator.before(self.progress))
                     self._last_t, self._last_steps = self._elapsed(), self.env_steps
                     while not self.budget(self.progress) and not stop_requested():
                         if self._iterate():

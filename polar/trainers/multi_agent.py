@@ -9,7 +9,6 @@ win rates (``eval/vs_random/win_rate``, ``eval/vs_pool/win_rate``, ...).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -123,7 +122,8 @@ class MultiPolicyLearner:
     def update(self, batch: Batch[dict[str, Fragment]]) -> Metrics:
         stats: Metrics = {}
         for name, frag in batch.data.items():
-            own = dataclasses.replace(batch, data=Rollout([frag], buffer=RolloutBuffer([frag])))
+            own = Batch(Rollout([frag], buffer=RolloutBuffer([frag])), frag.env_steps, run_env_steps=batch.run_env_steps,
+                        iteration=batch.iteration, version=batch.version)
             st = self.learners[name].update(own)
             stats.update(st if len(batch.data) == 1 else {f"{name}/{k}": v for k, v in st.items()})
         sp = self.harness.self_play

@@ -42,7 +42,8 @@ from polar.distributed.cluster import RoleRequest, connect, ray_options, wait_re
 from polar.errors import DistributedError, PolarError
 
 if TYPE_CHECKING:
-    from polar.config.run import EnvRunConfig
+    from polar.config.run import EnvRunConfig, RunConfig
+    from polar.rollout.backends.base import RolloutBackend
     from polar.trainers.loop import OnIteration, TrainingLoop
     from polar.trainers.run_dir import RunDir
     from polar.types import Metrics
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PROGRESS_ROWS = 10_000  # metrics rows the actor keeps for the driver to relay (one per iteration)
+
+
+class Trainer(Protocol):
+    def train(self) -> dict[str, Any]: ...
 
 
 class Compose(Protocol):
@@ -93,7 +98,8 @@ class LearnerActor:
         self._rows: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PROGRESS_ROWS)
         self._seq = 0
 
-        def backend_factory(cfg, fragment_steps, seed, config_dir=None):
+        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int,
+                            config_dir: Path | None = None) -> RolloutBackend:
             from polar.rollout.backends.ray_backend import RayBackend
 
             # after a crash the cluster may have lost a node: start with what fits, place the rest later
@@ -101,6 +107,7 @@ class LearnerActor:
                               rollout_workers=rollout_workers, autoscale=autoscale)
 
         extra = {"learner/restarts": learner_restarts}
+        self.trainer: Trainer
         if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
             # an LLM learner uses the CPUs its actor reserved (env learners keep 1 thread: small networks)
             torch.set_num_threads(max(1, int(cfg.distribution.learner_resources.num_cpus)))
@@ -167,7 +174,7 @@ class _LearnerDied(Exception):
 class RayLearnerDriver:
     """Starts the learner actor, relays its progress, restarts it from the last checkpoint if it dies."""
 
-    def __init__(self, cfg, run_dir, compose: Compose, resume: bool = False,
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, compose: Compose, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None, poll_interval_s: float = 0.2) -> None:
         self.cfg = cfg
         self.compose = compose
@@ -175,7 +182,7 @@ class RayLearnerDriver:
         self.resume = resume
         self.on_iteration = on_iteration
         self.poll_interval_s = poll_interval_s
-        self.actor = None
+        self.actor: Any = None  # the LearnerActor's Ray handle
         self.learner_info: dict[str, Any] | None = None
         self.learner_restarts = 0
         self._history: list[dict[str, Any]] = []

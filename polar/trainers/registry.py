@@ -31,7 +31,7 @@ from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
-from polar.config.bc import BCKwargs
+from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
@@ -90,13 +90,13 @@ def env_collector(parts: EnvParts, fragments: Callable[[], int], buffered: bool 
     cfg, backend = parts.cfg, parts.backend
     assert backend is not None  # rows with steps_per_env have one
     kw = cfg.policy.kwargs
-    reward_norm = None
-    if getattr(kw, "normalize_reward", False):
+    reward_norm, reward_clip = None, None
+    if isinstance(kw, PPOKwargs | APPOKwargs) and kw.normalize_reward:  # the return normalizer's scale
         from polar.models.normalization import RunningNorm
 
-        reward_norm = RunningNorm((), kw.clip_reward)
+        reward_norm, reward_clip = RunningNorm((), kw.clip_reward), kw.clip_reward
     return EnvCollector(backend, parts.policy, FiniteGuard(cfg.nonfinite, harness_name(cfg.harness)), fragments,
-                        reward_norm=reward_norm, reward_clip=getattr(kw, "clip_reward", None), buffered=buffered)
+                        reward_norm=reward_norm, reward_clip=reward_clip, buffered=buffered)
 
 
 def n_updates(learner: Learner[Any]) -> int:
@@ -210,15 +210,15 @@ def dataset_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
     iteration, the last one stopping at ``gradient_steps`` exactly."""
     from polar.rollout.dataset import DatasetCollector
 
-    kw = parts.cfg.policy.kwargs
+    kw = cast(OfflineKwargs, parts.cfg.policy.kwargs)
     data = parts.extra["dataset"]
-    spi, total = int(kw.steps_per_iteration), int(kw.gradient_steps)
+    spi, total = kw.steps_per_iteration, kw.gradient_steps
     return DatasetCollector(data, kw.batch_size, lambda: max(1, min(spi, total - n_updates(learner))), parts.seed,
                             parts.policy.obs_norm)
 
 
 def _gradient_steps(cfg: EnvRunConfig) -> int:
-    return int(cfg.policy.kwargs.gradient_steps)
+    return cast(OfflineKwargs, cfg.policy.kwargs).gradient_steps
 
 
 # ---------------------------------------------------------------------- the table

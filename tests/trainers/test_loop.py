@@ -155,7 +155,8 @@ def test_every_env_learner_has_the_one_signature_and_every_env_collector_is_a_co
     from polar.trainers.multi_agent import MultiPolicyLearner
 
     for cls in (PPOLearner, APPOLearner, DQNLearner, SACLearner, BCLearner, IQLLearner, CQLLearner, DiscreteCQLLearner):
-        assert list(inspect.signature(cls.update).parameters) == ["self", "batch"], cls
+        (param,) = list(inspect.signature(cls.update).parameters.values())[1:]  # update(batch) and nothing else
+        assert param.annotation.startswith("Batch["), cls
         assert hasattr(cls, "state_dict") and hasattr(cls, "load_state_dict"), cls
     for cls in (PolicyLearner, MultiPolicyLearner):
         assert issubclass(cls, Learner), cls
@@ -203,3 +204,37 @@ def test_build_composes_the_one_loop_for_agent_runs(tmp_path):
     finally:
         for closer in trainer.close_after:  # the stack build_trainer started
             closer.close()
+
+
+def test_a_warm_up_stage_runs_before_the_main_one_on_fresh_runs_only(tmp_path):
+    """GRPO's shape: an SFT warm-up stage first (its own collector and learner, one new policy version), then
+    ``total_steps`` iterations of one batch each as the budget."""
+    from polar.trainers.loop import Stage, iterations_budget
+
+    warm_collector = CountingCollector()
+    warm = CountingLearner(warm_collector)
+    order: list[str] = []
+    warm_update = warm.update
+    warm.update = lambda batch: (order.append("warm"), warm_update(batch))[1]  # type: ignore[method-assign]
+    collector = CountingCollector()
+    collector_start = collector.start
+    collector.start = lambda w, v: (order.append("main start"), collector_start(w, v))[1]  # type: ignore[method-assign]
+    run = RunDir.create("loop", tmp_path / "run")
+    stage = Stage("sft", warm_collector, warm, budget=lambda p: p.iteration >= 4, log_every=1)
+    loop = TrainingLoop(env_cfg(), run, collector, CountingLearner(collector), NoEvaluation(),
+                        budget=iterations_budget(2), warm_up=[stage])
+    result = loop.train()
+    assert order == ["warm"] * 4 + ["main start"] and warm_collector.closed
+    assert collector.started_at == 1  # the warm-up's weights are version 1
+    assert result["iterations"] == 2 and result["sft"]["updates"] == 4
+    assert result["sft"]["first"]["sum_loss"] == 1.0 and result["sft"]["last"]["sum_loss"] == 1 + 2 + 4
+    logged = read_metrics(run.metrics_path)
+    assert [r["sft/updates"] for r in logged if "sft/updates" in r] == [1, 2, 3, 4]
+    assert [r["iteration"] for r in logged if "iteration" in r] == [1, 2]
+
+    resumed_warm = CountingLearner(CountingCollector())
+    state = load_checkpoint(run.checkpoints_dir / "ckpt_00000002.pt")
+    again = TrainingLoop(env_cfg(), RunDir.open(run.path), CountingCollector(), resumed_warm, NoEvaluation(),
+                         budget=iterations_budget(3), state=state,
+                         warm_up=[Stage("sft", CountingCollector(), resumed_warm, budget=lambda p: p.iteration >= 4)])
+    assert again.train()["iterations"] == 3 and "sft" not in again.summary  # a resumed run has had its warm-up
