@@ -12,8 +12,8 @@ are plain code, run in the order they are joined:
   the JSON line;
 - ``EVALUATE_GYM``: ``evaluate(act)`` on ``gym.make(A["env_id"])``, deterministic episodes seeded
   ``A["eval_seed"] + i``;
-- ``POLAR_TOOLS``: ``bench_trainer(base, timed_method)`` (``--threads`` torch threads, the learner's update
-  timed); ``POLAR_OFF_POLICY_CFG``: the off-policy ``cfg``; ``POLAR_TRAIN``: trains ``BenchTrainer`` and
+- ``POLAR_TOOLS``: ``bench_loop(cfg, timed_method)`` (``--threads`` torch threads, the learner's update
+  timed); ``POLAR_OFF_POLICY_CFG``: the off-policy ``cfg``; ``POLAR_TRAIN``: trains ``bench_loop(cfg, *BENCH)`` and
   takes ``t_end``, ``cpu`` and ``policy``;
 - ``SB3_LEARN``: times ``model.train``, trains ``model`` and takes ``t_end`` and ``cpu``.
 """
@@ -98,22 +98,27 @@ import tempfile
 import torch
 from polar.rollout.runner import obs_to_tensor
 from polar.trainers.run_dir import RunDir
-def bench_trainer(base, timed_method):
-    class BenchTrainer(base):
-        def _setup(self):
-            super()._setup()
-            torch.set_num_threads(A["threads"])  # the trainer sets 1; --threads applies to both sides alike
-
-        def _make_learner(self):
-            learner = super()._make_learner()
-            setattr(learner, timed_method, timed(getattr(learner, timed_method)))
-            return learner
-    return BenchTrainer
+# the composed loop of cfg with its algorithm's timed_method timed; on_fragment(frag) sees every fragment the
+# collector takes (before the loop counts it)
+def bench_loop(cfg, timed_method, on_fragment=None):
+    from polar.trainers.build import compose
+    loop = compose(cfg, RunDir.create("bench", tempfile.mkdtemp()))
+    torch.set_num_threads(A["threads"])  # compose sets 1; --threads applies to both sides alike
+    learner = loop.learner.algorithm
+    setattr(learner, timed_method, timed(getattr(learner, timed_method)))
+    if on_fragment is not None:
+        env = getattr(loop.collector, "env", loop.collector)
+        fetch = env.next_fragment
+        def next_fragment():
+            frag = fetch()
+            on_fragment(frag)
+            return frag
+        env.next_fragment = next_fragment
+    return loop
 """
 
 POLAR_OFF_POLICY_CFG = r"""
 from polar.config import load_config
-from polar.trainers.off_policy import OffPolicyTrainer
 overrides = [f"seed={A['seed']}", f"total_env_steps={A['steps']}", "logging.tensorboard=false",
              "logging.checkpoint_freq=0", "logging.progress_bar=false", "eval.at_end=false",
              "policy.kwargs.save_replay_buffer=false", f"agent.hidden_sizes={json.dumps(A['net_arch'])}",
@@ -123,10 +128,10 @@ cfg = load_config(A["config"], overrides)
 """
 
 POLAR_TRAIN = r"""
-trainer = BenchTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp()))
+trainer = bench_loop(cfg, *BENCH)
 res = trainer.train()
 t_end, cpu = time.time(), cpu_s()
-policy = trainer.policy
+policy = trainer.learner.parts.policy
 """
 
 SB3_LEARN = r"""

@@ -96,8 +96,7 @@ def evaluate(act):
 """
 
 POLAR_TRIAL = PRELUDE + POLAR_TOOLS + r"""
-from polar.trainers.on_policy import OnPolicyTrainer
-BenchTrainer = bench_trainer(OnPolicyTrainer, "update")
+BENCH = ("update",)
 """ + POLAR_TRAIN + r"""
 @torch.inference_mode()
 def act(obs):

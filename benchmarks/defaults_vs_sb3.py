@@ -71,7 +71,7 @@ t_train = time.time()
 if side == "polar":
     import tempfile
     from polar.config import RunConfig, validate
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import build_trainer
     from polar.trainers.run_dir import RunDir
     harness = ({"type": "custom", "connector_spec": connector} if keydoor else
                {"type": "gymnasium", "id": f"_defaults_recorder:defaults_rec/{env_name}",
@@ -82,7 +82,7 @@ if side == "polar":
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False}})
     cfg._config_dir = __import__("pathlib").Path(_defaults_recorder.__file__).parent
     t_train = time.time()
-    res = OnPolicyTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp())).train()
+    res = build_trainer(cfg, RunDir.create("bench", tempfile.mkdtemp())).train()
     final_steps = res["env_steps"]
 else:
     from stable_baselines3 import PPO

@@ -58,7 +58,7 @@ def check_grpo(lora: bool) -> str:
         assert all(p.is_cuda for p in learner.reference.parameters()), "reference not on CUDA"
     before = [p.detach().clone() for p in policy.parameters()]
     t0 = time.perf_counter()
-    stats = learner.update(_samples(8, 48, 200), [1.0, -1.0] * 4)
+    stats = learner.optimize(_samples(8, 48, 200), [1.0, -1.0] * 4)
     step_s = time.perf_counter() - t0
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert stats["kl"] >= 0.0, stats
@@ -76,8 +76,7 @@ def check_env_learner(algo: str, tmp: Path) -> str:
 
     from polar.config.base import validate
     from polar.config.run import RunConfig
-    from polar.trainers.off_policy import OffPolicyTrainer
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     off = {"learning_starts": 100, "batch_size": 64, "buffer_size": 5000, "gradient_steps": 1}
@@ -93,17 +92,16 @@ def check_env_learner(algo: str, tmp: Path) -> str:
         "distribution": {"rollout_workers": 0, "envs_per_worker": 4, "num_gpus": 1},
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False},
     })
-    cls = OnPolicyTrainer if algo in ("ppo", "appo") else OffPolicyTrainer
-    trainer = cls(cfg, RunDir.create(cfg.name, tmp / algo))
     t0 = time.perf_counter()
-    trainer._setup()
-    initial = {k: v.detach().clone() for k, v in trainer.policy.agent.state_dict().items()}
-    trainer.backend.close()
-    trainer = cls(cfg, RunDir.create(cfg.name, tmp / f"{algo}-run"))
+    trainer = compose(cfg, RunDir.create(cfg.name, tmp / algo))
+    initial = {k: v.detach().clone() for k, v in trainer.learner.parts.policy.agent.state_dict().items()}
+    trainer.collector.close()
+    trainer = compose(cfg, RunDir.create(cfg.name, tmp / f"{algo}-run"))
     result = trainer.train()
     wall = time.perf_counter() - t0
-    agent, acting, learner = trainer.train_agent, trainer.policy.agent, trainer.learner
-    assert trainer.device.type == "cuda", trainer.device
+    parts = trainer.learner.parts
+    agent, acting, learner = parts.train_agent, parts.policy.agent, trainer.learner.algorithm
+    assert parts.device.type == "cuda", parts.device
     assert all(p.is_cuda for p in agent.parameters()), "learner agent not on CUDA"
     assert all(not p.is_cuda for p in acting.parameters()), "acting policy left CPU"
     for name in ("optimizer", "actor_optimizer", "critic_optimizer"):

@@ -68,13 +68,13 @@ LINE = ("  {which:5s} seed {seed}: return {eval_mean:.1f}, {wall_s:.1f}s wall, {
 PRELUDE = TRIAL_HEAD + TRIAL_TOOLS + EVALUATE_GYM
 
 POLAR_TRIAL = PRELUDE + POLAR_TOOLS + POLAR_OFF_POLICY_CFG + r"""
-BenchTrainer = bench_trainer(OffPolicyTrainer, "train")
+BENCH = ("train",)
 """ + POLAR_TRAIN + r"""
 @torch.inference_mode()
 def act(obs):
     return policy.act(obs_to_tensor(obs[None]), None, True)[0][0].numpy()
 
-report(t_end, cpu, act, env_steps=res["env_steps"], grad_steps=trainer.learner.n_updates, update_s=UPDATE["s"])
+report(t_end, cpu, act, env_steps=res["env_steps"], grad_steps=trainer.learner.algorithm.n_updates, update_s=UPDATE["s"])
 """
 
 SB3_TRIAL = PRELUDE + r"""

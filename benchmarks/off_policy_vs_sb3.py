@@ -99,22 +99,25 @@ PRELUDE = TRIAL_HEAD + TRIAL_TOOLS + EVALUATE_GYM
 POLAR_TRIAL = PRELUDE + POLAR_TOOLS + POLAR_OFF_POLICY_CFG + r"""
 EPISODES = []
 
-class BenchTrainer(bench_trainer(OffPolicyTrainer, "train")):
-    def _absorb(self, f):
-        before = self.env_steps
-        super()._absorb(f)
-        if f.episode_returns:
-            assert f.num_envs == 1, "the benchmark runs one env"
-            ends = np.flatnonzero(np.logical_or(f.terminated[:, 0], f.truncated[:, 0])) + before + 1
-            assert len(ends) == len(f.episode_returns), (ends, f.episode_returns)
-            now = time.time()
-            EPISODES.extend([int(s), float(r), now] for s, r in zip(ends, f.episode_returns))
+SEEN = [0]  # env steps before the fragment
+
+def record_episodes(f):
+    before = SEEN[0]
+    SEEN[0] += f.env_steps
+    if f.episode_returns:
+        assert f.num_envs == 1, "the benchmark runs one env"
+        ends = np.flatnonzero(np.logical_or(f.terminated[:, 0], f.truncated[:, 0])) + before + 1
+        assert len(ends) == len(f.episode_returns), (ends, f.episode_returns)
+        now = time.time()
+        EPISODES.extend([int(s), float(r), now] for s, r in zip(ends, f.episode_returns))
+
+BENCH = ("train", record_episodes)
 """ + POLAR_TRAIN + r"""
 @torch.inference_mode()
 def act(obs):
     return policy.act(obs_to_tensor(obs[None]), None, True)[0][0].numpy()
 
-report(t_end, cpu, act, env_steps=res["env_steps"], grad_steps=trainer.learner.n_updates, update_s=UPDATE["s"],
+report(t_end, cpu, act, env_steps=res["env_steps"], grad_steps=trainer.learner.algorithm.n_updates, update_s=UPDATE["s"],
        episodes=EPISODES)
 """
 

@@ -5,7 +5,7 @@ critic levelled off?). At the end, for IQL: Q, V and advantage statistics on the
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/offline_iql_curve.py --ds medium-replay --tau 0.005
 
-The same learner and sampler as ``polar train`` (``polar.trainers.offline``); ``--norm`` standardizes the
+The same learner and sampler as ``polar train`` (``polar.rollout.dataset``); ``--norm`` standardizes the
 observations with the dataset's mean/std (CORL's ``normalize``), which polar's offline runs do not do.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from polar.algorithms.iql import IQLLearner  # noqa: E402
 from polar.config import RunConfig, validate  # noqa: E402
 from polar.datasets.minari import load_dataset  # noqa: E402
 from polar.models.policy import build_policy  # noqa: E402
-from polar.trainers.offline import DatasetCollector  # noqa: E402
+from polar.rollout.dataset import DatasetCollector  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split(chr(10))[0])
 p.add_argument("--out", type=Path, default=ROOT / "runs" / "offline_bench")
@@ -67,7 +67,7 @@ if a.norm:
 else:
     mu, sd = np.zeros(4, np.float32), np.ones(4, np.float32)
 print("data", len(data), "terminated", data.terminated.sum(), "episodes", len(data.episode_returns), flush=True)
-col = DatasetCollector(data, a.batch, a.every, a.seed)
+col = DatasetCollector(data, a.batch, lambda: a.every, a.seed)
 
 def evaluate(n):
     rets, why = [], {"x": 0, "theta": 0, "trunc": 0}
@@ -89,7 +89,7 @@ def evaluate(n):
 t0 = time.time()
 done = 0
 while done < a.steps:
-    st = learner.train(col.collect().data)
+    st = learner.update(col.collect())
     done += a.every
     m, s, why = evaluate(a.episodes)
     print(done, f"eval {m:.1f} ± {s:.1f}", why, {kk: round(v, 3) for kk, v in st.items() if isinstance(v, float)}, f"{time.time()-t0:.0f}s", flush=True)

@@ -115,9 +115,9 @@ def replay_episodes(path: Path, act_dtype):
 
 
 def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
-    from polar.datasets.collect import collect_episodes
     from polar.datasets.minari import write_dataset
     from polar.harness import make_vector_env
+    from polar.rollout.episodes import collect_episodes
     from polar.trainers.build import build_trainer, create_run_dir
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.loading import load_policy_for_eval
@@ -143,11 +143,11 @@ def make_datasets(env: str, out: Path, args) -> dict[str, Path]:
             evals[int(m["iteration"])], env_steps[int(m["iteration"])] = r, int(m["env_steps"])
 
     trainer.on_iteration = on_iteration
-    finished = trainer.finished
+    budget = trainer.budget
     def reached() -> bool:
         return any(r >= target for r in evals.values())
 
-    trainer.finished = lambda: finished() or reached()  # type: ignore[method-assign]
+    trainer.budget = lambda p: budget(p) or reached()
     t0 = time.perf_counter()
     trainer.train()
     src_s = time.perf_counter() - t0

@@ -40,6 +40,7 @@ from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.models.policy import build_policy
 from polar.rollout.backends.base import make_backend
+from polar.types import Batch, Rollout
 
 cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
                            "policy": {"type": "ppo", "kwargs": {"fused": "auto" if path == "fused" else "off"}}})
@@ -76,10 +77,10 @@ if optim == "torch":
     learner.optimizer = TorchAdam(learner.params, cfg.policy.kwargs.learning_rate, cfg.policy.kwargs.adam_eps)
 construct_s = time.perf_counter() - t0
 assert learner.fused == (path == "fused")
-learner.update(RolloutBuffer([frag]), progress=0.0)  # warm-up
+learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))  # warm-up
 steps, t, c = 0, time.perf_counter(), time.process_time()
 for _ in range(updates):
-    steps += learner.update(RolloutBuffer([frag]), progress=0.0)["n_updates"]
+    steps += learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))["n_updates"]
 dt, dc = time.perf_counter() - t, time.process_time() - c
 print(json.dumps({"steps_per_s": steps / dt, "cpu_steps_per_s": steps / dc, "construct_s": construct_s}))
 """

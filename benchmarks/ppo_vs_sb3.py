@@ -45,7 +45,7 @@ POLAR_TRIAL = r"""
 import json, sys, time, tempfile
 seed, budget = int(sys.argv[1]), int(sys.argv[2])
 from polar.config import load_config
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import build_trainer
 from polar.trainers.run_dir import RunDir
 cfg = load_config(sys.argv[3], [f"seed={seed}", "logging.tensorboard=false", "logging.checkpoint_freq=0",
                                 "logging.progress_bar=false", "eval.at_end=false", f"total_env_steps={budget}"])
@@ -56,7 +56,7 @@ def on_iteration(m):
         ru = resource.getrusage(resource.RUSAGE_SELF)
         hit.update(t=time.time(), steps=m["env_steps"], cpu=ru.ru_utime + ru.ru_stime)
 t_train = time.time()
-res = OnPolicyTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp()), on_iteration=on_iteration).train()
+res = build_trainer(cfg, RunDir.create("bench", tempfile.mkdtemp()), on_iteration=on_iteration).train()
 print(json.dumps({"t_train": t_train, "t_hit": hit.get("t"), "steps": hit.get("steps"), "cpu": hit.get("cpu"),
                   "final_steps": res["env_steps"]}))
 """

@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TRIAL = r"""
 import cProfile, sys, tempfile
 from polar.config import load_config
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import build_trainer
 from polar.trainers.run_dir import RunDir
 cfg = load_config("examples/cartpole_ppo.yaml", ["seed=0", "logging.tensorboard=false", "logging.checkpoint_freq=0",
                   "logging.progress_bar=false", "eval.at_end=false", f"total_env_steps={sys.argv[1]}"])
-trainer = OnPolicyTrainer(cfg, RunDir.create("bench", tempfile.mkdtemp()))
+trainer = build_trainer(cfg, RunDir.create("bench", tempfile.mkdtemp()))
 prof = cProfile.Profile()
 prof.enable()
 trainer.train()

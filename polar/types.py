@@ -1,14 +1,18 @@
 """Plain typed records shared across layers: the same schema in memory, on disk and on the wire.
 
 ``Fragment`` is what an env rollout worker sends the learner; ``CallRecord`` and ``TrajectorySample``
-cross the gateway/trainer boundary. Every layer may import them, so they live at the bottom.
+cross the gateway/trainer boundary; ``SessionResult`` is what one agent session turned into (the session collector's
+groups, GRPO's input). Every layer may import them, so they live at the bottom.
 """
 
 from __future__ import annotations
 
+import enum
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -161,20 +165,224 @@ class Fragment:
         return self.num_steps * self.num_envs
 
 
-@dataclass
-class Batch:
-    """One collect of a Collector (``polar.trainers.loop``): what the learner trains on, and what the loop counts.
+@dataclass(frozen=True)
+class Rollout:
+    """What an env learner (PPO, APPO) trains on: fragments, and the reward scaling the collector's return
+    normalizer gives (``normalize_reward``; scale 1 and no clip without it)."""
 
-    ``data`` is the learner's input: a list of ``Fragment`` (env runs) or groups of agent sessions (agent
-    runs). ``env_steps`` counts env steps (agent runs: sessions, one episode each); the episode lists hold the
-    episodes that finished in this batch; ``policy_versions`` the versions that acted (for ``policy_lag``)."""
+    fragments: list[Fragment]
+    reward_scale: float = 1.0
+    reward_clip: float | None = None
+    # the fragments as one ``polar.buffers.RolloutBuffer`` (PPO's epochs run on it), made by the collector when
+    # the learner wants one: buffers sit beside algorithms, so neither names the other's type here
+    buffer: Any = None
 
-    data: Any
+
+class ReplaySampler(Protocol):
+    """Where off-policy gradient steps draw their minibatches (a replay buffer, or a mix of an old and a new one)."""
+
+    def __len__(self) -> int: ...
+
+    def sample(self, batch_size: int, beta: float | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What an off-policy learner (DQN, SAC) trains on: the buffer the collector has just filled (gradient steps
+    sample from it; a prioritized one is updated by them) and the transitions the batch added."""
+
+    sampler: ReplaySampler
+    added: int
+
+
+T_co = TypeVar("T_co", covariant=True)
+T_contra = TypeVar("T_contra", contravariant=True)
+
+Metrics = dict[str, Any]
+"""A metrics row's fields (numbers, mostly; an evaluation result may nest)."""
+
+
+@dataclass(frozen=True)
+class Batch(Generic[T_co]):
+    """One collect of a :class:`Collector`: what the learner trains on (``data``), and what the loop counts.
+
+    - ``data``: the learner's input, typed by the pair: ``Rollout`` (PPO, APPO), ``Replay`` (DQN, SAC),
+      ``list[OfflineBatch]`` (BC, IQL, CQL), ``dict[str, Fragment]`` (PettingZoo), groups of agent sessions
+      (GRPO), demonstration batches (SFT).
+    - ``env_steps``: env steps it holds (agent runs: sessions, one episode each); the episode lists hold the
+      episodes that finished in it; ``policy_versions`` the versions that acted (``policy_lag``).
+    - ``run_env_steps``, ``iteration``, ``version``: the loop's counters as the learner sees them, stamped by
+      the loop before ``update`` (env steps including this batch; the iteration it belongs to, from 1; the
+      policy version that the update starts from). Schedules and staleness read them here."""
+
+    data: T_co
     env_steps: int
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     episode_successes: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
+    run_env_steps: int = 0
+    iteration: int = 0
+    version: int = 0
+
+
+@runtime_checkable
+class Collector(Protocol[T_co]):
+    """Where batches come from. ``collect`` blocks until the next batch is there and raises a ``PolarError``
+    (never hangs) when its source fails; ``publish`` hands new weights to whatever acts (workers, engine).
+    ``state_dict`` is its share of a checkpoint (a replay buffer is collector state; a :class:`SideFile` in it
+    is written beside the checkpoint file); ``load_state_dict`` restores it before ``start``."""
+
+    def start(self, weights: Mapping[str, Any], version: int) -> None: ...
+
+    def collect(self) -> Batch[T_co]: ...
+
+    def publish(self, weights: Mapping[str, Any], version: int) -> None: ...
+
+    def metrics(self) -> Metrics: ...
+
+    def close(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Learner(Protocol[T_contra]):
+    """What an algorithm does with a batch. ``update`` returns its stats (loss terms named ``*_loss`` are
+    checked for NaN/inf); ``update_skipped: 1`` in them means no weight changed, so nothing is published.
+    ``weights`` are what the collector acts with next; ``state_dict`` is the learner's share of a checkpoint
+    (weights, optimizer, normalizers), merged at the checkpoint's top level."""
+
+    def update(self, batch: Batch[T_contra], /) -> Metrics: ...
+
+    def weights(self) -> Mapping[str, Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The loop's counters after an iteration, as an evaluator sees them."""
+
+    iteration: int
+    env_steps: int
+    version: int
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Evaluates the current weights for the loop. ``before`` runs once before the collector starts (after a
+    warm-up stage; also on resume); ``periodic`` after every iteration, deciding itself whether one is due
+    (``{}`` when not): what it returns joins that iteration's metrics row. ``final`` ends the run (after the last
+    checkpoint). What ``before`` and ``final`` return joins the run's summary (``{"eval": {...}}``, ...). Each
+    writes its own ``eval/<tag>.json`` files."""
+
+    def before(self, progress: Progress) -> dict[str, Any]: ...
+
+    def periodic(self, progress: Progress) -> Metrics: ...
+
+    def final(self, progress: Progress) -> dict[str, Any]: ...
+
+
+class NoEvaluation:
+    """The evaluator of a run that evaluates nothing."""
+
+    def before(self, progress: Progress) -> dict[str, Any]:
+        return {}
+
+    def periodic(self, progress: Progress) -> Metrics:
+        return {}
+
+    def final(self, progress: Progress) -> dict[str, Any]:
+        return {}
+
+
+@dataclass(frozen=True)
+class SideFile:
+    """Collector or learner state too large for the checkpoint file (a replay buffer): the checkpoint manager
+    writes it beside ``ckpt_<iteration>.pt`` as ``<prefix>_<iteration>.<suffix>`` with ``write(path)``, stores the
+    file's name in its place, and removes it when that checkpoint is pruned."""
+
+    prefix: str
+    suffix: str
+    write: Callable[[Path], None]
+
+
+# ---------------------------------------------------------------- agent sessions (plain records, as Fragment)
+
+
+class SessionStatus(str, enum.Enum):
+    PENDING = "pending"
+    INIT = "init"
+    RUN = "run"
+    POST_RUN = "post_run"
+    DONE = "done"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SessionStatus.DONE, SessionStatus.ERROR, SessionStatus.TIMEOUT, SessionStatus.CANCELLED)
+
+
+@dataclass
+class SessionResult:
+    """The outcome of a session. ``samples`` carry the reward; a sample is trainable only if its mask has 1s.
+
+    - DONE: verified; samples trainable unless a call lacked token data (then fully masked).
+    - TIMEOUT: reward 0; trainable when every call's token data is complete, fully masked otherwise.
+    - ERROR / CANCELLED: no training signal (masks zeroed, reward None); ``error`` says why.
+
+    ``node_id`` is the gateway node that finally served the session. When a node died under it, the
+    session was re-dispatched from INIT on another node: ``attempts`` counts the starts and
+    ``lost_nodes`` lists ``{node_id, reason}`` for each node it lost.
+    """
+
+    session_id: str
+    task_id: str
+    group_id: str | None
+    sample_index: int
+    status: SessionStatus
+    error: str | None = None
+    reward: float | None = None
+    verifier_output: dict[str, Any] = field(default_factory=dict)
+    output: str = ""
+    num_calls: int = 0
+    node_id: str | None = None
+    attempts: int = 1
+    lost_nodes: list[dict[str, str]] = field(default_factory=list)
+    samples: list[TrajectorySample] = field(default_factory=list)
+    builder_stats: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def redispatched(self) -> int:
+        """How many times the session was restarted on another node because its node was lost."""
+        return self.attempts - 1
+
+    @property
+    def trainable(self) -> bool:
+        return any(any(s.loss_mask) for s in self.samples)
+
+    def to_dict(self, with_samples: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        if not with_samples:
+            d.pop("samples")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SessionResult:
+        d = dict(d)
+        d["status"] = SessionStatus(d["status"])
+        d["samples"] = [TrajectorySample(**s) for s in d.get("samples", [])]
+        return cls(**d)
 
 
 #: Names of environment variables that hold credentials polar itself uses (an ``openai_compat`` engine's or

@@ -23,6 +23,7 @@ import torch
 from polar.algorithms.optim import module_device
 from polar.algorithms.ppo import clip_fraction, clipped_surrogate, ppo_value_loss
 from polar.errors import ConfigError
+from polar.types import Batch, Rollout
 
 
 @dataclass
@@ -215,15 +216,21 @@ class APPOLearner:
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=kwargs.learning_rate, eps=kwargs.adam_eps)
         self.stale_dropped = 0
 
-    def update_fragment(self, fragment, learner_version: int, reward_scale: float = 1.0,
-                        reward_clip: float | None = None) -> dict[str, float] | None:
-        """Update on ``fragment``, or return None when it is more than ``max_policy_lag`` versions old."""
+    def update(self, batch: Batch[Rollout]) -> dict[str, float]:
+        """Update on the batch's fragment, or skip it (``update_skipped: 1``) when it is more than
+        ``max_policy_lag`` versions older than the learner (``batch.version``): a dropped fragment changes no
+        weight, and publishing a new version for it would count a non-update as lag for every fragment in
+        flight and cascade into more drops."""
+        rollout, learner_version = batch.data, batch.version
+        (fragment,) = rollout.fragments
         lag = learner_version - fragment.policy_version
         if self.kw.max_policy_lag and lag > self.kw.max_policy_lag:
             self.stale_dropped += 1
-            return None
-        stats = appo_update(self.agent, self.optimizer, fragment, self.kw, learner_version, reward_scale, reward_clip)
+            return {"update_skipped": 1.0, "stale_dropped": float(self.stale_dropped)}
+        stats = appo_update(self.agent, self.optimizer, fragment, self.kw, learner_version, rollout.reward_scale,
+                            rollout.reward_clip)
         stats["stale_dropped"] = float(self.stale_dropped)
+        stats["update_skipped"] = 0.0
         return stats
 
     def state_dict(self) -> dict:

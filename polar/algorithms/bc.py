@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from polar.algorithms.optim import Adam
+from polar.types import Batch
 
 
 def bc_loss(log_prob: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -16,7 +17,7 @@ def bc_loss(log_prob: torch.Tensor, weights: torch.Tensor | None = None) -> torc
 
 
 class OfflineBatch:
-    """One minibatch of transitions as tensors (``polar.trainers.offline`` samples them)."""
+    """One minibatch of transitions as tensors (``polar.rollout.dataset.DatasetCollector`` samples them)."""
 
     def __init__(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                  terminated: torch.Tensor) -> None:
@@ -39,7 +40,8 @@ class BCLearner:
         self.optimizer.step()
         return float(grad)
 
-    def train(self, batches: list[OfflineBatch]) -> dict[str, Any]:
+    def update(self, batch: Batch[list[OfflineBatch]]) -> dict[str, Any]:
+        batches = batch.data
         losses, ents = [], []
         grad = 0.0
         for b in batches:

@@ -32,6 +32,7 @@ from torch import nn
 
 from polar.algorithms.bc import OfflineBatch
 from polar.algorithms.optim import Adam, polyak_update
+from polar.types import Batch
 
 DISCRETE_WEIGHT, BOX_WEIGHT = 1.0, 5.0  # d3rlpy DiscreteCQL's alpha, CQL's conservative_weight
 
@@ -85,7 +86,8 @@ class DiscreteCQLLearner:
         self.optimizer = Adam(agent.q_net.parameters(), lr=kwargs.learning_rate)
         self.n_updates = 0
 
-    def train(self, batches: list[OfflineBatch]) -> dict[str, Any]:
+    def update(self, batch: Batch[list[OfflineBatch]]) -> dict[str, Any]:
+        batches = batch.data
         kw = self.kw
         sums = {"td_loss": 0.0, "cql_gap": 0.0, "critic_loss": 0.0, "q_mean": 0.0}
         grad = 0.0
@@ -160,7 +162,8 @@ class CQLLearner:
             actions, log_pi = self.agent.sample(rep)
         return actions.reshape(obs.shape[0], n, -1), log_pi.reshape(obs.shape[0], n)
 
-    def train(self, batches: list[OfflineBatch]) -> dict[str, Any]:
+    def update(self, batch: Batch[list[OfflineBatch]]) -> dict[str, Any]:
+        batches = batch.data
         kw = self.kw
         agent = self.agent
         sums = {"actor_loss": 0.0, "critic_loss": 0.0, "td_loss": 0.0, "cql_gap": 0.0, "cql_alpha": 0.0,

@@ -19,6 +19,9 @@ from torch import nn
 
 from polar.algorithms.optim import Adam, module_device, polyak_update
 from polar.algorithms.ppo import schedule_value
+from polar.config.dqn import DQNKwargs
+from polar.config.sac import SACKwargs
+from polar.types import Batch, Replay
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -26,6 +29,24 @@ def linear_schedule(start: float, end: float, fraction: float, progress: float) 
     if fraction <= 0 or progress >= fraction:
         return end
     return start + (end - start) * progress / fraction
+
+
+def phase_gradient_steps(gradient_steps: int | None, train_freq: int, transitions: int) -> int:
+    """Gradient steps after a fragment of ``transitions``: ``gradient_steps``, -1 = one per transition,
+    None (the default) = one per ``train_freq`` transitions, so the updates per transition stay SB3's
+    single-env ratio however many envs filled the fragment."""
+    if gradient_steps is None:
+        return max(1, transitions // train_freq)
+    return transitions if gradient_steps < 0 else gradient_steps
+
+
+def due_gradient_steps(kw: DQNKwargs | SACKwargs, replay_size: int, env_steps: int, transitions: int) -> int:
+    """The gradient steps due after ``transitions`` new ones (DQN and SAC alike): none until ``learning_starts``
+    env steps were collected and the replay holds a minibatch (a resumed run whose checkpoint had no buffer
+    waits until one arrived again), then ``phase_gradient_steps``."""
+    if env_steps <= kw.learning_starts or replay_size < min(kw.batch_size, max(1, kw.learning_starts)):
+        return 0
+    return phase_gradient_steps(kw.gradient_steps, kw.train_freq, transitions)
 
 
 class DQNLearner:
@@ -54,6 +75,16 @@ class DQNLearner:
         """Epsilon (and random actions until ``learning_starts``) for the steps collected next."""
         self.agent.epsilon.fill_(self.exploration_rate(env_steps))
         self.agent.explore_uniform.fill_(1.0 if env_steps < self.kw.learning_starts else 0.0)
+
+    def update(self, batch: Batch[Replay]) -> dict[str, Any]:
+        """One training phase after a collect: ``due_gradient_steps`` gradient steps on replayed minibatches,
+        then epsilon for the steps collected next (also during the warm-up, before the first phase)."""
+        replay, env_steps = batch.data.sampler, batch.run_env_steps
+        steps = due_gradient_steps(self.kw, len(replay), env_steps, batch.env_steps)
+        stats = self.train(replay, steps, env_steps) if steps else {}
+        self.set_exploration(env_steps)
+        stats["exploration_rate"] = float(self.agent.explore_uniform.clamp(min=self.agent.epsilon))
+        return stats
 
     def train(self, replay, gradient_steps: int, env_steps: int) -> dict[str, Any]:
         kw = self.kw

@@ -18,6 +18,7 @@ from torch import nn
 
 from polar.algorithms.bc import BCLearner, OfflineBatch, bc_loss
 from polar.algorithms.optim import Adam, polyak_update
+from polar.types import Batch
 
 
 def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
@@ -80,7 +81,8 @@ class IQLLearner(BCLearner):
             opt.clip_grad_norm_(self.kw.max_grad_norm)
         opt.step()
 
-    def train(self, batches: list[OfflineBatch]) -> dict[str, Any]:
+    def update(self, batch: Batch[list[OfflineBatch]]) -> dict[str, Any]:
+        batches = batch.data
         kw = self.kw
         sums = {"value_loss": 0.0, "critic_loss": 0.0, "actor_loss": 0.0, "q_mean": 0.0, "adv_weight_mean": 0.0}
         grad = 0.0

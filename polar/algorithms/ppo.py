@@ -28,6 +28,7 @@ from polar.algorithms.optim import Adam, module_device
 from polar.algorithms.ppo_fused import changed_functions, fused_ppo_grads, supports_fused
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.distributions import GaussianDist, gaussian_entropy, gaussian_log_prob
+from polar.types import Batch, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +148,12 @@ class PPOLearner:
             return max(1, batch_samples // kw.num_minibatches)
         return min(batch_samples, kw.batch_size or DEFAULT_BATCH_SIZE)
 
-    def update(self, buf, progress: float, reward_scale: float = 1.0,
-               reward_clip: float | None = None) -> dict[str, float]:
-        """GAE on ``buf`` (a ``polar.buffers.RolloutBuffer``; rewards scaled by ``reward_scale`` and clipped
-        to ``reward_clip``), then the epochs x minibatches; returns the mean diagnostics."""
+    def update(self, rollout: Batch[Rollout], /) -> dict[str, float]:
+        """GAE on the batch's rollout buffer (rewards scaled by its ``reward_scale`` and clipped to
+        ``reward_clip``), then the epochs x minibatches at the schedules' ``progress`` (the run's env steps over
+        ``total_env_steps``); returns the mean diagnostics."""
+        buf, reward_scale, reward_clip = rollout.data.buffer, rollout.data.reward_scale, rollout.data.reward_clip
+        progress = min(1.0, rollout.run_env_steps / max(1, self.total_env_steps))
         kw = self.kw
         buf.advantages, buf.returns = rollout_gae(buf, kw.gamma, kw.gae_lambda, reward_scale, reward_clip)
         buf.to(self.device)  # GAE runs on CPU (numpy); the epochs on the learner's device

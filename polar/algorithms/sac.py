@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from polar.algorithms.dqn import due_gradient_steps
 from polar.algorithms.optim import Adam, module_device, polyak_update_tensors
 from polar.algorithms.ppo import schedule_value
+from polar.types import Batch, Replay
 
 
 class SACLearner:
@@ -62,6 +64,15 @@ class SACLearner:
         if self.kw.max_grad_norm is not None:
             optimizer.clip_grad_norm_(self.kw.max_grad_norm)
         optimizer.step()
+
+    def update(self, batch: Batch[Replay]) -> dict[str, Any]:
+        """One training phase after a collect (``polar.algorithms.dqn.due_gradient_steps``), then the exploration
+        for the steps collected next."""
+        replay, env_steps = batch.data.sampler, batch.run_env_steps
+        steps = due_gradient_steps(self.kw, len(replay), env_steps, batch.env_steps)
+        stats = self.train(replay, steps, env_steps) if steps else {}
+        self.set_exploration(env_steps)
+        return stats
 
     def train(self, replay, gradient_steps: int, env_steps: int) -> dict[str, Any]:
         kw = self.kw

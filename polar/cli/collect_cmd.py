@@ -26,9 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from polar.cli._progress import cli_console
-    from polar.datasets.collect import collect_episodes
     from polar.datasets.minari import write_dataset
     from polar.errors import ConfigError
+    from polar.rollout.episodes import collect_episodes
     from polar.trainers.loading import load_policy_for_eval
 
     if args.episodes < 1:

@@ -56,7 +56,10 @@ def train(cfg, run_dir, resume: bool, progress: bool = True, log_every_s: float 
     enabled = progress and cfg.logging.progress_bar
     # run.json records this process as the run's owner and its final status, however it ends
     # GRPO agent runs count sessions and steps (session words); env runs and SFT count env/optimizer steps
-    total_steps = int(cfg.policy.kwargs.total_steps) if run_kind(cfg) == "agent" and cfg.policy.type == "grpo" else None
+    from polar.config.grpo import GRPOKwargs
+
+    kw = cfg.policy.kwargs
+    total_steps = int(kw.total_steps) if isinstance(kw, GRPOKwargs) else None
     with run_guard(run_dir, cfg.logging.sigterm_grace_s), \
             TrainingProgress(progress_total(cfg), 0, enabled, cfg.logging.metrics, log_every_s, total_steps) as bar:
         # local: the learner runs here; ray: in a learner actor this process starts and watches

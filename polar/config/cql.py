@@ -9,7 +9,7 @@ The networks come from ``agent:`` as for DQN/SAC (``hidden_sizes``, default 256-
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -17,6 +17,9 @@ from polar.config.bc import OfflineKwargs
 
 
 class CQLKwargs(OfflineKwargs):
+    network: ClassVar[str] = "off_policy"  # DQN's / SAC's networks (polar.models.policy.build_policy)
+    actions: ClassVar[str] = "either"  # DQN's Q-network for Discrete actions, SAC's actor for Box ones
+    default_hidden: ClassVar[list[int]] = [256, 256]  # d3rlpy's
     gamma: float = Field(0.99, ge=0, le=1)
     tau: float = Field(0.005, gt=0, le=1, description="Polyak coefficient of the target networks (1.0: a hard copy)")
     target_update_interval: int = Field(1, ge=1, description="gradient steps between target updates")

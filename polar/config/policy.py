@@ -66,9 +66,9 @@ class CQLPolicyConfig(StrictModel):
     kwargs: CQLKwargs
 
 
-ON_POLICY = ("ppo", "appo")  # env harnesses, polar.trainers.on_policy
-OFF_POLICY = ("dqn", "sac")  # env harnesses, polar.trainers.off_policy (replay buffer, next_obs in fragments)
-OFFLINE = ("bc", "iql", "cql")  # env harnesses, polar.trainers.offline (a dataset, no env interaction but evaluation)
+ON_POLICY = ("ppo", "appo")  # env harnesses, learning from fresh fragments
+OFF_POLICY = ("dqn", "sac")  # env harnesses, from a replay buffer (next_obs in fragments)
+OFFLINE = ("bc", "iql", "cql")  # env harnesses, from a dataset (no env interaction but evaluation)
 
 PolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig

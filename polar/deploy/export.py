@@ -60,7 +60,7 @@ def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_cod
     target = Path(target)
     run_dir, cfg, ckpt = resolve_target(target)
     require_trust(cfg, f"run {run_dir.path}", trust_code)
-    if cfg.harness.type == "agent" or cfg.policy.type in ("grpo", "sft"):
+    if cfg.kind == "agent":
         raise DeployError(f"{run_dir.path} is an LLM agent run (policy.type {cfg.policy.type}); polar export exports "
                           "env policies (ppo, appo, dqn, sac). Its checkpoint holds Hugging Face weights: serve them "
                           "with `polar gateway` or vLLM")

@@ -207,7 +207,7 @@ class Source:
 
         self.run_dir, self.cfg = load_run(self.path)
         require_trust(self.cfg, f"run {self.path}", self.settings.trust_code)
-        if self.cfg.harness.type == "agent" or self.cfg.policy.type in ("grpo", "sft"):
+        if self.cfg.kind == "agent":
             raise DeployError(f"{self.path} is an LLM agent run; polar serve serves env policies (serve LLM weights "
                               "with `polar gateway`)")
         probe = make_vector_env(self.cfg.harness, 1, seed=0, config_dir=self.cfg.config_dir)

@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from polar.config.run import AgentRunConfig
 from polar.errors import ConfigError
-from polar.inference.base import EngineError, GenerationRequest, TokenEvent
+from polar.inference.base import Engine, EngineError, GenerationRequest, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,9 @@ class EnsembleEngine(_Proxy):
 
     def __init__(self, members: list[Any]) -> None:
         super().__init__(members[0])
-        models = [getattr(m, "model", None) for m in members]
-        if any(m is None for m in models):
+        found = [getattr(m, "model", None) for m in members]
+        models = [m for m in found if m is not None]
+        if len(models) != len(found):
             raise ConfigError("an agent ensemble needs embedded engines (model: tiny or a local folder)")
         self.__dict__.update(members=members, models=models, lock=threading.Lock())
         params = inspect.signature(models[0].forward).parameters
@@ -84,7 +86,7 @@ class EnsembleEngine(_Proxy):
         ids = torch.tensor([request.prompt_ids], device=device)
         caches: list[Any] = [None] * len(self.models)
 
-        def step(x: torch.Tensor, c: list[Any]):
+        def step(x: torch.Tensor, c: list[Any]) -> tuple[torch.Tensor, list[Any]]:
             with self.lock:
                 return self._next_probs(x, c)
 
@@ -96,14 +98,15 @@ class EnsembleEngine(_Proxy):
                 p = probs.clamp_min(1e-30).log() / request.temperature
                 tok = int(torch.multinomial(torch.softmax(p, -1).cpu(), 1, generator=gen))
             logprob = float(torch.log(probs[tok].clamp_min(1e-30)))
-            finish = "stop" if tok in stops else ("length" if n == max_tokens - 1 else None)
+            finish: Literal["stop", "length"] | None = (
+                "stop" if tok in stops else ("length" if n == max_tokens - 1 else None))
             yield TokenEvent(tok, logprob, finish, 0 if finish else None)
             if finish:
                 return
             ids = torch.tensor([[tok]], device=device)
 
 
-def _embedded_engine(spec: str, cfg: Any) -> Any:
+def _embedded_engine(spec: str, cfg: AgentRunConfig) -> Engine:
     from polar.harness.agent.tasks import resolve
     from polar.inference import load_engine
 
@@ -118,7 +121,7 @@ def _embedded_engine(spec: str, cfg: Any) -> Any:
                        chat_template=chat_template)
 
 
-def _load_weights(engine: Any, cfg: Any, checkpoint: Path) -> int:
+def _load_weights(engine: Any, cfg: AgentRunConfig, checkpoint: Path) -> int:
     """Put a checkpoint's LLM weights into ``engine``; returns its policy version."""
     from polar.errors import RunDirError
     from polar.models.llm_policy import LLMPolicy
@@ -161,7 +164,7 @@ def session_records(results: list[tuple[str, Any]], records_dir: Path) -> list[d
     return out
 
 
-def run_agent_sessions(cfg: Any, engine: Any, tasks: list[dict[str, Any]], samples: int, work_dir: Path,
+def run_agent_sessions(cfg: AgentRunConfig, engine: Any, tasks: list[dict[str, Any]], samples: int, work_dir: Path,
                        records_dir: Path, tag: str) -> list[dict[str, Any]]:
     """``samples`` sessions of every task through a fresh stack over ``engine``; records in task order."""
     from polar.trainers.agentic_run import build_stack

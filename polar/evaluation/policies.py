@@ -5,28 +5,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
 
-from polar.agents import reset_state
+from polar.agents import State, reset_state
+from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.errors import ConfigError, RunDirError
+from polar.rollout.episodes import TensorObs
+
+if TYPE_CHECKING:
+    from polar.evaluation.suite import EvalSuite, PolicySpec
+    from polar.models.policy import Policy
+    from polar.trainers.run_dir import RunDir
 
 
 @dataclass
 class ResolvedCheckpoint:
-    run_dir: Any  # RunDir
-    cfg: Any  # RunConfig of the run that wrote it
+    run_dir: RunDir
+    cfg: EnvRunConfig | AgentRunConfig  # of the run that wrote it
     checkpoint: Path
 
 
-def resolve_checkpoint(spec: Any, suite: Any) -> ResolvedCheckpoint:
+def resolve_checkpoint(spec: PolicySpec, suite: EvalSuite) -> ResolvedCheckpoint:
     """The run and checkpoint file of a ``checkpoint:`` or ``run:`` policy."""
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.loading import resolve_target
 
     where = spec.checkpoint if spec.checkpoint is not None else spec.run
+    if where is None:
+        raise ConfigError(f"policy {spec.name!r} ({spec.kind}) names no checkpoint or run")
     path = suite.resolve(where)
     key = f"policy {spec.name!r}: {'checkpoint' if spec.checkpoint is not None else 'run'}"
     if spec.checkpoint is not None and not path.is_file():
@@ -42,7 +51,7 @@ def resolve_checkpoint(spec: Any, suite: Any) -> ResolvedCheckpoint:
     return ResolvedCheckpoint(run_dir, cfg, Path(ckpt))
 
 
-def load_env_policy(resolved: ResolvedCheckpoint, obs_space: gym.Space, act_space: gym.Space):
+def load_env_policy(resolved: ResolvedCheckpoint, obs_space: gym.Space[Any], act_space: gym.Space[Any]) -> Policy:
     """The checkpoint's ``Policy`` in eval mode, built for the spaces of the run's own harness."""
     from polar.models.policy import build_policy
     from polar.trainers.checkpoint import load_checkpoint
@@ -65,7 +74,7 @@ class EnsemblePolicy:
     mixture's mean, the mean of the members' means; else a member drawn uniformly per row, then its
     Gaussian). Members keep their own observation normalizers and recurrent states."""
 
-    def __init__(self, members: list[Any], names: list[str]) -> None:
+    def __init__(self, members: list[Policy], names: list[str]) -> None:
         self.members, self.names = members, names
         self.agent = members[0].agent
         space = self.agent.action_space
@@ -77,13 +86,13 @@ class EnsemblePolicy:
             if m.agent.action_space != space:
                 raise ConfigError(f"ensemble member {n!r} acts in {m.agent.action_space}, the first member in {space}")
 
-    def get_initial_state(self, n: int):
+    def get_initial_state(self, n: int) -> State:
         return tuple(m.agent.get_initial_state(n) for m in self.members)
 
-    def reset_state(self, state, initial, starts):
+    def reset_state(self, state: State, initial: State, starts: torch.Tensor) -> State:
         return tuple(reset_state(s, i, starts) for s, i in zip(state, initial, strict=True))
 
-    def act(self, obs, state, deterministic: bool = True):
+    def act(self, obs: TensorObs, state: State, deterministic: bool = True) -> tuple[torch.Tensor, State, dict[str, Any]]:
         infos, states = [], []
         for m, s, name in zip(self.members, state, self.names, strict=True):
             _, s2, info = m.act(obs, s, False)
@@ -105,19 +114,3 @@ class EnsemblePolicy:
         rows = torch.arange(means.shape[1])
         action = means[pick, rows] + torch.randn_like(means[0]) * stds[pick, rows]
         return action, tuple(states), {}
-
-
-class SinglePolicy:
-    """A ``Policy`` with the interface the episode loop uses (initial and reset state)."""
-
-    def __init__(self, policy: Any) -> None:
-        self.policy, self.agent = policy, policy.agent
-
-    def get_initial_state(self, n: int):
-        return self.agent.get_initial_state(n)
-
-    def reset_state(self, state, initial, starts):
-        return reset_state(state, initial, starts)
-
-    def act(self, obs, state, deterministic: bool = True):
-        return self.policy.act(obs, state, deterministic)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def _interval_text(report: dict[str, Any]) -> str:
     return f"{iv['level'] * 100:g}% confidence intervals: {how}"
 
 
-def _by_harness(report: dict[str, Any]):
+def _by_harness(report: dict[str, Any]) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
     for h in report["harnesses"]:
         yield h, [r for r in report["results"] if r["harness"] == h["name"]]
 

@@ -13,27 +13,32 @@ import multiprocessing as mp
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
+from polar.config.run import AgentRunConfig, AnyHarnessConfig, EnvRunConfig
 from polar.errors import ConfigError, PolarError
-from polar.evaluation.suite import EvalSuite
+from polar.evaluation.suite import AgentHarnessSpec, EnvHarnessSpec, EvalSuite, PolicySpec
+
+if TYPE_CHECKING:
+    from polar.evaluation.policies import ResolvedCheckpoint
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- held-out checks
-def training_seeds(cfg: Any) -> set[int]:
+def training_seeds(cfg: EnvRunConfig | AgentRunConfig) -> set[int]:
     """The env seeds a run's first start trains on: the learner's envs from ``seed``, rollout worker ``w``'s
     from ``seed + 7919 (w + 1)`` (``polar.rollout.backends.local``), one per env copy."""
     d = cfg.distribution
     bases = [cfg.seed] + [cfg.seed + 7919 * (w + 1) for w in range(d.rollout_workers)]
-    return {b + i for b in bases for i in range(d.envs_per_worker)}
+    return {b + i for b in bases for i in range(d.envs_per_runner)}
 
 
-def check_held_out(harness: Any, run_cfg: Any, policy: str) -> None:
+def check_held_out(harness: EnvHarnessSpec, run_cfg: EnvRunConfig | AgentRunConfig, policy: str) -> None:
     seeds = set(harness.seeds.seeds())
     clash = sorted(seeds & training_seeds(run_cfg))
     if clash:
@@ -45,7 +50,8 @@ def check_held_out(harness: Any, run_cfg: Any, policy: str) -> None:
 
 
 # ---------------------------------------------------------------- env jobs
-def _env_harness(suite: EvalSuite, h: Any, run_cfg: Any) -> tuple[Any, Path]:
+def _env_harness(suite: EvalSuite, h: EnvHarnessSpec, run_cfg: EnvRunConfig | AgentRunConfig
+                 ) -> tuple[AnyHarnessConfig, Path]:
     """(harness config, directory its modules resolve in): inline, from ``config:``, or the run's own."""
     if h.harness is not None:
         return h.harness, suite.base_dir
@@ -55,12 +61,14 @@ def _env_harness(suite: EvalSuite, h: Any, run_cfg: Any) -> tuple[Any, Path]:
     return run_cfg.harness, run_cfg.config_dir
 
 
-def load_harness_config(suite: EvalSuite, h: Any) -> Any:
+def load_harness_config(suite: EvalSuite, h: EnvHarnessSpec | AgentHarnessSpec) -> EnvRunConfig | AgentRunConfig:
     """The run config a harness's ``config:`` names: a YAML file (modules resolve next to it) or a run directory
     (its config.resolved.yaml, modules where the run's config lived)."""
     from polar.config import load_config
     from polar.trainers.loading import load_run
 
+    if h.config is None:
+        raise ConfigError(f"harness {h.name!r} names no config: set 'config: FILE.yaml' or a run directory")
     path = suite.resolve(h.config)
     if path.is_dir():
         return load_run(path)[1]
@@ -69,11 +77,12 @@ def load_harness_config(suite: EvalSuite, h: Any) -> Any:
     return cfg
 
 
-def env_job(suite: EvalSuite, h: Any, p: Any) -> list[dict[str, Any]]:
+def env_job(suite: EvalSuite, h: EnvHarnessSpec, p: PolicySpec) -> list[dict[str, Any]]:
     from polar.evaluation.episodes import make_envs, run_env_episodes
-    from polar.evaluation.policies import EnsemblePolicy, SinglePolicy, load_env_policy, resolve_checkpoint
+    from polar.evaluation.policies import EnsemblePolicy, load_env_policy, resolve_checkpoint
     from polar.evaluation.wrappers import HeldOutSeeds, apply_wrappers
     from polar.harness import make_env
+    from polar.rollout.episodes import PolicyActor
 
     members = [suite.policy(m) for m in p.ensemble] if p.ensemble else [p]
     resolved = [resolve_checkpoint(m, suite) for m in members]
@@ -87,7 +96,7 @@ def env_job(suite: EvalSuite, h: Any, p: Any) -> list[dict[str, Any]]:
     np.random.seed(h.seeds.start % 2**32)
     seeds = h.seeds.seeds()
 
-    def make_one():
+    def make_one() -> gym.Env[Any, Any]:
         return HeldOutSeeds(apply_wrappers(make_env(harness_cfg, config_dir), h.wrappers), h.seeds.start, h.seeds.count)
 
     envs = make_envs(make_one, min(h.num_envs, len(seeds)))
@@ -106,44 +115,48 @@ def env_job(suite: EvalSuite, h: Any, p: Any) -> list[dict[str, Any]]:
             except RuntimeError as e:  # state dict of another shape: a policy from another game
                 raise ConfigError(f"policy {m.name!r} ({r.checkpoint}) does not fit harness {h.name!r} "
                                   f"(observations {obs_space}, actions {act_space}): {str(e).splitlines()[0]}") from None
-        actor = EnsemblePolicy(policies, [m.name for m in members]) if p.ensemble else SinglePolicy(policies[0])
+        actor = EnsemblePolicy(policies, [m.name for m in members]) if p.ensemble else PolicyActor(policies[0])
         keys = tuple(m.info_key for m in h.metrics if m.info_key)
         return run_env_episodes(actor, envs, seeds, h.deterministic, h.max_episode_steps, keys)
     finally:
-        for e in envs:
-            e.close()
+        for env in envs:
+            env.close()
 
 
 # ---------------------------------------------------------------- agent jobs
-def _agent_config(suite: EvalSuite, h: Any, resolved: list[Any]) -> Any:
+def _agent_config(suite: EvalSuite, h: AgentHarnessSpec, resolved: list[ResolvedCheckpoint]) -> AgentRunConfig:
     if h.config is not None:
         cfg = load_harness_config(suite, h)
     else:
         cfg = resolved[0].cfg
-    if cfg.harness.type != "agent":
+    if not isinstance(cfg, AgentRunConfig) or cfg.harness.type != "agent":
         raise ConfigError(f"harness {h.name!r} is kind: agent but its config has harness.type {cfg.harness.type!r}")
     return cfg
 
 
-def agent_tasks(suite: EvalSuite, h: Any, cfg: Any) -> list[dict[str, Any]]:
+def agent_tasks(suite: EvalSuite, h: AgentHarnessSpec, cfg: AgentRunConfig) -> list[dict[str, Any]]:
     """The harness's held-out tasks (refusing the run's training task file)."""
     from polar.harness.agent.tasks import load_tasks, resolve
 
     if h.tasks is not None:
         path = suite.resolve(h.tasks)
-    elif cfg.eval_tasks:
+    elif isinstance(cfg.eval_tasks, str):
         path = Path(resolve(cfg.eval_tasks, cfg.config_dir))
+    elif cfg.eval_tasks is not None:
+        raise ConfigError(f"harness {h.name!r}: its config's eval_tasks is a generated task source "
+                          f"({type(cfg.eval_tasks).__name__}), not a file; set 'tasks: FILE.jsonl' (held-out tasks) "
+                          "on the harness")
     else:
         raise ConfigError(f"harness {h.name!r}: no tasks: set 'tasks: FILE.jsonl' (held-out tasks) or eval_tasks "
                           "in its config")
-    if cfg.tasks and Path(resolve(cfg.tasks, cfg.config_dir)).resolve() == path.resolve():
+    if isinstance(cfg.tasks, str) and Path(resolve(cfg.tasks, cfg.config_dir)).resolve() == path.resolve():
         raise ConfigError(f"harness {h.name!r}: tasks {path} is the training task file of its config, not held "
                           "out; give held-out tasks (e.g. the config's eval_tasks)")
     tasks = load_tasks(str(path), suite.base_dir)
     return tasks[: h.max_tasks] if h.max_tasks else tasks
 
 
-def agent_job(suite: EvalSuite, h: Any, p: Any, out_dir: Path) -> list[dict[str, Any]]:
+def agent_job(suite: EvalSuite, h: AgentHarnessSpec, p: PolicySpec, out_dir: Path) -> list[dict[str, Any]]:
     import asyncio
 
     from polar.evaluation.agents import (
@@ -159,7 +172,7 @@ def agent_job(suite: EvalSuite, h: Any, p: Any, out_dir: Path) -> list[dict[str,
     resolved = [resolve_checkpoint(m, suite) for m in members] if p.model is None else []
     cfg = _agent_config(suite, h, resolved)
     tasks = agent_tasks(suite, h, cfg)
-    engines = []
+    engines: list[Any] = []  # Engine, or the proxies of polar.evaluation.agents (duck-typed engines)
     try:
         if isinstance(p.model, dict):  # a model section: a chat endpoint (engine: openai_compat) or a local model
             from polar.trainers.agentic_run import engine_of_model_section
@@ -169,11 +182,14 @@ def agent_job(suite: EvalSuite, h: Any, p: Any, out_dir: Path) -> list[dict[str,
             engines.append(_embedded_engine(p.model, cfg))
         else:
             for r in resolved:
+                if not isinstance(r.cfg, AgentRunConfig):
+                    raise ConfigError(f"policy {p.name!r} comes from an env run ({r.run_dir.path}); evaluate it on "
+                                      "a 'kind: env' harness")
                 spec = r.cfg.model.name_or_path if r.cfg.model else r.cfg.gateway.model
-                engine = _embedded_engine(spec, r.cfg)
-                engines.append(engine)
-                _load_weights(engine, r.cfg, r.checkpoint)
-        engine = EnsembleEngine(engines) if len(engines) > 1 else engines[0]
+                member = _embedded_engine(spec, r.cfg)
+                engines.append(member)
+                _load_weights(member, r.cfg, r.checkpoint)
+        engine: Any = EnsembleEngine(engines) if len(engines) > 1 else engines[0]
         if h.deterministic and getattr(engine, "text_level", False):  # a chat endpoint: ask it for greedy
             engine.temperature_override = 0.0
         elif h.deterministic:

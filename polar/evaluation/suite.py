@@ -221,7 +221,7 @@ class EvalSuite(StrictModel):
     def policy(self, name: str) -> PolicySpec:
         return next(p for p in self.policies if p.name == name)
 
-    def policies_for(self, harness: Any) -> list[PolicySpec]:
+    def policies_for(self, harness: EnvHarnessSpec | AgentHarnessSpec) -> list[PolicySpec]:
         return [self.policy(n) for n in harness.policies] if harness.policies else list(self.policies)
 
     @model_validator(mode="after")
@@ -246,15 +246,15 @@ class EvalSuite(StrictModel):
             for n in h.policies or []:
                 if n not in names:
                     raise ValueError(f"harness {h.name!r}: policy {n!r} is not defined{did_you_mean(n, names)}")
-            for m in h.metrics:
-                if m.name not in metric_names():
-                    raise ValueError(f"harness {h.name!r}: unknown metric {m.name!r}{did_you_mean(m.name, metric_names())}"
+            for spec in h.metrics:
+                if spec.name not in metric_names():
+                    raise ValueError(f"harness {h.name!r}: unknown metric {spec.name!r}{did_you_mean(spec.name, metric_names())}"
                                      f"; known: {', '.join(metric_names())}")
-                metric = get_metric(m.name)
+                metric = get_metric(spec.name)
                 if h.kind not in metric.kinds:
-                    raise ValueError(f"harness {h.name!r}: metric {m.name!r} applies to {'/'.join(metric.kinds)} "
+                    raise ValueError(f"harness {h.name!r}: metric {spec.name!r} applies to {'/'.join(metric.kinds)} "
                                      f"harnesses, not {h.kind}")
-                if m.name == "constraint_violations" and not m.info_key:
+                if spec.name == "constraint_violations" and not spec.info_key:
                     raise ValueError(f"harness {h.name!r}: constraint_violations needs info_key (the info key that "
                                      "marks a violation, e.g. {name: constraint_violations, info_key: cost})")
             if h.kind == "env":

@@ -8,7 +8,7 @@ Every wrapper with randomness draws it from its own generator, reseeded from the
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -20,14 +20,14 @@ def _rng(seed: int | None, salt: int) -> np.random.Generator | None:
     return None if seed is None else np.random.default_rng([int(seed) % 2**63, salt])
 
 
-class _Seeded(gym.Wrapper):
+class _Seeded(gym.Wrapper[Any, Any, Any, Any]):
     SALT = 0
 
-    def __init__(self, env: gym.Env) -> None:
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
         super().__init__(env)
         self.rng = np.random.default_rng(self.SALT)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         rng = _rng(seed, self.SALT)
         if rng is not None:
             self.rng = rng
@@ -40,7 +40,7 @@ class ObservationNoise(_Seeded):
 
     SALT = 11
 
-    def __init__(self, env: gym.Env, std: float, keys: list[str] | None = None) -> None:
+    def __init__(self, env: gym.Env[Any, Any], std: float, keys: list[str] | None = None) -> None:
         super().__init__(env)
         if std <= 0:
             raise ConfigError(f"observation_noise.std must be > 0 (got {std})")
@@ -51,7 +51,7 @@ class ObservationNoise(_Seeded):
                 if k not in space.spaces or not isinstance(space.spaces[k], gym.spaces.Box):
                     raise ConfigError(f"observation_noise.keys: {k!r} is not a Box entry of the observation "
                                       f"(entries: {', '.join(space.spaces)})")
-            self.keys = names
+            self.keys: list[str] | None = names
         elif isinstance(space, gym.spaces.Box):
             if keys:
                 raise ConfigError("observation_noise.keys applies to Dict observations; this one is a Box")
@@ -70,11 +70,11 @@ class ObservationNoise(_Seeded):
             return self._noisy(obs, space)
         return {k: (self._noisy(v, space.spaces[k]) if k in self.keys else v) for k, v in obs.items()}
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = super().reset(**kwargs)
         return self.observation(obs), info
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, r, term, trunc, info = self.env.step(action)
         return self.observation(obs), r, term, trunc, info
 
@@ -89,37 +89,37 @@ def _noop(space: gym.Space) -> Any:
     raise ConfigError(f"action_delay needs a Box, Discrete or MultiDiscrete action space; got {space}")
 
 
-class ActionDelay(gym.Wrapper):
+class ActionDelay(gym.Wrapper[Any, Any, Any, Any]):
     """The env executes the action chosen ``steps`` steps earlier; the first ``steps`` steps of an episode
     execute a no-op (zeros, or the first discrete action)."""
 
-    def __init__(self, env: gym.Env, steps: int) -> None:
+    def __init__(self, env: gym.Env[Any, Any], steps: int) -> None:
         super().__init__(env)
         if steps < 1:
             raise ConfigError(f"action_delay.steps must be >= 1 (got {steps})")
         self.steps = int(steps)
         self.noop = _noop(env.action_space)
-        self.queue: deque = deque()
+        self.queue: deque[Any] = deque()
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self.queue = deque([self.noop] * self.steps)
         return self.env.reset(**kwargs)
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         self.queue.append(action)
         return self.env.step(self.queue.popleft())
 
 
-class ActionRepeat(gym.Wrapper):
+class ActionRepeat(gym.Wrapper[Any, Any, Any, Any]):
     """Executes each action ``times`` times (stopping early when the episode ends), summing the rewards."""
 
-    def __init__(self, env: gym.Env, times: int) -> None:
+    def __init__(self, env: gym.Env[Any, Any], times: int) -> None:
         super().__init__(env)
         if times < 2:
             raise ConfigError(f"action_repeat.times must be >= 2 (got {times})")
         self.times = int(times)
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         total = 0.0
         for _ in range(self.times):
             obs, r, term, trunc, info = self.env.step(action)
@@ -134,18 +134,18 @@ class StickyActions(_Seeded):
 
     SALT = 13
 
-    def __init__(self, env: gym.Env, prob: float) -> None:
+    def __init__(self, env: gym.Env[Any, Any], prob: float) -> None:
         super().__init__(env)
         if not 0 < prob < 1:
             raise ConfigError(f"sticky_actions.prob must be in (0, 1) (got {prob})")
         self.prob = float(prob)
         self.prev: Any = None
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self.prev = None
         return super().reset(**kwargs)
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         if self.prev is not None and self.rng.random() < self.prob:
             action = self.prev
         self.prev = action
@@ -158,7 +158,7 @@ class DistractorFeatures(_Seeded):
 
     SALT = 17
 
-    def __init__(self, env: gym.Env, count: int, std: float = 1.0) -> None:
+    def __init__(self, env: gym.Env[Any, Any], count: int, std: float = 1.0) -> None:
         super().__init__(env)
         space = env.observation_space
         if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
@@ -174,27 +174,27 @@ class DistractorFeatures(_Seeded):
         extra = self.rng.normal(0.0, self.std, size=self.count)
         return np.concatenate([np.asarray(obs), extra]).astype(self.observation_space.dtype, copy=False)
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = super().reset(**kwargs)
         return self._extend(obs), info
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, r, term, trunc, info = self.env.step(action)
         return self._extend(obs), r, term, trunc, info
 
 
-class HeldOutSeeds(gym.Wrapper):
+class HeldOutSeeds(gym.Wrapper[Any, Any, Any, Any]):
     """Episodes only from the seed range ``[start, start + count)``: ``reset()`` takes the next seed of the
     range, ``reset(seed=s)`` checks that ``s`` is in it. Keeps evaluation episodes apart from training ones."""
 
-    def __init__(self, env: gym.Env, start: int, count: int) -> None:
+    def __init__(self, env: gym.Env[Any, Any], start: int, count: int) -> None:
         super().__init__(env)
         if count < 1:
             raise ConfigError(f"held-out seeds: count must be >= 1 (got {count})")
         self.start, self.count = int(start), int(count)
         self.next_seed = self.start
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if seed is None:
             if self.next_seed >= self.start + self.count:
                 raise ConfigError(f"held-out seed range [{self.start}, {self.start + self.count}) is used up after "
@@ -215,7 +215,7 @@ WRAPPERS = {
 }
 
 
-def apply_wrappers(env: gym.Env, specs: list[Any]) -> gym.Env:
+def apply_wrappers(env: gym.Env[Any, Any], specs: list[Any]) -> gym.Env[Any, Any]:
     """Wrap ``env`` in the suite's wrapper specs, first spec innermost."""
     for spec in specs:
         env = WRAPPERS[spec.type](env, spec)

@@ -174,7 +174,6 @@ def check_sac_action_space(action_space: gym.Space) -> None:
                           f"low={action_space.low}, high={action_space.high}. Wrap the env to give finite bounds.")
 
 
-DEFAULT_HIDDEN = {"dqn": [64, 64], "sac": [256, 256], "cql": [256, 256]}  # SB3's defaults; cql: d3rlpy's
 
 
 def network_settings(cfg) -> tuple[list[int], str, list[int]]:
@@ -185,7 +184,9 @@ def network_settings(cfg) -> tuple[list[int], str, list[int]]:
         raise ConfigError(f"agent.type {agent.type!r}: policy.type {cfg.policy.type} builds its own networks from "
                           "agent.type mlp or cnn (hidden_sizes, activation, cnn_channels); custom and lstm agents "
                           "train with ppo or appo.")
-    hidden = agent.hidden_sizes if "hidden_sizes" in agent.model_fields_set else DEFAULT_HIDDEN[cfg.policy.type]
+    # the algorithm's default (its kwargs' ``default_hidden``: SB3's for DQN and SAC, d3rlpy's for CQL)
+    default_hidden = getattr(cfg.policy.kwargs, "default_hidden", [256, 256])
+    hidden = agent.hidden_sizes if "hidden_sizes" in agent.model_fields_set else default_hidden
     activation = agent.activation if "activation" in agent.model_fields_set else "relu"
     if not hidden:
         raise ConfigError("agent.hidden_sizes: off-policy networks need at least one hidden layer, e.g. [64, 64]")
@@ -194,13 +195,14 @@ def network_settings(cfg) -> tuple[list[int], str, list[int]]:
 
 def build_off_policy_agent(cfg, observation_space: gym.Space, action_space: gym.Space) -> AgentBase:
     hidden, activation, channels = network_settings(cfg)
-    if cfg.policy.type == "cql":  # offline: DQN's Q-network for Discrete actions, SAC's actor for Box ones
+    actions = getattr(cfg.policy.kwargs, "actions", "either")  # which networks the algorithm trains
+    if actions == "either":  # CQL: DQN's Q-network for Discrete actions, SAC's actor for Box ones
         discrete = isinstance(action_space, gym.spaces.Discrete)
         if not discrete and not (isinstance(action_space, gym.spaces.Box) and np.all(np.isfinite(action_space.low))
                                  and np.all(np.isfinite(action_space.high))):
-            raise ConfigError(f"policy.type cql takes Discrete actions or a Box with finite bounds (its actor "
+            raise ConfigError(f"policy.type {cfg.policy.type} takes Discrete actions or a Box with finite bounds (its actor "
                               f"squashes into them); this env's is {action_space}. Wrap the env to give finite bounds.")
         cls = QNetworkAgent if discrete else SquashedGaussianAgent
     else:
-        cls = QNetworkAgent if cfg.policy.type == "dqn" else SquashedGaussianAgent
+        cls = QNetworkAgent if actions == "discrete" else SquashedGaussianAgent
     return cls(observation_space, action_space, hidden, activation, channels)

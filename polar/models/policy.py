@@ -8,7 +8,6 @@ import gymnasium as gym
 from torch import nn
 
 from polar.agents import AgentBase
-from polar.config.policy import OFF_POLICY
 from polar.models.loader import build_agent
 from polar.models.normalization import ObsNormalizer
 
@@ -28,10 +27,10 @@ class Policy(nn.Module):
 
 def build_policy(cfg, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> Policy:
     """The policy a RunConfig describes (agent + optional obs normalizer: PPO/APPO's running statistics, or an
-    offline run's dataset statistics, which ``polar.trainers.offline`` sets)."""
+    offline run's dataset statistics, which ``polar.rollout.dataset`` sets)."""
     kw = getattr(cfg.policy, "kwargs", None)
     norm = ObsNormalizer(observation_space, kw.clip_obs) if kw is not None and getattr(kw, "normalize_obs", False) else None
-    if cfg.policy.type in OFF_POLICY or cfg.policy.type == "cql":  # cql trains DQN's / SAC's networks offline
+    if getattr(kw, "network", None) == "off_policy":  # DQN's / SAC's networks (CQL trains them offline)
         from polar.models.off_policy import build_off_policy_agent
 
         return Policy(build_off_policy_agent(cfg, observation_space, action_space), norm)

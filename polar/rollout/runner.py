@@ -17,7 +17,6 @@ import torch
 
 from polar.agents import check_act_output, map_state, reset_state
 from polar.config.appo import APPOKwargs
-from polar.config.policy import OFF_POLICY
 from polar.config.ppo import PPOKwargs
 from polar.config.run import EnvRunConfig
 from polar.errors import AgentError
@@ -32,7 +31,7 @@ def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
     if isinstance(kw, (PPOKwargs, APPOKwargs)):
         normalize_obs, normalize_reward = kw.normalize_obs, kw.normalize_reward
     return {"gamma": float(kw.gamma), "normalize_obs": normalize_obs, "normalize_reward": normalize_reward,
-            "keep_next_obs": cfg.policy.type in OFF_POLICY}
+            "keep_next_obs": bool(getattr(kw, "keeps_next_obs", False))}
 
 
 def obs_to_tensor(obs):

@@ -1,33 +1,46 @@
-"""Config -> training loop: the one place that chooses. ``polar run``, ``resume``, ``eval`` and ``generate``
-all come through here.
+"""Config -> training loop: the one place that composes. ``polar run``, ``resume``, ``eval`` and ``generate``
+all come through here, and the Ray learner actor calls the same ``compose``.
 
 Two choices, made once:
 
 - **what learns**: an agent run (``harness.type: agent``, or ``agent: {type: llm}`` on an env harness) trains
-  an LLM policy with GRPO or SFT on session groups (``polar.trainers.agent.AgentTrainer``); an env run trains
-  PPO/APPO/DQN/SAC on env fragments (``polar.trainers.registry``);
+  an LLM policy with GRPO or SFT on session groups (``polar.trainers.agentic_run.build_agent_loop``); an env run is
+  composed from its algorithm's row in ``polar.trainers.registry`` (``compose``): the env side (a rollout
+  backend, or a dataset), the acting policy, the row's learner and collector, the evaluator, into the one
+  ``polar.trainers.loop.TrainingLoop``;
 - **where the learner runs**: ``distribution.backend: local`` in this process; ``ray`` in a learner actor
-  that runs the same loop (``polar.trainers.ray_driver``). An agent run on Ray also spreads its sessions over
-  ``rollout_workers`` gateway nodes (each with its engine) that the learner actor places; any
-  ``distribution`` key an agent run cannot honour fails here, before anything starts
+  that composes the same loop with its own backend (``polar.trainers.ray_driver``). An agent run on Ray also
+  spreads its sessions over ``rollout_workers`` gateway nodes (each with its engine) that the learner actor
+  places; any ``distribution`` key an agent run cannot honour fails here, before anything starts
   (``agent_distribution_problems``).
-
-Whichever it is, the result has ``train() -> dict`` and goes through ``polar.trainers.loop``. A new
-Collector (a Ray session collector for gateway nodes, say) is chosen here and passed to the trainer.
 """
 
 from __future__ import annotations
 
+import logging
+import random
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from polar.config.policy import OFFLINE
-from polar.config.run import AgentRunConfig, RunConfig, RunKind
+from polar.config.run import AgentRunConfig, EnvRunConfig, RunConfig, RunKind
 from polar.errors import ConfigError
-from polar.trainers.loop import OnIteration
+from polar.trainers.loop import OnIteration, TrainingLoop
 from polar.trainers.preflight import check_agent_distribution
-from polar.trainers.registry import trainer_class
 from polar.trainers.run_dir import RunDir
+from polar.types import Metrics
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from polar.datasets.minari import Transitions
+    from polar.models.policy import Policy
+
+log = logging.getLogger(__name__)
+
+#: ``(cfg, fragment_steps, seed, config_dir=...) -> RolloutBackend`` (default ``make_backend``; the Ray learner
+#: actor passes its own, with restart and autoscale options)
+BackendFactory = Callable[..., Any]
 
 
 class Trainer(Protocol):
@@ -46,6 +59,139 @@ def create_run_dir(cfg: RunConfig, run_dir: str | Path | None = None) -> RunDir:
     return RunDir.create(cfg.name, run_dir, kind=kind, config_dir=cfg.config_dir)
 
 
+def _resume_state(cfg: RunConfig, run_dir: RunDir, resume: bool) -> Mapping[str, Any] | None:
+    """The newest checkpoint that loads (``polar resume``), else None."""
+    if not resume:
+        return None
+    from polar.trainers.checkpoint import CheckpointManager
+
+    ckpt, state = CheckpointManager(run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints).load_newest()
+    log.info("resuming from checkpoint %s", ckpt)
+    return state
+
+
+def _seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def compose(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = False, on_iteration: OnIteration | None = None,
+            extra_metrics: Metrics | None = None, backend_factory: BackendFactory | None = None) -> TrainingLoop[Any]:
+    """The loop of an env run: its algorithm's row (``polar.trainers.registry``) composed with the env side, the
+    acting policy and the evaluator; resumed from the newest checkpoint when ``resume``. A PettingZoo harness
+    composes its multi-agent collector and one learner per policy (``polar.trainers.multi_agent``)."""
+    if cfg.harness.type == "pettingzoo":
+        from polar.trainers.multi_agent import compose_multi_agent
+
+        return compose_multi_agent(cfg, run_dir, resume=resume, on_iteration=on_iteration, extra_metrics=extra_metrics)
+    return _compose_env(cfg, run_dir, resume=resume, on_iteration=on_iteration, extra_metrics=extra_metrics,
+                        backend_factory=backend_factory)
+
+
+def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iteration: OnIteration | None,
+                 extra_metrics: Metrics | None, backend_factory: BackendFactory | None) -> TrainingLoop[Any]:
+    import torch
+
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.base import make_backend
+    from polar.trainers.continual import Continual, InitTarget
+    from polar.trainers.device import learner_copy, learner_device
+    from polar.trainers.env_run import EnvParts
+    from polar.trainers.evaluation import EnvEvaluator
+    from polar.trainers.loop import env_steps_budget
+    from polar.trainers.registry import algorithm, n_updates
+
+    row = algorithm(cfg)
+    from_dataset = row.steps_per_env is None
+    if from_dataset and cfg.distribution.backend != "local":
+        raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
+                          "distribution.backend: local")
+    state = _resume_state(cfg, run_dir, resume)
+    _seed_everything(cfg.seed)
+    # fresh env seeds on resume
+    seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)
+    extra: dict[str, Any] = {}
+    backend = None
+    if row.steps_per_env is not None:
+        # the one device rule of every learner (polar.trainers.device): CUDA for num_gpus >= 1 when present,
+        # else CPU, with a log line when a GPU was asked for
+        device = learner_device(cfg.distribution.num_gpus)
+        if device.type != "cpu":
+            log.info("distribution.num_gpus=%s: the %s learner trains on %s; rollouts and evaluation act with a "
+                     "CPU copy of the policy", cfg.distribution.num_gpus, cfg.policy.type, device)
+        backend = (backend_factory or make_backend)(cfg, row.steps_per_env(cfg), seed, config_dir=cfg.config_dir)
+        obs_space, act_space = backend.observation_space, backend.action_space
+    else:
+        device = torch.device("cpu")
+        obs_space, act_space, extra["dataset"] = _dataset(cfg)
+    try:
+        policy = build_policy(cfg, obs_space, act_space, cfg.config_dir)
+        if from_dataset and policy.obs_norm is not None:
+            from polar.rollout.dataset import set_dataset_statistics
+
+            set_dataset_statistics(policy.obs_norm, extra["dataset"], obs_space, cfg.policy.type)
+        parts = EnvParts(cfg, run_dir, seed, device, obs_space, act_space, policy,
+                         learner_copy(policy.agent, device), backend, state, extra=extra)
+
+        def acting() -> Policy:
+            parts.sync_acting_policy()
+            return parts.policy
+
+        parts.continual = Continual.create(cfg, acting)  # init, eval.old_tasks (polar.trainers.continual)
+        learner = row.make_learner(parts)
+        collector = row.make_collector(parts, learner)
+        if state is None and parts.continual is not None:  # before the collector starts with its weights
+            parts.continual.apply(InitTarget(cfg, policy, parts.train_agent, getattr(learner, "algorithm", learner)))
+        attach = getattr(backend, "attach_run_dir", None)
+        if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
+            attach(run_dir.path)
+        evaluator = EnvEvaluator(parts, row_fields=from_dataset)
+        gradient_steps = row.gradient_steps
+        if gradient_steps is not None:
+            total = gradient_steps(cfg)
+            evaluator.counters = lambda: {"gradient_steps": n_updates(learner)}
+            budget = lambda p: n_updates(learner) >= total  # noqa: E731
+        else:
+            budget = env_steps_budget(cfg.total_env_steps)
+        return TrainingLoop(cfg, run_dir, collector, learner, evaluator, budget=budget, state=state,
+                            iteration_env_steps=row.iteration_env_steps,
+                            stop_reward=None if from_dataset else cfg.stop_reward,
+                            on_iteration=on_iteration, extra_metrics=extra_metrics)
+    except BaseException:
+        if backend is not None:
+            backend.close()
+        raise
+
+
+def _dataset(cfg: EnvRunConfig) -> tuple[gym.Space[Any], gym.Space[Any], Transitions]:
+    """A dataset run's env spaces (the env is made once to read them) and its transitions, checked against them,
+    so a bad dataset fails before the first update."""
+    import gymnasium as gym
+    import numpy as np
+
+    from polar.datasets.minari import load_dataset
+    from polar.harness import make_vector_env
+
+    probe = make_vector_env(cfg.harness, 1, seed=cfg.seed, config_dir=cfg.config_dir)
+    try:
+        obs_space, act_space = probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: offline training takes Box observations; the env's "
+                          f"are {obs_space}")
+    kw: Any = cfg.policy.kwargs
+    data = load_dataset(kw.dataset, cfg.config_dir, obs_space, act_space, where="policy.kwargs.dataset")
+    log.info("dataset %s: %d transitions, %d episodes (return mean %.4g)", data.dataset_id, len(data),
+             len(data.episode_returns), float(np.mean(data.episode_returns)))
+    return obs_space, act_space, data
+
+
 def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iteration: OnIteration | None = None,
                   engine: Any = None) -> Trainer:
     """The trainer ``polar run`` / ``polar resume`` use. ``engine``: an inference engine already loaded
@@ -60,22 +206,23 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
         if cfg.distribution.backend == "ray":
             from polar.trainers.ray_driver import RayLearnerDriver
 
-            return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
-        from polar.trainers.agent import AgentTrainer
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
+        from polar.trainers.agentic_run import build_agent_loop
+        from polar.trainers.registry import agent_algorithm
 
-        return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
-    if cfg.distribution.backend == "ray" and cfg.policy.type in OFFLINE:
-        raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
-                          "distribution.backend: local")
-    if cfg.harness.type == "pettingzoo":  # multi-agent: its own collector, one PPO learner per policy
-        from polar.trainers.multi_agent import MultiAgentTrainer
-
-        return MultiAgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+        return build_agent_loop(agent_algorithm(cfg), cfg, run_dir, resume=resume, on_iteration=on_iteration,
+                                engine=engine)
     if cfg.distribution.backend == "ray":
-        from polar.trainers.ray_driver import RayLearnerDriver
+        from polar.trainers.registry import algorithm
 
-        return RayLearnerDriver(cfg, run_dir, resume=resume, on_iteration=on_iteration)
-    return trainer_class(cfg)(cfg, run_dir, resume=resume, on_iteration=on_iteration)
+        if algorithm(cfg).steps_per_env is None:
+            raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
+                              "distribution.backend: local")
+        if cfg.harness.type != "pettingzoo":
+            from polar.trainers.ray_driver import RayLearnerDriver
+
+            return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
+    return compose(cfg, run_dir, resume=resume, on_iteration=on_iteration)
 
 
 def progress_total(cfg: RunConfig) -> int:
@@ -84,8 +231,10 @@ def progress_total(cfg: RunConfig) -> int:
     (``max_steps``, else unknown until the demonstrations are read: 0)."""
     if not isinstance(cfg, AgentRunConfig):
         return cfg.total_env_steps
-    kw: Any = cfg.policy.kwargs
-    if cfg.policy.type == "grpo":
+    from polar.config.grpo import GRPOKwargs
+
+    kw = cfg.policy.kwargs
+    if isinstance(kw, GRPOKwargs):
         return int(kw.total_steps * kw.tasks_per_step * kw.group_size)
     return int(kw.max_steps)
 
@@ -138,6 +287,22 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
 def build_session_stack(cfg: RunConfig, work_dir: str | Path, engine: Any = None, records_dir: Path | None = None) -> Any:
     """Engine + gateway + rollout service for an agent config, not started (``polar generate``, evaluation
     suites); calls are recorded under ``records_dir`` (default ``work_dir/gateway/sessions``)."""
+    from polar.harness.sessions import session_runner
     from polar.trainers.agentic_run import build_stack
 
+    if not isinstance(cfg, AgentRunConfig):
+        session_runner(cfg)  # raises the ConfigError that says what an agent run needs
+        raise ConfigError(f"{cfg.name}: not an agent run")
     return build_stack(cfg, Path(work_dir), engine, records_dir=records_dir)
+
+
+def train_agentic(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """An agent run from start to end in this process (``polar run`` does the same through ``build_trainer``;
+    tests and benchmarks call this); returns its summary. ``run.json`` records this process as the run's owner
+    and the run's final status, however it ends."""
+    from polar.trainers.agentic_run import build_agent_loop
+    from polar.trainers.lifecycle import run_guard
+    from polar.trainers.registry import agent_algorithm
+
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
+        return build_agent_loop(agent_algorithm(cfg), cfg, run_dir, resume=resume, engine=engine).train()

@@ -20,6 +20,7 @@ import torch
 
 from polar.errors import CheckpointError, os_cause
 from polar.trainers.run_dir import atomic_write_text
+from polar.types import SideFile
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +110,26 @@ class CheckpointManager:
                 stale.unlink()
 
     def save(self, iteration: int, state: dict[str, Any]) -> Path:
+        """``ckpt_<iteration>.pt``; a ``SideFile`` value in ``state`` is written first, beside it, as
+        ``<prefix>_<iteration>.<suffix>``, and the checkpoint names that file in its place. Every kept checkpoint
+        keeps its own side files (a resume that falls back to an older checkpoint needs *its* files); they go
+        when their checkpoint is pruned (``logging.keep_checkpoints``)."""
+        sides = {k: v for k, v in state.items() if isinstance(v, SideFile)}
+        if sides:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            state = dict(state)
+            for key, side in sides.items():
+                side_path = self.dir / f"{side.prefix}_{iteration:08d}.{side.suffix}"
+                side.write(side_path)
+                state[key] = side_path.name
         path = save_checkpoint(self.dir / f"ckpt_{iteration:08d}.pt", state)
         atomic_write_text(self.dir / LATEST, path.name + "\n")
         self._prune()
+        for side in sides.values():
+            kept = {f"{side.prefix}_{int(p.stem.removeprefix('ckpt_')):08d}.{side.suffix}" for p in self.all()}
+            for old in self.dir.glob(f"{side.prefix}_*.{side.suffix}"):
+                if old.name not in kept:
+                    old.unlink(missing_ok=True)
         return path
 
     def all(self) -> list[Path]:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +35,34 @@ import torch
 from torch import nn
 
 from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
+from polar.config.agent import BuiltinAgentConfig
 from polar.config.continual import old_task_harness, old_task_names
-from polar.config.policy import OFF_POLICY, ON_POLICY
+from polar.config.iql import IQLKwargs
+from polar.config.run import EnvRunConfig
 from polar.errors import ConfigError
+from polar.models.policy import Policy
 
 log = logging.getLogger(__name__)
 
 ACTOR_CRITIC = "actor-critic"
+Q_NETWORK = "q-network"  # DQN's (and discrete CQL's)
+SQUASHED = "squashed-actor"  # SAC's (and continuous CQL's)
 MANIFEST = "manifest.json"  # polar.deploy.runtime.MANIFEST (deploy sits above trainers: not imported)
 
 
-def _family(policy_type: str, policy_state: dict[str, Any] | None = None) -> str:
-    """The network a policy type trains: DQN's Q-network, SAC's squashed actor, or the actor-critic agent
-    (PPO/APPO, BC, IQL). CQL trains DQN's (Discrete) or SAC's (Box) networks: its saved keys tell which."""
-    if policy_type == "cql" and policy_state is not None:
-        return "dqn" if any(k.startswith("agent.q_net.") for k in policy_state) else "sac"
-    return policy_type if policy_type in OFF_POLICY else ACTOR_CRITIC
+def _family(policy_state: Mapping[str, Any]) -> str:
+    """The network a policy's weights are: DQN's Q-network, SAC's squashed actor (CQL trains either), or the
+    actor-critic agent (PPO/APPO, BC, IQL). The saved keys tell which, whatever algorithm trained them."""
+    if any(k.startswith("agent.q_net.") for k in policy_state):
+        return Q_NETWORK
+    if any(k.startswith("agent.mu.") for k in policy_state):
+        return SQUASHED
+    return ACTOR_CRITIC
+
+
+def _has_iql_critics(state: Mapping[str, Any]) -> bool:
+    """An actor-critic source whose learner kept Q(s, a) critics (IQL's)."""
+    return _family(state["policy"]) == ACTOR_CRITIC and "critics" in (state.get("learner") or {})
 
 
 def _shape(t: Any) -> list[int]:
@@ -86,11 +100,12 @@ def resolve_source(ref: str, config_dir: Path) -> Path:
                       f"(looked at {p}); give the run directory of the offline or online run to start from")
 
 
-def load_source(cfg: Any) -> tuple[Any, dict[str, Any], Path]:
+def load_source(cfg: EnvRunConfig) -> tuple[EnvRunConfig, dict[str, Any], Path]:
     """(the source run's config, its checkpoint state, the checkpoint path) for ``cfg.init``."""
     from polar.trainers.checkpoint import load_checkpoint
     from polar.trainers.loading import resolve_target
 
+    assert cfg.init is not None  # called for runs with init only
     ckpt = resolve_source(cfg.init.source, cfg.config_dir)
     _, src_cfg, _ = resolve_target(ckpt)
     if src_cfg.kind != "env":
@@ -144,8 +159,19 @@ def _check_activation(src_act: str, dst_act: str, where: str, fix: str) -> None:
         raise ConfigError(f"init.source: {where} uses {src_act} activations and this run's network {dst_act}; {fix}")
 
 
-def apply_init(trainer: Any) -> dict[str, Any]:
-    """Load ``trainer.cfg.init.source``'s weights into a freshly built env trainer (its ``policy`` and
+@dataclass
+class InitTarget:
+    """What ``init`` loads into: the run's config, its acting policy, the learner's copy of the agent and the
+    algorithm's learner (SAC's critics and entropy coefficient, DQN's target network)."""
+
+    cfg: EnvRunConfig
+    policy: Policy
+    train_agent: nn.Module
+    learner: Any  # the algorithm's learner: SACLearner, DQNLearner, ... (only their attributes are read)
+
+
+def apply_init(trainer: InitTarget) -> dict[str, Any]:
+    """Load ``trainer.cfg.init.source``'s weights into a freshly built env run (its ``policy`` and
     ``learner``); returns what was copied (logged, and kept in the run's summary)."""
     from polar.models.off_policy import network_settings
 
@@ -153,11 +179,11 @@ def apply_init(trainer: Any) -> dict[str, Any]:
     src_cfg, state, ckpt = load_source(cfg)
     src_type, dst_type = src_cfg.policy.type, cfg.policy.type
     sd = state["policy"]
-    src_fam, dst_fam = _family(src_type, sd), _family(dst_type)
+    src_fam, dst_fam = _family(sd), _family(trainer.policy.state_dict())
     where = f"{ckpt} (policy.type {src_type})"
     agent = trainer.policy.agent
     report: dict[str, Any] = {"source": str(ckpt), "source_policy": src_type}
-    if dst_type in ("dqn", "sac") and any(k.startswith("obs_norm.") for k in sd):
+    if dst_fam != ACTOR_CRITIC and any(k.startswith("obs_norm.") for k in sd):
         raise ConfigError(f"init.source: {where} normalises observations (policy.kwargs.normalize_obs) and "
                           f"{dst_type} has no observation normaliser, so its weights would see raw inputs; continue "
                           "with ppo or appo (normalize_obs: true), or train the source with normalize_obs: false")
@@ -183,50 +209,60 @@ def apply_init(trainer: Any) -> dict[str, Any]:
             if k not in skip:
                 t.copy(v, sd[k], k)
         report["copied"] = "agent"
-        if dst_type == "sac":
+        if dst_fam == SQUASHED:
             _sac_critics_from_sac(trainer.learner, state.get("learner") or {}, where, t)
             report["copied"] = "actor, critics, entropy coefficient"
         report["tensors"] = t.copied
-    elif dst_type == "dqn" and src_fam == ACTOR_CRITIC:
+    elif dst_fam == Q_NETWORK and src_fam == ACTOR_CRITIC:
         activation = network_settings(cfg)[1]
-        if src_type == "iql":
-            critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
+        if _has_iql_critics(state):
+            critic_hidden = _iql_critic_hidden(src_cfg)
             t = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
                                  "agent.activation: relu")
             _check_activation("relu", activation, f"the IQL critic of {where}", t.fix)
             pairs = _under(state["learner"]["critics"], "0")
             report["copied"] = "IQL critic Q(s, .) as the Q-network"
         else:
-            _builtin_feedforward(src_cfg, where, "DQN")
-            t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
-                                 f"{src_cfg.agent.activation} (the source agent's)")
-            _check_activation(src_cfg.agent.activation, activation, where, t.fix)
+            src_agent = _builtin_feedforward(src_cfg, where, "DQN")
+            t = _Transfer(where, f"set agent.hidden_sizes: {list(src_agent.hidden_sizes)} and agent.activation: "
+                                 f"{src_agent.activation} (the source agent's)")
+            _check_activation(src_agent.activation, activation, where, t.fix)
             pairs = _under(sd, "agent.pi_encoder") + _under(sd, "agent.pi_head")
             report["copied"] = "actor logits as initial Q-values"
         t.params(agent.q_net, "agent.q_net", pairs)
         report["tensors"] = t.copied
-    elif dst_type == "sac" and src_fam == ACTOR_CRITIC:
+    elif dst_fam == SQUASHED and src_fam == ACTOR_CRITIC:
         report.update(_sac_from_actor_critic(trainer, src_cfg, state, where))
     else:
         raise ConfigError(f"init.source: a {src_type} checkpoint cannot start a {dst_type} run ({where}): "
-                          f"{_what_starts(dst_type)}")
+                          f"{_what_starts(dst_type, dst_fam)}")
     _sync_learner(trainer)
     log.info("init: %s from %s (%s tensors)", report["copied"], ckpt, report.get("tensors"))
     return report
 
 
-def _builtin_feedforward(src_cfg: Any, where: str, target: str) -> None:
-    if src_cfg.agent.type not in ("mlp", "cnn"):
-        raise ConfigError(f"init.source: {where} has a {src_cfg.agent.type} agent; {target} starts from an mlp or cnn "
+def _builtin_feedforward(src_cfg: EnvRunConfig, where: str, target: str) -> BuiltinAgentConfig:
+    """The source's agent section, when it is a built-in feed-forward one (mlp, cnn)."""
+    agent = src_cfg.agent
+    if not isinstance(agent, BuiltinAgentConfig) or agent.type not in ("mlp", "cnn"):
+        raise ConfigError(f"init.source: {where} has a {agent.type} agent; {target} starts from an mlp or cnn "
                           "actor only (its networks are feed-forward), or from a run of its own kind")
+    return agent
 
 
-def _what_starts(dst_type: str) -> str:
-    if dst_type in ON_POLICY:
-        return "ppo and appo start from bc, iql, ppo or appo runs (the same actor-critic agent)"
-    if dst_type == "dqn":
-        return "dqn starts from dqn or cql runs, or from bc, iql, ppo or appo runs on Discrete actions"
-    return "sac starts from sac or cql runs, or from bc, iql, ppo or appo runs on Box actions"
+def _iql_critic_hidden(src_cfg: EnvRunConfig) -> list[int]:
+    """The hidden sizes of the IQL critics a source run kept."""
+    kw = src_cfg.policy.kwargs
+    assert isinstance(kw, IQLKwargs), kw  # only IQL's learner keeps critics beside an actor-critic agent
+    return list(kw.critic_hidden)
+
+
+def _what_starts(dst_type: str, dst_fam: str) -> str:
+    if dst_fam == ACTOR_CRITIC:
+        return f"{dst_type} starts from bc, iql, ppo or appo runs (the same actor-critic agent)"
+    if dst_fam == Q_NETWORK:
+        return f"{dst_type} starts from dqn or cql runs, or from bc, iql, ppo or appo runs on Discrete actions"
+    return f"{dst_type} starts from sac or cql runs, or from bc, iql, ppo or appo runs on Box actions"
 
 
 def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str, t: _Transfer) -> None:
@@ -244,7 +280,7 @@ def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str,
             learner.log_ent_coef.copy_(src_learner["log_ent_coef"])
 
 
-def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], where: str) -> dict[str, Any]:
+def _sac_from_actor_critic(trainer: InitTarget, src_cfg: EnvRunConfig, state: dict[str, Any], where: str) -> dict[str, Any]:
     """SAC's actor from a Gaussian actor-critic agent: the trunk as is, the mean mapped linearly into tanh space
     (``mu = (mean - bias) / scale``: exact for actions well inside the bounds), the state-independent log std as the
     log-std head's bias; from IQL also both critics, their action input rescaled to SAC's [-1, 1]."""
@@ -255,11 +291,11 @@ def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], wh
     if "agent.log_std" not in sd:
         raise ConfigError(f"init.source: {where} has no Gaussian actor (Box actions); SAC starts from an agent that "
                           "was trained on this Box action space")
-    _builtin_feedforward(src_cfg, where, "SAC")
+    src_agent = _builtin_feedforward(src_cfg, where, "SAC")
     activation = network_settings(cfg)[1]
-    t = _Transfer(where, f"set agent.hidden_sizes: {list(src_cfg.agent.hidden_sizes)} and agent.activation: "
-                         f"{src_cfg.agent.activation} (the source agent's)")
-    _check_activation(src_cfg.agent.activation, activation, where, t.fix)
+    t = _Transfer(where, f"set agent.hidden_sizes: {list(src_agent.hidden_sizes)} and agent.activation: "
+                         f"{src_agent.activation} (the source agent's)")
+    _check_activation(src_agent.activation, activation, where, t.fix)
     t.params(agent.trunk, "agent.trunk", _under(sd, "agent.pi_encoder"))
     scale, bias = agent.action_scale, agent.action_bias
     w, b = sd["agent.pi_head.weight"], sd["agent.pi_head.bias"]
@@ -271,8 +307,8 @@ def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], wh
         agent.log_std.weight.zero_()
     t.copy(agent.log_std.bias.data, log_std - torch.log(scale), "agent.log_std", "agent.log_std.bias")
     report: dict[str, Any] = {"copied": "actor (mean rescaled into tanh space)"}
-    if src_cfg.policy.type == "iql":
-        critic_hidden = list(src_cfg.policy.kwargs.critic_hidden)
+    if _has_iql_critics(state):
+        critic_hidden = _iql_critic_hidden(src_cfg)
         tc = _Transfer(where, f"set agent.hidden_sizes: {critic_hidden} (the IQL critic's critic_hidden) and "
                               "agent.activation: relu; SAC's critics share the agent's hidden sizes")
         _check_activation("relu", activation, f"the IQL critics of {where}", tc.fix)
@@ -296,23 +332,24 @@ def _sac_from_actor_critic(trainer: Any, src_cfg: Any, state: dict[str, Any], wh
     return report
 
 
-def _sync_learner(trainer: Any) -> None:
+def _sync_learner(trainer: InitTarget) -> None:
     """After the acting policy got new weights: the learner's own copy (when it trains on another device) and
-    DQN's target network."""
-    acting = trainer.policy.agent
-    train_agent = getattr(trainer, "train_agent", acting)
+    a Q-network's target network (DQN)."""
+    acting, train_agent = trainer.policy.agent, trainer.train_agent
     if train_agent is not acting:
         train_agent.load_state_dict(acting.state_dict())
     target = getattr(trainer.learner, "target", None)
-    if trainer.cfg.policy.type == "dqn" and target is not None:
-        target.load_state_dict(train_agent.q_net.state_dict())
+    q_net = getattr(train_agent, "q_net", None)
+    if isinstance(target, nn.Module) and isinstance(q_net, nn.Module):
+        target.load_state_dict(q_net.state_dict())
 
 
 # ---------------------------------------------------------------------- replay mix
-def old_replay(cfg: Any, observation_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
+def old_replay(cfg: EnvRunConfig, observation_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
     """``replay_mix.dataset``'s transitions in a replay buffer of their own (checked against the env's spaces)."""
     from polar.datasets.minari import load_dataset
 
+    assert cfg.replay_mix is not None  # called for runs with replay_mix only
     data = load_dataset(cfg.replay_mix.dataset, cfg.config_dir, observation_space, action_space,
                         where="replay_mix.dataset")
     buf = ReplayBuffer(len(data), observation_space, action_space, seed=cfg.seed + 1)
@@ -370,7 +407,7 @@ class OldTasks:
     """``eval.old_tasks``: each evaluated like the run's own eval (same episodes, seed, determinism); the first
     measurement (before any online step) is the start, and ``forgetting = start - current`` (positive: worse)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: EnvRunConfig) -> None:
         self.cfg = cfg
         tasks = cfg.eval.old_tasks
         self.names = old_task_names(cfg.harness, tasks)
@@ -425,45 +462,43 @@ class OldTasks:
                               f"config names {self.names}; resume with the old tasks the run started with")
 
 
-# ---------------------------------------------------------------------- the env trainer's hooks
+# ---------------------------------------------------------------------- the env run's continual state
 class Continual:
     """What an env run with ``init`` or ``eval.old_tasks`` keeps: the init report, the run's own eval return at
-    the start, and the old tasks. ``EnvTrainer`` calls ``begin`` once built, ``metrics`` with every periodic
-    evaluation and ``summary`` at the end; its state travels in checkpoints (``polar resume`` keeps the start)."""
+    the start, and the old tasks. ``polar.trainers.build`` calls ``apply`` on a fresh run before the collector
+    starts; the evaluator calls ``begin`` before the first iteration, ``metrics`` with every periodic evaluation
+    and ``summary`` at the end; its state travels in checkpoints (``polar resume`` keeps the start).
+    ``acting()`` returns the acting policy with the learner's latest weights."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def __init__(self, cfg: EnvRunConfig, acting: Callable[[], Policy]) -> None:
+        self.cfg = cfg
+        self.acting = acting
         self.init: dict[str, Any] | None = None
         self.start_return: float | None = None
-        self.old_tasks = OldTasks(trainer.cfg) if trainer.cfg.eval.old_tasks else None
+        self.old_tasks = OldTasks(cfg) if cfg.eval.old_tasks else None
 
     @classmethod
-    def create(cls, trainer: Any) -> Continual | None:
-        cfg = trainer.cfg
-        return cls(trainer) if cfg.init is not None or cfg.eval.old_tasks else None
+    def create(cls, cfg: EnvRunConfig, acting: Callable[[], Policy]) -> Continual | None:
+        return cls(cfg, acting) if cfg.init is not None or cfg.eval.old_tasks else None
 
-    def begin(self, state: dict[str, Any] | None) -> None:
-        """A fresh run: load ``init``, then measure the start (the run's own task and the old ones)."""
-        tr = self.trainer
+    def apply(self, target: InitTarget) -> None:
+        """A fresh run with ``init``: load the source's weights."""
+        if self.cfg.init is not None:
+            self.init = apply_init(target)
+
+    def begin(self, state: Mapping[str, Any] | None, evaluate: Callable[[], dict[str, Any]]) -> None:
+        """Measure the start (the run's own task with ``evaluate``, and the old ones); a resumed run has it."""
         if state is not None:
             if self.old_tasks is not None and not self.old_tasks.start:  # old tasks added on resume (-o)
                 log.warning("eval.old_tasks: the checkpoint has no start measurement of the old tasks; forgetting "
                             "counts from this resume instead")
-                self._sync()
-                self.old_tasks.begin(tr.policy)
+                self.old_tasks.begin(self.acting())
             return
-        if tr.cfg.init is not None:
-            self.init = apply_init(tr)
-            self.start_return = float(tr.evaluate(tag="start")["return_mean"])
+        if self.init is not None:
+            self.start_return = float(evaluate()["return_mean"])
             log.info("init: eval return %.4g on this run's task at the start", self.start_return)
         if self.old_tasks is not None:
-            self._sync()
-            self.old_tasks.begin(tr.policy)
-
-    def _sync(self) -> None:
-        sync = getattr(self.trainer, "sync_acting_policy", None)  # a learner on another device: its weights first
-        if sync is not None:
-            sync()
+            self.old_tasks.begin(self.acting())
 
     def metrics(self, eval_result: dict[str, Any] | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -472,8 +507,7 @@ class Continual:
             if self.start_return is not None:
                 out["eval/improvement"] = float(eval_result["return_mean"]) - self.start_return
         if self.old_tasks is not None:
-            self._sync()
-            out.update(self.old_tasks.metrics(self.trainer.policy))
+            out.update(self.old_tasks.metrics(self.acting()))
         return out
 
     def summary(self, final_eval: dict[str, Any] | None) -> dict[str, Any]:
@@ -486,8 +520,7 @@ class Continual:
                 out["final_return"] = float(final_eval["return_mean"])
                 out["improvement"] = out["final_return"] - self.start_return
         if self.old_tasks is not None:
-            self._sync()
-            self.old_tasks.metrics(self.trainer.policy)
+            self.old_tasks.metrics(self.acting())
             out["old_tasks"] = self.old_tasks.summary()
         return out
 

@@ -59,14 +59,14 @@ class _StopState:
     """Process-wide (signals are): which stop was asked for, and whether a loop is there to honour it."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.requested: str | None = None
         self.deferring = 0
         self.grace_s = 30.0
         self.on_abandon: Any = None  # called from the grace timer just before a hard exit
         self.grace_expired = False
-
-    def reset(self) -> None:
-        self.__init__()
 
 
 _STATE = _StopState()
@@ -116,7 +116,9 @@ def _grace_timer(grace_s: float) -> None:
     _STATE.grace_expired = True
     # a real signal to the main thread: it also breaks a blocking call (a hung env's sleep, a socket read),
     # where _thread.interrupt_main would wait for the call to return; _handler then raises Stopped there
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+    main = threading.main_thread().ident
+    assert main is not None  # the main thread has started: this timer runs beside it
+    signal.pthread_kill(main, signal.SIGTERM)
     time.sleep(HARD_EXIT_AFTER_S)
     if _STATE.on_abandon is not None:
         with contextlib.suppress(Exception):

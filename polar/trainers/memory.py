@@ -25,7 +25,8 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from polar.config.run import AgentRunConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def model_shape(spec: str) -> ModelShape | None:
                       int(cfg.get("vocab_size", 0)))
 
 
-def estimate_agent_run(cfg: Any, shape: ModelShape) -> MemoryEstimate:
+def estimate_agent_run(cfg: AgentRunConfig, shape: ModelShape) -> MemoryEstimate:
     """The memory ``cfg`` (an agent run) needs with a model of ``shape``."""
     kw = cfg.policy.kwargs
     n = shape.params
@@ -123,9 +124,9 @@ def available_bytes() -> int | None:
     return avail
 
 
-def memory_warning(cfg: Any, available: int | None = None) -> str | None:
+def memory_warning(cfg: RunConfig, available: int | None = None) -> str | None:
     """The warning for a run that will not fit (None when it fits, or when its size cannot be known)."""
-    if getattr(cfg, "kind", None) != "agent":
+    if not isinstance(cfg, AgentRunConfig):
         return None
     spec = cfg.model.name_or_path if cfg.model is not None else cfg.gateway.model
     shape = model_shape(str(spec))
@@ -141,7 +142,9 @@ def memory_warning(cfg: Any, available: int | None = None) -> str | None:
     levers = [f"policy.kwargs.micro_batch_size (now {micro})"]
     if not getattr(cfg.policy.kwargs, "gradient_checkpointing", False):
         levers.append("policy.kwargs.gradient_checkpointing: true")
-    if getattr(cfg.policy.kwargs, "lora", None) is None and cfg.policy.type == "grpo":
+    from polar.config.grpo import GRPOKwargs
+
+    if getattr(cfg.policy.kwargs, "lora", None) is None and isinstance(cfg.policy.kwargs, GRPOKwargs):
         levers.append("policy.kwargs.lora: {} (no gradients or optimizer state for the base weights)")
     return (f"this run needs about {est.total / GIB:.1f} GiB ({est.describe()} GiB) and this machine has "
             f"{available / GIB:.1f} GiB available: it may be killed for memory. What lowers it: "

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.ppo import PPOKwargs
@@ -33,9 +32,12 @@ from polar.rollout.backends.multi_agent import (
     resolve_mapping,
 )
 from polar.rollout.self_play import OpponentPool
-from polar.trainers.loop import Metrics, OnIteration, TrainingLoop
+from polar.trainers.checkpoint import CheckpointManager
+from polar.trainers.env_run import AlgorithmLearner
+from polar.trainers.loop import OnIteration, TrainingLoop, env_steps_budget
+from polar.trainers.registry import ppo_learner
 from polar.trainers.run_dir import RunDir
-from polar.types import Batch
+from polar.types import Batch, Fragment, Metrics, Progress, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +46,9 @@ def check_multi_agent_config(cfg: EnvRunConfig) -> PettingZooHarnessConfig:
     """What a PettingZoo run cannot do yet, refused at start with the key to change."""
     h = cfg.harness
     assert isinstance(h, PettingZooHarnessConfig)
-    if cfg.policy.type != "ppo":
+    if not isinstance(cfg.policy.kwargs, PPOKwargs):  # one PPOLearner per policy
         raise ConfigError(f"policy.type {cfg.policy.type!r}: harness.type pettingzoo trains with ppo")
     kw = cfg.policy.kwargs
-    assert isinstance(kw, PPOKwargs)
     if kw.normalize_obs or kw.normalize_reward:
         raise ConfigError("policy.kwargs.normalize_obs / normalize_reward: not supported with harness.type pettingzoo; "
                           "set them to false")
@@ -106,100 +107,117 @@ def eval_metrics(res: dict[str, Any]) -> Metrics:
     return out
 
 
-class MultiAgentTrainer(TrainingLoop):
-    """The loop with a ``MultiAgentCollector`` and a ``PPOLearner`` per policy (see the module docstring)."""
+class MultiPolicyLearner:
+    """One unchanged ``PPOLearner`` per policy, each updated on its own fragment of the batch; with ``self_play``, a
+    frozen copy of the learner joins the opponent pool every ``snapshot_every_n_iterations`` iterations."""
 
-    cfg: EnvRunConfig
+    def __init__(self, harness: PettingZooHarnessConfig, policies: dict[str, Policy],
+                 learners: dict[str, AlgorithmLearner[Rollout]],
+                 pool: OpponentPool | None) -> None:
+        self.harness = harness
+        self.policies = policies
+        self.learners = learners
+        self.pool = pool
 
-    def __init__(self, cfg: EnvRunConfig, run_dir: RunDir, resume: bool = False, on_iteration: OnIteration | None = None,
-                 extra_metrics: Metrics | None = None) -> None:
-        self.harness = check_multi_agent_config(cfg)
-        super().__init__(cfg, run_dir, resume, on_iteration, extra_metrics)
-        self.kw: PPOKwargs = cfg.policy.kwargs  # type: ignore[assignment]
-        self.pool: OpponentPool | None = None
-
-    def _build(self, state: dict[str, Any] | None) -> None:
-        cfg, h = self.cfg, self.harness
-        torch.set_num_threads(1)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        probe = make_pettingzoo_env(h)
-        try:
-            agents = list(probe.possible_agents)
-            spaces = agent_spaces(probe)
-        finally:
-            probe.close()
-        self.mapping = resolve_mapping(h, agents)
-        self.spaces = policy_spaces(h, self.mapping, spaces)
-        self.policies = {name: build_policy(cfg, obs, act, cfg.config_dir) for name, (obs, act) in self.spaces.items()}
-        self.learners = {name: PPOLearner(p.agent, self.kw, cfg.total_env_steps) for name, p in self.policies.items()}
-        if h.self_play is not None:
-            (_name, (obs, act)), = self.spaces.items()
-            self.pool = OpponentPool(h.self_play, lambda: build_policy(cfg, obs, act, cfg.config_dir), cfg.seed)
-        if state is not None:
-            self._load_state(state)
-        seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)
-        num_envs = cfg.distribution.num_envs
-        columns = num_envs * len(agents)
-        self.collector = MultiAgentCollector(h, self.policies, self.mapping, int(self.kw.steps_per_env(columns)),
-                                             num_envs, seed, self.pool)
-        self.collector.start({}, self.version)
-
-    # ------------------------------------------------------------------ the Learner seam
-    def update(self, batch: Batch) -> Metrics:
-        progress = min(1.0, self.env_steps / self.cfg.total_env_steps)
+    def update(self, batch: Batch[dict[str, Fragment]]) -> Metrics:
         stats: Metrics = {}
         for name, frag in batch.data.items():
-            st = self.learners[name].update(RolloutBuffer([frag]), progress=progress)
+            own = Batch(Rollout([frag], buffer=RolloutBuffer([frag])), frag.env_steps, run_env_steps=batch.run_env_steps,
+                        iteration=batch.iteration, version=batch.version)
+            st = self.learners[name].update(own)
             stats.update(st if len(batch.data) == 1 else {f"{name}/{k}": v for k, v in st.items()})
         sp = self.harness.self_play
-        if sp is not None and self.pool is not None and (self.iteration + 1) % sp.snapshot_every_n_iterations == 0:
+        if sp is not None and self.pool is not None and batch.iteration % sp.snapshot_every_n_iterations == 0:
             (policy,) = self.policies.values()
-            self.pool.add(policy.state_dict(), self.iteration + 1)
+            self.pool.add(policy.state_dict(), batch.iteration)
         return stats
 
     def weights(self) -> Mapping[str, Any]:
         return {}  # the collector acts with the learner's own policy objects
 
-    def learner_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"policies": {n: p.state_dict() for n, p in self.policies.items()},
                 "learners": {n: lr.state_dict() for n, lr in self.learners.items()},
                 "pool": self.pool.state_dict() if self.pool is not None else None}
 
-    def load_learner_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for n, p in self.policies.items():
             p.load_state_dict(state["policies"][n])
             self.learners[n].load_state_dict(state["learners"][n])
         if self.pool is not None and state.get("pool") is not None:
             self.pool.load_state_dict(state["pool"])
 
-    def finished(self) -> bool:
-        return self.env_steps >= self.cfg.total_env_steps
 
-    # ------------------------------------------------------------------ evaluation
-    def _games(self, episodes: int | None) -> int:
-        if episodes is not None:
-            return episodes
-        sp = self.harness.self_play
-        return sp.eval_games if sp is not None else self.cfg.eval.episodes
+class MultiAgentEvaluator:
+    """Every ``eval.every_n_iterations`` iterations and at the end: ``evaluate_multi_agent`` (win rates against
+    the random player and the pool, per-agent returns), written to ``eval/<tag>.json``."""
 
-    def evaluate(self, tag: str = "final", episodes: int | None = None) -> dict[str, Any]:
-        ev = self.cfg.eval
-        res = evaluate_multi_agent(self.cfg, self.policies, self.mapping, self.pool, self._games(episodes), ev.seed,
+    def __init__(self, cfg: EnvRunConfig, run_dir: RunDir, learner: MultiPolicyLearner,
+                 mapping: dict[str, str]) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.learner = learner
+        self.mapping = mapping
+
+    def evaluate(self, tag: str, progress: Progress) -> dict[str, Any]:
+        ev, sp = self.cfg.eval, self.learner.harness.self_play
+        games = sp.eval_games if sp is not None else ev.episodes
+        res = evaluate_multi_agent(self.cfg, self.learner.policies, self.mapping, self.learner.pool, games, ev.seed,
                                    ev.deterministic)
-        res.update(env_steps=self.env_steps, iteration=self.iteration)
+        res.update(env_steps=progress.env_steps, iteration=progress.iteration)
         self.run_dir.write_json(f"eval/{tag}.json", res)
         return res
 
-    def periodic_eval(self) -> Metrics:
-        every = self.cfg.eval.every_n_iterations
-        if every and self.iteration % every == 0:
-            return eval_metrics(self.evaluate(tag=f"iter_{self.iteration:08d}"))
+    def before(self, progress: Progress) -> dict[str, Any]:
         return {}
 
-    def final_eval(self) -> dict[str, Any]:
-        return {"eval": self.evaluate(tag="final")} if self.cfg.eval.at_end else {}
+    def periodic(self, progress: Progress) -> Metrics:
+        every = self.cfg.eval.every_n_iterations
+        if every and progress.iteration % every == 0:
+            return eval_metrics(self.evaluate(f"iter_{progress.iteration:08d}", progress))
+        return {}
+
+    def final(self, progress: Progress) -> dict[str, Any]:
+        return {"eval": self.evaluate("final", progress)} if self.cfg.eval.at_end else {}
+
+
+def compose_multi_agent(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = False,
+                        on_iteration: OnIteration | None = None,
+                        extra_metrics: Metrics | None = None) -> TrainingLoop[dict[str, Fragment]]:
+    """The loop of a PettingZoo run (module docstring); resumed from the newest checkpoint when ``resume``."""
+    h = check_multi_agent_config(cfg)
+    kw = cfg.policy.kwargs
+    assert isinstance(kw, PPOKwargs)
+    state = None
+    if resume:
+        ckpt, state = CheckpointManager(run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints).load_newest()
+        log.info("resuming from checkpoint %s", ckpt)
+    torch.set_num_threads(1)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    probe = make_pettingzoo_env(h)
+    try:
+        agents = list(probe.possible_agents)
+        spaces = agent_spaces(probe)
+    finally:
+        probe.close()
+    mapping = resolve_mapping(h, agents)
+    pspaces = policy_spaces(h, mapping, spaces)
+    policies = {name: build_policy(cfg, obs, act, cfg.config_dir) for name, (obs, act) in pspaces.items()}
+    learners = {name: ppo_learner(p.agent, kw, cfg.total_env_steps) for name, p in policies.items()}
+    pool = None
+    if h.self_play is not None:
+        (_name, (obs, act)), = pspaces.items()
+        pool = OpponentPool(h.self_play, lambda: build_policy(cfg, obs, act, cfg.config_dir), cfg.seed)
+    learner = MultiPolicyLearner(h, policies, learners, pool)
+    seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)
+    num_envs = cfg.distribution.num_envs
+    collector = MultiAgentCollector(h, policies, mapping, int(kw.steps_per_env(num_envs * len(agents))), num_envs,
+                                    seed, pool)
+    return TrainingLoop(cfg, run_dir, collector, learner, MultiAgentEvaluator(cfg, run_dir, learner, mapping),
+                        budget=env_steps_budget(cfg.total_env_steps), state=state,
+                        on_iteration=on_iteration, extra_metrics=extra_metrics)
 
 
 def load_multi_agent_policies(cfg: EnvRunConfig, state: dict[str, Any]) -> tuple[dict[str, Policy], dict[str, str],

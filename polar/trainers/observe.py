@@ -5,7 +5,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polar.config.sections import LoggingConfig
+    from polar.trainers.run_dir import RunDir
 
 from polar.metrics.system import StageTimer
 
@@ -13,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 class Observability:
-    def __init__(self, logging_cfg: Any, run_dir: Any, run_name: str, role: str = "learner") -> None:
+    def __init__(self, logging_cfg: LoggingConfig, run_dir: RunDir, run_name: str, role: str = "learner") -> None:
         self.timer = StageTimer()
         self.sampler = None
         self.handler = None

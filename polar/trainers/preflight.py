@@ -15,10 +15,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from polar.config.harness import AgentHarnessConfig
+from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError, ConnectorStartError
 
 
-def check_before_start(cfg: Any) -> None:
+def check_before_start(cfg: RunConfig) -> None:
     """Raise the first problem with ``cfg``'s harness, agent or tasks that can be found without starting them."""
     config_dir = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
     h = cfg.harness
@@ -28,11 +30,11 @@ def check_before_start(cfg: Any) -> None:
         check_id(h.id)
     elif h.type == "custom":
         _check_connector(h.connector_spec, config_dir)
-    elif h.type == "agent":
-        _check_agent_harness(cfg, config_dir)
-    if getattr(cfg, "kind", None) == "agent":  # distribution keys an agent run cannot honour; the verifier
+    elif isinstance(h, AgentHarnessConfig) and isinstance(cfg, AgentRunConfig):
+        _check_agent_harness(cfg, h, config_dir)
+    if isinstance(cfg, AgentRunConfig):  # distribution keys an agent run cannot honour; the verifier
         check_agent_distribution(cfg)
-        if getattr(cfg, "verifier", None) is not None:
+        if cfg.verifier is not None:
             _check_verifier(cfg.verifier.type, config_dir, dict(cfg.verifier.kwargs))
     agent = getattr(cfg, "agent", None)
     if agent is not None and agent.type == "custom":
@@ -58,8 +60,7 @@ def _check_connector(spec: Any, config_dir: Path) -> None:
         raise ConnectorStartError(module_not_found(module, where))  # as the connector process would say it
 
 
-def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
-    h = cfg.harness
+def _check_agent_harness(cfg: AgentRunConfig, h: AgentHarnessConfig, config_dir: Path) -> None:
     if h.command and "{" not in h.command[0]:
         program = h.command[0]
         path = {**os.environ, **h.env}.get("PATH")
@@ -68,16 +69,19 @@ def _check_agent_harness(cfg: Any, config_dir: Path) -> None:
                               "install it or fix the command")
     if h.callable:
         check_callable("harness.callable", h.callable, config_dir)
+    from polar.config.grpo import SFTKwargs
+    from polar.config.llm_agent import TaskSource
     from polar.harness.sessions import load_run_tasks as load_tasks
 
     # policy sft (without sft_warmup) reads `tasks` as its demonstrations (chat JSONL), not as prompts
-    demos = cfg.policy.type == "sft" and cfg.sft_warmup is None
-    for path in ((cfg.eval_tasks,) if demos else (cfg.tasks, cfg.eval_tasks)):
-        if path:
-            load_tasks(path, cfg.config_dir)
+    demos = isinstance(cfg.policy.kwargs, SFTKwargs) and cfg.sft_warmup is None
+    sources: list[str | TaskSource | None] = [cfg.eval_tasks] if demos else [cfg.tasks, cfg.eval_tasks]
+    for source in sources:
+        if source:
+            load_tasks(source, cfg.config_dir)
 
 
-def check_agent_distribution(cfg: Any, engine: Any = None) -> None:
+def check_agent_distribution(cfg: AgentRunConfig, engine: Any = None) -> None:
     """Refuse, in one line naming the key, a ``distribution`` an agent run cannot honour: with ``backend:
     local`` everything but ``num_gpus``; with ``ray`` what is not the learner actor (``learner_resources``,
     ``max_learner_restarts``), the gateway nodes (``rollout_workers``, ``gateway_resources``), the cluster

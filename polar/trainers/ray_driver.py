@@ -3,12 +3,12 @@
 With ``distribution.backend: ray``, ``polar run`` / ``polar resume`` do not learn in their own
 process. ``RayLearnerDriver`` joins the cluster, checks that the learner and the rollout workers can
 be placed, and starts one ``LearnerActor`` with ``distribution.learner_resources``. The actor runs the
-one training loop (``polar.trainers.loop``: the trainer ``polar.trainers.registry`` names for the algorithm,
-same config and run directory as a local run); its Ray backend creates
+one training loop, composed by the same ``polar.trainers.build.compose`` as a local run (same config and run
+directory; only the rollout backend differs); its Ray backend creates
 the rollout actors from inside the learner actor, so fragments go rollout actor -> learner actor
 through the object store and never pass through the driver.
 
-An agent run (GRPO/SFT) goes the same way: the actor runs ``polar.trainers.agent.AgentTrainer`` (the same
+An agent run (GRPO/SFT) goes the same way: the actor runs the loop ``polar.trainers.agentic_run.build_agent_loop`` composes (the same
 loop) on ``build_ray_stack``: the rollout service and a local copy of the model (the learner's) live in the
 actor, and ``max(1, rollout_workers)`` gateway nodes, each with its own engine, are Ray actors the learner
 owns, placed with ``distribution.gateway_resources``; every new version goes to every node, and a lost
@@ -36,28 +36,47 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polar.distributed.cluster import RoleRequest, connect, ray_options, wait_ready
 from polar.errors import DistributedError, PolarError
+
+if TYPE_CHECKING:
+    from polar.config.run import EnvRunConfig, RunConfig
+    from polar.rollout.backends.base import RolloutBackend
+    from polar.trainers.loop import OnIteration, TrainingLoop
+    from polar.trainers.run_dir import RunDir
+    from polar.types import Metrics
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_ROWS = 10_000  # metrics rows the actor keeps for the driver to relay (one per iteration)
 
 
+class Trainer(Protocol):
+    def train(self) -> dict[str, Any]: ...
+
+
+class Compose(Protocol):
+    """``polar.trainers.build.compose``: the env run's loop, as a local run composes it. The driver is handed it
+    (build sits above this module), and the actor receives it by reference."""
+
+    def __call__(self, cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = False,
+                 on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
+                 backend_factory: Callable[..., Any] | None = None) -> TrainingLoop[Any]: ...
+
+
 class LearnerActor:
     """Runs the training loop in a Ray actor; ``train`` blocks, ``progress`` answers meanwhile (threaded actor)."""
 
     def __init__(self, cfg_data: dict[str, Any], config_dir: str | None, run_dir: str, resume: bool,
-                 learner_restarts: int = 0, log_level: int = logging.INFO, rollout_workers: int | None = None,
-                 autoscale: bool = True) -> None:
+                 compose: Compose, learner_restarts: int = 0, log_level: int = logging.INFO,
+                 rollout_workers: int | None = None, autoscale: bool = True) -> None:
         import ray
         import torch
 
         from polar.config import validate
         from polar.config.run import RunConfig
-        from polar.trainers.registry import trainer_class
         from polar.trainers.run_dir import META, RunDir
 
         torch.set_num_threads(1)
@@ -79,7 +98,8 @@ class LearnerActor:
         self._rows: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PROGRESS_ROWS)
         self._seq = 0
 
-        def backend_factory(cfg, fragment_steps, seed, config_dir=None):
+        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int,
+                            config_dir: Path | None = None) -> RolloutBackend:
             from polar.rollout.backends.ray_backend import RayBackend
 
             # after a crash the cluster may have lost a node: start with what fits, place the rest later
@@ -87,17 +107,19 @@ class LearnerActor:
                               rollout_workers=rollout_workers, autoscale=autoscale)
 
         extra = {"learner/restarts": learner_restarts}
+        self.trainer: Trainer
         if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
             # an LLM learner uses the CPUs its actor reserved (env learners keep 1 thread: small networks)
             torch.set_num_threads(max(1, int(cfg.distribution.learner_resources.num_cpus)))
-            from polar.trainers.agent import AgentTrainer
-            from polar.trainers.agentic_run import build_ray_stack
+            from polar.trainers.agentic_run import build_agent_loop, build_ray_stack
+            from polar.trainers.registry import agent_algorithm
 
-            self.trainer = AgentTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
-                                        extra_metrics=extra, stack=build_ray_stack)
+            self.trainer = build_agent_loop(agent_algorithm(cfg), cfg, RunDir.open(run_dir), resume=resume,
+                                            on_iteration=self._record, extra_metrics=extra,
+                                            stack_builder=build_ray_stack)
             return
-        self.trainer = trainer_class(cfg)(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
-                                       backend_factory=backend_factory, extra_metrics=extra)
+        self.trainer = compose(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
+                               backend_factory=backend_factory, extra_metrics=extra)
 
     def ready(self) -> dict[str, Any]:
         return dict(self.info)
@@ -117,12 +139,13 @@ class LearnerActor:
 
     def gateway_nodes(self) -> list[dict[str, Any]]:
         """An agent run's gateway node actors now: ``{node_id, url, ray_node_id}`` each (operators, tests)."""
-        nodes = getattr(getattr(self.trainer, "stack", None), "nodes", None)
+        nodes = getattr(getattr(getattr(self.trainer, "collector", None), "stack", None), "nodes", None)
         return nodes.describe() if nodes is not None else []
 
     def rollout_actors(self) -> dict[int, Any]:
         """The rollout actors this learner owns right now (for operators and tests)."""
-        pool = getattr(getattr(self.trainer, "backend", None), "pool", None)
+        backend = getattr(getattr(self.trainer, "collector", None), "backend", None)
+        pool = getattr(backend, "pool", None)
         if pool is None:
             return {}
         for _ in range(10):  # the training thread may resize the pool while this thread reads it
@@ -151,14 +174,15 @@ class _LearnerDied(Exception):
 class RayLearnerDriver:
     """Starts the learner actor, relays its progress, restarts it from the last checkpoint if it dies."""
 
-    def __init__(self, cfg, run_dir, resume: bool = False,
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, compose: Compose, resume: bool = False,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None, poll_interval_s: float = 0.2) -> None:
         self.cfg = cfg
+        self.compose = compose
         self.run_dir = run_dir
         self.resume = resume
         self.on_iteration = on_iteration
         self.poll_interval_s = poll_interval_s
-        self.actor = None
+        self.actor: Any = None  # the LearnerActor's Ray handle
         self.learner_info: dict[str, Any] | None = None
         self.learner_restarts = 0
         self._history: list[dict[str, Any]] = []
@@ -235,7 +259,7 @@ class RayLearnerDriver:
         workers = self._last_row.get("rollout/target_workers")
         self.actor = cls.remote(
             self.cfg.model_dump(mode="json"), str(self.cfg.config_dir), str(Path(self.run_dir.path).resolve()), resume,
-            self.learner_restarts, logging.getLogger("polar").getEffectiveLevel(),
+            self.compose, self.learner_restarts, logging.getLogger("polar").getEffectiveLevel(),
             int(workers) if workers else None, self._last_row.get("autoscale/enabled", 1.0) != 0,
         )
         wait_ready([self.actor.ready.remote()], max(d.connect_timeout_s, 120.0), "learner actor")

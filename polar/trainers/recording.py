@@ -24,11 +24,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
-from polar.agents import check_act_output
+from polar.config.harness import GymnasiumHarnessConfig
+from polar.config.run import EnvHarnessConfig
 from polar.config.secrets import redact
-from polar.rollout.runner import obs_to_tensor
+from polar.rollout.episodes import ActingPolicy, EnvSlots, EpisodePlan, PolicyActor, Step, iter_episodes
 from polar.trainers.run_dir import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,7 @@ def _jsonable(a: Any) -> Any:
     return a.item() if a.ndim == 0 else a.tolist()
 
 
-@torch.inference_mode()
-def record_episodes(policy: Any, harness_cfg: Any, run_path: Path, episodes: int, seed: int,
+def record_episodes(policy: ActingPolicy, harness_cfg: EnvHarnessConfig, run_path: Path, episodes: int, seed: int,
                     deterministic: bool = True, config_dir: Path | None = None, meta: dict[str, Any] | None = None,
                     max_steps: int = 10_000) -> Path:
     """Play ``episodes`` episodes (seeds ``seed``, ``seed + 1``, ...) on one fresh env and record them under
@@ -74,45 +73,24 @@ def record_episodes(policy: Any, harness_cfg: Any, run_path: Path, episodes: int
         n += 1
         out = out.with_name(f"{tag}-{n}")
     out.mkdir(parents=True)
-    render = harness_cfg.type == "gymnasium"
-    if render:
+    render = isinstance(harness_cfg, GymnasiumHarnessConfig)
+    if isinstance(harness_cfg, GymnasiumHarnessConfig):
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen; no display, no audio
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         harness_cfg = harness_cfg.model_copy(update={"kwargs": {**harness_cfg.kwargs, "render_mode": "rgb_array"}})
-    env = make_env(harness_cfg, config_dir)  # one plain env: no autoreset, so the final frame is the final state
-    agent = policy.agent
+    # one plain env: no autoreset, so the final frame is the final state
+    slots = EnvSlots([make_env(harness_cfg, config_dir)])
+    frames = _Frames(out, slots.envs[0] if render else None)
     summaries = []
     try:
-        for e in range(episodes):
-            ep_id = f"ep_{e:05d}"
-            ep_dir = out / ep_id
-            ep_dir.mkdir()
-            obs, _ = env.reset(seed=seed + e)
-            state = agent.get_initial_state(1)
-            rows: list[dict[str, Any]] = []
-            total, kinds, success = 0.0, set(), None
-
-            src = env if render else None
-            first = {"t": 0, "action": None, "reward": None, "terminated": False, "truncated": False}
-            _frame(src, ep_dir, 0, obs, first, rows, kinds)
-            for t in range(1, max_steps + 1):
-                action, state, _ = policy.act(obs_to_tensor(_batch(obs)), state, deterministic)
-                act = check_act_output(agent, action, 1, env.action_space)[0]
-                if isinstance(env.action_space, gym.spaces.Box):
-                    act = np.clip(act, env.action_space.low, env.action_space.high)
-                obs, rew, term, trunc, info = env.step(act)
-                total += float(rew)
-                _frame(src, ep_dir, t, obs, {"t": t, "action": _jsonable(act), "reward": float(rew),
-                                             "terminated": bool(term), "truncated": bool(trunc)}, rows, kinds)
-                if term or trunc:
-                    if "success" in info:
-                        success = bool(info["success"])
-                    break
-            (ep_dir / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            summaries.append({"id": ep_id, "seed": seed + e, "return": total, "length": len(rows) - 1,
+        for r in iter_episodes(PolicyActor(policy), slots, EpisodePlan.seeded(range(seed, seed + episodes)),
+                               deterministic=deterministic, max_episode_steps=max_steps, observer=frames):
+            ep_id, kinds = frames.finish(r.episode)
+            success = None if r.cut else r.success  # the env's, when it ended the episode itself
+            summaries.append({"id": ep_id, "seed": r.seed, "return": r.ret, "length": r.length,
                               "success": success, "frames": "png" if kinds == {"png"} else "text"})
     finally:
-        env.close()
+        slots.close()
     # the harness as config.resolved.yaml has it: a connector token or a credential in its env: never on disk
     index = {"tag": tag, **meta, "harness": redact(harness_cfg), "seed": seed,
              "deterministic": deterministic, "created": time.time(), "episodes": summaries}
@@ -121,7 +99,36 @@ def record_episodes(policy: Any, harness_cfg: Any, run_path: Path, episodes: int
     return out
 
 
-def _frame(env: Any, ep_dir: Path, t: int, obs: Any, row: dict[str, Any], rows: list, kinds: set) -> None:
+class _Frames:
+    """The episode loop's observer: one folder per episode, a frame per reset and step, steps.jsonl at its end."""
+
+    def __init__(self, out: Path, env: gym.Env[Any, Any] | None) -> None:
+        self.out, self.env = out, env
+        self.rows: list[dict[str, Any]] = []
+        self.kinds: set[str] = set()
+
+    def _dir(self, episode: int) -> Path:
+        return self.out / f"ep_{episode:05d}"
+
+    def on_reset(self, slot: int, episode: int, seed: int | None, obs: Any) -> None:
+        self._dir(episode).mkdir()
+        self.rows, self.kinds = [], set()
+        first = {"t": 0, "action": None, "reward": None, "terminated": False, "truncated": False}
+        _frame(self.env, self._dir(episode), 0, obs, first, self.rows, self.kinds)
+
+    def on_step(self, slot: int, step: Step) -> None:
+        _frame(self.env, self._dir(step.episode), step.t, step.obs,
+               {"t": step.t, "action": _jsonable(step.action), "reward": float(step.reward),
+                "terminated": bool(step.terminated), "truncated": bool(step.truncated)}, self.rows, self.kinds)
+
+    def finish(self, episode: int) -> tuple[str, set[str]]:
+        """Write the episode's steps.jsonl; returns its id and frame kinds."""
+        (self._dir(episode) / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        return self._dir(episode).name, self.kinds
+
+
+def _frame(env: gym.Env[Any, Any] | None, ep_dir: Path, t: int, obs: Any, row: dict[str, Any],
+           rows: list[dict[str, Any]], kinds: set[str]) -> None:
     """Add frame ``t`` to ``rows``: a PNG from an image in ``obs`` or ``env.render()``, else text."""
     from PIL import Image
 
@@ -135,10 +142,3 @@ def _frame(env: Any, ep_dir: Path, t: int, obs: Any, row: dict[str, Any], rows: 
         kinds.add("text")
         row["text"] = _text(obs)
     rows.append(row)
-
-
-def _batch(obs: Any) -> Any:
-    """One env's observation as a batch of one, as ``AgentBase.act`` takes it."""
-    if isinstance(obs, dict):
-        return {k: np.asarray(v)[None] for k, v in obs.items()}
-    return np.asarray(obs)[None]

@@ -1,34 +1,332 @@
-"""Which trainer runs which ``policy.type`` (one table; ``polar.trainers.build`` and the Ray learner actor read it).
+"""One row per algorithm: ``{policy.type: Algorithm(Kwargs, make_learner, make_collector, ...)}`` for env runs,
+``{policy.type: AgentAlgorithm(Kwargs, make_parts)}`` for agent runs (GRPO, SFT). With the
+config models, this is the only place that knows algorithm names; ``polar.trainers.build`` composes a row into
+the one loop, for ``polar run`` and the Ray learner actor alike.
 
-Adding an algorithm: its config (``polar/config/<algo>.py``, joined in ``polar.config.policy``), its losses
-and learner (``polar/algorithms/<algo>.py``), and one row here naming the trainer that feeds it batches.
+Adding an algorithm (docs/DEVELOPING.md, "Add an algorithm"): its config (``polar/config/<algo>.py``, one line in
+the union of ``polar.config.policy``), its losses and learner with ``update(batch) -> Metrics``,
+``state_dict()``, ``load_state_dict()`` (``polar/algorithms/<algo>.py``), and one row here.
 """
 
 from __future__ import annotations
 
-from polar.config.run import RunConfig
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import gymnasium as gym
+import torch
+from pydantic import BaseModel
+
+from polar.algorithms.appo import APPOLearner
+from polar.algorithms.bc import BCLearner
+from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
+from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.grpo import GRPOLearner, has_signal
+from polar.algorithms.iql import IQLLearner
+from polar.algorithms.ppo import PPOLearner
+from polar.algorithms.sac import SACLearner
+from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
+from polar.buffers.nstep import NStepTransitions
+from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from polar.config.appo import APPOKwargs
+from polar.config.bc import BCKwargs, OfflineKwargs
+from polar.config.cql import CQLKwargs
+from polar.config.dqn import DQNKwargs
+from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.iql import IQLKwargs
+from polar.config.llm_agent import ReasoningGymTasks
+from polar.config.ppo import PPOKwargs
+from polar.config.run import AgentRunConfig, EnvRunConfig
+from polar.config.sac import SACKwargs
 from polar.errors import ConfigError
-from polar.trainers.env import EnvTrainer
-from polar.trainers.off_policy import OffPolicyTrainer
-from polar.trainers.offline import OfflineTrainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.harness.agent.tasks import resolve
+from polar.harness.sessions import load_run_tasks as load_tasks
+from polar.models.off_policy import QCritic, network_settings
+from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_name
+from polar.rollout.backends.replay import ReplayCollector
+from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector
+from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
+from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
+from polar.trainers.continual import MixedReplay, old_replay
+from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
+from polar.trainers.loop import Stage, iterations_budget
+from polar.types import Collector, Learner, Rollout, SessionResult
 
-ENV_TRAINERS: dict[str, type[EnvTrainer] | type[OfflineTrainer]] = {
-    "ppo": OnPolicyTrainer,
-    "appo": OnPolicyTrainer,
-    "dqn": OffPolicyTrainer,
-    "sac": OffPolicyTrainer,
-    "bc": OfflineTrainer,  # from a dataset (policy.kwargs.dataset), no env interaction but evaluation
-    "iql": OfflineTrainer,
-    "cql": OfflineTrainer,
+if TYPE_CHECKING:
+    from polar.models.llm_policy import LLMPolicy
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- the row type
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm's row.
+
+    - ``kwargs``: its ``policy.kwargs`` model (``polar/config/<algo>.py``);
+    - ``make_learner(parts)``: its ``Learner`` for the run's parts (usually ``PolicyLearner(parts, <its learner>)``);
+    - ``make_collector(parts, learner)``: where its batches come from;
+    - ``steps_per_env(cfg)``: env steps per env in one fragment, for the rollout backend; ``None``: the algorithm
+      trains from a dataset (no backend; the env is made only to read its spaces and to evaluate);
+    - ``iteration_env_steps``: an iteration (a metrics row, the unit of checkpoint and eval intervals) ends once
+      this many env steps arrived (0: after every batch);
+    - ``gradient_steps``: for a dataset algorithm, the run's budget in learner updates (``None``: the env run's
+      ``total_env_steps``)."""
+
+    kwargs: type[BaseModel]
+    make_learner: Callable[[EnvParts], Learner[Any]]
+    make_collector: Callable[[EnvParts, Learner[Any]], Collector[Any]]
+    steps_per_env: Callable[[EnvRunConfig], int] | None = None
+    iteration_env_steps: int = 0
+    gradient_steps: Callable[[EnvRunConfig], int] | None = None
+
+
+def env_collector(parts: EnvParts, fragments: Callable[[], int], buffered: bool = False) -> EnvCollector:
+    """Fragments from the run's backend, ``nonfinite`` applied, normalizer moments folded in."""
+    cfg, backend = parts.cfg, parts.backend
+    assert backend is not None  # rows with steps_per_env have one
+    kw = cfg.policy.kwargs
+    reward_norm, reward_clip = None, None
+    if isinstance(kw, PPOKwargs | APPOKwargs) and kw.normalize_reward:  # the return normalizer's scale
+        from polar.models.normalization import RunningNorm
+
+        reward_norm, reward_clip = RunningNorm((), kw.clip_reward), kw.clip_reward
+    return EnvCollector(backend, parts.policy, FiniteGuard(cfg.nonfinite, harness_name(cfg.harness)), fragments,
+                        reward_norm=reward_norm, reward_clip=reward_clip, buffered=buffered)
+
+
+def n_updates(learner: Learner[Any]) -> int:
+    """A dataset algorithm's learner updates so far (its budget)."""
+    algorithm = cast(PolicyLearner[Any], learner).algorithm
+    return int(getattr(algorithm, "n_updates", 0))
+
+
+# ---------------------------------------------------------------------- PPO, APPO
+def _ppo_kw(parts: EnvParts) -> PPOKwargs:
+    return cast(PPOKwargs, parts.cfg.policy.kwargs)
+
+
+def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> AlgorithmLearner[Rollout]:
+    """PPO's learner for ``agent`` (also one per policy of a PettingZoo run, ``polar.trainers.multi_agent``)."""
+    return PPOLearner(agent, kw, total_env_steps)
+
+
+def _ppo_learner(parts: EnvParts) -> Learner[Any]:
+    return PolicyLearner(parts, ppo_learner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
+
+
+def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    backend = parts.backend
+    assert backend is not None
+    kw, num_envs = _ppo_kw(parts), parts.cfg.distribution.num_envs
+    steps = kw.steps_per_env(num_envs)
+    if (kw.batch_size or 0) > steps * num_envs:  # works, but likely not as meant
+        log.warning("policy.kwargs.batch_size %d is larger than one rollout (%d env steps: %d per env x %d envs): "
+                    "every minibatch is the whole rollout. Lower batch_size, or raise n_steps or the env count.",
+                    kw.batch_size, steps * num_envs, steps, num_envs)
+    # one fragment per worker (read each time: the Ray backend resizes while running)
+    return env_collector(parts, lambda: max(1, backend.num_workers), buffered=True)
+
+
+def _appo_learner(parts: EnvParts) -> Learner[Any]:
+    return PolicyLearner(parts, APPOLearner(parts.train_agent, parts.cfg.policy.kwargs))
+
+
+def _appo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    return env_collector(parts, lambda: 1)  # learns from each fragment as it arrives
+
+
+# ---------------------------------------------------------------------- DQN, SAC
+ITERATION_ENV_STEPS = 1000  # off-policy: log/checkpoint/eval intervals mean about what they mean for PPO
+
+
+def _dqn_learner(parts: EnvParts) -> Learner[Any]:
+    learner = DQNLearner(parts.train_agent, parts.cfg.policy.kwargs, parts.cfg.total_env_steps)
+    learner.set_exploration(0)
+    return PolicyLearner(parts, learner)
+
+
+def _sac_learner(parts: EnvParts) -> Learner[Any]:
+    obs, act, network = parts.observation_space, parts.action_space, network_settings(parts.cfg)
+    learner = SACLearner(parts.train_agent, parts.cfg.policy.kwargs, lambda: QCritic(obs, act, *network), act,
+                         parts.cfg.total_env_steps)
+    learner.set_exploration(0)
+    return PolicyLearner(parts, learner)
+
+
+def replay_collector(parts: EnvParts, replay: ReplayBuffer) -> ReplayCollector:
+    """The env collector feeding ``replay`` (n-step windows when ``n_step_return`` > 1; ``replay_mix``: gradient
+    steps sample a share from an old dataset too)."""
+    cfg = parts.cfg
+    kw = cast(DQNKwargs | SACKwargs, cfg.policy.kwargs)
+    nstep = NStepTransitions(kw.n_step_return, kw.gamma) if kw.n_step_return > 1 else None
+    sampler = None
+    if cfg.replay_mix is not None:
+        sampler = MixedReplay(old_replay(cfg, parts.observation_space, parts.action_space), replay,
+                              cfg.replay_mix.ratio)
+    return ReplayCollector(env_collector(parts, lambda: 1), replay, nstep, parts.checkpoint_dir,
+                           kw.save_replay_buffer, sampler)
+
+
+def _dqn_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    kw = cast(DQNKwargs, parts.cfg.policy.kwargs)
+    obs, act = parts.observation_space, parts.action_space
+    replay: ReplayBuffer
+    if kw.prioritized_replay:
+        replay = PrioritizedReplayBuffer(kw.buffer_size, obs, act, seed=parts.cfg.seed,
+                                         alpha=kw.prioritized_replay_alpha, eps=kw.prioritized_replay_eps)
+    else:
+        replay = ReplayBuffer(kw.buffer_size, obs, act, seed=parts.cfg.seed)
+    return replay_collector(parts, replay)
+
+
+def _sac_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    kw = cast(SACKwargs, parts.cfg.policy.kwargs)
+    return replay_collector(parts, ReplayBuffer(kw.buffer_size, parts.observation_space, parts.action_space,
+                                                seed=parts.cfg.seed))
+
+
+# ---------------------------------------------------------------------- BC, IQL, CQL (from a dataset)
+def _offline_learner(make: Callable[[EnvParts], AlgorithmLearner[Any]]) -> Callable[[EnvParts], Learner[Any]]:
+    return lambda parts: PolicyLearner(parts, make(parts), publish=False)
+
+
+def _cql(parts: EnvParts) -> AlgorithmLearner[Any]:
+    kw = cast(CQLKwargs, parts.cfg.policy.kwargs)
+    obs, act = parts.observation_space, parts.action_space
+    if isinstance(act, gym.spaces.Discrete):
+        return DiscreteCQLLearner(parts.policy.agent, kw)
+    hidden, activation, _ = network_settings(parts.cfg)
+    critic_hidden = list(kw.critic_hidden or hidden)
+    return CQLLearner(parts.policy.agent, kw, lambda: QCritic(obs, act, critic_hidden, activation, []), act)
+
+
+def dataset_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
+    """Minibatches of ``policy.kwargs.dataset`` (read in ``polar.trainers.build``), ``steps_per_iteration`` per
+    iteration, the last one stopping at ``gradient_steps`` exactly."""
+    from polar.rollout.dataset import DatasetCollector
+
+    kw = cast(OfflineKwargs, parts.cfg.policy.kwargs)
+    data = parts.extra["dataset"]
+    spi, total = kw.steps_per_iteration, kw.gradient_steps
+    return DatasetCollector(data, kw.batch_size, lambda: max(1, min(spi, total - n_updates(learner))), parts.seed,
+                            parts.policy.obs_norm)
+
+
+def _gradient_steps(cfg: EnvRunConfig) -> int:
+    return cast(OfflineKwargs, cfg.policy.kwargs).gradient_steps
+
+
+# ---------------------------------------------------------------------- the table
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm(PPOKwargs, _ppo_learner, _ppo_collector,
+                     steps_per_env=lambda cfg: cast(PPOKwargs, cfg.policy.kwargs).steps_per_env(cfg.distribution.num_envs)),
+    "appo": Algorithm(APPOKwargs, _appo_learner, _appo_collector,
+                      steps_per_env=lambda cfg: cast(APPOKwargs, cfg.policy.kwargs).n_steps),
+    "dqn": Algorithm(DQNKwargs, _dqn_learner, _dqn_collector, iteration_env_steps=ITERATION_ENV_STEPS,
+                     steps_per_env=lambda cfg: cast(DQNKwargs, cfg.policy.kwargs).train_freq),
+    "sac": Algorithm(SACKwargs, _sac_learner, _sac_collector, iteration_env_steps=ITERATION_ENV_STEPS,
+                     steps_per_env=lambda cfg: cast(SACKwargs, cfg.policy.kwargs).train_freq),
+    "bc": Algorithm(BCKwargs, _offline_learner(lambda p: BCLearner(p.policy.agent, p.cfg.policy.kwargs)),
+                    dataset_collector, gradient_steps=_gradient_steps),
+    "iql": Algorithm(IQLKwargs, _offline_learner(lambda p: IQLLearner(p.policy.agent, p.cfg.policy.kwargs,
+                                                                      p.observation_space, p.action_space)),
+                     dataset_collector, gradient_steps=_gradient_steps),
+    "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
 }
-AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs, polar.trainers.agent.AgentTrainer
+# ---------------------------------------------------------------------- GRPO, SFT (agent runs)
+def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwargs: SFTKwargs
+               ) -> tuple[Stage[Any], SFTLearner]:
+    """SFT on ``demonstrations`` (a chat JSONL or a ``polar generate`` dataset) as a stage of the loop."""
+    from polar.models.llm_policy import load_demonstrations
+
+    demos = load_demonstrations(resolve(demonstrations, cfg.config_dir), policy.tokenizer)
+    learner = SFTLearner(policy, kwargs)
+    steps = sft_steps(len(demos), kwargs)
+    log.info("SFT: %d steps over %d demonstrations", steps, len(demos))
+    collector = DemonstrationCollector(demonstration_batches(demos, kwargs, cfg.seed))
+    return Stage("sft", collector, learner, iterations_budget(steps)), learner
 
 
-def trainer_class(cfg: RunConfig) -> type[EnvTrainer] | type[OfflineTrainer]:
-    """The env trainer for ``cfg.policy.type`` (``OffPolicyTrainer`` for DQN/SAC, ``OnPolicyTrainer`` for PPO/APPO)."""
-    cls = ENV_TRAINERS.get(cfg.policy.type)
-    if cls is None:
+def check_grpo(cfg: AgentRunConfig) -> None:
+    kw = cfg.policy.kwargs
+    if not cfg.tasks:
+        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
+    sft = cfg.sft_warmup
+    if sft is not None and sft.kwargs.lora is not None and kw.lora is None:
+        raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+
+
+def check_sft(cfg: AgentRunConfig) -> None:
+    if not isinstance(cfg.tasks, str):
+        raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a polar "
+                          f"generate dataset), not {cfg.tasks!r}")
+
+
+def grpo_parts(ctx: AgentContext) -> AgentParts:
+    """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
+    held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
+    (``sft_warmup``) as the first stage of a fresh run."""
+    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
+    assert isinstance(kw, GRPOKwargs)  # the row's kwargs model
+    warm_up = []
+    if cfg.sft_warmup is not None and ctx.state is None:
+        warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
+    learner = GRPOLearner(ctx.policy, kw)
+    tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
+    difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
+    source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum
+    curriculum = Curriculum(source) if isinstance(source, ReasoningGymTasks) and source.advance is not None else None
+    # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
+    dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
+    overlong_filter = bool(kw.overlong_filter)
+    signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
+    collector = SessionCollector(
+        ctx.stack, tasks, kw.tasks_per_step, kw.group_size, cfg.seed, batches=kw.total_steps,
+        prefetch=kw.max_off_policy_steps >= 1, max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
+        signal=signal, difficulty=difficulty, curriculum=curriculum)
+    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, kw.eval_samples, ctx.state is not None,
+                               learner, kw.eval_every, kw.total_steps, name="grpo")
+    return AgentParts(collector, learner, evaluator, iterations_budget(kw.total_steps), warm_up,
+                      episode_window=kw.tasks_per_step * kw.group_size)
+
+
+def sft_parts(ctx: AgentContext) -> AgentParts:
+    """SFT: the whole run is the warm-up stage (``tasks`` are the demonstrations), so its checkpoint is
+    ``ckpt_00000000.pt``; no GRPO iteration follows, the final evaluation scores the trained weights."""
+    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
+    assert isinstance(kw, SFTKwargs)  # the row's kwargs model
+    assert isinstance(cfg.tasks, str)  # check_sft
+    stage, learner = _sft_stage(cfg, ctx.policy, cfg.tasks, kw)
+    collector = SessionCollector(ctx.stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)  # publishes only
+    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, 1, ctx.state is not None)
+    return AgentParts(collector, learner, evaluator, iterations_budget(0), [stage] if ctx.state is None else [])
+
+
+# agent runs: the loop polar.trainers.agentic_run.build_agent_loop composes around the run's rollout stack
+AGENT_ALGORITHMS: dict[str, AgentAlgorithm] = {
+    "grpo": AgentAlgorithm(GRPOKwargs, grpo_parts, check=check_grpo),
+    "sft": AgentAlgorithm(SFTKwargs, sft_parts, check=check_sft),
+}
+
+
+def agent_algorithm(cfg: AgentRunConfig) -> AgentAlgorithm:
+    """The agent row of ``cfg.policy.type``."""
+    row = AGENT_ALGORITHMS.get(cfg.policy.type)
+    if row is None:
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: agent harnesses train with "
+                          f"{' or '.join(map(repr, AGENT_ALGORITHMS))}")
+    return row
+
+
+def algorithm(cfg: EnvRunConfig) -> Algorithm:
+    """The row of ``cfg.policy.type``."""
+    row = ALGORITHMS.get(cfg.policy.type)
+    if row is None:
         raise ConfigError(f"policy.type {cfg.policy.type!r}: env harnesses train with "
-                          f"{', '.join(map(repr, ENV_TRAINERS))}; {' and '.join(AGENT_ALGORITHMS)} need harness.type: agent")
-    return cls
+                          f"{', '.join(map(repr, ALGORITHMS))}; {' and '.join(AGENT_ALGORITHMS)} need harness.type: agent")
+    return row

@@ -3,7 +3,7 @@
 import pytest
 
 from polar.config import RunConfig, validate
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import compose
 from polar.trainers.run_dir import RunDir
 
 
@@ -18,6 +18,6 @@ def test_appo_learns_cartpole_on_the_local_backend(tmp_path):
         "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
         "eval": {"episodes": 5, "num_envs": 5},
     })
-    result = OnPolicyTrainer(cfg, RunDir.create("appo", tmp_path / "run")).train()
+    result = compose(cfg, RunDir.create("appo", tmp_path / "run")).train()
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475
     assert result["eval"]["return_mean"] >= 400

@@ -293,7 +293,7 @@ def test_numpy_rollout_path_acts_like_the_torch_agent():
 def test_n_step_transitions_bootstrap_with_gamma_to_the_steps_they_span():
     """An n-step transition's target discounts the bootstrap by gamma ** steps, not gamma."""
     agent = make_agent()
-    learner = DQNLearner(agent, make_kwargs(n_steps=3), total_env_steps=1000)
+    learner = DQNLearner(agent, make_kwargs(n_step_return=3), total_env_steps=1000)
     set_constant_q(agent.q_net, ONLINE_Q)
     set_constant_q(learner.target, TARGET_Q)
     replay = RecordingReplay(100, OBS_SPACE, ACTION_SPACE, seed=0)

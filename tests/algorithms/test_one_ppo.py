@@ -23,6 +23,7 @@ from polar.config import RunConfig, validate
 from polar.errors import ConfigError
 from polar.models.policy import build_policy
 from polar.rollout.backends.base import make_backend
+from polar.types import Batch, Rollout
 
 DEFAULT = {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}}
 
@@ -61,7 +62,7 @@ def _update_grads(default_rollout, fused: str = "auto") -> tuple[PPOLearner, lis
 
     learner.optimizer.step = recording_step
     torch.manual_seed(1)  # the same minibatch order every time
-    learner.update(RolloutBuffer([frag]), progress=0.0)
+    learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))
     return learner, grads
 
 

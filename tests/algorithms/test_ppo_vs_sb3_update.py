@@ -45,6 +45,7 @@ from polar.config import load_config
 from polar.harness import make_vector_env
 from polar.models import build_policy
 from polar.rollout.runner import EnvRunner
+from polar.types import Batch, Rollout
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole_ppo.yaml"
 N_ENVS, N_STEPS, TOTAL, SEED, TIME_LIMIT = 8, 32, 100_000, 3, 20
@@ -155,7 +156,8 @@ def _run_polar(shared: Shared, learner: PPOLearner | None = None
     torch.randperm = recording_randperm
     try:
         torch.manual_seed(SEED)
-        stats = learner.update(buf, progress=min(1.0, shared.runner.env_steps / TOTAL))  # the trainer's progress
+        stats = learner.update(Batch(Rollout([shared.frag], buffer=buf), env_steps=shared.frag.env_steps,
+                                     run_env_steps=shared.runner.env_steps))  # the loop's progress
     finally:
         torch.randperm = randperm
     return learner, stats, grads, perms, buf
@@ -295,7 +297,7 @@ def test_one_epochs_loss_terms_are_sb3s(shared_rollouts, case):
 def test_lr_and_clip_schedules_step_like_sb3s_across_rollouts(tmp_path):
     """Both set the learning rate and clip range once per rollout, from the env steps counted so far including
     that rollout (SB3: ``progress_remaining = 1 - num_timesteps / total`` before ``train()``): no off-by-one."""
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     total = 3 * N_STEPS * N_ENVS
@@ -303,7 +305,7 @@ def test_lr_and_clip_schedules_step_like_sb3s_across_rollouts(tmp_path):
     cfg = _polar_config(hp, "auto", total, None, "eval.at_end=false", "logging.tensorboard=false",
                         "logging.checkpoint_freq=0", "logging.progress_bar=false")
     seen: list[dict] = []
-    OnPolicyTrainer(cfg, RunDir.create("schedules", tmp_path / "run"), on_iteration=seen.append).train()
+    compose(cfg, RunDir.create("schedules", tmp_path / "run"), on_iteration=seen.append).train()
     model = _sb3_model(hp, total=total, time_limit=None)
     sb3_seen: list[tuple[float, float]] = []
     train = model.train

@@ -19,7 +19,7 @@ from polar.config.run import RunConfig
 
 def _ppo_iterations(tmp_path, num_envs: int, kwargs: dict | None = None) -> list[dict]:
     seen: list[dict] = []
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     cfg = validate(RunConfig, {
@@ -27,7 +27,7 @@ def _ppo_iterations(tmp_path, num_envs: int, kwargs: dict | None = None) -> list
         "distribution": {"envs_per_worker": num_envs}, "total_env_steps": 2048,
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False},
     })
-    OnPolicyTrainer(cfg, RunDir.create("ratio", tmp_path / f"run{num_envs}"), on_iteration=seen.append).train()
+    compose(cfg, RunDir.create("ratio", tmp_path / f"run{num_envs}"), on_iteration=seen.append).train()
     return seen
 
 
@@ -46,7 +46,7 @@ def test_ppo_explicit_n_steps_and_num_minibatches_keep_their_per_env_meaning(tmp
 
 
 def _off_policy_updates(tmp_path, algo: str, num_envs: int, kwargs: dict) -> int:
-    from polar.trainers.off_policy import OffPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     env = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
@@ -57,10 +57,10 @@ def _off_policy_updates(tmp_path, algo: str, num_envs: int, kwargs: dict) -> int
         "agent": {"type": "mlp", "hidden_sizes": [16]}, "distribution": {"envs_per_worker": num_envs},
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False},
     })
-    trainer = OffPolicyTrainer(cfg, RunDir.create(algo, tmp_path / f"{algo}{num_envs}_{kwargs.get('gradient_steps')}"))
+    trainer = compose(cfg, RunDir.create(algo, tmp_path / f"{algo}{num_envs}_{kwargs.get('gradient_steps')}"))
     res = trainer.train()
     assert res["env_steps"] == 480
-    return trainer.learner.n_updates
+    return trainer.learner.algorithm.n_updates
 
 
 @pytest.mark.parametrize("algo, train_freq", [("dqn", 4), ("sac", 1)])
@@ -76,7 +76,7 @@ def test_off_policy_explicit_gradient_steps_count_per_phase(tmp_path):
 
 
 def _appo_iterations(tmp_path, num_envs: int) -> list[dict]:
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     seen: list[dict] = []
@@ -85,7 +85,7 @@ def _appo_iterations(tmp_path, num_envs: int) -> list[dict]:
         "distribution": {"envs_per_worker": num_envs}, "total_env_steps": 1024,
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}, "eval": {"at_end": False},
     })
-    OnPolicyTrainer(cfg, RunDir.create("appo", tmp_path / f"appo{num_envs}"), on_iteration=seen.append).train()
+    compose(cfg, RunDir.create("appo", tmp_path / f"appo{num_envs}"), on_iteration=seen.append).train()
     return seen
 
 

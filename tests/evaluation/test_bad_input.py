@@ -88,6 +88,37 @@ def test_a_policy_from_another_game_does_not_fit(tmp_path, cart_run):
     assert res["error"].startswith("policy 'a' (") and "does not fit harness 'c'" in res["error"]
 
 
+def test_seeds_of_a_run_that_left_envs_per_worker_unset_are_refused(tmp_path):
+    """envs_per_worker unset means 8 learner envs (rollout_workers 0): the held-out check counted range(None) and
+    the job ended in a TypeError instead of naming the clash."""
+    run = make_env_run(tmp_path / "cart8", EXAMPLES / "cartpole_ppo.yaml", seeds=(1,),
+                       overrides=["distribution.envs_per_worker=null"])
+    data = {"policies": [{"name": "a", "run": str(run)}], "harnesses": [{**CART, "seeds": {"start": 5, "count": 5}}]}
+    res = _job(tmp_path, data, "c", "a")
+    assert res["error"].startswith("harness 'c': seeds [5, 6, 7] of seeds [5, 10) were trained on by policy 'a'")
+
+
+def test_agent_tasks_from_a_generated_source_ask_for_a_task_file(tmp_path):
+    from polar.config import load_config
+    from polar.evaluation.runner import agent_tasks
+    from polar.evaluation.suite import EvalSuite
+
+    cfg = load_config(EXAMPLES / "llm_frozenlake.yaml")  # eval_tasks: {source: seeds, ...}
+    suite = EvalSuite.model_validate({"policies": [{"name": "m", "model": "tiny"}],
+                                      "harnesses": [{"name": "g", "kind": "agent", "config": "x.yaml"}]})
+    with pytest.raises(ConfigError, match=r"harness 'g': its config's eval_tasks is a generated task source .*; set "
+                                          r"'tasks: FILE.jsonl'"):
+        agent_tasks(suite, suite.harnesses[0], cfg)
+
+
+def test_an_env_run_on_an_agent_harness_says_so(tmp_path, cart_run):
+    data = {"policies": [{"name": "a", "run": str(cart_run)}],
+            "harnesses": [{"name": "g", "kind": "agent", "config": str(EXAMPLES / "agentic" / "calculator_grpo.yaml")}]}
+    res = _job(tmp_path, data, "g", "a")
+    assert res["error"].startswith("policy 'a' comes from an env run (") and "evaluate it on a 'kind: env' harness" \
+        in res["error"], res["error"]
+
+
 def test_agent_tasks_that_are_the_training_tasks_are_refused(tmp_path):
     data = {"policies": [{"name": "m", "model": "tiny"}],
             "harnesses": [{"name": "g", "kind": "agent", "config": str(EXAMPLES / "agentic" / "calculator_grpo.yaml"),

@@ -32,11 +32,11 @@ def _cfg(env_id: str, workers: int = 0, kwargs: dict | None = None, steps: int =
 
 @pytest.mark.parametrize(("env_id", "workers"), [("PolarMaskedBandit-v0", 0), ("PolarInfoMaskedBandit-v0", 1)])
 def test_masked_ppo_never_plays_an_illegal_action_in_training_or_evaluation(tmp_path, env_id, workers):
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     seen: list[dict] = []
-    res = OnPolicyTrainer(_cfg(env_id, workers), RunDir.create("mask", tmp_path / "run"), on_iteration=seen.append).train()
+    res = compose(_cfg(env_id, workers), RunDir.create("mask", tmp_path / "run"), on_iteration=seen.append).train()
     assert seen[-1]["env_steps"] >= 2048  # 2048+ masked steps played, none forbidden (the env raises on one)
     ev = res["eval"]
     assert ev["episodes"] == 20 and ev["return_mean"] >= 16.0  # 16 legal steps an episode
@@ -91,12 +91,12 @@ def test_ppo_loss_log_prob_and_entropy_are_the_masked_categoricals():
 
 
 def test_an_action_mask_that_allows_nothing_is_an_error_naming_the_env_and_the_step(tmp_path):
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     cfg = _cfg("PolarMaskedBandit-v0", kwargs={"empty_mask_at": 3})
     with pytest.raises(HarnessError, match=r"PolarMaskedBandit-v0: the action_mask at step 3 of episode 1 allows no action"):
-        OnPolicyTrainer(cfg, RunDir.create("empty", tmp_path / "run")).train()
+        compose(cfg, RunDir.create("empty", tmp_path / "run")).train()
 
 
 def test_a_forbidden_action_never_reaches_the_env():
@@ -115,12 +115,12 @@ def test_an_exported_masked_policy_plays_only_legal_actions(tmp_path):
     import onnxruntime as ort
 
     from polar.deploy.export import export_run
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     cfg = _cfg("PolarMaskedBandit-v0", steps=256)
     run = RunDir.create("mask", tmp_path / "run")
-    OnPolicyTrainer(cfg, run).train()
+    compose(cfg, run).train()
     export_run(run.path, tmp_path / "export", "onnx", trust_code=True)
     sess = ort.InferenceSession(str(tmp_path / "export" / "model.onnx"))
     obs = _batch(512)

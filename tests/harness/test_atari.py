@@ -17,7 +17,7 @@ from polar.errors import ConfigError
 from polar.harness import make_env, make_vector_env
 from polar.harness.atari import ClipReward
 from polar.models.encoders import NatureCNN, build_encoder
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import compose
 from polar.trainers.run_dir import RunDir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -106,9 +106,9 @@ def test_ppo_with_the_nature_cnn_runs_two_iterations_on_breakout(tmp_path):
         "policy.kwargs.n_steps=16", "policy.kwargs.batch_size=32", "policy.kwargs.n_epochs=1",
         "total_env_steps=64", "eval.episodes=1",
     ])
-    trainer = OnPolicyTrainer(cfg, RunDir.create(cfg.name, tmp_path / "run"))
+    trainer = compose(cfg, RunDir.create(cfg.name, tmp_path / "run"))
     res = trainer.train()
     assert res["iterations"] == 2 and res["env_steps"] == 64
-    convs = [m for m in trainer.policy.agent.modules() if isinstance(m, torch.nn.Conv2d)]
+    convs = [m for m in trainer.learner.parts.policy.agent.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [c.kernel_size for c in convs] == [(8, 8), (4, 4), (3, 3)]  # shared trunk: one Nature CNN
     assert res["eval"]["episodes"] == 1 and np.isfinite(res["eval"]["return_mean"])

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from polar.config import load_config
-from polar.trainers.off_policy import OffPolicyTrainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import compose
 from polar.trainers.run_dir import RunDir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "mujoco"
@@ -28,7 +27,7 @@ def test_sac_runs_on_halfcheetah(tmp_path):
         *QUIET, "total_env_steps=300", "policy.kwargs.learning_starts=100", "policy.kwargs.batch_size=64",
         "policy.kwargs.save_replay_buffer=false", "agent.hidden_sizes=[32,32]", "harness.kwargs.max_episode_steps=100",
     ])
-    res = OffPolicyTrainer(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
+    res = compose(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
     assert res["env_steps"] >= 300
     assert res["eval"]["episodes"] == 1 and res["eval"]["lengths"] == [100]  # HalfCheetah never terminates
     assert np.isfinite(res["eval"]["return_mean"])
@@ -39,7 +38,7 @@ def test_ppo_runs_on_hopper(tmp_path):
         *QUIET, "total_env_steps=256", "policy.kwargs.n_steps=128", "policy.kwargs.batch_size=64",
         "policy.kwargs.n_epochs=1", "agent.hidden_sizes=[32,32]",
     ])
-    res = OnPolicyTrainer(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
+    res = compose(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
     assert res["iterations"] == 2 and res["env_steps"] == 256
     assert res["episodes"] >= 1  # a random Hopper falls over (terminates) within 128 steps
     assert np.isfinite(res["eval"]["return_mean"])

@@ -12,10 +12,10 @@ def train_in_process(tmp_path, data: dict):
     """Validate a config dict and train it in this process; returns (result, trainer)."""
     from polar.config.base import validate
     from polar.config.run import RunConfig
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
     from polar.trainers.run_dir import RunDir
 
     cfg = validate(RunConfig, data)
     cfg._config_dir = tmp_path
-    trainer = OnPolicyTrainer(cfg, RunDir.create(cfg.name, tmp_path / "run"))
+    trainer = compose(cfg, RunDir.create(cfg.name, tmp_path / "run"))
     return trainer.train(), trainer

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from polar.config import load_config
-from polar.trainers.off_policy import OffPolicyTrainer
+from polar.trainers.build import compose
 from polar.trainers.run_dir import RunDir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -21,7 +21,7 @@ QUIET = ["logging.tensorboard=false", "logging.checkpoint_freq=0", "policy.kwarg
 
 def _train(tmp_path, example: str, overrides: list[str]) -> dict:
     cfg = load_config(EXAMPLES / example, [*QUIET, *overrides])
-    return OffPolicyTrainer(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
+    return compose(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
 
 
 def test_dqn_learns_cartpole_in_30k_steps(tmp_path):

@@ -127,7 +127,7 @@ def test_aec_rewards_go_to_the_decision_that_earned_them(tmp_path):
 def test_one_policy_per_agent_trains_two_policies_and_checkpoints_both(tmp_path):
     cfg = _cfg({"id": TTT, "policy_mapping": {"player_1": "x", "player_2": "o"}}, steps=1000)
     trainer, res, rows = _train(cfg, tmp_path)
-    assert set(trainer.policies) == {"x", "o"}
+    assert set(trainer.learner.policies) == {"x", "o"}
     assert "x/pg_loss" in rows[-1] and "o/pg_loss" in rows[-1]
     from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
 
@@ -272,18 +272,18 @@ def test_a_self_play_run_resumes_with_its_pool_and_counters(tmp_path):
 
     sp = {"snapshot_every_n_iterations": 1, "pool_size": 4, "sampling": "win_rate"}
     first, _, _ = _train(_cfg({"id": TTT, "self_play": sp}, steps=800, eval={"at_end": False}), tmp_path)
-    pool = [(s.snapshot_id, s.wins, s.losses) for s in first.pool.snapshots]
+    pool = [(s.snapshot_id, s.wins, s.losses) for s in first.learner.pool.snapshots]
     assert len(pool) >= 2 and any(w or lo for _, w, lo in pool)  # snapshots with scores
     cfg = _cfg({"id": TTT, "self_play": sp}, steps=1600, eval={"at_end": False})
     again = build_trainer(cfg, RunDir.open(first.run_dir.path), resume=True)
-    again._setup()
+    again.restore()
     try:
         assert again.env_steps == first.env_steps and again.iteration == first.iteration
-        assert [(s.snapshot_id, s.wins, s.losses) for s in again.pool.snapshots] == pool
-        for k, v in first.policies["shared"].state_dict().items():
-            assert torch.equal(again.policies["shared"].state_dict()[k], v)
+        assert [(s.snapshot_id, s.wins, s.losses) for s in again.learner.pool.snapshots] == pool
+        for k, v in first.learner.policies["shared"].state_dict().items():
+            assert torch.equal(again.learner.policies["shared"].state_dict()[k], v)
     finally:
-        again._close()
+        again.collector.close()
 
 
 def test_the_polar_eval_command_prints_per_agent_returns_and_win_draw_loss(tmp_path):

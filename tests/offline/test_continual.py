@@ -97,8 +97,8 @@ def test_dqn_from_iql_mixes_the_old_dataset_into_every_batch(tmp_path, dataset):
     assert last["replay_mix/old_fraction"] == pytest.approx(16 / 64)
     meta = json.loads((dataset / "data" / "metadata.json").read_text())
     assert last["replay_mix/old_transitions"] == meta["total_steps"]
-    assert trainer.sampler.sampled_old == trainer.learner.n_updates * 16
-    assert len(trainer.replay) == 2000  # the dataset stays out of the run's own buffer (and its checkpoint)
+    assert trainer.collector.sampler.sampled_old == trainer.learner.algorithm.n_updates * 16
+    assert len(trainer.collector.replay) == 2000  # the dataset stays out of the run's own buffer (and its checkpoint)
 
 
 def test_iql_critic_becomes_the_q_network_exactly(tmp_path, dataset):
@@ -139,8 +139,8 @@ def test_sac_from_iql_keeps_the_critics_values(tmp_path):
         ref = Critic(3, gym.spaces.Box(-2, 2, (1,)), [32, 32])
         ref.load_state_dict({k.removeprefix(f"{i}."): v for k, v in iql_state.items() if k.startswith(f"{i}.")})
         with torch.no_grad():
-            torch.testing.assert_close(trainer.learner.critics[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(trainer.learner.critic_target[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(trainer.learner.algorithm.critics[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(trainer.learner.algorithm.critic_target[i](obs, act), ref(obs, act), atol=1e-5, rtol=1e-5)
     # the actor: the IQL agent's mean mapped into tanh space, so SAC's deterministic action is close to it where the
     # mean is well inside the bounds (tanh(m / 2) * 2 vs m), and its std is the same in env units
     from polar.trainers.loading import load_policy_for_eval
@@ -149,21 +149,21 @@ def test_sac_from_iql_keeps_the_critics_values(tmp_path):
     many = torch.randn(256, 3)
     with torch.no_grad():
         mean = iql_policy.act(many, deterministic=True)[0].reshape(-1)
-        sac_action = trainer.policy.act(many, deterministic=True)[0].reshape(-1)
+        sac_action = trainer.learner.parts.policy.act(many, deterministic=True)[0].reshape(-1)
         inside = mean.abs() < 0.5
         assert inside.sum() > 50
         torch.testing.assert_close(sac_action[inside], mean[inside], atol=0.02, rtol=0)
-        log_std = trainer.policy.agent._dist_params(many)[1][0]
+        log_std = trainer.learner.parts.policy.agent._dist_params(many)[1][0]
         torch.testing.assert_close(log_std.exp() * 2.0, iql_policy.agent.log_std.exp(), atol=1e-5, rtol=1e-5)
     # SAC from that SAC run: actor, critics and targets key for key
     sac2 = validate(RunConfig, {**sac.model_dump(), "init": {"source": str(trainer.run_dir.path)}})
     trainer2 = build_trainer(sac2, create_run_dir(sac2, tmp_path / "sac2"))
     trainer2.train()
-    assert trainer2.continual.init["copied"] == "actor, critics, entropy coefficient"
+    assert trainer2.learner.parts.continual.init["copied"] == "actor, critics, entropy coefficient"
     for name in ("critics", "critic_target"):
-        a, b = getattr(trainer.learner, name).state_dict(), getattr(trainer2.learner, name).state_dict()
+        a, b = getattr(trainer.learner.algorithm, name).state_dict(), getattr(trainer2.learner.algorithm, name).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a)
-    a, b = trainer.policy.state_dict(), trainer2.policy.state_dict()
+    a, b = trainer.learner.parts.policy.state_dict(), trainer2.learner.parts.policy.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a if "explore" not in k)
 
 

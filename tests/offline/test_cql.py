@@ -77,7 +77,7 @@ def test_discrete_cql_agent_is_dqns_q_network_and_acts_greedily(tmp_path):
     cfg = offline_config("CartPole-v1", "cql", ds, 10, batch_size=16)
     trainer = build_trainer(cfg, create_run_dir(cfg, tmp_path / "cql"))
     trainer.train()
-    agent = trainer.policy.agent
+    agent = trainer.learner.parts.policy.agent
     assert isinstance(agent, QNetworkAgent)
     obs = torch.randn(64, 4)
     sampled, _, info = agent.act(obs, None, deterministic=False)  # no epsilon, no uniform warm-up
@@ -95,7 +95,7 @@ def _data_action_margin(tmp_path, name, ds, **kwargs) -> tuple[float, float]:
     trainer.train()
     data = load_dataset(ds)
     obs, act = torch.as_tensor(data.obs), torch.as_tensor(data.actions).float()
-    critic = trainer.learner.critics[0]
+    critic = trainer.learner.algorithm.critics[0]
     torch.manual_seed(0)
     with torch.no_grad():
         q_data = critic(obs, act)

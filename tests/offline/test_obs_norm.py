@@ -52,17 +52,17 @@ def test_the_statistics_are_the_datasets_frozen_and_checkpointed(dataset, tmp_pa
     x = data.obs.astype(np.float64)
     trainer, result = run(config(dataset, algo, normalize_obs=True), tmp_path / algo)
     assert result["eval"]["episodes"] == 2  # evaluation ran env steps through the policy...
-    norm = trainer.policy.obs_norm.norm
+    norm = trainer.learner.parts.policy.obs_norm.norm
     # ...and the statistics are still exactly the dataset's: nothing folded the env's observations in
     np.testing.assert_allclose(norm.mean.numpy(), x.mean(0), rtol=0, atol=1e-12)
     np.testing.assert_allclose(norm.var.sqrt().numpy(), x.std(0), rtol=0, atol=1e-12)
     assert float(norm.count) == len(data)
     assert np.abs(x.std(0) - 1).min() > 0.3  # far from the identity: standardising changes every input
     # the learner was fed standardised observations (the normaliser's own forward, clipped at clip_obs)
-    fed = trainer.dataset.tensors["obs"]
+    fed = trainer.collector.tensors["obs"]
     want = np.clip((x - x.mean(0)) / np.sqrt(x.var(0) + 1e-8), -10, 10)
     np.testing.assert_allclose(fed.numpy(), want, atol=1e-5)
-    np.testing.assert_allclose(trainer.dataset.tensors["next_obs"].numpy(),
+    np.testing.assert_allclose(trainer.collector.tensors["next_obs"].numpy(),
                                np.clip((data.next_obs - x.mean(0)) / np.sqrt(x.var(0) + 1e-8), -10, 10), atol=1e-5)
 
     # the checkpoint carries them; the policy polar eval / export / serve load acts as the in-memory one
@@ -71,9 +71,9 @@ def test_the_statistics_are_the_datasets_frozen_and_checkpointed(dataset, tmp_pa
     for k in ("mean", "var", "count"):
         assert torch.equal(getattr(loaded.obs_norm.norm, k), getattr(norm, k))
     obs = obs_batch(dataset)
-    trainer.policy.eval()
+    trainer.learner.parts.policy.eval()
     with torch.no_grad():
-        a_mem, _, info_mem = trainer.policy.act(obs, None, True)
+        a_mem, _, info_mem = trainer.learner.parts.policy.act(obs, None, True)
         a_ckpt, _, info_ckpt = loaded.act(obs, None, True)
         _, _, info_raw = loaded.agent.act(obs, None, True)  # what a loader ignoring the statistics would do
     assert torch.equal(a_mem, a_ckpt)
@@ -87,23 +87,24 @@ def test_off_is_the_raw_pipeline_bit_for_bit(dataset, tmp_path):
     assert default.policy.kwargs.normalize_obs is False
     t_default, r_default = run(default, tmp_path / "default")
     t_off, r_off = run(config(dataset, "iql", normalize_obs=False), tmp_path / "off")
-    assert t_default.policy.obs_norm is None
-    assert not any(k.startswith("obs_norm.") for k in t_default.policy.state_dict())
+    assert t_default.learner.parts.policy.obs_norm is None
+    assert not any(k.startswith("obs_norm.") for k in t_default.learner.parts.policy.state_dict())
     env = gym.make("CartPole-v1")
     data = load_dataset(str(dataset), None, env.observation_space, env.action_space, where="test")
-    assert torch.equal(t_default.dataset.tensors["obs"], torch.as_tensor(data.obs))  # raw, the very values
-    sd_default, sd_off = t_default.policy.state_dict(), t_off.policy.state_dict()
+    assert torch.equal(t_default.collector.tensors["obs"], torch.as_tensor(data.obs))  # raw, the very values
+    sd_default, sd_off = t_default.learner.parts.policy.state_dict(), t_off.learner.parts.policy.state_dict()
     assert sd_default.keys() == sd_off.keys() and all(torch.equal(sd_default[k], sd_off[k]) for k in sd_default)
     assert r_default["eval"]["return_mean"] == r_off["eval"]["return_mean"]
     # and on: other inputs, so other weights from the same seed
     t_on, _ = run(config(dataset, "iql", normalize_obs=True), tmp_path / "on")
-    assert any(not torch.equal(a, b) for a, b in zip(t_on.policy.agent.parameters(), t_default.policy.agent.parameters(), strict=True))
+    on_params, default_params = t_on.learner.parts.policy.agent.parameters(), t_default.learner.parts.policy.agent.parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(on_params, default_params, strict=True))
 
 
 def test_observations_it_cannot_standardise_are_refused():
     from polar.datasets.minari import Transitions
     from polar.models.normalization import ObsNormalizer
-    from polar.trainers.offline import set_dataset_statistics
+    from polar.rollout.dataset import set_dataset_statistics
 
     image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
     data = Transitions("x", image, gym.spaces.Discrete(2), np.zeros((4, 8, 8, 3), np.uint8), np.zeros(4),

@@ -81,15 +81,21 @@ def test_iql_beats_bc_on_expert_plus_adversarial_data(tmp_path):
     assert iql > bc, (iql, bc)
 
 
-def test_offline_runs_go_through_the_loop_seams(tmp_path):
+def test_offline_runs_are_composed_from_the_loop_seams(tmp_path):
+    from polar.algorithms.bc import BCLearner
+    from polar.rollout.dataset import DatasetCollector
     from polar.trainers.build import run_kind
-    from polar.trainers.loop import Collector, Learner, TrainingLoop
-    from polar.trainers.offline import DatasetCollector, OfflineTrainer
+    from polar.trainers.env_run import PolicyLearner
+    from polar.trainers.loop import TrainingLoop
+    from polar.types import Collector, Learner
 
-    assert issubclass(OfflineTrainer, Learner) and issubclass(OfflineTrainer, TrainingLoop)
-    assert issubclass(DatasetCollector, Collector)
-    cfg = offline_config("CartPole-v1", "bc", tmp_path / "none-v0")
-    assert run_kind(cfg) == "env" and type(build_trainer(cfg, create_run_dir(cfg, tmp_path / "r"))) is OfflineTrainer
+    assert issubclass(PolicyLearner, Learner) and issubclass(DatasetCollector, Collector)
+    ds = write(tmp_path / "cartpole-expert-v0", "CartPole-v1", play("CartPole-v1", 1, cartpole_expert, max_steps=20))
+    cfg = offline_config("CartPole-v1", "bc", ds, 10)
+    assert run_kind(cfg) == "env"
+    loop = build_trainer(cfg, create_run_dir(cfg, tmp_path / "r"))
+    assert type(loop) is TrainingLoop and type(loop.collector) is DatasetCollector
+    assert type(loop.learner) is PolicyLearner and type(loop.learner.algorithm) is BCLearner
 
 
 def test_an_offline_run_on_ray_is_refused_before_any_cluster(tmp_path):

@@ -7,7 +7,7 @@ import dataclasses
 
 from polar.config import RunConfig, validate
 from polar.rollout.backends.base import make_backend
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import compose
 from polar.trainers.run_dir import RunDir
 
 STALE_AT = 3  # the 3rd fragment arrives from weights far older than max_policy_lag
@@ -59,8 +59,8 @@ def test_appo_dropping_a_stale_fragment_does_not_bump_the_policy_version(tmp_pat
         return wrapped[0]
 
     seen: list[tuple[int, dict]] = []
-    trainer = OnPolicyTrainer(cfg, RunDir.create("appo", tmp_path / "run"), backend_factory=factory,
-                              on_iteration=lambda m: seen.append((trainer.version, dict(m))))
+    trainer = compose(cfg, RunDir.create("appo", tmp_path / "run"), backend_factory=factory,
+                      on_iteration=lambda m: seen.append((trainer.version, dict(m))))
     trainer.train()
     versions = [v for v, _ in seen]
     assert len(seen) == 5
@@ -126,8 +126,8 @@ def test_off_policy_resume_from_an_older_checkpoint_restores_that_checkpoints_re
     file or take the newer buffer (transitions the restored weights never saw)."""
     import logging
 
+    from polar.trainers.build import compose
     from polar.trainers.checkpoint import load_checkpoint
-    from polar.trainers.off_policy import OffPolicyTrainer
     from tests.trainers.test_off_policy import off_policy_cfg, replay_files, replay_header, train
 
     cfg = off_policy_cfg("dqn", total=3000)
@@ -142,12 +142,12 @@ def test_off_policy_resume_from_an_older_checkpoint_restores_that_checkpoints_re
 
     newest = ckpts / "ckpt_00000003.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # torn, as by a crash of the disk under it
-    resumed = OffPolicyTrainer(cfg.model_copy(update={"total_env_steps": 4000}), RunDir.open(path), resume=True)
-    with caplog.at_level(logging.INFO, logger="polar.trainers.off_policy"):
-        resumed._setup()
+    with caplog.at_level(logging.INFO, logger="polar.rollout.backends.replay"):
+        resumed = compose(cfg.model_copy(update={"total_env_steps": 4000}), RunDir.open(path), resume=True)
+        resumed.restore()
     try:
         assert resumed.env_steps == 2000 and resumed.iteration == 2
-        assert len(resumed.replay) == 2000  # the buffer of checkpoint 2, not 3's 3000 transitions
+        assert len(resumed.collector.replay) == 2000  # the buffer of checkpoint 2, not 3's 3000 transitions
         assert "replay buffer restored: 2000 transitions" in caplog.text
     finally:
-        resumed.backend.close()
+        resumed.collector.close()

@@ -77,9 +77,9 @@ def test_checkpoint_holds_normalizers_optimizer_rng_and_counters(tmp_path):
     mean = state["policy"]["obs_norm.norm.mean"]
     assert mean.shape == (2,) and torch.all(mean.abs() < 1)
     # a fresh trainer resumed from it continues with the same statistics and counters
-    from polar.trainers.on_policy import OnPolicyTrainer
+    from polar.trainers.build import compose
 
-    again = OnPolicyTrainer(trainer.cfg.model_copy(update={"total_env_steps": 1280}), trainer.run_dir, resume=True)
+    again = compose(trainer.cfg.model_copy(update={"total_env_steps": 1280}), trainer.run_dir, resume=True)
     res2 = again.train()
     assert res2["env_steps"] == 1280 and again.iteration == 5
-    assert again.policy.obs_norm.norm.count.item() == pytest.approx(1280, rel=1e-3)
+    assert again.learner.parts.policy.obs_norm.norm.count.item() == pytest.approx(1280, rel=1e-3)

@@ -20,11 +20,9 @@ import pytest
 import torch
 
 import polar.trainers.device as device_mod
-import polar.trainers.env as env_mod
 from polar.config.base import validate
 from polar.config.run import RunConfig
-from polar.trainers.off_policy import OffPolicyTrainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.build import compose
 from polar.trainers.run_dir import RunDir
 
 OFF_KWARGS = {"learning_starts": 100, "batch_size": 16, "buffer_size": 5000, "gradient_steps": 1}
@@ -49,14 +47,13 @@ def _cfg(algo: str, num_gpus: float) -> Any:
 
 
 def _trainer(algo: str, cfg: Any, run: RunDir, resume: bool = False) -> Any:
-    cls = OnPolicyTrainer if algo in ("ppo", "appo") else OffPolicyTrainer
-    return cls(cfg, run, resume=resume)
+    return compose(cfg, run, resume=resume)
 
 
 def _learner_tensors(trainer: Any) -> list[torch.Tensor]:
     """Every tensor the learner updates or keeps: its agent, optimizer state, and SAC's critics/targets/temperature."""
-    learner = trainer.learner
-    out = [*trainer.train_agent.parameters(), *trainer.train_agent.buffers()]
+    learner, train_agent = trainer.learner.algorithm, trainer.learner.parts.train_agent
+    out = [*train_agent.parameters(), *train_agent.buffers()]
     for name in ("optimizer", "actor_optimizer", "critic_optimizer", "ent_coef_optimizer"):
         opt = getattr(learner, name, None)
         if opt is None:
@@ -88,8 +85,8 @@ def test_num_gpus_without_cuda_falls_back_to_cpu_with_a_log_line(algo, tmp_path,
         trainer.train()
     assert [r.getMessage() for r in caplog.records if r.name == "polar.trainers.device"] == [
         "distribution.num_gpus=1 but CUDA is not available here; the learner runs on CPU"]
-    assert trainer.device == torch.device("cpu")
-    assert trainer.train_agent is trainer.policy.agent  # a CPU learner trains the acting policy in place
+    assert trainer.learner.parts.device == torch.device("cpu")
+    assert trainer.learner.parts.train_agent is trainer.learner.parts.policy.agent  # a CPU learner trains the acting policy in place
     assert all(t.device.type == "cpu" for t in _learner_tensors(trainer))
 
 
@@ -106,19 +103,19 @@ def test_learner_trains_on_the_device_the_rule_picks_and_the_acting_policy_follo
         copies.append({k: v.clone() for k, v in module.state_dict().items()})
         return copy.deepcopy(module).to(device)  # what learner_copy does when the device differs (CUDA)
 
-    monkeypatch.setattr(env_mod, "learner_device", rule)
-    monkeypatch.setattr(env_mod, "learner_copy", forced_copy)
+    monkeypatch.setattr(device_mod, "learner_device", rule)
+    monkeypatch.setattr(device_mod, "learner_copy", forced_copy)
     cfg = _cfg(algo, 2)
     path = tmp_path / "run"
     trainer = _trainer(algo, cfg, RunDir.create(algo, path))
     trainer.train()
-    assert asked == [2.0] and trainer.device == torch.device("cpu")
-    agent, acting = trainer.train_agent, trainer.policy.agent
+    assert asked == [2.0] and trainer.learner.parts.device == torch.device("cpu")
+    agent, acting = trainer.learner.parts.train_agent, trainer.learner.parts.policy.agent
     assert agent is not acting
     # the learner's tensors are all the copy's (none is the acting policy's)
     acting_ptrs = {t.data_ptr() for t in [*acting.parameters(), *acting.buffers()]}
     learner_tensors = _learner_tensors(trainer)
-    assert all(t.device == trainer.device for t in learner_tensors)
+    assert all(t.device == trainer.learner.parts.device for t in learner_tensors)
     assert not acting_ptrs & {t.data_ptr() for t in learner_tensors}
     # the learner moved its copy's weights, and the acting policy (workers, evaluation, checkpoints) got them
     (initial,) = copies
@@ -128,9 +125,9 @@ def test_learner_trains_on_the_device_the_rule_picks_and_the_acting_policy_follo
     # a resume loads the checkpoint into the acting policy and the learner's copy alike
     again = _trainer(algo, cfg.model_copy(update={"total_env_steps": 2 * cfg.total_env_steps}), RunDir.open(path),
                      resume=True)
-    again._setup()
+    again.restore()
     try:
-        assert again.train_agent is not again.policy.agent
-        assert _same_weights(again.train_agent, agent) and _same_weights(again.policy.agent, agent)
+        assert again.learner.parts.train_agent is not again.learner.parts.policy.agent
+        assert _same_weights(again.learner.parts.train_agent, agent) and _same_weights(again.learner.parts.policy.agent, agent)
     finally:
-        again.backend.close()
+        again.collector.close()

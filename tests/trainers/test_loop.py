@@ -1,5 +1,5 @@
-"""The one training loop and its two seams: a Collector and a Learner are all a new kind of run needs, and
-build.py is the one place that picks the trainer for a config."""
+"""The one training loop and its seams: a Collector, a Learner and an Evaluator are all a new kind of run needs,
+and build.py is the one place that composes them for a config."""
 
 from __future__ import annotations
 
@@ -8,18 +8,21 @@ from typing import Any
 
 import pytest
 
+from polar.algorithms.appo import APPOLearner
+from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.ppo import PPOLearner
+from polar.algorithms.sac import SACLearner
 from polar.config import RunConfig, validate
 from polar.metrics.logger import read_metrics
-from polar.trainers.agent import AgentTrainer, SessionCollector
+from polar.rollout.backends.collector import EnvCollector
+from polar.rollout.backends.replay import ReplayCollector
 from polar.trainers.build import build_trainer, progress_total, run_kind
 from polar.trainers.checkpoint import load_checkpoint
-from polar.trainers.env import EnvCollector
-from polar.trainers.loop import Collector, Learner, Metrics, TrainingLoop
-from polar.trainers.off_policy import OffPolicyTrainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.env_run import PolicyLearner
+from polar.trainers.loop import TrainingLoop, env_steps_budget
 from polar.trainers.ray_driver import RayLearnerDriver
 from polar.trainers.run_dir import RunDir
-from polar.types import Batch
+from polar.types import Batch, Collector, Learner, Metrics, NoEvaluation
 
 
 def env_cfg(**over: Any) -> Any:
@@ -54,42 +57,54 @@ class CountingCollector:
     def close(self) -> None:
         self.closed = True
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}
 
-class CountingTrainer(TrainingLoop):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.n = int(state["iteration"])  # one batch per iteration
+
+
+class CountingLearner:
     """A Learner that 'learns' the sum of the batches it saw; every third batch changes nothing."""
 
-    def _build(self, state: dict[str, Any] | None) -> None:
+    def __init__(self, collector: CountingCollector) -> None:
+        self.collector = collector
         self.total = 0
-        if state is not None:
-            self._load_state(state)
-        self.collector = CountingCollector()
-        self.collector.n = self.iteration
-        self.collector.start(self.weights(), self.version)
 
-    def finished(self) -> bool:
-        return self.env_steps >= self.cfg.total_env_steps
-
-    def update(self, batch: Batch) -> Metrics:
+    def update(self, batch: Batch[int]) -> Metrics:
         if batch.data % 3 == 0:
             return {"update_skipped": 1}
         self.total += batch.data
         return {"update_skipped": 0, "sum_loss": float(self.total)}
 
     def weights(self) -> Mapping[str, Any]:
-        return {"w": self.collector.n if hasattr(self, "collector") else 0}
+        return {"w": self.collector.n}
 
-    def learner_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"total": self.total}
 
-    def load_learner_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.total = state["total"]
 
 
+def counting_loop(cfg: Any, run: RunDir, resume: bool = False, **kw: Any) -> TrainingLoop[int]:
+    """The loop composed of the counting collector and learner (as ``polar.trainers.build.compose`` composes a
+    registry row's)."""
+    state = None
+    if resume:
+        from polar.trainers.checkpoint import CheckpointManager
+
+        state = CheckpointManager(run.checkpoints_dir).load_newest()[1]
+    collector = CountingCollector()
+    return TrainingLoop(cfg, run, collector, CountingLearner(collector), NoEvaluation(),
+                        budget=env_steps_budget(cfg.total_env_steps), state=state, **kw)
+
+
 def test_the_loop_counts_publishes_logs_and_checkpoints_through_the_two_seams(tmp_path):
-    assert isinstance(CountingCollector(), Collector)
+    assert isinstance(CountingCollector(), Collector) and isinstance(CountingLearner(CountingCollector()), Learner)
     run = RunDir.create("loop", tmp_path / "run")
     rows: list[Metrics] = []
-    trainer = CountingTrainer(env_cfg(total_env_steps=50), run, on_iteration=rows.append)
+    trainer = counting_loop(env_cfg(total_env_steps=50), run, on_iteration=rows.append)
     result = trainer.train()
     assert result["env_steps"] == 50 and result["iterations"] == 5 and result["episodes"] == 5
     assert trainer.collector.closed
@@ -111,10 +126,10 @@ def test_the_loop_counts_publishes_logs_and_checkpoints_through_the_two_seams(tm
 
 def test_resume_continues_from_the_checkpoint_and_cuts_rows_logged_after_it(tmp_path):
     run = RunDir.create("loop", tmp_path / "run")
-    CountingTrainer(env_cfg(total_env_steps=50), run).train()
+    counting_loop(env_cfg(total_env_steps=50), run).train()
     (run.checkpoints_dir / "ckpt_00000005.pt").unlink()  # as if the run died after logging iteration 5
     (run.checkpoints_dir / "LATEST").unlink(missing_ok=True)
-    again = CountingTrainer(env_cfg(total_env_steps=70), RunDir.open(run.path), resume=True)
+    again = counting_loop(env_cfg(total_env_steps=70), RunDir.open(run.path), resume=True)
     result = again.train()
     assert result["iterations"] == 7 and result["env_steps"] == 70
     assert again.collector.started_at == 3  # the checkpoint's version
@@ -124,39 +139,102 @@ def test_resume_continues_from_the_checkpoint_and_cuts_rows_logged_after_it(tmp_
 
 
 def test_stop_reward_ends_the_run_once_the_window_is_full(tmp_path):
-    class Goal(CountingTrainer):
-        episode_window = 2
-
-        def stop_reward(self) -> float | None:
-            return 3.5
-
-    result = Goal(env_cfg(total_env_steps=1000), RunDir.create("loop", tmp_path / "run")).train()
+    result = counting_loop(env_cfg(total_env_steps=1000), RunDir.create("loop", tmp_path / "run"), episode_window=2,
+                           stop_reward=3.5).train()
     assert result["stopped_early"] and result["iterations"] == 4  # returns 3 and 4 average 3.5
 
 
-def test_every_trainer_is_a_learner_and_both_collectors_are_collectors():
-    for cls in (OnPolicyTrainer, OffPolicyTrainer, AgentTrainer):
-        assert issubclass(cls, Learner) and issubclass(cls, TrainingLoop), cls
-    for cls in (EnvCollector, SessionCollector):
+def test_every_env_learner_has_the_one_signature_and_every_env_collector_is_a_collector():
+    import inspect
+
+    from polar.algorithms.bc import BCLearner
+    from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
+    from polar.algorithms.iql import IQLLearner
+    from polar.rollout.backends.multi_agent import MultiAgentCollector
+    from polar.rollout.dataset import DatasetCollector
+    from polar.trainers.multi_agent import MultiPolicyLearner
+
+    for cls in (PPOLearner, APPOLearner, DQNLearner, SACLearner, BCLearner, IQLLearner, CQLLearner, DiscreteCQLLearner):
+        (param,) = list(inspect.signature(cls.update).parameters.values())[1:]  # update(batch) and nothing else
+        assert param.annotation.startswith("Batch["), cls
+        assert hasattr(cls, "state_dict") and hasattr(cls, "load_state_dict"), cls
+    for cls in (PolicyLearner, MultiPolicyLearner):
+        assert issubclass(cls, Learner), cls
+    for cls in (EnvCollector, ReplayCollector, DatasetCollector, MultiAgentCollector):
         assert issubclass(cls, Collector), cls
 
 
-@pytest.mark.parametrize("policy, local_cls", [("ppo", OnPolicyTrainer), ("appo", OnPolicyTrainer),
-                                                ("dqn", OffPolicyTrainer), ("sac", OffPolicyTrainer)])
-def test_build_picks_the_trainer_for_every_env_algorithm_and_backend(tmp_path, policy, local_cls):
+@pytest.mark.parametrize("policy, learner_cls, collector_cls", [
+    ("ppo", PPOLearner, EnvCollector), ("appo", APPOLearner, EnvCollector),
+    ("dqn", DQNLearner, ReplayCollector), ("sac", SACLearner, ReplayCollector)])
+def test_build_composes_every_env_algorithm_for_every_backend(tmp_path, policy, learner_cls, collector_cls):
     harness = "Pendulum-v1" if policy == "sac" else "CartPole-v1"
     cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": harness}, "policy": {"type": policy}})
     assert run_kind(cfg) == "env" and progress_total(cfg) == cfg.total_env_steps
-    assert type(build_trainer(cfg, RunDir.create("x", tmp_path / "local"))) is local_cls
+    loop = build_trainer(cfg, RunDir.create("x", tmp_path / "local"))
+    try:
+        assert type(loop) is TrainingLoop and type(loop.collector) is collector_cls
+        assert type(loop.learner) is PolicyLearner and type(loop.learner.algorithm) is learner_cls
+    finally:
+        loop.collector.close()
     ray = cfg.model_copy(update={"distribution": cfg.distribution.model_copy(update={"backend": "ray"})})
     assert type(build_trainer(ray, RunDir.create("x", tmp_path / "ray"))) is RayLearnerDriver
 
 
-def test_build_picks_the_agent_trainer_for_agent_runs(tmp_path):
+def test_build_composes_the_one_loop_for_agent_runs(tmp_path):
+    import sys
+
+    from polar.inference import load_engine
+    from polar.rollout.sessions.collector import SessionCollector
+    from tests.agentic.helpers import HERE, write_jsonl
+
+    sys.path.insert(0, str(HERE))  # the harness module lives next to the agentic tests
+    write_jsonl(tmp_path / "tasks.jsonl", [{"id": "t0", "prompt": "Say something."}])
     cfg = validate(RunConfig, {
-        "harness": {"type": "agent", "callable": "agents_for_tests:one_token"}, "tasks": "tasks.jsonl",
+        "harness": {"type": "agent", "callable": "agents_for_tests:one_token"}, "tasks": str(tmp_path / "tasks.jsonl"),
+        "model": {"name_or_path": "tiny"},
         "policy": {"type": "grpo", "kwargs": {"total_steps": 3, "tasks_per_step": 2, "group_size": 4}},
     })
     assert run_kind(cfg) == "agent" and progress_total(cfg) == 3 * 2 * 4  # sessions
-    trainer = build_trainer(cfg, RunDir.create("x", tmp_path / "run"))
-    assert type(trainer) is AgentTrainer and trainer.total_steps == 3
+    trainer = build_trainer(cfg, RunDir.create("x", tmp_path / "run"), engine=load_engine("tiny"))
+    try:
+        assert type(trainer) is TrainingLoop and isinstance(trainer.collector, SessionCollector)
+        assert isinstance(trainer.learner, Learner) and not trainer.budget(trainer.progress)
+        assert trainer.collector.total_batches == 3
+    finally:
+        for closer in trainer.close_after:  # the stack build_trainer started
+            closer.close()
+
+
+def test_a_warm_up_stage_runs_before_the_main_one_on_fresh_runs_only(tmp_path):
+    """GRPO's shape: an SFT warm-up stage first (its own collector and learner, one new policy version), then
+    ``total_steps`` iterations of one batch each as the budget."""
+    from polar.trainers.loop import Stage, iterations_budget
+
+    warm_collector = CountingCollector()
+    warm = CountingLearner(warm_collector)
+    order: list[str] = []
+    warm_update = warm.update
+    warm.update = lambda batch: (order.append("warm"), warm_update(batch))[1]  # type: ignore[method-assign]
+    collector = CountingCollector()
+    collector_start = collector.start
+    collector.start = lambda w, v: (order.append("main start"), collector_start(w, v))[1]  # type: ignore[method-assign]
+    run = RunDir.create("loop", tmp_path / "run")
+    stage = Stage("sft", warm_collector, warm, budget=lambda p: p.iteration >= 4, log_every=1)
+    loop = TrainingLoop(env_cfg(), run, collector, CountingLearner(collector), NoEvaluation(),
+                        budget=iterations_budget(2), warm_up=[stage])
+    result = loop.train()
+    assert order == ["warm"] * 4 + ["main start"] and warm_collector.closed
+    assert collector.started_at == 1  # the warm-up's weights are version 1
+    assert result["iterations"] == 2 and result["sft"]["updates"] == 4
+    assert result["sft"]["first"]["sum_loss"] == 1.0 and result["sft"]["last"]["sum_loss"] == 1 + 2 + 4
+    logged = read_metrics(run.metrics_path)
+    assert [r["sft/updates"] for r in logged if "sft/updates" in r] == [1, 2, 3, 4]
+    assert [r["iteration"] for r in logged if "iteration" in r] == [1, 2]
+
+    resumed_warm = CountingLearner(CountingCollector())
+    state = load_checkpoint(run.checkpoints_dir / "ckpt_00000002.pt")
+    again = TrainingLoop(env_cfg(), RunDir.open(run.path), CountingCollector(), resumed_warm, NoEvaluation(),
+                         budget=iterations_budget(3), state=state,
+                         warm_up=[Stage("sft", CountingCollector(), resumed_warm, budget=lambda p: p.iteration >= 4)])
+    assert again.train()["iterations"] == 3 and "sft" not in again.summary  # a resumed run has had its warm-up

@@ -28,7 +28,7 @@ def polar(*args, cwd=None):
 def nan_config(tmp_path: Path, policy: str = "ppo", **connector) -> Path:
     shutil.copy(HERE / "connectors" / "nan_connector.py", tmp_path / "nan_connector.py")
     kwargs = {"n_steps": 16, "n_epochs": 1} if policy == "ppo" else {"learning_starts": 0, "train_freq": 4,
-                                                                      "n_steps": 3, "batch_size": 16}
+                                                                      "n_step_return": 3, "batch_size": 16}
     data = {"name": "nan", "harness": {"type": "custom", "connector_spec": {
                 "module": "nan_connector", "class_name": "NanConnector", "config": connector}},
             "policy": {"type": policy, "kwargs": kwargs},

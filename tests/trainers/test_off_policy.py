@@ -1,5 +1,5 @@
 """The off-policy path end to end: next_obs from the runner and through worker shared memory, short DQN/SAC
-runs through ``OffPolicyTrainer`` (in the learner, in worker processes, on Ray), checkpoints with their replay
+runs through the composed loop (``polar.trainers.build.compose``) (in the learner, in worker processes, on Ray), checkpoints with their replay
 buffer, resume, ``polar eval``, and the errors a wrong env or agent gets."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from polar.metrics.logger import read_metrics
 from polar.models.policy import build_policy
 from polar.rollout.runner import EnvRunner, runner_options
 from polar.rollout.worker import META_FIELDS, fragment_arrays, fragment_from_arrays
+from polar.trainers.build import compose
 from polar.trainers.checkpoint import load_checkpoint
-from polar.trainers.off_policy import OffPolicyTrainer
 from polar.trainers.run_dir import RunDir
 
 TERMINATE_AT, TIME_LIMIT = 3, 5
@@ -183,37 +183,36 @@ def off_policy_cfg(algo: str, total: int = 2000, workers: int = 0, env_id: str |
     })
 
 
-class RecordingTrainer(OffPolicyTrainer):
-    """Notes which worker every fragment that reached the replay buffer came from.
+def recording(loop):
+    """Notes which worker every fragment that reached the replay buffer came from (``loop.fragment_workers``).
 
     Fragments are held back until every worker has delivered one (then handed over in arrival order), so a
     worker that starts late on a loaded machine still feeds the replay before a short run ends.
     """
+    loop.fragment_workers = []
+    replay, backend = loop.collector.replay, loop.collector.backend
+    add, fetch = replay.add_fragment, backend.next_fragment
+    held, seen = [], set()
 
-    def _setup(self) -> None:
-        super()._setup()
-        self.fragment_workers: list[int] = []
-        add, fetch = self.replay.add_fragment, self.backend.next_fragment
-        held, seen = [], set()
+    def add_fragment(frag):
+        loop.fragment_workers.append(frag.worker_id)
+        return add(frag)
 
-        def add_fragment(frag):
-            self.fragment_workers.append(frag.worker_id)
-            return add(frag)
+    def next_fragment(timeout_s=None):
+        while len(seen) < backend.num_workers:
+            frag = fetch(timeout_s)
+            seen.add(frag.worker_id)
+            held.append(frag)
+        return held.pop(0) if held else fetch(timeout_s)
 
-        def next_fragment(timeout_s=None):
-            while len(seen) < self.backend.num_workers:
-                frag = fetch(timeout_s)
-                seen.add(frag.worker_id)
-                held.append(frag)
-            return held.pop(0) if held else fetch(timeout_s)
-
-        self.replay.add_fragment = add_fragment
-        self.backend.next_fragment = next_fragment
+    replay.add_fragment = add_fragment
+    backend.next_fragment = next_fragment
+    return loop
 
 
-def train(cfg, path, resume: bool = False, cls=OffPolicyTrainer):
+def train(cfg, path, resume: bool = False, wrap=lambda loop: loop):
     run = RunDir.open(path) if resume else RunDir.create(cfg.name, path)
-    trainer = cls(cfg, run, resume=resume)
+    trainer = wrap(compose(cfg, run, resume=resume))
     return trainer.train(), trainer
 
 
@@ -268,7 +267,7 @@ def test_dqn_run_logs_metrics_and_checkpoints_its_replay_buffer(dqn_run):
     assert rows[-1]["exploration_rate"] == pytest.approx(0.05)
     assert np.isfinite(rows[-1]["loss"])
     state = assert_checkpointed_with_a_replay_per_checkpoint(path, 2000)
-    assert state["learner"]["n_updates"] == DQN_UPDATES_AT[2000] == trainer.learner.n_updates
+    assert state["learner"]["n_updates"] == DQN_UPDATES_AT[2000] == trainer.learner.algorithm.n_updates
 
 
 def test_sac_run_logs_metrics_and_resume_restores_critics_targets_and_temperature(tmp_path):
@@ -283,10 +282,10 @@ def test_sac_run_logs_metrics_and_resume_restores_critics_targets_and_temperatur
     assert 0 < rows[0]["ent_coef"] < 0.5  # learned from 0.5, lowered while entropy is above -dim(action)
     assert_checkpointed_with_a_replay_per_checkpoint(path, 2000)
 
-    again = OffPolicyTrainer(trainer.cfg.model_copy(update={"total_env_steps": 3000}), RunDir.open(path), resume=True)
-    again._setup()
+    again = compose(trainer.cfg.model_copy(update={"total_env_steps": 3000}), RunDir.open(path), resume=True)
+    again.restore()
     try:
-        saved, loaded = trainer.learner, again.learner
+        saved, loaded = trainer.learner.algorithm, again.learner.algorithm
         assert loaded.n_updates == saved.n_updates > 0
         for name in ("critics", "critic_target"):
             for k, v in getattr(saved, name).state_dict().items():
@@ -295,10 +294,9 @@ def test_sac_run_logs_metrics_and_resume_restores_critics_targets_and_temperatur
         for opt in ("actor_optimizer", "critic_optimizer", "ent_coef_optimizer"):
             a, b = getattr(saved, opt), getattr(loaded, opt)
             assert a.step_count == b.step_count > 0 and torch.equal(a.exp_avg, b.exp_avg), opt
-        assert len(again.replay) == 2000 and float(again.policy.agent.explore_uniform) == 0.0
+        assert len(again.collector.replay) == 2000 and float(again.learner.parts.policy.agent.explore_uniform) == 0.0
     finally:
-        again.backend.close()
-        again.logger.close()
+        again.collector.close()
 
 
 @pytest.mark.parametrize("algo", ["dqn", "sac"])
@@ -306,42 +304,42 @@ def test_runs_with_two_worker_processes_fill_the_replay_from_both(algo, tmp_path
     path = tmp_path / "run"
     extra = {"prioritized_replay": True, "double_q": True} if algo == "dqn" else {}
     cfg = off_policy_cfg(algo, total=1000, workers=2, **extra)
-    result, trainer = train(cfg, path, cls=RecordingTrainer)
+    result, trainer = train(cfg, path, wrap=recording)
     assert result["env_steps"] >= 1000
     assert set(trainer.fragment_workers) == {0, 1}
-    assert len(trainer.replay) == result["env_steps"]  # every collected transition is in the buffer
+    assert len(trainer.collector.replay) == result["env_steps"]  # every collected transition is in the buffer
     rows = read_metrics(path / "metrics.jsonl")
     assert rows[-1]["replay_size"] == result["env_steps"]
     assert rows[-1]["exploration_rate" if algo == "dqn" else "ent_coef"] is not None
     assert rows[-1]["loss" if algo == "dqn" else "critic_loss"] is not None
-    assert trainer.learner.n_updates > 0
+    assert trainer.learner.algorithm.n_updates > 0
     assert replay_files(path) == ["replay_00000001.npz"]
     assert load_checkpoint(path / "checkpoints" / "ckpt_00000001.pt")["replay_file"] == "replay_00000001.npz"
     header = replay_header(path / "checkpoints" / "replay_00000001.npz")
     assert header["size"] == result["env_steps"]
     if algo == "dqn":  # prioritized: sampled transitions got their |TD error|, new ones the max priority seen
-        assert isinstance(trainer.replay, PrioritizedReplayBuffer) and header["kind"] == "PrioritizedReplayBuffer"
-        stored = trainer.replay.priorities[:len(trainer.replay)]
-        assert len(np.unique(stored)) > 10 and stored.max() == pytest.approx(trainer.replay.max_priority)
+        assert isinstance(trainer.collector.replay, PrioritizedReplayBuffer) and header["kind"] == "PrioritizedReplayBuffer"
+        stored = trainer.collector.replay.priorities[:len(trainer.collector.replay)]
+        assert len(np.unique(stored)) > 10 and stored.max() == pytest.approx(trainer.collector.replay.max_priority)
 
 
 def test_n_step_run_with_two_workers_stores_n_step_transitions(tmp_path):
-    """n_steps: 3 through worker processes: every transition but the last 2 per env stream reaches the
+    """n_step_return: 3 through worker processes: every transition but the last 2 per env stream reaches the
     buffer, spanning 3 steps unless its episode ended sooner.
 
     The workers act uniformly at random (epsilon stays 1): episodes then do not depend on the weights the
     learner happened to publish between first-ready fragments, so the share of 3-step windows is set by the
     seeds (about 0.91). With the learned greedy policy, episodes of ~10 steps put that share at 0.804-0.809,
     varying with how the two workers' fragments interleave: a hair above the bound below."""
-    cfg = off_policy_cfg("dqn", total=1000, workers=2, n_steps=3, exploration_final_eps=1.0)
+    cfg = off_policy_cfg("dqn", total=1000, workers=2, n_step_return=3, exploration_final_eps=1.0)
     result, trainer = train(cfg, tmp_path / "run")
     streams = 2 * 2  # workers x envs_per_worker
     held = streams * (3 - 1)
-    assert result["env_steps"] - held <= len(trainer.replay) <= result["env_steps"]
-    steps = trainer.replay._steps[:len(trainer.replay)]
+    assert result["env_steps"] - held <= len(trainer.collector.replay) <= result["env_steps"]
+    steps = trainer.collector.replay._steps[:len(trainer.collector.replay)]
     assert set(np.unique(steps).tolist()) <= {1.0, 2.0, 3.0} and (steps == 3.0).mean() > 0.8
     assert (steps < 3.0).any()  # CartPole episodes end inside windows
-    assert trainer.learner.n_updates > 0
+    assert trainer.learner.algorithm.n_updates > 0
 
 
 # ------------------------------------------------------------------ resume
@@ -352,35 +350,34 @@ def test_resume_restores_replay_counters_target_and_optimizer(dqn_run, tmp_path,
     path = copy_run(src, tmp_path)
     cfg = first.cfg.model_copy(update={"total_env_steps": 3000})
 
-    loaded = OffPolicyTrainer(cfg, RunDir.open(path), resume=True)
-    with caplog.at_level(logging.INFO, logger="polar.trainers.off_policy"):
-        loaded._setup()
+    with caplog.at_level(logging.INFO, logger="polar.rollout.backends.replay"):
+        loaded = compose(cfg, RunDir.open(path), resume=True)
+        loaded.restore()
     try:
         assert "replay buffer restored: 2000 transitions" in caplog.text
-        assert len(loaded.replay) == 2000 and loaded.replay.pos == first.replay.pos
-        np.testing.assert_array_equal(loaded.replay._obs[""], first.replay._obs[""])
-        np.testing.assert_array_equal(loaded.replay._next_obs[""], first.replay._next_obs[""])
-        np.testing.assert_array_equal(loaded.replay._actions, first.replay._actions)
-        assert loaded.replay.rng.bit_generator.state == first.replay.rng.bit_generator.state
-        assert loaded.learner.n_updates == first.learner.n_updates == DQN_UPDATES_AT[2000]
-        assert loaded.learner.last_target_update == first.learner.last_target_update > 0
-        for k, v in first.learner.target.state_dict().items():
-            assert torch.equal(loaded.learner.target.state_dict()[k], v), k
-        for k, v in first.policy.state_dict().items():
-            assert torch.equal(loaded.policy.state_dict()[k], v), k
-        a, b = first.learner.optimizer, loaded.learner.optimizer
+        assert len(loaded.collector.replay) == 2000 and loaded.collector.replay.pos == first.collector.replay.pos
+        np.testing.assert_array_equal(loaded.collector.replay._obs[""], first.collector.replay._obs[""])
+        np.testing.assert_array_equal(loaded.collector.replay._next_obs[""], first.collector.replay._next_obs[""])
+        np.testing.assert_array_equal(loaded.collector.replay._actions, first.collector.replay._actions)
+        assert loaded.collector.replay.rng.bit_generator.state == first.collector.replay.rng.bit_generator.state
+        assert loaded.learner.algorithm.n_updates == first.learner.algorithm.n_updates == DQN_UPDATES_AT[2000]
+        assert loaded.learner.algorithm.last_target_update == first.learner.algorithm.last_target_update > 0
+        for k, v in first.learner.algorithm.target.state_dict().items():
+            assert torch.equal(loaded.learner.algorithm.target.state_dict()[k], v), k
+        for k, v in first.learner.parts.policy.state_dict().items():
+            assert torch.equal(loaded.learner.parts.policy.state_dict()[k], v), k
+        a, b = first.learner.algorithm.optimizer, loaded.learner.algorithm.optimizer
         assert a.step_count == b.step_count == DQN_UPDATES_AT[2000]
         assert torch.equal(a.exp_avg, b.exp_avg) and torch.equal(a.exp_avg_sq, b.exp_avg_sq)
-        assert float(loaded.policy.agent.explore_uniform) == 0.0
-        assert float(loaded.policy.agent.epsilon) == pytest.approx(loaded.learner.exploration_rate(2000))
+        assert float(loaded.learner.parts.policy.agent.explore_uniform) == 0.0
+        assert float(loaded.learner.parts.policy.agent.epsilon) == pytest.approx(loaded.learner.algorithm.exploration_rate(2000))
     finally:
-        loaded.backend.close()
-        loaded.logger.close()
+        loaded.collector.close()
 
     result, resumed = train(cfg, path, resume=True)
     assert result["env_steps"] == 3000 and resumed.iteration == 3
     # a gradient step after every fragment from the first one on: the restored buffer needs no warm-up
-    assert resumed.learner.n_updates == DQN_UPDATES_AT[2000] + 1000 // 8
+    assert resumed.learner.algorithm.n_updates == DQN_UPDATES_AT[2000] + 1000 // 8
     rows = read_metrics(path / "metrics.jsonl")
     assert [r["replay_size"] for r in rows] == [1000, 2000, 3000]
     assert [r["n_updates"] for r in rows][-1] == DQN_UPDATES_AT[2000] + 125
@@ -394,13 +391,13 @@ def test_resume_without_a_saved_replay_buffer_warns_and_refills(tmp_path, caplog
     train(cfg, path)
     assert replay_files(path) == []
     assert load_checkpoint(path / "checkpoints" / "ckpt_00000001.pt")["replay_file"] is None
-    with caplog.at_level(logging.WARNING, logger="polar.trainers.off_policy"):
+    with caplog.at_level(logging.WARNING, logger="polar.rollout.backends.replay"):
         result, resumed = train(cfg.model_copy(update={"total_env_steps": 2000}), path, resume=True)
     assert any(r.levelno == logging.WARNING and "no replay buffer" in r.getMessage() for r in caplog.records)
     assert result["env_steps"] == 2000
-    assert len(resumed.replay) == 1000  # only what was collected after the resume
+    assert len(resumed.collector.replay) == 1000  # only what was collected after the resume
     # training waits until batch_size (16) transitions are back: the first 8-transition fragment is skipped
-    assert resumed.learner.n_updates == DQN_UPDATES_AT[1000] + 1000 // 8 - 1
+    assert resumed.learner.algorithm.n_updates == DQN_UPDATES_AT[1000] + 1000 // 8 - 1
     assert replay_files(path) == []
 
 
@@ -408,7 +405,7 @@ def test_resume_from_a_checkpoint_whose_replay_file_is_missing_names_the_file(dq
     _, first, src = dqn_run
     path = copy_run(src, tmp_path)
     (path / "checkpoints" / "replay_00000002.npz").unlink()
-    trainer = OffPolicyTrainer(first.cfg.model_copy(update={"total_env_steps": 3000}), RunDir.open(path), resume=True)
+    trainer = compose(first.cfg.model_copy(update={"total_env_steps": 3000}), RunDir.open(path), resume=True)
     with pytest.raises(CheckpointError, match=r"replay_00000002\.npz"):
         trainer.train()
 
@@ -434,9 +431,8 @@ def test_polar_eval_reads_a_finished_dqn_run(dqn_run, tmp_path):
     ("sac", INF_BOX_ID, ("finite", "low=")),
 ])
 def test_an_action_space_the_algorithm_cannot_handle_is_a_config_error(algo, env_id, words, tmp_path):
-    trainer = OffPolicyTrainer(off_policy_cfg(algo, env_id=env_id), RunDir.create("bad", tmp_path / "run"))
     with pytest.raises(ConfigError) as err:
-        trainer.train()
+        compose(off_policy_cfg(algo, env_id=env_id), RunDir.create("bad", tmp_path / "run")).train()
     for word in words:
         assert word in str(err.value)
 
@@ -444,9 +440,8 @@ def test_an_action_space_the_algorithm_cannot_handle_is_a_config_error(algo, env
 @pytest.mark.parametrize("agent", [{"type": "lstm"}, {"type": "custom", "module": "my_agent", "class_name": "Agent"}],
                          ids=["lstm", "custom"])
 def test_recurrent_and_custom_agents_are_config_errors_for_dqn(agent, tmp_path):
-    trainer = OffPolicyTrainer(off_policy_cfg("dqn", agent=agent), RunDir.create("bad", tmp_path / "run"))
     with pytest.raises(ConfigError, match=rf"agent\.type '{agent['type']}'.*(ppo|appo)"):
-        trainer.train()
+        compose(off_policy_cfg("dqn", agent=agent), RunDir.create("bad", tmp_path / "run")).train()
 
 
 # ------------------------------------------------------------------ Ray
@@ -457,10 +452,10 @@ def test_recurrent_and_custom_agents_are_config_errors_for_dqn(agent, tmp_path):
 def test_dqn_on_ray_fills_the_replay_from_both_rollout_actors(ray_cluster, tmp_path):
     dist = {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_resources": {"num_cpus": 0.5}}
     cfg = off_policy_cfg("dqn", total=2000, workers=2, dist=dist)
-    result, trainer = train(cfg, tmp_path / "run", cls=RecordingTrainer)
+    result, trainer = train(cfg, tmp_path / "run", wrap=recording)
     assert result["env_steps"] >= 2000
     assert set(trainer.fragment_workers) == {0, 1}
-    assert len(trainer.replay) == result["env_steps"] and trainer.learner.n_updates > 0
+    assert len(trainer.collector.replay) == result["env_steps"] and trainer.learner.algorithm.n_updates > 0
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert rows[-1]["replay_size"] == result["env_steps"] and rows[-1]["loss"] is not None
 

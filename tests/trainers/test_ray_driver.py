@@ -8,7 +8,7 @@ from polar.config import RunConfig, validate
 from polar.errors import DistributedError
 from polar.metrics.logger import read_metrics
 from polar.trainers.build import build_trainer
-from polar.trainers.on_policy import OnPolicyTrainer
+from polar.trainers.loop import TrainingLoop
 from polar.trainers.run_dir import RunDir
 
 pytestmark = pytest.mark.ray
@@ -29,7 +29,7 @@ def cfg_for(address, **dist):
 
 def test_build_trainer_keeps_the_local_learner_in_process(tmp_path):
     cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
-    assert type(build_trainer(cfg, RunDir.create("x", tmp_path / "run"))) is OnPolicyTrainer
+    assert type(build_trainer(cfg, RunDir.create("x", tmp_path / "run"))) is TrainingLoop
 
 
 @pytest.mark.parametrize("learner, match", [
@@ -71,11 +71,12 @@ def test_learner_runs_in_an_actor_and_the_driver_relays_its_progress(ray_cluster
 def test_learner_that_cannot_see_the_run_dir_says_so(ray_cluster, tmp_path):
     import ray
 
+    from polar.trainers.build import compose
     from polar.trainers.ray_driver import LearnerActor
 
     cfg = cfg_for(ray_cluster.address)
     actor = ray.remote(LearnerActor).options(num_cpus=0.5).remote(
-        cfg.model_dump(mode="json"), None, str(tmp_path / "elsewhere"), False)
+        cfg.model_dump(mode="json"), None, str(tmp_path / "elsewhere"), False, compose)
     with pytest.raises(ray.exceptions.RayActorError, match="cannot see the run directory"):
         ray.get(actor.ready.remote(), timeout=120)
 

@@ -210,6 +210,12 @@ class MultiAgentCollector:
         for slot in self.slots:
             slot.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the opponent pool is the learner's (its snapshots are of the learner's weights)
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
     # ------------------------------------------------------------------ stepping
     def _seat(self, s: int) -> None:
         """Seats for env copy ``s``'s next episode."""
