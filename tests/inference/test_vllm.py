@@ -2,7 +2,7 @@
 
 One replica serves the whole test session (the ``launched_vllm`` fixture in ``tests/conftest.py``).
 Besides the launcher (start, health, logs, restart of a killed replica, nothing left behind), these
-tests check against the real server every upstream behaviour the stand-in (``polar/inference/standin.py``)
+tests check against the real server every upstream behaviour the stand-in (``polar/testing/standin.py``)
 imitates for the fast tests: token-id prompts with ``return_token_ids`` (and its ``prompt_token_ids``
 echo, which the parser checks), per-token logprobs, SSE streaming against one non-streamed body,
 ``stop_token_ids`` ending on the stop token, ``max_tokens`` ending in ``length``, seeded sampling,

@@ -1,4 +1,4 @@
-"""Live weight sync into upstream engines, against the stand-ins (polar.inference.standin), which serve
+"""Live weight sync into upstream engines, against the stand-ins (polar.testing.standin), which serve
 vLLM's dev-mode RL routes and SGLang's documented weight-update routes over a real tiny model.
 
 Each sync writes a safetensors folder, pauses each replica, has it reload the folder, sets its weight
@@ -16,8 +16,8 @@ import torch
 
 from polar.config.sync import WeightSyncConfig
 from polar.inference import GenerationRequest, collect, load_engine
-from polar.inference.standin import StandinServer, make_app
 from polar.inference.weight_sync import WeightSyncError
+from polar.testing.standin import StandinServer, make_app
 
 from .conftest import chat_prompt
 
@@ -160,7 +160,7 @@ def test_a_push_the_server_rejects_fails_loudly_and_keeps_the_version(served, ti
 
 
 def test_sync_needs_the_served_models_folder():
-    from polar.inference.standin import FixedEngine
+    from polar.testing.standin import FixedEngine
 
     with StandinServer(make_app(FixedEngine(4), "vllm", served_model="tiny")) as server:
         up = load_engine(f"vllm:{server.url}")  # tokenizer "tiny": no folder to write config and tokenizer from
