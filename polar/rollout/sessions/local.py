@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -25,6 +25,10 @@ from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline, V
 from polar.rollout.sessions.service import RolloutService, build_app, service_headers
 from polar.rollout.sessions.session import SessionResult
 from polar.rollout.sessions.store import SessionStore
+
+if TYPE_CHECKING:
+    from polar.config.gateway import GatewayConfig
+    from polar.inference.base import Engine
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +131,8 @@ class RolloutServer:
 class LocalStack:
     """Engine + gateway + rollout service for one run. ``run_groups`` collects; ``update_weights`` syncs."""
 
-    def __init__(self, engine: Any, runner: HarnessRunner, verifier: Verifier, settings: PipelineSettings,
-                 records_dir: str | Path | None = None, gateway_config: Any = None,
+    def __init__(self, engine: Engine, runner: HarnessRunner, verifier: Verifier, settings: PipelineSettings,
+                 records_dir: str | Path | None = None, gateway_config: GatewayConfig | None = None,
                  results_dir: str | Path | None = None) -> None:
         from polar.config.gateway import GatewayConfig
         from polar.gateway import GatewayServer
@@ -146,8 +150,9 @@ class LocalStack:
                               if results_dir is not None else None)
 
     @property
-    def engine(self) -> Any:
-        return self.gateway.engine
+    def engine(self) -> Engine:
+        engine: Engine = self.gateway.engine
+        return engine
 
     def start(self) -> LocalStack:
         self.gateway.start()
@@ -167,7 +172,7 @@ class LocalStack:
             self.session_store.append(r for g in out for r in g)
         return out
 
-    def update_weights(self, state_dict: Any, version: int) -> dict[str, Any]:
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> dict[str, Any]:
         """Through the gateway's drain: pause, wait for in-flight calls, swap, resume, bump the version."""
         return self.gateway.update_weights(state_dict, version)
 
@@ -178,5 +183,5 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
