@@ -174,7 +174,8 @@ class LocalStack:
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> dict[str, Any]:
         """Through the gateway's drain: pause, wait for in-flight calls, swap, resume, bump the version."""
-        return self.gateway.update_weights(state_dict, version)
+        report: dict[str, Any] = self.gateway.update_weights(state_dict, version)
+        return report
 
     def stop(self) -> None:
         self.rollout.stop()
