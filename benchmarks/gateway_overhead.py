@@ -9,7 +9,7 @@ Set up the LiteLLM side once, in its own venv so it cannot disturb polar's:
 
 Processes (all on 127.0.0.1, each its own interpreter):
 
-- upstream: polar's vLLM stand-in (``polar.inference.standin``, FixedEngine: 16 tokens at once, ids and
+- upstream: polar's vLLM stand-in (``polar.testing.standin``, FixedEngine: 16 tokens at once, ids and
   logprobs as vLLM returns them) plus ``POST /v1/chat/completions`` in vLLM's documented shape, so
   the direct path and LiteLLM have a chat endpoint;
 - polar: ``polar gateway --model vllm:<upstream>``: it renders the chat template, tokenizes, streams
@@ -64,7 +64,7 @@ def serve_upstream(port: int) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from polar.inference.standin import FixedEngine, make_app
+    from polar.testing.standin import FixedEngine, make_app
 
     engine = FixedEngine(n_tokens=16)
     app = make_app(engine, "vllm", served_model="tiny")
@@ -99,8 +99,8 @@ def serve_polar_in_process_engine(port: int, records: str) -> None:
     """polar's gateway around a zero-cost in-process engine: the gateway's own cost, no upstream hop."""
     from polar.config.gateway import GatewayConfig
     from polar.gateway.server import GatewayServer
-    from polar.inference.standin import FixedEngine
     from polar.inference.tiny import build_tiny_tokenizer
+    from polar.testing.standin import FixedEngine
 
     engine = FixedEngine(n_tokens=16)
     engine.tokenizer, engine.model_name, engine.default_stop_token_ids = build_tiny_tokenizer(), "tiny", []

@@ -95,11 +95,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.idle.pop(self, None)
+        super().data_received(data)
+        # counted after parsing: a chunk that begins a request resets the count (on_message_begin) and must
+        # still count whole, or one big segment holding a request's start and 1 MB of headers passes unseen
         if self._head_timer is not None:  # a request's head is being read (or awaited)
             self._head_bytes += len(data)
-        super().data_received(data)
-        if self._head_timer is not None and self._head_bytes > self.limits.max_header_bytes:
-            self._refuse_head()
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._refuse_head()
 
     def _refuse_head(self) -> None:
         self._cancel_head_timer()

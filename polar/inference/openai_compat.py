@@ -103,15 +103,15 @@ class OpenAICompatEngine(Engine):
     logprob_mode = "none"  # set per call when the endpoint returns logprobs
 
     def __init__(self, config: OpenAICompatConfig, tokenizer: Any | None = None) -> None:
-        from polar.inference.upstream import _load_tokenizer, _stop_ids
+        from polar.inference.upstream.tokenizer import load_tokenizer, stop_token_ids
 
         self.config = config
         self.base_url = config.base_url.rstrip("/")
-        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(config.tokenizer)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
         self.model_name = config.model_name or config.model
         self.context_length = config.context_length
         self.policy_version = 0
-        self.default_stop_token_ids = _stop_ids(self.tokenizer)
+        self.default_stop_token_ids = stop_token_ids(self.tokenizer)
         if config.api_key_env:  # the key's variable never reaches a harness process (runners drop it)
             CREDENTIAL_ENV.add(config.api_key_env)
         self._client: httpx.AsyncClient | None = None

@@ -34,9 +34,9 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import Field, model_validator
@@ -45,6 +45,10 @@ from polar.config.base import StrictModel, validate
 from polar.inference._http1 import free_port
 from polar.inference.base import EngineError, GenerationRequest, TokenEvent, UpstreamUnavailable
 from polar.inference.upstream import UpstreamConfig, UpstreamEngine
+from polar.inference.upstream.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +181,8 @@ def failure_cause(path: Path) -> str | None:
         if m and not line.startswith('File "'):
             found.append(f"{m.group(1)}: {m.group(2)}")
     specific = [c for c in found if not _WRAPPER.search(c)]
-    return (specific or found or [None])[-1]
+    chosen = specific or found
+    return chosen[-1] if chosen else None
 
 
 class _Replica:
@@ -188,7 +193,7 @@ class _Replica:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0  # 1 + restarts
         self.state = "new"  # starting | ok | restarting | syncing | failed | stopped
         self.error: str | None = None
@@ -214,7 +219,7 @@ class VllmFleet:
         self._cv = threading.Condition()
         self._stopping = False
         self._watchers: list[threading.Thread] = []
-        self.on_restart: list[Any] = []  # callables(replica) run once a restarted replica answers /health
+        self.on_restart: list[Callable[[_Replica], None]] = []  # run once a restarted replica answers /health
 
     @property
     def urls(self) -> list[str]:
@@ -419,7 +424,7 @@ class VllmFleet:
                     self._cv.wait(min(left, 0.5))
 
     def describe(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for r in self.replicas:
             entry: dict[str, Any] = {"url": r.url, "state": r.state, "restarts": max(0, r.starts - 1),
                                      "pid": r.proc.pid if r.proc else None, "log": str(r.log_path)}
@@ -429,7 +434,7 @@ class VllmFleet:
         return out
 
     @staticmethod
-    def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    def _kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
 
@@ -465,7 +470,7 @@ class VllmFleet:
 
 def _group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group ``pgid``, from /proc (vLLM CPU runs on Linux)."""
-    pids = []
+    pids: list[int] = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -489,20 +494,20 @@ class LaunchedVllmEngine(UpstreamEngine):
     """An :class:`UpstreamEngine` over replicas polar started: calls a dead replica dropped are retried on
     another or once it is restarted; ``close()`` stops the replicas."""
 
-    def __init__(self, fleet: VllmFleet, tokenizer: Any | None = None) -> None:
+    def __init__(self, fleet: VllmFleet, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
         cfg = fleet.config
         super().__init__(
             UpstreamConfig(kind="vllm", urls=fleet.urls, tokenizer=str(fleet.folder), served_model=fleet.served_model,
                            model_name=fleet.served_model, context_length=cfg.max_model_len, timeout_s=cfg.timeout_s),
-            tokenizer=tokenizer,
+            tokenizer=tokenizer, model_folder_path=fleet.folder, served_folder=fleet.serve_folder,
+            weights_dtype=weights_dtype(cfg.dtype),
         )
         self.fleet = fleet
-        self.model_folder = fleet.folder
-        self.served_folder = fleet.serve_folder
-        self.weights_dtype = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(cfg.dtype, "float32")
         args = list(cfg.extra_args)
         if "--logprobs-mode" in args[:-1]:
             self.logprob_mode = args[args.index("--logprobs-mode") + 1]
+        # a replica that is restarting, or back but not yet given the current weights, takes no call and no sync
+        self.router.admits = lambda url: url in self._serving_urls()
         fleet.on_restart.append(self._replica_back)
         # the replicas go when this engine is collected, even if nobody calls close()
         self._finalizer = weakref.finalize(self, fleet.stop)
@@ -510,22 +515,12 @@ class LaunchedVllmEngine(UpstreamEngine):
     def _replica_back(self, replica: _Replica) -> None:
         """On the fleet's watcher thread, before the restarted replica takes calls: the current weights
         and version (it came up with the base ones), under the sync lock so no sync runs meanwhile."""
-        with self._sync_lock:
+        with self.weight_sync.lock:
             asyncio.run(self.restore_replica(replica.url))
-        for r in self.replicas:
-            if r.url == replica.url:
-                r.down_until = 0.0  # route to it again at once
+        self.router.clear_cooldowns(replica.url)  # route to it again at once
 
     def _serving_urls(self) -> set[str]:
         return {r.url for r in self.fleet.replicas if r.state == "ok"}
-
-    def route(self, session_id: str | None) -> list[Any]:
-        # a replica that is restarting, or back but not yet given the current weights, takes no call
-        serving = self._serving_urls()
-        return [r for r in super().route(session_id) if r.url in serving]
-
-    def _pushable(self, replica: Any) -> bool:
-        return replica.url in self._serving_urls()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         # UpstreamUnavailable comes only before any token was yielded, so sending the call again is safe
@@ -540,8 +535,7 @@ class LaunchedVllmEngine(UpstreamEngine):
                 if not serving:
                     errors = "; ".join(r["error"] for r in self.fleet.describe() if r.get("error"))
                     raise UpstreamUnavailable(f"{exc}; no launched vLLM replica is serving: {errors}") from None
-                for r in self.replicas:
-                    r.down_until = 0.0
+                self.router.clear_cooldowns()
         raise UpstreamUnavailable("launched vLLM replicas kept failing this request")
 
     async def health(self) -> dict[str, Any]:
@@ -554,6 +548,11 @@ class LaunchedVllmEngine(UpstreamEngine):
     async def close(self) -> None:
         await super().close()
         await asyncio.to_thread(self._finalizer)
+
+
+def weights_dtype(dtype: str) -> str:
+    """What a weight sync writes for a vLLM served at ``--dtype dtype`` (fp32 unless it is a half type)."""
+    return {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(dtype, "float32")
 
 
 def launch_vllm(name_or_path: str, *, replicas: int = 1, log_dir: str | Path, config_key: str = "model.name_or_path",
@@ -569,13 +568,10 @@ def launch_vllm(name_or_path: str, *, replicas: int = 1, log_dir: str | Path, co
     if config.served_model_name is None and not (Path(name_or_path).expanduser() / "config.json").is_file():
         config.served_model_name = name_or_path  # a preset: clients ask for the name they configured
     # the tokenizer loads first: a folder without one fails in a second, not after minutes of vLLM start
-    from polar.inference.upstream import _load_tokenizer
-
-    tokenizer = _load_tokenizer(str(folder))
+    tokenizer = load_tokenizer(str(folder))
     # vLLM 0.32's in-place reload leaves a tied lm_head on the old embeddings, so a tied model is served
     # from an untied copy (lm_head written out) that every weight sync can update whole
-    dtype = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}.get(config.dtype, "float32")
-    serve = untied_copy_cached(folder, dtype)
+    serve = untied_copy_cached(folder, weights_dtype(config.dtype))
     fleet = VllmFleet(folder, replicas, config, log_dir, python=python, config_key=config_key,
                       serve_folder=serve).start()
     try:
@@ -621,19 +617,16 @@ def resolve_model_folder(name_or_path: str, config_key: str = "model.name_or_pat
     path = Path(name_or_path).expanduser()
     if (path / "config.json").is_file():
         return path.resolve()
-    try:
-        from polar.inference.presets import get_preset, preset_folder
-    except ImportError:  # pragma: no cover - presets ship with polar
-        get_preset = None  # type: ignore[assignment]
-    if get_preset is not None:
-        preset = get_preset(name_or_path)
-        if preset is not None:
-            if not preset.has_folder:
-                raise VllmLaunchError(
-                    f"{config_key} {name_or_path!r} is built in memory and has no model folder for "
-                    "vLLM to load; engine: vllm needs a folder or a preset such as smollm2-135m"
-                )
-            return preset_folder(name_or_path)
+    from polar.inference.presets import get_preset, preset_folder
+
+    preset = get_preset(name_or_path)
+    if preset is not None:
+        if not preset.has_folder:
+            raise VllmLaunchError(
+                f"{config_key} {name_or_path!r} is built in memory and has no model folder for "
+                "vLLM to load; engine: vllm needs a folder or a preset such as smollm2-135m"
+            )
+        return preset_folder(name_or_path)
     raise VllmLaunchError(
         f"{config_key} {name_or_path!r} is neither a local Hugging Face model folder (no config.json) "
         "nor a polar model preset; engine: vllm serves a folder written with save_pretrained"

@@ -46,7 +46,7 @@ def test_unreachable_upstream_is_unavailable_with_503(gateway):
 
 
 def test_one_replica_down_is_degraded_and_probes_are_cached(gateway, embedded):
-    from polar.inference.standin import StandinServer, make_app
+    from polar.testing.standin import StandinServer, make_app
 
     dead = f"http://127.0.0.1:{_closed_port()}"
     with StandinServer(make_app(embedded, "vllm")) as live:

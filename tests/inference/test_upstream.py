@@ -1,6 +1,6 @@
 """Upstream engines against stand-ins that follow vLLM's and SGLang's documented HTTP APIs.
 
-vLLM/SGLang need a GPU, so the servers are stand-ins (polar.inference.standin); everything else is real:
+vLLM/SGLang need a GPU, so the servers are stand-ins (polar.testing.standin); everything else is real:
 HTTP on 127.0.0.1, SSE streaming, and the official openai SDK checking the vLLM stand-in's shape.
 """
 
@@ -19,7 +19,7 @@ from polar.inference import (
     load_engine,
 )
 from polar.inference.embedded import sequence_logprobs
-from polar.inference.standin import FixedEngine, StandinServer, make_app
+from polar.testing.standin import FixedEngine, StandinServer, make_app
 
 from .conftest import chat_prompt
 

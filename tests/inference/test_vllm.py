@@ -2,7 +2,7 @@
 
 One replica serves the whole test session (the ``launched_vllm`` fixture in ``tests/conftest.py``).
 Besides the launcher (start, health, logs, restart of a killed replica, nothing left behind), these
-tests check against the real server every upstream behaviour the stand-in (``polar/inference/standin.py``)
+tests check against the real server every upstream behaviour the stand-in (``polar/testing/standin.py``)
 imitates for the fast tests: token-id prompts with ``return_token_ids`` (and its ``prompt_token_ids``
 echo, which the parser checks), per-token logprobs, SSE streaming against one non-streamed body,
 ``stop_token_ids`` ending on the stop token, ``max_tokens`` ending in ``length``, seeded sampling,
@@ -283,7 +283,7 @@ def test_weight_sync_into_vllm_perturbed_then_corrupted_refused_then_exactly_res
     assert check["ok"] and check["max_abs_diff"] <= engine.sync_config.check_tolerance, check
     assert perturbed.policy_version == v0 + 1 and perturbed.logprobs != before.logprobs
     assert httpx.get(f"{url}/weight_info", timeout=30).json() == {"weight_version": str(v0 + 1)}
-    assert sorted(p.name for p in engine._sync_root.iterdir()) == [f"v{v0 + 1:06d}"]
+    assert sorted(p.name for p in engine.weight_sync.root.iterdir()) == [f"v{v0 + 1:06d}"]
 
     from tests.inference.test_weight_sync import corrupt_one_tensor
 
@@ -343,8 +343,8 @@ logging: {{checkpoint_freq: 0, tensorboard: false}}
     engine = UpstreamEngine(UpstreamConfig(kind="vllm", urls=launched_vllm.fleet.urls, tokenizer=str(vllm_model_folder),
                                            served_model=launched_vllm.served_model,
                                            context_length=launched_vllm.context_length),
-                            tokenizer=launched_vllm.tokenizer)
-    engine.served_folder = launched_vllm.served_folder  # the untied copy the replica was launched from
+                            tokenizer=launched_vllm.tokenizer,
+                            served_folder=launched_vllm.served_folder)  # the untied copy the replica was launched from
     run_dir = RunDir.create("vllm-grpo", tmp_path / "run")
     try:
         summary = train_agentic(cfg, run_dir, engine=engine)

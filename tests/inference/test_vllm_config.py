@@ -12,8 +12,8 @@ import pytest
 
 from polar.errors import ConfigError, PolarError
 from polar.inference import UpstreamUnavailable, load_engine
-from polar.inference.standin import FixedEngine, StandinServer, make_app
 from polar.inference.vllm_launcher import VllmLaunchError, launch_vllm, vllm_python
+from polar.testing.standin import FixedEngine, StandinServer, make_app
 
 
 def closed_port() -> int:

@@ -1,4 +1,4 @@
-"""Live weight sync into upstream engines, against the stand-ins (polar.inference.standin), which serve
+"""Live weight sync into upstream engines, against the stand-ins (polar.testing.standin), which serve
 vLLM's dev-mode RL routes and SGLang's documented weight-update routes over a real tiny model.
 
 Each sync writes a safetensors folder, pauses each replica, has it reload the folder, sets its weight
@@ -16,8 +16,8 @@ import torch
 
 from polar.config.sync import WeightSyncConfig
 from polar.inference import GenerationRequest, collect, load_engine
-from polar.inference.standin import StandinServer, make_app
 from polar.inference.weight_sync import WeightSyncError
+from polar.testing.standin import StandinServer, make_app
 
 from .conftest import chat_prompt
 
@@ -160,7 +160,7 @@ def test_a_push_the_server_rejects_fails_loudly_and_keeps_the_version(served, ti
 
 
 def test_sync_needs_the_served_models_folder():
-    from polar.inference.standin import FixedEngine
+    from polar.testing.standin import FixedEngine
 
     with StandinServer(make_app(FixedEngine(4), "vllm", served_model="tiny")) as server:
         up = load_engine(f"vllm:{server.url}")  # tokenizer "tiny": no folder to write config and tokenizer from
@@ -213,3 +213,28 @@ def test_in_flight_abort_ends_calls_under_way_at_a_sync(api, tmp_path, tiny_fold
             assert rec.finish_reason == "abort" and rec.policy_version == 0 and not rec.complete
             assert len(rec.sampled_ids) < len(tok.encode("a long reply " * 40))
             assert ("POST /abort_requests" if api == "vllm" else "POST /abort_request") in server.app.state.standin.control
+
+
+def test_a_replica_not_admitted_takes_no_calls_and_no_sync(served, tiny_folder, tmp_path):
+    """The seam a launcher (and replicas on other nodes) uses: ``router.admits`` hides a replica (restarting,
+    not yet holding the current weights) from routing and from weight sync alike; admitted again, it serves."""
+    with StandinServer(make_app(served, "vllm", served_model="m", name="a")) as a, \
+            StandinServer(make_app(served, "vllm", served_model="m", name="b")) as b:
+        up = load_engine({"kind": "vllm", "urls": [a.url, b.url], "tokenizer": str(tiny_folder)})
+        up.configure_sync(WeightSyncConfig(check_tokens=4), tmp_path / "sync")
+        up.router.admits = lambda url: url != b.url
+        sessions = [f"s{i}" for i in range(12)]
+        assert {up.route(sid)[0].url for sid in sessions} == {a.url}
+
+        async def calls() -> None:
+            for sid in sessions:
+                await collect(up.generate(GenerationRequest([1, 2, 3], max_tokens=2, session_id=sid)))
+
+        run(calls())
+        assert len(a.requests) == len(sessions) and b.requests == []
+        run(up.update_weights(perturbed(tiny_folder, seed=1), 1))
+        assert a.app.state.standin.control[-1] == "POST /resume" and b.app.state.standin.control == []
+        assert set(up.last_sync["checks"]) == {a.url} and up.last_sync["replicas"] == 1
+        up.router.admits = lambda url: True  # back, with the current weights: sticky sessions reach it again
+        assert b.url in {up.route(sid)[0].url for sid in sessions}
+        run(up.close())

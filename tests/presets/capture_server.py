@@ -9,16 +9,16 @@ finishes its turn and exits.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
-import uvicorn
 import zstandard
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from polar.httpserver import ThreadedUvicorn, bind, uvicorn_config
 
 REPLY = "I looked at the repository. Done."
 SHELL_TOOLS = ("Bash", "exec_command", "run_shell_command", "bash", "shell")
@@ -206,8 +206,7 @@ class CaptureServer:
         self.tool_first = tool_first
         self.requests: list[dict[str, Any]] = []
         self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])])
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._uv: ThreadedUvicorn | None = None
         self.port = 0
 
     async def handle(self, request: Request) -> Response:
@@ -246,20 +245,16 @@ class CaptureServer:
         return JSONResponse({"error": {"message": f"not found: {path}"}}, status_code=404)
 
     def start(self) -> str:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("capture server did not start within 10 s")
-            time.sleep(0.02)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        sock = bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self._uv = ThreadedUvicorn(uvicorn_config(self.app, server_name="capture server", log_level="warning"), sock,
+                                   f"capture-server:{self.port}")
+        if not self._uv.start(10.0):
+            self.stop()
+            raise RuntimeError("capture server did not start within 10 s")
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._uv is not None:
+            self._uv.stop(10.0)
+            self._uv = None

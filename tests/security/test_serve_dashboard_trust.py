@@ -229,22 +229,16 @@ def test_non_loopback_dashboard_host_without_token_is_refused(tmp_path, dashboar
 def test_a_tokened_dashboard_off_loopback_needs_the_token_for_every_read(tmp_path):
     """What `--host 0.0.0.0` with a token serves (built as DashboardServer builds it, served on 127.0.0.1):
     nothing without the token; the browser logs in once with ?token= and gets an HttpOnly cookie."""
-    import uvicorn
-
     from polar.dashboard.app import build_app
+    from polar.httpserver import ThreadedUvicorn, bind, uvicorn_config
 
     agent_run_folder(tmp_path / "runs")
     app = build_app(tmp_path / "runs", SECRET, allowed_hosts=None, token_for_reads=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = bind("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
-    t = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    t.start()
+    uv = ThreadedUvicorn(uvicorn_config(app, server_name="dashboard", log_config=None), sock, "dashboard-token-test")
+    assert uv.start(30.0), "the dashboard app did not start"
     try:
-        deadline = time.monotonic() + 30
-        while not uv.started and time.monotonic() < deadline:
-            time.sleep(0.02)
         with httpx.Client(base_url=url, timeout=30) as http:
             for path in ("/api/runs", "/api/sessions?run=agent", "/files/agent/run.json"):
                 r = http.get(path)
@@ -256,8 +250,7 @@ def test_a_tokened_dashboard_off_loopback_needs_the_token_for_every_read(tmp_pat
             assert "samesite=strict" in login.headers["set-cookie"].lower()
             assert http.get("/api/sessions", params={"run": "agent"}).status_code == 200  # the cookie
     finally:
-        uv.should_exit = True
-        t.join(10)
+        uv.stop(10.0)
         sock.close()
 
 

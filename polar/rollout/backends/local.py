@@ -18,7 +18,9 @@ import os
 import queue
 import time
 from collections import deque
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,11 +29,21 @@ from polar.errors import HarnessError, PolarError
 from polar.metrics.system import register_process
 from polar.types import Fragment
 
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
+    from polar.config.run import EnvRunConfig
+    from polar.models.policy import Policy
+    from polar.rollout.runner import EnvRunner
+
+#: What a worker puts on the out queue: ("slots", id, slots) | ("fragment", id, slot, meta) | ("error", id, ...).
+WorkerMessage = tuple[Any, ...]
+
 log = logging.getLogger(__name__)
 
 
 class LocalBackend:
-    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir: Path | None = None) -> None:
+    def __init__(self, cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None) -> None:
         from polar.harness import make_vector_env
 
         self.cfg = cfg
@@ -44,10 +56,12 @@ class LocalBackend:
         self.num_workers = dist.rollout_workers
         self.envs_per_worker = dist.envs_per_runner
         self.num_envs = dist.num_envs
-        self.runner = None
-        self._procs: list = []
-        self._unread: deque[tuple] = deque()  # fragment messages that arrived while start() waited for the others
+        self.runner: EnvRunner | None = None
+        self.version = 0
+        self._procs: list[BaseProcess] = []
+        self._unread: deque[WorkerMessage] = deque()  # fragment messages that arrived while start() waited for the others
         self._closed = False
+        self.env: VectorEnv | None
         if self.num_workers == 0:
             self.env = make_vector_env(cfg.harness, self.envs_per_worker, seed=seed, config_dir=self.config_dir)
         else:
@@ -56,6 +70,7 @@ class LocalBackend:
                 log.warning("distribution.rollout_workers=%d exceeds the %d CPU cores here; workers will time-share.",
                             self.num_workers, cpus)
             self.env = make_vector_env(cfg.harness, 1, seed=seed, config_dir=self.config_dir)  # probe for spaces
+        assert self.env is not None
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
         if self.num_workers > 0:
@@ -63,11 +78,11 @@ class LocalBackend:
             self.env = None
 
     # ------------------------------------------------------------------ protocol
-    def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy=None) -> None:
+    def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy: Policy | None = None) -> None:
         if self.num_workers == 0:
             from polar.rollout.runner import EnvRunner, runner_options
 
-            if policy is None:
+            if policy is None or self.env is None:
                 raise ValueError("LocalBackend with rollout_workers=0 needs the learner's policy object")
             self.runner = EnvRunner(self.env, policy, seed=self.seed, **runner_options(self.cfg))
             self.version = version
@@ -83,8 +98,8 @@ class LocalBackend:
         self._out_q = ctx.Queue()
         # only this process holds the write end: its EOF tells the workers the learner is gone (polar.lifetime)
         learner_alive, self._alive_w = ctx.Pipe(duplex=False)
-        self._free_qs = []
-        self._slots: dict[int, list] = {}
+        self._free_qs: list[Any] = []  # per worker: a multiprocessing queue of its free slot indices
+        self._slots: dict[int, list[dict[str, torch.Tensor]]] = {}  # per worker: its two shared-memory slots
         cfg_data = self.cfg.model_dump(mode="json")
         cdir = str(self.config_dir) if self.config_dir is not None else None
         for w in range(self.num_workers):
@@ -98,6 +113,7 @@ class LocalBackend:
                                   self._lock, self._out_q, free_q, self._stop, learner_alive),
                             kwargs={"run_dir": os.environ.get("POLAR_RUN_DIR")})  # set by the learner's loop
             p.start()
+            assert p.pid is not None  # started
             register_process(p.pid, "rollout_worker")  # its system/ metrics carry the role
             self._procs.append(p)
         learner_alive.close()
@@ -132,9 +148,13 @@ class LocalBackend:
 
     def next_fragment(self, timeout_s: float | None = None) -> Fragment:
         if self.num_workers == 0:
+            if self.runner is None:
+                raise RuntimeError("the local rollout backend is not started; call start() first")
             return self.runner.collect(self.fragment_steps, self.version, 0)
-        if self._unread:
-            return self._read(self._unread.popleft())
+        while self._unread:  # fragments that arrived while start() waited: the oldest first
+            unread = self._read(self._unread.popleft())
+            if unread is not None:
+                return unread
         timeout_s = timeout_s if timeout_s is not None else self.cfg.distribution.worker_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
@@ -143,7 +163,7 @@ class LocalBackend:
             if frag is not None:
                 return frag
 
-    def _next_message(self, deadline: float, timeout_s: float, what: str) -> tuple:
+    def _next_message(self, deadline: float, timeout_s: float, what: str) -> WorkerMessage:
         while True:
             try:
                 return self._out_q.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
@@ -155,7 +175,7 @@ class LocalBackend:
                         "(raise distribution.worker_timeout_s if steps are really this slow)."
                     ) from None
 
-    def _read(self, msg: tuple) -> Fragment | None:
+    def _read(self, msg: WorkerMessage) -> Fragment | None:
         """A worker's message: a fragment (its slot freed for the next one), None for its slots, or its error."""
         kind = msg[0]
         if kind == "slots":

@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,13 +32,18 @@ from polar.errors import ConfigError
 from polar.rollout.backends.autoscale import Autoscaler
 from polar.types import Fragment
 
+if TYPE_CHECKING:
+    from polar.config.run import EnvRunConfig
+    from polar.rollout.backends.ray_pool import RayRolloutPool
+
 logger = logging.getLogger(__name__)
 
 
 class RayBackend:
     """Rollout workers as Ray actors; see the module docstring."""
 
-    def __init__(self, cfg, fragment_steps: int, seed: int, config_dir=None, partial_start: bool = False,
+    def __init__(self, cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None,
+                 partial_start: bool = False,
                  rollout_workers: int | None = None, autoscale: bool = True) -> None:
         """``partial_start``: start once one rollout actor is up and place the rest as resources free up
         (a learner restarted after losing a node may find a smaller cluster than the run asked for).
@@ -64,7 +70,7 @@ class RayBackend:
         self.action_space = probe.single_action_space
         probe.close()
         self.cluster: ClusterHandle | None = None
-        self.pool = None
+        self.pool: RayRolloutPool | None = None
         self.version = 0
         self.partial_start = partial_start
         self._watcher = ScaleWatcher(None)
@@ -85,7 +91,8 @@ class RayBackend:
     def role_requests(self) -> list[RoleRequest]:
         return [RoleRequest.of("rollout", self.num_workers, self.dist.rollout_resources, "distribution.rollout_resources")]
 
-    def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy=None) -> None:
+    def start(self, policy_state: dict[str, torch.Tensor], version: int = 0, policy: Any = None) -> None:
+        """``policy`` is unused: each rollout actor builds its own from the config."""
         from polar.rollout.backends.ray_pool import RayRolloutPool
 
         self.cluster = connect(self.dist.coordinator_address, self.dist.connect_timeout_s, self.role_requests(),
@@ -111,6 +118,12 @@ class RayBackend:
         self.publish_weights(policy_state, version)
         self.pool.fill()
 
+    def _running(self) -> RayRolloutPool:
+        """The pool, once ``start()`` made it."""
+        if self.pool is None:
+            raise RuntimeError("the ray rollout backend is not started; call start() first")
+        return self.pool
+
     def attach_run_dir(self, run_dir: Path) -> None:
         """Watch ``RUN_DIR/control/scale.json`` (written by ``polar scale``) while running."""
         self._watcher = ScaleWatcher(Path(run_dir))
@@ -131,13 +144,14 @@ class RayBackend:
     # --- the contract ---------------------------------------------------------------------------
     def publish_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.version = version
-        self.pool.publish(state_dict, version)
+        self._running().publish(state_dict, version)
 
     def next_fragment(self, timeout_s: float | None = None) -> Fragment:
         self._apply_scale_requests()
-        queued = self.pool.queue_depth() if self.autoscaler is not None and self.autoscaler.enabled else 0
+        pool = self._running()
+        queued = pool.queue_depth() if self.autoscaler is not None and self.autoscaler.enabled else 0
         t0 = time.monotonic()
-        frag = self.pool.next_fragment(timeout_s if timeout_s is not None else self.dist.worker_timeout_s)
+        frag = pool.next_fragment(timeout_s if timeout_s is not None else self.dist.worker_timeout_s)
         waited = time.monotonic() - t0
         lag = max(0, self.version - frag.policy_version)
         self._wait_s += waited
@@ -149,7 +163,7 @@ class RayBackend:
         return frag
 
     def set_num_workers(self, n: int) -> None:
-        self.pool.set_num_workers(n)
+        self._running().set_num_workers(n)
         self.num_workers = n
         self.num_envs = n * self.envs_per_worker
 
@@ -168,12 +182,13 @@ class RayBackend:
         a = self.autoscaler
         if a is None or not a.enabled:
             return
-        if self.pool.pending_workers:
+        pool = self._running()
+        if pool.pending_workers:
             a.reset()  # measure only while every worker is up, or a starting one reads as missing throughput
             return
         if not a.due():
             return
-        room = self.num_workers < a.cfg.max_rollout_workers and self.pool.room_for_one()
+        room = self.num_workers < a.cfg.max_rollout_workers and pool.room_for_one()
         n, reason, sig = a.step(self.num_workers, room)
         if n != self.num_workers:
             self._scale(n, reason, "autoscale", signals={
@@ -187,7 +202,7 @@ class RayBackend:
                 logger.debug("autoscale: %d rollout workers (%s)", n, reason)
             self._blocked = blocked
 
-    def _scale(self, n: int, reason: str, source: str, signals: dict | None = None) -> None:
+    def _scale(self, n: int, reason: str, source: str, signals: dict[str, float] | None = None) -> None:
         """Resize, and say so: the log, ``scale_events.jsonl`` in the run dir, ``rollout/scale_events``."""
         old = self.num_workers
         logger.info("%s: %d -> %d rollout workers (%s)", source, old, n, reason)

@@ -16,9 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from polar.distributed.cluster import wait_ready
 from polar.errors import DistributedError, PolarError
 from polar.rollout.backends.ray_actor import RolloutWorker, state_to_numpy
+from polar.types import Fragment
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class RayRolloutPool:
         self.start_timeout_s = start_timeout_s
         self.auto_relaunch = auto_relaunch
         self.inflight_per_worker = max(1, inflight_per_worker)  # 2: the next fragment starts while this one ships
-        opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+        opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
         if resources:
             opts["resources"] = dict(resources)
         self.actor_resources = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
@@ -83,7 +86,7 @@ class RayRolloutPool:
         self.slots: dict[int, _Slot] = {}
         self.inflight: dict[Any, int] = {}  # ObjectRef -> worker id
         self.version = -1
-        self.weights_box: list = []
+        self.weights_box: list[Any] = []  # [the ObjectRef of the newest weights] (Ray resolves it per call)
         self.stats = PoolStats()
         self.target_workers = num_workers
         for _ in range(num_workers):
@@ -162,7 +165,7 @@ class RayRolloutPool:
             self._spawn()
 
     # --- weights --------------------------------------------------------------------------------
-    def publish(self, state_dict, version: int) -> None:
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Broadcast weights: one object-store copy, read by every worker on its next fragment."""
         self.weights_box = [self._ray.put(state_to_numpy(state_dict))]
         self.version = version
@@ -210,7 +213,7 @@ class RayRolloutPool:
         done, _ = self._ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0, fetch_local=False)
         return len(done)
 
-    def next_fragment(self, timeout_s: float = 300.0, relaunch: bool | None = None):
+    def next_fragment(self, timeout_s: float = 300.0, relaunch: bool | None = None) -> Fragment:
         """The first fragment any worker finishes; failures are replaced and counted, never returned."""
         relaunch = self.auto_relaunch if relaunch is None else relaunch
         deadline = time.monotonic() + timeout_s
@@ -233,7 +236,7 @@ class RayRolloutPool:
             ref = done[0]
             wid = self.inflight.pop(ref)
             try:
-                frag = self._ray.get(ref)
+                frag: Fragment = self._ray.get(ref)
             except self._ray.exceptions.RayActorError as e:
                 self._replace(wid, e)
                 continue
@@ -251,13 +254,13 @@ class RayRolloutPool:
             self.stats.per_worker_steps[wid] = self.stats.per_worker_steps.get(wid, 0) + frag.env_steps
             return frag
 
-    def collect_round(self, timeout_s: float = 300.0) -> list:
+    def collect_round(self, timeout_s: float = 300.0) -> list[Fragment]:
         """Synchronous mode: one fresh fragment per live worker, all with the current weights."""
         for ref in list(self.inflight):  # nothing stale may leak into a synchronous batch
             self.inflight.pop(ref)
         want = self.num_workers
         self.fill(per_worker=1)
-        out = []
+        out: list[Fragment] = []
         while len(out) < want:
             frag = self.next_fragment(timeout_s, relaunch=False)
             if frag.policy_version != self.version:

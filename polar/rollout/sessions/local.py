@@ -11,40 +11,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import socket
-import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from polar.errors import GatewayError
 from polar.harness.agent.runners import HarnessRunner
+from polar.httpserver import ConnectionLimits, ThreadedUvicorn, bind, uvicorn_config
 from polar.rollout.sessions.nodes import NodeRegistry
-from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline
+from polar.rollout.sessions.pipeline import PipelineSettings, SessionPipeline, Verifier
 from polar.rollout.sessions.service import RolloutService, build_app, service_headers
 from polar.rollout.sessions.session import SessionResult
 from polar.rollout.sessions.store import SessionStore
+
+if TYPE_CHECKING:
+    from polar.config.gateway import GatewayConfig
+    from polar.inference.base import Engine
 
 log = logging.getLogger(__name__)
 
 
 class RolloutServer:
     """The rollout service on a background thread. ``url`` is its HTTP root once started; ``token`` (random,
-    in this process's memory only) is what its HTTP API asks of every client (``headers``)."""
+    in this process's memory only) is what its HTTP API asks of every client (``headers``). It serves through
+    :class:`polar.httpserver.ThreadedUvicorn` with the gateway's ``ConnectionLimits`` (``limits``): a client
+    dripping headers or holding idle sockets cannot hold the service that hands out every session."""
 
-    def __init__(self, runner: HarnessRunner, verifier: Any, settings: PipelineSettings,
-                 host: str = "127.0.0.1", port: int = 0, heartbeat_timeout_s: float = 30.0) -> None:
+    def __init__(self, runner: HarnessRunner, verifier: Verifier, settings: PipelineSettings,
+                 host: str = "127.0.0.1", port: int = 0, heartbeat_timeout_s: float = 30.0,
+                 limits: ConnectionLimits | None = None) -> None:
         self.runner, self.verifier, self.settings = runner, verifier, settings
         self.host, self.port = host, port
+        self.limits = limits or ConnectionLimits()
         self.token = secrets.token_urlsafe(32)
         self.registry = NodeRegistry(heartbeat_timeout_s)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pipeline: SessionPipeline | None = None
         self.service: RolloutService | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._uv: ThreadedUvicorn | None = None
 
     @property
     def url(self) -> str:
@@ -55,37 +61,32 @@ class RolloutServer:
         """What a polar client of this service sends with every request (the run's service token)."""
         return service_headers(self.token)
 
+    def _config(self) -> uvicorn.Config:
+        """On the server's thread, its loop current: the pipeline and the service are made on that loop."""
+        self.pipeline = SessionPipeline(self.runner, self.verifier, self.registry, self.settings)
+        self.service = RolloutService(self.pipeline, self.registry)
+        # log_config=None: uvicorn's default dictConfig would close the run's own log handlers
+        return uvicorn_config(build_app(self.service, self.token, self.host), self.limits, "rollout service",
+                              log_config=None)
+
+    async def _close(self) -> None:
+        if self.pipeline is not None:
+            await self.pipeline.aclose()
+        await self.registry.aclose()
+
     def start(self, timeout_s: float = 30.0) -> RolloutServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        try:
+            sock = bind(self.host, self.port)
+        except OSError as e:
+            raise GatewayError(f"the rollout service cannot listen on {self.host}:{self.port}: "
+                               f"{e.strerror or e}; pick another port (0 chooses a free one)") from None
         self.port = sock.getsockname()[1]
-        loop = self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            self.pipeline = SessionPipeline(self.runner, self.verifier, self.registry, self.settings)
-            self.service = RolloutService(self.pipeline, self.registry)
-            # log_config=None: uvicorn's default dictConfig would close the run's own log handlers
-            config = uvicorn.Config(build_app(self.service, self.token, self.host), lifespan="off", access_log=False, log_level="warning",
-                                    log_config=None)
-            self._server = uvicorn.Server(config)
-            ready.set()
-            try:
-                loop.run_until_complete(self._server.serve(sockets=[sock]))
-            finally:
-                loop.run_until_complete(self.pipeline.aclose())
-                loop.run_until_complete(self.registry.aclose())
-
-        self._thread = threading.Thread(target=run, name=f"polar-rollout:{self.port}", daemon=True)
-        self._thread.start()
-        ready.wait(timeout_s)
-        for _ in range(int(timeout_s / 0.01)):
-            if self._server is not None and self._server.started:
-                return self
-            threading.Event().wait(0.01)
-        raise GatewayError(f"the rollout service did not start within {timeout_s}s")
+        self._uv = ThreadedUvicorn(self._config, sock, f"polar-rollout:{self.port}", after=self._close)
+        self.loop = self._uv.loop
+        if not self._uv.start(timeout_s):
+            self.stop()
+            raise GatewayError(f"the rollout service did not start within {timeout_s}s")
+        return self
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> Any:
         if self.loop is None:
@@ -111,27 +112,27 @@ class RolloutServer:
             states = [await self.service.wait(i) for i in ids]
             return [list(s.results) for s in states]
 
-        return self.call(_run(), timeout_s)
+        results: list[list[SessionResult]] = self.call(_run(), timeout_s)
+        return results
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        if self._uv is not None:
+            self._uv.stop(timeout_s)
+            self._uv = None
+        self.loop = None
 
     def __enter__(self) -> RolloutServer:
-        return self.start() if self._thread is None else self
+        return self.start() if self._uv is None else self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
 class LocalStack:
     """Engine + gateway + rollout service for one run. ``run_groups`` collects; ``update_weights`` syncs."""
 
-    def __init__(self, engine: Any, runner: HarnessRunner, verifier: Any, settings: PipelineSettings,
-                 records_dir: str | Path | None = None, gateway_config: Any = None,
+    def __init__(self, engine: Engine, runner: HarnessRunner, verifier: Verifier, settings: PipelineSettings,
+                 records_dir: str | Path | None = None, gateway_config: GatewayConfig | None = None,
                  results_dir: str | Path | None = None) -> None:
         from polar.config.gateway import GatewayConfig
         from polar.gateway import GatewayServer
@@ -149,8 +150,9 @@ class LocalStack:
                               if results_dir is not None else None)
 
     @property
-    def engine(self) -> Any:
-        return self.gateway.engine
+    def engine(self) -> Engine:
+        engine: Engine = self.gateway.engine
+        return engine
 
     def start(self) -> LocalStack:
         self.gateway.start()
@@ -163,15 +165,17 @@ class LocalStack:
             raise
         return self
 
-    def run_groups(self, groups: list[tuple[dict[str, Any], int, dict[str, Any]]], timeout_s: float | None = None):
+    def run_groups(self, groups: list[tuple[dict[str, Any], int, dict[str, Any]]],
+                   timeout_s: float | None = None) -> list[list[SessionResult]]:
         out = self.rollout.run_groups(groups, timeout_s)
         if self.session_store is not None:
             self.session_store.append(r for g in out for r in g)
         return out
 
-    def update_weights(self, state_dict: Any, version: int) -> dict[str, Any]:
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> dict[str, Any]:
         """Through the gateway's drain: pause, wait for in-flight calls, swap, resume, bump the version."""
-        return self.gateway.update_weights(state_dict, version)
+        report: dict[str, Any] = self.gateway.update_weights(state_dict, version)
+        return report
 
     def stop(self) -> None:
         self.rollout.stop()
@@ -180,5 +184,5 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

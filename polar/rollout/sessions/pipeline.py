@@ -23,22 +23,25 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from polar.errors import GatewayError
 from polar.harness.agent.runners import HarnessOutcome, HarnessRunner, SessionContext
-from polar.harness.agent.verifiers import VerifyInput
+from polar.harness.agent.verifiers import Verdict, VerifyInput
 from polar.metrics.logs import trace
 from polar.rollout.sessions.nodes import GatewayNode, NodeRegistry
 from polar.rollout.sessions.session import SessionResult, SessionSpec, SessionStatus, mask_out
-from polar.types import CallRecord, new_session_key
+from polar.types import CallRecord, TrajectorySample, new_session_key
 
 log = logging.getLogger(__name__)
 
 STAGES = ("init", "run", "post_run")
+
+#: What scores a finished session: every verifier (built-in, user function, checked) is this call.
+Verifier = Callable[[VerifyInput], Awaitable[Verdict]]
 
 
 @dataclass
@@ -75,7 +78,7 @@ class _Stage:
         self.waiting = 0
 
     @contextlib.asynccontextmanager
-    async def slot(self):
+    async def slot(self) -> AsyncIterator[None]:
         self.waiting += 1
         try:
             await self.sem.acquire()
@@ -126,7 +129,7 @@ class _Live:
 class SessionPipeline:
     """Runs sessions on an asyncio loop. ``submit`` returns a task resolving to a :class:`SessionResult`."""
 
-    def __init__(self, runner: HarnessRunner, verifier: Any, registry: NodeRegistry, settings: PipelineSettings,
+    def __init__(self, runner: HarnessRunner, verifier: Verifier, registry: NodeRegistry, settings: PipelineSettings,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.runner = runner
         self.verifier = verifier
@@ -139,7 +142,7 @@ class SessionPipeline:
             "post_run": _Stage(settings.max_postrun_workers),
         }
         self._live: dict[str, _Live] = {}
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[str, asyncio.Task[SessionResult]] = {}
         self.sessions_redispatched = 0  # restarts on another node after a node was lost
         self.sessions_node_lost = 0  # sessions that ended in ERROR because no node could finish them
         root = settings.workspace_root
@@ -149,14 +152,20 @@ class SessionPipeline:
 
     # ---- public API ------------------------------------------------------------------------------
 
-    def submit(self, spec: SessionSpec) -> asyncio.Task:
+    def submit(self, spec: SessionSpec) -> asyncio.Task[SessionResult]:
         if spec.session_id in self._live:
             raise ValueError(f"session {spec.session_id!r} is already running")
         live = _Live(spec)
-        self._live[spec.session_id] = live
+        sid = spec.session_id
+        self._live[sid] = live
         task = asyncio.ensure_future(self._run(live))
-        self._tasks[spec.session_id] = task
-        task.add_done_callback(lambda _t, sid=spec.session_id: (self._live.pop(sid, None), self._tasks.pop(sid, None)))
+        self._tasks[sid] = task
+
+        def forget(_task: asyncio.Task[SessionResult]) -> None:
+            self._live.pop(sid, None)
+            self._tasks.pop(sid, None)
+
+        task.add_done_callback(forget)
         return task
 
     def cancel(self, session_id: str) -> bool:
@@ -355,6 +364,7 @@ class SessionPipeline:
                 live.outcome = HarnessOutcome(error=f"could not reserve session {key} on gateway node "
                                                     f"{live.node.node_id}: {e}")
                 return
+            assert live.workspace is not None  # made by INIT, which acquired the node
             ctx = SessionContext(
                 session_id=key, task=live.spec.task, workspace=live.workspace,
                 gateway_url=live.node.url, api_key=live.api_key, model=self.settings.model_name,
@@ -400,7 +410,7 @@ class SessionPipeline:
             return None
         return self.registry.lost(live.node) or await self.registry.probe(live.node, self.settings.node_probe_timeout_s)
 
-    def _samples(self, live: _Live, records: list[CallRecord]) -> tuple[list[Any], dict[str, Any]]:
+    def _samples(self, live: _Live, records: list[CallRecord]) -> tuple[list[TrajectorySample], dict[str, Any]]:
         from polar.trajectory import build
 
         samples, stats = build(records, self.settings.builder)

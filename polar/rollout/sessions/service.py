@@ -35,6 +35,7 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from polar.gateway.app import LOOPBACK_NAMES, HostOriginGuard
 from polar.rollout.sessions.nodes import NodeRegistry
@@ -87,10 +89,16 @@ class RolloutService:
         self.registry = registry
         self.tasks: dict[str, TaskState] = {}
         self.max_tasks_kept = max_tasks_kept
-        self._subscribers: set[asyncio.Queue] = set()
-        self._background: set[asyncio.Task] = set()
+        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._background: set[asyncio.Task[None]] = set()
         prev = pipeline.on_event
-        pipeline.on_event = lambda ev: (prev(ev) if prev else None, self.publish(ev))
+
+        def on_event(event: dict[str, Any]) -> None:
+            if prev is not None:
+                prev(event)
+            self.publish(event)
+
+        pipeline.on_event = on_event
 
     def publish(self, event: dict[str, Any]) -> None:
         event = {"time": time.time(), **event}
@@ -98,12 +106,12 @@ class RolloutService:
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(event)
 
-    def subscribe(self, maxsize: int = 10_000) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue(maxsize)
+    def subscribe(self, maxsize: int = 10_000) -> asyncio.Queue[dict[str, Any]]:
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
         self._subscribers.add(q)
         return q
 
-    def unsubscribe(self, q: asyncio.Queue) -> None:
+    def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
         self._subscribers.discard(q)
 
     async def submit(self, task: dict[str, Any], num_samples: int = 1, metadata: dict[str, Any] | None = None,
@@ -126,12 +134,12 @@ class RolloutService:
             spec = SessionSpec(sid, task, task_id=task_id, group_id=group_id, sample_index=i, metadata=dict(state.metadata))
             jobs.append(self.pipeline.submit(spec))
         self.publish({"type": "task", "task_id": task_id, "status": "running", "num_samples": state.num_samples})
-        task = asyncio.ensure_future(self._collect(state, jobs))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        collecting = asyncio.ensure_future(self._collect(state, jobs))
+        self._background.add(collecting)
+        collecting.add_done_callback(self._background.discard)
         return task_id
 
-    async def _collect(self, state: TaskState, jobs: list[asyncio.Task]) -> None:
+    async def _collect(self, state: TaskState, jobs: list[asyncio.Task[SessionResult]]) -> None:
         for fut in asyncio.as_completed(jobs):
             try:
                 state.results.append(await fut)
@@ -232,7 +240,7 @@ class _ServiceAuth:
     def __init__(self, app: Starlette, token: str) -> None:
         self.app, self.token = app, token
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") != "/health":
             if not _authorized(Request(scope), self.token):
                 await _error(401, "the rollout service needs its run's token (Authorization: Bearer ...); "
@@ -241,7 +249,7 @@ class _ServiceAuth:
         await self.app(scope, receive, send)
 
 
-def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> Any:
+def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> HostOriginGuard:
     """The HTTP app; ``token`` (required, random per run) guards every route but ``/health``."""
     if len(token) < 16:
         raise ValueError("the rollout service token must be a random string of at least 16 characters "
@@ -291,7 +299,7 @@ def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> A
         max_events = int(request.query_params.get("max_events", 0) or 0)
         q = service.subscribe()
 
-        async def stream():
+        async def stream() -> AsyncIterator[bytes]:
             sent = 0
             try:
                 yield b": polar rollout events\n\n"

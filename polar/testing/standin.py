@@ -28,7 +28,7 @@ do; a weight load reads the folder's ``*.safetensors`` into the engine (:meth:`E
 
 Tokens come from any polar :class:`Engine`: the embedded tiny model (real ids and logprobs, for
 faithfulness tests) or :class:`FixedEngine` (instant fixed tokens, for overhead benchmarks).
-Run one in its own process with ``python -m polar.inference.standin --api vllm --port 8001``.
+Run one in its own process with ``python -m polar.testing.standin --api vllm --port 8001``.
 """
 
 from __future__ import annotations
@@ -553,7 +553,7 @@ class StandinServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m polar.inference.standin --api vllm --port 8001 [--engine fixed|tiny] [--tokens 16]``."""
+    """``python -m polar.testing.standin --api vllm --port 8001 [--engine fixed|tiny] [--tokens 16]``."""
     import uvicorn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
