@@ -18,8 +18,9 @@ Processes (all on 127.0.0.1):
   then a second run gets ``--stored`` session rows (the real rows, renamed) and the dashboard serves its
   first page of sessions from a cold start.
 
-Reported: sessions/s (first submit to last result), the latency of a model call through the gateway under
-that load (p50/p99; the engine costs nothing, so this is what the gateway and its loop add), the gateway's
+Reported: sessions/s (first submit to last result), calls/s while every session calls at once, the latency
+of a model call through the gateway under that load (p50/p99; the engine costs nothing, so this is what the
+gateway adds: with every session calling at once it is mostly the wait for the calls ahead), the gateway's
 RSS and open file descriptors per concurrent session (peak minus idle, over the sessions), and records lost
 (calls the harnesses made that are missing from what the pipeline read back or from the files on disk).
 
@@ -138,12 +139,15 @@ class TrivialHarness:
         self.latencies_s: list[float] = []
         self.calls_ok = 0
         self.errors: list[str] = []
+        self.released_at = 0.0  # when the last session started, and every harness began calling
+        self.last_call_end = 0.0
 
     async def run(self, ctx: Any, timeout_s: float, cancel: asyncio.Event) -> Any:
         from polar.harness.agent.runners import HarnessOutcome
 
         self.started += 1
         if self.started >= self.sessions:
+            self.released_at = time.perf_counter()
             self.all_started.set()
         await asyncio.wait_for(self.all_started.wait(), timeout_s)
         from polar.inference._http1 import Http1Pool, HttpError
@@ -159,7 +163,8 @@ class TrivialHarness:
                 except HttpError as e:
                     self.errors.append(f"{type(e).__name__}: {e}")
                     continue
-                self.latencies_s.append(time.perf_counter() - t0)
+                self.last_call_end = time.perf_counter()
+                self.latencies_s.append(self.last_call_end - t0)
                 if status != 200:
                     self.errors.append(f"HTTP {status}: {data[:200]!r}")
                     continue
@@ -211,7 +216,7 @@ async def run_sessions(url: str, token: str, gw_pid: int, n: int, calls: int, ru
     lat = sorted(harness.latencies_s)
     return {
         "sessions": n, "calls_per_session": calls, "elapsed_s": elapsed_s, "sessions_per_s": n / elapsed_s,
-        "calls_ok": harness.calls_ok, "call_errors": len(harness.errors), "first_errors": harness.errors[:3],
+        "calls_ok": harness.calls_ok, "calls_per_s": harness.calls_ok / max(1e-9, harness.last_call_end - harness.released_at), "call_errors": len(harness.errors), "first_errors": harness.errors[:3],
         "p50_ms": 1000 * lat[len(lat) // 2] if lat else float("nan"),
         "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
         "records_read_back": sum(r.num_calls for r in results), "statuses": statuses,
@@ -319,12 +324,13 @@ def report(r: dict[str, Any]) -> None:
     print(f"\nload average {r['load'][0]:.2f} {r['load'][1]:.2f} {r['load'][2]:.2f} on {os.cpu_count()} cores; "
           f"open-files limit: soft {r['nofile_soft_before']}" + (f" -> raised to {r['nofile_soft']}" if r['nofile_soft'] != r['nofile_soft_before'] else "")
           + f" (hard {r['nofile_hard']})")
-    print("\n| concurrent sessions | calls | sessions/s | call p50 ms | call p99 ms | RSS per session | fds per session "
-          "| records lost | statuses |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| concurrent sessions | calls | sessions/s | calls/s | call p50 ms | call p99 ms | RSS per session "
+          "| fds per session | records lost | statuses |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rss = (r["peak_rss"] - r["idle_rss"]) / n
     fds = (r["peak_fds"] - r["idle_fds"]) / n
-    print(f"| {n} | {r['calls_ok']}/{r['expected_records']} | {r['sessions_per_s']:.1f} | {r['p50_ms']:.1f} | "
+    print(f"| {n} | {r['calls_ok']}/{r['expected_records']} | {r['sessions_per_s']:.1f} | {r['calls_per_s']:.0f} | "
+          f"{r['p50_ms']:.1f} | "
           f"{r['p99_ms']:.1f} | {rss / 1024:.1f} KiB | {fds:.2f} | {r['records_lost']} | "
           + ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())) + " |")
     print(f"\ngateway: idle {r['idle_rss'] / 2**20:.0f} MiB / {r['idle_fds']} fds, peak {r['peak_rss'] / 2**20:.0f} MiB / "

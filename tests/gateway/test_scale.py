@@ -46,3 +46,24 @@ def test_many_sessions_claimed_at_once_wait_in_the_registry_not_in_the_http_pool
     assert most_in_pool <= MAX_NODE_REQUESTS, f"{most_in_pool} requests queued in httpx's pool at once"
     store = gw.app.store
     assert all(store.owner(sid) == key_hash(key) for sid, key in keys.items())
+
+
+def test_control_plane_benchmark_runs_at_small_scale_and_loses_no_record(tmp_path):
+    """``benchmarks/control_plane_scale.py`` end to end (its own gateway process, the session pipeline, the
+    dashboard) at 50 sessions and 2,000 stored: every call is recorded and the tables come out."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "control_plane_scale.py"
+    out = tmp_path / "scale.json"
+    p = subprocess.run([sys.executable, str(script), "--sessions", "50", "--calls", "2", "--stored", "2000",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["records_lost"] == 0 and r["records_on_disk"] == r["records_read_back"] == 100
+    assert r["statuses"] == {"done": 50} and r["call_errors"] == 0
+    assert r["total"] == 2000
+    assert "| concurrent sessions |" in p.stdout and "| 50 | 100/100 |" in p.stdout
+    assert "| sessions stored |" in p.stdout and "| 2,000 |" in p.stdout
