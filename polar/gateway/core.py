@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 # builds its prompt there when at most this many characters of it are not in the tokenizer's segment
 # cache: a worker-thread hop costs more than encoding them (docs/benchmarks.md, gateway profile).
 INLINE_ENCODE_CHARS = 2048
+INLINE_MESSAGES = 256  # more messages than this: rendered off the loop too (the template's work grows with them)
 
 
 def engine_error(e: BaseException) -> ApiError:
@@ -162,7 +163,7 @@ class Call:
         """On the event loop when the call is small and its new text short (``INLINE_ENCODE_CHARS``), else on
         a worker thread: a prompt of megabytes takes seconds to tokenize (the tokenizer releases the GIL),
         and the event loop keeps serving meanwhile."""
-        if self.inline:
+        if self.inline and len(self.req.messages) <= INLINE_MESSAGES:
             try:
                 return self._prompt_request(INLINE_ENCODE_CHARS)
             except WouldBlock:  # raised before anything was tokenized: start again off the loop
