@@ -74,8 +74,9 @@ def _points(request: Request) -> int:
 def _session_summary(row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """A sessions-table row: the listed fields, the output cut to 200 characters."""
     out = {k: row.get(k) for k in fields}
-    if isinstance(out.get("output"), str):
-        out["output"] = out["output"][:200]
+    text = out.get("output")
+    if isinstance(text, str):
+        out["output"] = text[:200]
     return out
 
 

@@ -143,15 +143,16 @@ class PromptBuilder:
             floor = self.min_tokens(text)
             if floor > limit:
                 raise TooManyTokens(floor)
-        plain = self._marking is None or self._marking[2] not in text
+        marking = self._marking
+        plain = marking is None or marking[2] not in text
         if inline_chars is not None:
             if plain and self.segments is not None:
                 return self.segments.encode(text, limit, inline_chars)
             if len(text) > inline_chars:
                 raise WouldBlock
-        if plain:
+        if marking is None or plain:
             return self.encode(text) if limit is None else self.encode(text, limit)
-        ids = list(self._marking[1](self.tokenizer, text))
+        ids = list(marking[1](self.tokenizer, text))
         if limit is not None and len(ids) > limit:
             raise TooManyTokens(len(ids))
         return ids
