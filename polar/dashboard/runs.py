@@ -79,7 +79,7 @@ class JsonlTail:
         self.rows: list[dict[str, Any]] = []
         self.skipped = 0
         self.lock = threading.Lock()
-        self.starts: list[int] = []  # byte offset of each non-blank complete line, for ``page``
+        self.starts: np.ndarray = np.zeros(0, np.int64)  # byte offset of each non-blank complete line, for ``page``
         self.indexed = 0  # bytes of the file ``starts`` covers
         self.page_lock = threading.Lock()  # not ``lock``: a page never waits for a full parse under way
 
@@ -93,7 +93,7 @@ class JsonlTail:
             except OSError:
                 return [], 0
             if size < self.indexed:
-                self.starts, self.indexed = [], 0
+                self.starts, self.indexed = np.zeros(0, np.int64), 0
             if self.offset == size:  # every row is parsed already (``update``): page from them
                 rows = self.rows
                 return rows[offset:offset + limit], len(rows)
@@ -101,19 +101,14 @@ class JsonlTail:
                 if size > self.indexed:
                     f.seek(self.indexed)
                     data = f.read(size - self.indexed)
-                    pos, end = 0, data.rfind(b"\n")
-                    while pos <= end:
-                        nl = data.index(b"\n", pos)
-                        if data[pos:pos + 1] not in (b" ", b"\t", b"\r", b"\n") or data[pos:nl].strip():
-                            self.starts.append(self.indexed + pos)
-                        pos = nl + 1
-                    self.indexed += pos
-                chosen = self.starts[offset:offset + limit] if offset >= 0 else []
-                if not chosen:
+                    self.starts = np.concatenate([self.starts, self.indexed + _line_starts(data)])
+                    self.indexed += data.rfind(b"\n") + 1
+                chosen = self.starts[offset:offset + limit] if offset >= 0 else self.starts[:0]
+                if not len(chosen):
                     return [], len(self.starts)
-                stop = self.starts[offset + limit] if offset + limit < len(self.starts) else self.indexed
-                f.seek(chosen[0])
-                data = f.read(stop - chosen[0])
+                stop = int(self.starts[offset + limit]) if offset + limit < len(self.starts) else self.indexed
+                f.seek(int(chosen[0]))
+                data = f.read(stop - int(chosen[0]))
         rows = []
         for line in data.splitlines():
             try:
@@ -152,6 +147,18 @@ class JsonlTail:
                         else:
                             self.skipped += 1
             return self.rows
+
+
+def _line_starts(data: bytes) -> np.ndarray:
+    """Offsets of the non-blank complete lines of ``data`` (vectorized: 100,000 lines in milliseconds)."""
+    buf = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.concatenate([np.zeros(1, np.int64), ends[:-1] + 1]) if len(ends) else np.zeros(0, np.int64)
+    maybe_blank = np.flatnonzero(np.isin(buf[np.minimum(starts, len(buf) - 1)], (9, 10, 13, 32)) if len(starts) else [])
+    keep = np.ones(len(starts), bool)
+    for i in maybe_blank:  # lines that begin with whitespace: rare, checked one by one
+        keep[i] = bool(data[starts[i]:ends[i]].strip())
+    return starts[keep].astype(np.int64)
 
 
 class Run:

@@ -72,3 +72,11 @@ def test_small_session_store_pages_from_parsed_rows(tmp_path, serve, offset):
         page = http.get("/api/sessions", params={"run": "agent", "offset": offset, "limit": 3}).json()
     assert page["total"] == 10 and "1 corrupt lines" in page["note"]
     assert [r["session_id"] for r in page["rows"]] == [f"s{i:06d}" for i in range(offset, offset + 3)]
+
+
+def test_line_index_skips_blank_and_whitespace_lines_and_waits_for_a_torn_one():
+    from polar.dashboard.runs import _line_starts
+
+    data = b'{"a": 1}\n\n   \n  {"b": 2}\n\t\r\n{"c": 3}\n{"torn'
+    assert _line_starts(data).tolist() == [0, 14, 28]
+    assert _line_starts(b"").tolist() == [] and _line_starts(b"no newline yet").tolist() == []
