@@ -23,6 +23,7 @@ from polar.trainers.run_dir import run_status
 log = logging.getLogger(__name__)
 
 MAX_RUN_DEPTH = 3  # run folders are looked for this deep under the runs folder
+INDEX_CHUNK_BYTES = 16 << 20  # how much of the index file one step of the line index reads
 PAGED_INDEX_BYTES = 4 << 20  # a bigger sessions/index.jsonl is paged without parsing every row (``JsonlTail.page``)
 MAX_TOKENS_SHOWN = 20_000  # per sample: a huge session shows its first tokens and says how many it left out
 MAX_CALLS_SHOWN = 200
@@ -98,11 +99,18 @@ class JsonlTail:
                 rows = self.rows
                 return rows[offset:offset + limit], len(rows)
             with open(self.path, "rb") as f:
-                if size > self.indexed:
+                if size > self.indexed:  # index what was appended, a chunk at a time (bounded memory)
                     f.seek(self.indexed)
-                    data = f.read(size - self.indexed)
-                    self.starts = np.concatenate([self.starts, self.indexed + _line_starts(data)])
-                    self.indexed += data.rfind(b"\n") + 1
+                    parts, base, pending = [self.starts], self.indexed, b""
+                    while chunk := f.read(INDEX_CHUNK_BYTES):
+                        data = pending + chunk
+                        end = data.rfind(b"\n")
+                        if end < 0:  # a line longer than a chunk so far
+                            pending = data
+                            continue
+                        parts.append(base + _line_starts(data[:end + 1]))
+                        base, pending = base + end + 1, data[end + 1:]
+                    self.starts, self.indexed = np.concatenate(parts), base
                 chosen = self.starts[offset:offset + limit] if offset >= 0 else self.starts[:0]
                 if not len(chosen):
                     return [], len(self.starts)

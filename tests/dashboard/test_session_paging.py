@@ -80,3 +80,19 @@ def test_line_index_skips_blank_and_whitespace_lines_and_waits_for_a_torn_one():
     data = b'{"a": 1}\n\n   \n  {"b": 2}\n\t\r\n{"c": 3}\n{"torn'
     assert _line_starts(data).tolist() == [0, 14, 28]
     assert _line_starts(b"").tolist() == [] and _line_starts(b"no newline yet").tolist() == []
+
+
+def test_line_index_read_in_small_chunks_finds_every_row(tmp_path, monkeypatch):
+    """Chunks end mid-line, and one line is longer than a chunk: the index is the same as in one read."""
+    from polar.dashboard import runs
+
+    run = make_run(tmp_path / "runs" / "agent", kind="agentic-grpo")
+    write_index(run, 300)
+    with open(run / "sessions" / "index.jsonl", "a") as f:
+        f.write(json.dumps({"session_id": "long", "output": "z" * 5000}) + "\n")
+    write_index(run, 20, start=300)
+    monkeypatch.setattr(runs, "INDEX_CHUNK_BYTES", 1000)
+    tail = runs.JsonlTail(run / "sessions" / "index.jsonl")
+    rows, total = tail.page(295, 10)
+    assert total == 321 and [r["session_id"] for r in rows] == [*(f"s{i:06d}" for i in range(295, 300)), "long",
+                                                                  *(f"s{i:06d}" for i in range(300, 304))]
