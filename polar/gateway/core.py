@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 # cache: a worker-thread hop costs more than encoding them (docs/benchmarks.md, gateway profile).
 INLINE_ENCODE_CHARS = 2048
 INLINE_MESSAGES = 256  # more messages than this: rendered off the loop too (the template's work grows with them)
+INLINE_STOP_CHARS = 1024  # stop strings longer than this in all: their automaton is built off the loop
 
 
 def engine_error(e: BaseException) -> ApiError:
@@ -163,7 +164,8 @@ class Call:
         """On the event loop when the call is small and its new text short (``INLINE_ENCODE_CHARS``), else on
         a worker thread: a prompt of megabytes takes seconds to tokenize (the tokenizer releases the GIL),
         and the event loop keeps serving meanwhile."""
-        if self.inline and len(self.req.messages) <= INLINE_MESSAGES:
+        req = self.req
+        if self.inline and len(req.messages) <= INLINE_MESSAGES and sum(map(len, req.stop or ())) <= INLINE_STOP_CHARS:
             try:
                 return self._prompt_request(INLINE_ENCODE_CHARS)
             except WouldBlock:  # raised before anything was tokenized: start again off the loop

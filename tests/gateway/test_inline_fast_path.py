@@ -30,10 +30,13 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def chat(gw: Any, sid: str, content: str, tools: list[dict[str, Any]] | None = None, status: int = 200) -> dict[str, Any]:
+def chat(gw: Any, sid: str, content: str, tools: list[dict[str, Any]] | None = None, status: int = 200,
+         stop: list[str] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
     if tools:
         body["tools"] = tools
+    if stop:
+        body["stop"] = stop
     r = httpx.post(f"{gw.url}/s/{sid}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == status, r.text
     return r.json()
@@ -50,7 +53,7 @@ def test_a_small_call_takes_no_worker_thread_hop(gateway, scripted, hops):
 
 
 def test_new_tools_and_long_new_text_still_go_off_the_loop(gateway, scripted, hops):
-    gw = gateway(scripted(["ok"] * 4))
+    gw = gateway(scripted(["ok"] * 5))
     chat(gw, "t", "Look around.", TOOLS)  # tools never seen: their schemas are checked on a worker thread
     assert any("parse_request" in h for h in hops), hops
     hops.clear()
@@ -59,8 +62,11 @@ def test_new_tools_and_long_new_text_still_go_off_the_loop(gateway, scripted, ho
     words = " ".join(f"w{i}x{i * 7 % 13}" for i in range(400))  # ~3k characters the tokenizer has not seen
     chat(gw, "long", words)
     assert any("_prompt_request" in h for h in hops), hops
+    hops.clear()
+    chat(gw, "stops", "Short.", stop=[f"{c}" * 500 for c in "abc"])  # 1,500 characters of stop strings
+    assert any("_prompt_request" in h for h in hops), hops
     big = "y " * 40_000  # a body over 64 KiB is parsed off the loop as well (then refused: too many tokens)
     hops.clear()
     chat(gw, "big", big, status=400)
     assert hops and "lambda" in hops[0], hops
-    assert all(len(gw.records(s)) == 1 for s in ("t", "t2", "long"))
+    assert all(len(gw.records(s)) == 1 for s in ("t", "t2", "long", "stops"))
