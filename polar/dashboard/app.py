@@ -310,7 +310,10 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
             sel = [r for r in rows if r.get("step") == near]
         if qp.get("status"):
             sel = [r for r in sel if r.get("status") == qp["status"]]
-        page = [_session_summary(r, session_fields) for r in sel[offset:offset + limit]]
+        page = [{k: r.get(k) for k in session_fields} for r in sel[offset:offset + limit]]
+        for p in page:
+            if isinstance(p.get("output"), str):
+                p["output"] = p["output"][:200]
         return JSONResponse({"run": run.id, "total": len(sel), "all": len(rows), "offset": offset, "rows": page,
                              "note": note, "step": sel[0].get("step") if qp.get("step") and sel else None})
 
