@@ -2,6 +2,8 @@
 upstream, against calling that upstream directly. One run, same machine, same load generator.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--repeats 3] [--litellm-venv .bench-venvs/litellm]
+    .venv/bin/python benchmarks/gateway_overhead.py --concurrency 1 --skip-litellm --repeats 6 \
+        --baseline /tmp/old-tree   # also a gateway from another checkout (git worktree), alternating with this one
 
 Set up the LiteLLM side once, in its own venv so it cannot disturb polar's:
 
@@ -39,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -104,8 +107,8 @@ def serve_polar_in_process_engine(port: int, records: str) -> None:
 
     engine = FixedEngine(n_tokens=16)
     engine.tokenizer, engine.model_name, engine.default_stop_token_ids = build_tiny_tokenizer(), "tiny", []
-    server = GatewayServer(GatewayConfig(port=port), engine=engine, records_dir=records).start()
-    server._thread.join()
+    GatewayServer(GatewayConfig(port=port), engine=engine, records_dir=records).start()
+    threading.Event().wait()  # the server runs on its own thread until SIGTERM ends the process
 
 
 def serve_bare_proxy(port: int, upstream_port: int) -> None:
@@ -255,6 +258,9 @@ def main() -> int:
     ap.add_argument("--litellm-venv", default=str(ROOT / ".bench-venvs" / "litellm"))
     ap.add_argument("--skip-litellm", action="store_true")
     ap.add_argument("--out", default=None, help="write the raw results as JSON here")
+    ap.add_argument("--baseline", default=None, metavar="TREE",
+                    help="also run the gateway from this source tree (e.g. a git worktree of an older commit) as "
+                         "'polar-baseline', measured in the same repeats as 'polar', for a before/after on a shared box")
     args = ap.parse_args()
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
@@ -277,6 +283,13 @@ def main() -> int:
         procs["polar"] = start([py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}",
                                 "--port", str(gw_port), "--records-dir", str(tmp / "records")], env, tmp / "polar.log")
         polar_start_s = wait_http(f"http://127.0.0.1:{gw_port}/health", 180)
+        if args.baseline:
+            bl_port = free_port()
+            procs["polar-baseline"] = start(
+                [py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}", "--port", str(bl_port),
+                 "--records-dir", str(tmp / "records-baseline")],
+                {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}, tmp / "polar-baseline.log")
+            wait_http(f"http://127.0.0.1:{bl_port}/health", 180)
         procs["polar-inproc"] = start([py, __file__, "--serve-polar-fixed", str(fx_port), "--records", str(tmp / "records-inproc")],
                                       env, tmp / "polar-inproc.log")
         wait_http(f"http://127.0.0.1:{fx_port}/health", 180)
@@ -288,6 +301,8 @@ def main() -> int:
             "polar-inproc": (f"http://127.0.0.1:{fx_port}/s/{{sid}}/v1/chat/completions", {}, True),
             "bare-proxy": (f"http://127.0.0.1:{bp_port}/v1/chat/completions", {}, False),
         }
+        if args.baseline:
+            targets["polar-baseline"] = (f"http://127.0.0.1:{bl_port}/s/{{sid}}/v1/chat/completions", {}, True)
         litellm_start_s = None
         if not args.skip_litellm:
             exe = Path(args.litellm_venv) / "bin" / "litellm"
@@ -344,7 +359,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, polar_s: flo
     summary: dict[tuple[int, str], dict[str, float]] = {}
     for conc in args.concurrency:
         direct = [r for r in results if r["concurrency"] == conc and r["target"] == "direct"]
-        for name in ("direct", "polar", "polar-inproc", "bare-proxy", "litellm"):
+        for name in ("direct", "polar", "polar-baseline", "polar-inproc", "bare-proxy", "litellm"):
             rows = [r for r in results if r["concurrency"] == conc and r["target"] == name]
             if not rows:
                 continue

@@ -71,6 +71,15 @@ def _points(request: Request) -> int:
     return n
 
 
+def _session_summary(row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """A sessions-table row: the listed fields, the output cut to 200 characters."""
+    out = {k: row.get(k) for k in fields}
+    text = out.get("output")
+    if isinstance(text, str):
+        out["output"] = text[:200]
+    return out
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -287,6 +296,10 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
         run = run_of(request)
         qp = request.query_params
         offset, limit = int(qp.get("offset", "0")), min(500, int(qp.get("limit", "100")))
+        if not qp.get("step") and not qp.get("status"):  # a plain page: only its rows are read
+            page_rows, total, note = await asyncio.to_thread(run.session_page, offset, limit)
+            return JSONResponse({"run": run.id, "total": total, "all": total, "offset": offset, "note": note,
+                                 "rows": [_session_summary(r, session_fields) for r in page_rows], "step": None})
         rows, note = await asyncio.to_thread(run.session_rows)
         sel = rows
         if qp.get("step"):
@@ -454,7 +467,8 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
                 try:
                     run.metrics.update_all()
                     run.metrics.warm_curves()
-                    run.sessions.update()
+                    if not run.sessions_paged():  # a big store is paged, and parsed whole only when a filter needs it
+                        run.sessions.update()
                 except Exception:
                     log.exception("dashboard: indexing %s failed", run.path)
         finally:

@@ -23,6 +23,8 @@ from polar.trainers.run_dir import run_status
 log = logging.getLogger(__name__)
 
 MAX_RUN_DEPTH = 3  # run folders are looked for this deep under the runs folder
+INDEX_CHUNK_BYTES = 16 << 20  # how much of the index file one step of the line index reads
+PAGED_INDEX_BYTES = 4 << 20  # a bigger sessions/index.jsonl is paged without parsing every row (``JsonlTail.page``)
 MAX_TOKENS_SHOWN = 20_000  # per sample: a huge session shows its first tokens and says how many it left out
 MAX_CALLS_SHOWN = 200
 MAX_TEXT = 4_000  # characters of one message or output shown
@@ -78,6 +80,52 @@ class JsonlTail:
         self.rows: list[dict[str, Any]] = []
         self.skipped = 0
         self.lock = threading.Lock()
+        self.starts: np.ndarray = np.zeros(0, np.int64)  # byte offset of each non-blank complete line, for ``page``
+        self.indexed = 0  # bytes of the file ``starts`` covers
+        self.page_lock = threading.Lock()  # not ``lock``: a page never waits for a full parse under way
+
+    def page(self, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Rows ``offset``..``offset+limit`` and the number of lines, parsing only that page: a store of
+        100,000 sessions shows its first page without reading every row. (Until every row was parsed, the
+        count includes lines that turn out corrupt; those are left out of the page.)"""
+        with self.page_lock:
+            try:
+                size = os.path.getsize(self.path)
+            except OSError:
+                return [], 0
+            if size < self.indexed:
+                self.starts, self.indexed = np.zeros(0, np.int64), 0
+            if self.offset == size:  # every row is parsed already (``update``): page from them
+                rows = self.rows
+                return rows[offset:offset + limit], len(rows)
+            with open(self.path, "rb") as f:
+                if size > self.indexed:  # index what was appended, a chunk at a time (bounded memory)
+                    f.seek(self.indexed)
+                    parts, base, pending = [self.starts], self.indexed, b""
+                    while chunk := f.read(INDEX_CHUNK_BYTES):
+                        data = pending + chunk
+                        end = data.rfind(b"\n")
+                        if end < 0:  # a line longer than a chunk so far
+                            pending = data
+                            continue
+                        parts.append(base + _line_starts(data[:end + 1]))
+                        base, pending = base + end + 1, data[end + 1:]
+                    self.starts, self.indexed = np.concatenate(parts), base
+                chosen = self.starts[offset:offset + limit] if offset >= 0 else self.starts[:0]
+                if not len(chosen):
+                    return [], len(self.starts)
+                stop = int(self.starts[offset + limit]) if offset + limit < len(self.starts) else self.indexed
+                f.seek(int(chosen[0]))
+                data = f.read(stop - int(chosen[0]))
+        rows = []
+        for line in data.splitlines():
+            try:
+                row = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows, len(self.starts)
 
     def update(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -107,6 +155,18 @@ class JsonlTail:
                         else:
                             self.skipped += 1
             return self.rows
+
+
+def _line_starts(data: bytes) -> np.ndarray:
+    """Offsets of the non-blank complete lines of ``data`` (vectorized: 100,000 lines in milliseconds)."""
+    buf = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.concatenate([np.zeros(1, np.int64), ends[:-1] + 1]) if len(ends) else np.zeros(0, np.int64)
+    maybe_blank = np.flatnonzero(np.isin(buf[np.minimum(starts, len(buf) - 1)], (9, 10, 13, 32)) if len(starts) else [])
+    keep = np.ones(len(starts), bool)
+    for i in maybe_blank:  # lines that begin with whitespace: rare, checked one by one
+        keep[i] = bool(data[starts[i]:ends[i]].strip())
+    return starts[keep].astype(np.int64)
 
 
 class Run:
@@ -157,6 +217,19 @@ class Run:
                    for p in sorted(rec.glob("*.jsonl")) if within(self.root.resolve(), p)]
             return out, "no sessions/index.jsonl: sessions listed from their gateway call records (no rewards)"
         return [], None
+
+    def sessions_paged(self) -> bool:
+        """Whether the sessions table pages ``sessions/index.jsonl`` without parsing every row (a big store)."""
+        return _size(self.inside("sessions/index.jsonl")) > PAGED_INDEX_BYTES
+
+    def session_page(self, offset: int, limit: int) -> tuple[list[dict[str, Any]], int, str | None]:
+        """One page of session summaries, the total, and a note; only the page's rows are parsed."""
+        if self.sessions_paged():  # big: index the lines, parse one page
+            rows, total = self.sessions.page(offset, limit)
+            if total:
+                return rows, total, None
+        rows, note = self.session_rows()  # small: parse every row (the total leaves corrupt lines out)
+        return rows[offset:offset + limit], len(rows), note
 
     def session(self, sid: str) -> dict[str, Any]:
         rows, _ = self.session_rows()

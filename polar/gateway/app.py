@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import math
 import socket
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -190,6 +191,7 @@ class GatewayApp:
             engine.configure_sync(config.sync, Path(records_dir).parent / "weight_sync" if records_dir else None)
         self.model_names = [engine.model_name, *[a for a in config.model_aliases if a != engine.model_name]]
         self._swap_lock: asyncio.Lock | None = None
+        self._known_tools: OrderedDict[bytes, None] = OrderedDict()  # tool lists that passed validation
         fast_routes = {
             "/v1/chat/completions": self._provider(openai_chat),
             "/v1/responses": self._provider(openai_responses),
@@ -282,20 +284,18 @@ class GatewayApp:
         async def endpoint(request: Request) -> Response:
             try:
                 raw = await self._read(request)
-                # parsed and validated on a worker thread: checking a tool schema costs ~5 us per byte the first
-                # time it is seen (jsonschema), so even a small body could hold the event loop for a while
-                req = await asyncio.to_thread(lambda: provider.parse_request(_parse_json(raw, request), request))
+                req, inline = await self._parse(provider, raw, request)
                 self.check_model(req.model)
                 sid = session_of(request)
                 self._may_append(request, sid)
                 if req.stream:
-                    call = await self.core.start(req, sid)
+                    call = await self.core.start(req, sid, inline)
                     try:  # once built, the response's own finally closes the call
                         return SSEResponse(provider.stream(req, call), call.close, {"x-polar-session": sid})
                     except BaseException as e:  # building it failed: record the call, leave the drain gate
                         await call.close(e)
                         raise
-                done = await until_disconnect(request, self._call(req, sid))
+                done = await until_disconnect(request, self._call(req, sid, inline))
                 if done is None:  # the client hung up: generation was cancelled, the record says so
                     return Response(status_code=499)
                 call, out = done
@@ -313,8 +313,30 @@ class GatewayApp:
 
         return endpoint
 
-    async def _call(self, req: Any, sid: str) -> tuple[Any, Any]:
-        call = await self.core.start(req, sid)
+    async def _parse(self, provider: Any, raw: bytes, request: Request) -> tuple[Any, bool]:
+        """The request, and whether the call is small enough to stay on the event loop.
+
+        A body of at most ``INLINE_PARSE_BYTES`` whose tools were seen before (or that has none) is parsed
+        and validated on the loop: a worker-thread hop costs more than that. Any other body goes to a worker
+        thread: checking a tool schema costs ~5 us per byte the first time it is seen (jsonschema)."""
+        if len(raw) > INLINE_PARSE_BYTES:
+            return await asyncio.to_thread(lambda: provider.parse_request(_parse_json(raw, request), request)), False
+        body = _parse_json(raw, request)
+        tools = body.get("tools")
+        if tools is None:
+            return provider.parse_request(body, request), True
+        seen = orjson.dumps(tools)
+        if seen in self._known_tools:
+            self._known_tools.move_to_end(seen)
+            return provider.parse_request(body, request), True
+        req = await asyncio.to_thread(provider.parse_request, body, request)
+        self._known_tools[seen] = None  # valid: the next call with these tools is parsed on the loop
+        while len(self._known_tools) > KNOWN_TOOLS_MAX:
+            self._known_tools.popitem(last=False)
+        return req, True
+
+    async def _call(self, req: Any, sid: str, inline: bool = False) -> tuple[Any, Any]:
+        call = await self.core.start(req, sid, inline)
         return call, await self.core.finish(call)
 
     async def count_tokens(self, request: Request) -> Response:
@@ -518,7 +540,8 @@ class GatewayApp:
         return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
 
 
-INLINE_PARSE_BYTES = 64 * 1024  # admin bodies above this are parsed off the event loop (model calls: all)
+INLINE_PARSE_BYTES = 64 * 1024  # bodies above this are parsed off the event loop
+KNOWN_TOOLS_MAX = 1024  # tool lists remembered as valid (model calls with them are parsed on the loop)
 INLINE_RESPONSE_TOKENS = 2048  # answers longer than this (or with logprobs) are serialized off the event loop
 BODY_TIMEOUT_S = 60.0  # the most a request body may take to arrive, once its headers have (docs/gateway.md, Limits)
 

@@ -24,6 +24,7 @@ from polar.gateway.normalized import CallOutput, ChatRequest
 from polar.gateway.prompt import Prompt, PromptBuilder, PromptTooLong, reuse_key, text_sha256
 from polar.gateway.sessions import SessionStore
 from polar.gateway.textstream import IncrementalDetokenizer, TextStream
+from polar.gateway.tokencache import WouldBlock
 from polar.gateway.toolcalls import ParsedOutput, parse_hermes
 from polar.inference.base import (
     ContextLengthExceeded,
@@ -37,6 +38,13 @@ from polar.inference.templates import tools_refusal
 from polar.types import CallRecord
 
 log = logging.getLogger(__name__)
+
+# A call whose body is small enough to parse on the event loop (``GatewayCore.start(inline=True)``) also
+# builds its prompt there when at most this many characters of it are not in the tokenizer's segment
+# cache: a worker-thread hop costs more than encoding them (docs/benchmarks.md, gateway profile).
+INLINE_ENCODE_CHARS = 2048
+INLINE_MESSAGES = 256  # more messages than this: rendered off the loop too (the template's work grows with them)
+INLINE_STOP_CHARS = 1024  # stop strings longer than this in all: their automaton is built off the loop
 
 
 def engine_error(e: BaseException) -> ApiError:
@@ -70,7 +78,8 @@ class GatewayCore:
         self.prompts = PromptBuilder(engine.tokenizer, self.stop_ids)
         self.token_bytes = TokenBytes(engine.tokenizer)  # what logprobs show per token
 
-    async def start(self, req: ChatRequest, session_id: str) -> Call:
+    async def start(self, req: ChatRequest, session_id: str, inline: bool = False) -> Call:
+        """Admit and prepare a call; ``inline``: its prompt may be built on the event loop when cheap."""
         most = int(getattr(self.engine, "max_top_logprobs", 0) or 0)
         if req.top_logprobs > most:
             raise bad(f"'top_logprobs' is {req.top_logprobs} but this engine ({type(self.engine).__name__}) "
@@ -87,7 +96,7 @@ class GatewayCore:
                            "again (free space on the records' filesystem; GET /health says when)")
         await self.gate.enter()
         try:
-            call = (TextCall if text_level else Call)(self, req, session_id)
+            call = (TextCall if text_level else Call)(self, req, session_id, inline)
         except BaseException:
             self.gate.exit()  # nothing was started: the slot is free again
             raise
@@ -116,8 +125,9 @@ class GatewayCore:
 
 
 class Call:
-    def __init__(self, core: GatewayCore, req: ChatRequest, session_id: str) -> None:
+    def __init__(self, core: GatewayCore, req: ChatRequest, session_id: str, inline: bool = False) -> None:
         self.core = core
+        self.inline = inline
         self.req = req
         self.session_id = session_id
         self.tools = [] if req.tool_choice == "none" else req.tools
@@ -142,7 +152,7 @@ class Call:
 
     async def prepare(self) -> None:
         core = self.core
-        self.prompt, greq = await asyncio.to_thread(self._prompt_request)
+        self.prompt, greq = await self._prompt_and_request()
         self.sent = greq
         self._gen = core.engine.generate(greq)
         try:
@@ -150,16 +160,27 @@ class Call:
         except StopAsyncIteration:
             self._first = TokenEvent(None, None, "abort")
 
-    def _prompt_request(self) -> tuple[Prompt, GenerationRequest]:
-        """Render, tokenize and check the prompt. Runs on a worker thread: a prompt of megabytes takes
-        seconds to tokenize (the tokenizer releases the GIL), and the event loop keeps serving meanwhile.
+    async def _prompt_and_request(self) -> tuple[Prompt, GenerationRequest]:
+        """On the event loop when the call is small and its new text short (``INLINE_ENCODE_CHARS``), else on
+        a worker thread: a prompt of megabytes takes seconds to tokenize (the tokenizer releases the GIL),
+        and the event loop keeps serving meanwhile."""
+        req = self.req
+        if self.inline and len(req.messages) <= INLINE_MESSAGES and sum(map(len, req.stop or ())) <= INLINE_STOP_CHARS:
+            try:
+                return self._prompt_request(INLINE_ENCODE_CHARS)
+            except WouldBlock:  # raised before anything was tokenized: start again off the loop
+                pass
+        return await asyncio.to_thread(self._prompt_request)
+
+    def _prompt_request(self, inline_chars: int | None = None) -> tuple[Prompt, GenerationRequest]:
+        """Render, tokenize and check the prompt (``WouldBlock``: more than ``inline_chars`` to tokenize).
         A prompt refused here is recorded by its token count and hash, never by its ids."""
         core, req = self.core, self.req
         store, sid = core.store, self.session_id
         self._text_stream = TextStream(req.stop, parse_tools=bool(self.tools))  # its stop-string automaton
         try:
             prompt = core.prompts.build(req.messages, self.tools, lambda k: store.lookup(sid, k),
-                                        getattr(core.engine, "context_length", None))
+                                        getattr(core.engine, "context_length", None), inline_chars)
         except PromptTooLong as e:
             self.rejected_prompt = {"tokens": e.prompt_tokens, "tokens_at_least": True, "sha256": e.prompt_sha256}
             raise
@@ -379,7 +400,7 @@ class TextCall(Call):
             raise bad(f"'logprobs' needs token logprobs from the endpoint, and this gateway's openai_compat engine "
                       f"does not ask for them ({engine.config.config_key}.engine_kwargs.token_ids: false); "
                       "leave logprobs out, or serve a vLLM endpoint with token_ids: true", "logprobs")
-        self.prompt, greq = await asyncio.to_thread(self._prompt_request)
+        self.prompt, greq = await self._prompt_and_request()
         self.sent = greq
         body = engine.body(req.messages, self.tools, req.tool_choice, req.max_tokens, req.temperature, req.top_p,
                            req.stop, req.seed, bool(req.stream))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.gateway.normalized import Message, canonical_json
-from polar.gateway.tokencache import SegmentEncoder, TooManyTokens
+from polar.gateway.tokencache import SegmentEncoder, TooManyTokens, WouldBlock
 from polar.inference.base import ContextLengthExceeded
 
 
@@ -135,16 +135,24 @@ class PromptBuilder:
     def _mark(self, obj: Any) -> Any:
         return self._marking[0](obj) if self._marking else obj
 
-    def encode_rendered(self, text: str, limit: int | None = None) -> list[int]:
+    def encode_rendered(self, text: str, limit: int | None = None, inline_chars: int | None = None) -> list[int]:
         """Tokenize a rendering of marked messages (the fast path when nothing was marked); past
-        ``limit`` tokens, ``TooManyTokens``: at once when the text is too long to fit whatever it holds."""
+        ``limit`` tokens, ``TooManyTokens``: at once when the text is too long to fit whatever it holds.
+        With ``inline_chars`` (on the event loop): ``WouldBlock`` when more text than that is not cached."""
         if limit is not None:
             floor = self.min_tokens(text)
             if floor > limit:
                 raise TooManyTokens(floor)
-        if self._marking is None or self._marking[2] not in text:
+        marking = self._marking
+        plain = marking is None or marking[2] not in text
+        if inline_chars is not None:
+            if plain and self.segments is not None:
+                return self.segments.encode(text, limit, inline_chars)
+            if len(text) > inline_chars:
+                raise WouldBlock
+        if marking is None or plain:
             return self.encode(text) if limit is None else self.encode(text, limit)
-        ids = list(self._marking[1](self.tokenizer, text))
+        ids = list(marking[1](self.tokenizer, text))
         if limit is not None and len(ids) > limit:
             raise TooManyTokens(len(ids))
         return ids
@@ -202,40 +210,41 @@ class PromptBuilder:
             return None
 
     def build(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], lookup: Any,
-              context_length: int | None = None) -> Prompt:
+              context_length: int | None = None, inline_chars: int | None = None) -> Prompt:
         """Token ids for ``messages``; ``lookup(reuse_key) -> CallRecord | None`` searches this session only.
 
         With ``context_length``, a prompt that leaves no room to generate raises ``PromptTooLong`` as
         early as that is certain: from the rendering's length before tokenizing, else as soon as the
         tokenizer has passed the limit, before any id list is built. So an oversized request costs
-        neither the time to tokenize it nor the memory of its ids. Runs on a worker thread."""
+        neither the time to tokenize it nor the memory of its ids. Runs on a worker thread, or on the event
+        loop with ``inline_chars``: then ``WouldBlock`` before tokenizing more uncached text than that."""
         hashes = prefix_hashes(tools, messages)  # keys use the messages as sent; rendering uses marked copies
         marked, marked_tools = self._mark(list(messages)), self._mark(list(tools))
         full = self.render(marked, marked_tools, generation=True)
         limit = None if context_length is None else context_length - 1  # room for one sampled token
         try:
-            return self._build(messages, marked, marked_tools, full, hashes, lookup, limit)
+            return self._build(messages, marked, marked_tools, full, hashes, lookup, limit, inline_chars)
         except TooManyTokens as e:
             raise PromptTooLong(e.count, context_length, at_least=True, text=full) from None  # type: ignore[arg-type]
 
     def _build(self, messages: Sequence[Message], marked: Sequence[Message], marked_tools: Sequence[dict[str, Any]],
-               full: str, hashes: list[bytes], lookup: Any, limit: int | None) -> Prompt:
+               full: str, hashes: list[bytes], lookup: Any, limit: int | None, inline_chars: int | None) -> Prompt:
         for k in range(len(messages) - 1, -1, -1):
             if messages[k].get("role") != "assistant":
                 continue
             rec = lookup(reuse_key(hashes[k], messages[k]))
             if rec is None:
                 continue
-            spliced = self._splice(marked[: k + 1], marked_tools, full, rec, limit)
+            spliced = self._splice(marked[: k + 1], marked_tools, full, rec, limit, inline_chars)
             if spliced is not None:
                 reuse = {"call_index": rec.call_index, "reused_ids": len(rec.prompt_ids) + len(rec.sampled_ids)}
                 return Prompt(spliced, reuse, hashes, full)
             reuse = {"call_index": rec.call_index, "broken": "template rewrote history"}
-            return Prompt(self.encode_rendered(full, limit), reuse, hashes, full)
-        return Prompt(self.encode_rendered(full, limit), {}, hashes, full)
+            return Prompt(self.encode_rendered(full, limit, inline_chars), reuse, hashes, full)
+        return Prompt(self.encode_rendered(full, limit, inline_chars), {}, hashes, full)
 
     def _splice(self, upto: Sequence[Message], tools: Sequence[dict[str, Any]], full: str, rec: Any,
-                limit: int | None = None) -> list[int] | None:
+                limit: int | None = None, inline_chars: int | None = None) -> list[int] | None:
         head = self.render(upto, tools, generation=False)
         if not full.startswith(head):
             return None
@@ -247,7 +256,7 @@ class PromptBuilder:
         if self._eot_id is not None and (not rec.sampled_ids or rec.sampled_ids[-1] not in self.stop_token_ids):
             ids.append(self._eot_id)  # the turn was cut (length/stop string): close it as the template would
         try:
-            ids.extend(self.encode_rendered(tail, None if limit is None else max(0, limit - len(ids))))
+            ids.extend(self.encode_rendered(tail, None if limit is None else max(0, limit - len(ids)), inline_chars))
         except TooManyTokens as e:
             raise TooManyTokens(len(ids) + e.count) from None
         if limit is not None and len(ids) > limit:

@@ -39,6 +39,11 @@ class TooManyTokens(Exception):
         self.count = count
 
 
+class WouldBlock(Exception):
+    """Encoding this text inline would hold the event loop: more than the inline budget of characters is
+    not cached. Raised before anything is encoded; the caller moves the work to a worker thread."""
+
+
 Encode = Callable[..., list[int]]  # encode(text, limit=None): ids, or TooManyTokens past ``limit``
 
 
@@ -85,10 +90,18 @@ class SegmentEncoder:
             return self._encode(text)
         return self._encode(text, limit)
 
-    def encode(self, text: str, limit: int | None = None) -> list[int]:
-        """The whole text's ids; past ``limit`` tokens, ``TooManyTokens`` (no further segment is encoded)."""
+    def uncached_chars(self, parts: list[str]) -> int:
+        """How many characters of ``parts`` (a split text) would have to be encoded: the cache misses."""
+        with self._lock:
+            return sum(len(p) for p in parts[::2] if p not in self._cache)
+
+    def encode(self, text: str, limit: int | None = None, inline_chars: int | None = None) -> list[int]:
+        """The whole text's ids; past ``limit`` tokens, ``TooManyTokens`` (no further segment is encoded).
+        With ``inline_chars``: ``WouldBlock`` first when more characters than that are not cached."""
         ids: list[int] = []
         parts = self._split(text)
+        if inline_chars is not None and self.uncached_chars(parts) > inline_chars:
+            raise WouldBlock
         for i, part in enumerate(parts):
             if i % 2:  # the split's odd parts are the added tokens themselves
                 ids.append(self._added[part])
