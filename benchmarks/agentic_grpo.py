@@ -32,7 +32,7 @@ def main() -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from polar.config import load_config
     from polar.metrics.logger import read_metrics
-    from polar.trainers.agent import train_agentic
+    from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(args.config, args.override)
@@ -50,7 +50,7 @@ def main() -> int:
     before, after = s["eval_before"]["success"], s["eval_after"]["success"]
     print(f"\nrun dir: {run_dir.path}")
     if "sft" in s:
-        print(f"SFT: {s['sft']['steps']} steps, loss {s['sft']['first_loss']:.3f} -> {s['sft']['last_loss']:.3f}, {s['sft']['time_s']} s")
+        print(f"SFT: {s['sft']['updates']} steps, loss {s['sft']['first']['sft_loss']:.3f} -> {s['sft']['last']['sft_loss']:.3f}, {s['sft']['time_s']} s")
     print(f"{'stage':<14}{'held-out success':>18}{'sessions':>10}")
     print(f"{'after SFT':<14}{before:>18.3f}{s['eval_before']['sessions']:>10}")
     print(f"{'after GRPO':<14}{after:>18.3f}{s['eval_after']['sessions']:>10}")

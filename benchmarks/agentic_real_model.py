@@ -3,7 +3,7 @@
     python benchmarks/agentic_real_model.py --engine vllm [--engine embedded] [--json out.json] [-o KEY=VALUE ...]
 
 Runs exactly what ``polar run --config examples/agentic/real_model_grpo.yaml -o model.engine=ENGINE`` runs (in this
-process, through ``AgentTrainer``; the subclass here only times its phases and counts sampled tokens) and prints
+process, through the loop ``build_agent_loop`` composes; the wrappers here only time its phases and counts sampled tokens) and prints
 one table, one row per engine: held-out exact success before and after training (``eval_tasks``: unseen pairs,
 reward 1 only for the bare right number), wall time, the split between collection, learning and weight sync (total
 and per step), sampled tokens/s during collection, the rollout/learner logprob gap, the share of groups with signal,
@@ -36,8 +36,9 @@ FIELDS = ("engine", "before", "after", "delta_points", "wall_s", "startup_s", "e
 def run_one(config: str, engine: str, overrides: list[str], run_root: str | None) -> dict[str, Any]:
     """One run of the config with ``model.engine=engine``; its measurements (the keys of ``FIELDS``)."""
     from polar.config import load_config
-    from polar.trainers.agent import AgentTrainer
+    from polar.trainers.agentic_run import build_agent_loop
     from polar.trainers.lifecycle import run_guard
+    from polar.trainers.registry import agent_algorithm
     from polar.trainers.run_dir import RunDir
 
     cfg = load_config(config, [f"model.engine={engine}", *overrides])
@@ -48,14 +49,16 @@ def run_one(config: str, engine: str, overrides: list[str], run_root: str | None
     steps: list[dict[str, Any]] = []
     counts = {"sampled_tokens": 0, "calls": 0, "sessions": 0}
 
-    class Timed(AgentTrainer):
-        def evaluate(self, tag: str = "final", *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def timed(evaluate: Any) -> Any:
+        def evaluate_timed(tag: str, write: bool = True) -> dict[str, Any]:
             t = time.monotonic()
-            res = super().evaluate(tag, *args, **kwargs)
+            res = evaluate(tag, write)
             phases[f"eval_{tag}_s"] = phases.get(f"eval_{tag}_s", 0.0) + time.monotonic() - t
             return res
+        return evaluate_timed
 
-        def update(self, batch: Any) -> dict[str, Any]:
+    def counted(update: Any) -> Any:
+        def update_counted(batch: Any) -> dict[str, Any]:
             results = [r for g in batch.data for r in g]
             counts["sessions"] += len(results)
             for r in results:
@@ -63,17 +66,20 @@ def run_one(config: str, engine: str, overrides: list[str], run_root: str | None
                     counts["sampled_tokens"] += int(sum(s.loss_mask))
                 counts["calls"] += int(r.num_calls)
             exact = [float(r.verifier_output.get("exact", 0.0)) for r in results]
-            return {**super().update(batch), "train_exact": sum(exact) / max(1, len(exact))}
+            return {**update(batch), "train_exact": sum(exact) / max(1, len(exact))}
+        return update_counted
 
     def on_iteration(m: dict[str, Any]) -> None:
-        sync = dict(getattr(trainer.stack.engine, "last_sync", None) or {})
+        sync = dict(getattr(trainer.collector.stack.engine, "last_sync", None) or {})
         checks = sync.get("checks") or {}
         steps.append({**m, "sync_detail": {k: sync.get(k) for k in ("version", "write_s", "push_s", "total_s")},
                       "sync_check_max_diff": max((c.get("max_abs_diff", 0.0) for c in checks.values()), default=None)})
 
     t0 = time.monotonic()
     with run_guard(run_dir, cfg.logging.sigterm_grace_s):
-        trainer = Timed(cfg, run_dir, on_iteration=on_iteration)
+        trainer = build_agent_loop(agent_algorithm(cfg), cfg, run_dir, on_iteration=on_iteration)
+        trainer.evaluator.evaluate = timed(trainer.evaluator.evaluate)  # the loop's parts, measured in place
+        trainer.learner.update = counted(trainer.learner.update)
         summary = trainer.train()
     wall = time.monotonic() - t0
     return measurements(engine, cfg, summary, steps, phases, counts, wall, run_dir.path)

@@ -58,7 +58,7 @@ def check_grpo(lora: bool) -> str:
         assert all(p.is_cuda for p in learner.reference.parameters()), "reference not on CUDA"
     before = [p.detach().clone() for p in policy.parameters()]
     t0 = time.perf_counter()
-    stats = learner.update(_samples(8, 48, 200), [1.0, -1.0] * 4)
+    stats = learner.optimize(_samples(8, 48, 200), [1.0, -1.0] * 4)
     step_s = time.perf_counter() - t0
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert stats["kl"] >= 0.0, stats

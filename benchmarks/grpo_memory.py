@@ -1,7 +1,7 @@
 """Peak resident memory of one GRPO step: full fine-tune and LoRA, with and without a KL reference.
 
 Each case runs in a fresh subprocess (peak RSS, ``VmHWM``, is a process-lifetime peak, so cases must not
-share one): load the model, build the learner, run one ``GRPOLearner.update`` on a synthetic batch, report
+share one): load the model, build the learner, run one ``GRPOLearner.optimize`` on a synthetic batch, report
 the peak RSS after loading and after the step. The batch is ``--sequences`` sequences of ``--tokens``
 tokens with the last three quarters as targets (micro-batches of ``--micro-batch``).
 
@@ -84,7 +84,7 @@ def run_case(model_name: str, lora: bool, kl_coef: float, sequences: int, tokens
                                 call_indices=[0] * tokens, reward=float(i % 2)) for i in range(sequences)]
     advs = [1.0 if i % 2 else -1.0 for i in range(sequences)]
     t0 = time.perf_counter()
-    stats = learner.update(samples, advs)
+    stats = learner.optimize(samples, advs)
     step_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in policy.parameters())

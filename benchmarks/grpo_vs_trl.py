@@ -95,7 +95,7 @@ def run_polar(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, 
         sys.path.insert(0, p)
     from polar.config import validate_run_config
     from polar.metrics.logger import read_metrics
-    from polar.trainers.agent import train_agentic
+    from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
 
     kwargs = {"group_size": args.group_size, "tasks_per_step": args.tasks_per_step, "total_steps": args.steps,

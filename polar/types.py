@@ -1,11 +1,13 @@
 """Plain typed records shared across layers: the same schema in memory, on disk and on the wire.
 
 ``Fragment`` is what an env rollout worker sends the learner; ``CallRecord`` and ``TrajectorySample``
-cross the gateway/trainer boundary. Every layer may import them, so they live at the bottom.
+cross the gateway/trainer boundary; ``SessionResult`` is what one agent session turned into (the session collector's
+groups, GRPO's input). Every layer may import them, so they live at the bottom.
 """
 
 from __future__ import annotations
 
+import enum
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -308,6 +310,79 @@ class SideFile:
     prefix: str
     suffix: str
     write: Callable[[Path], None]
+
+
+# ---------------------------------------------------------------- agent sessions (plain records, as Fragment)
+
+
+class SessionStatus(str, enum.Enum):
+    PENDING = "pending"
+    INIT = "init"
+    RUN = "run"
+    POST_RUN = "post_run"
+    DONE = "done"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SessionStatus.DONE, SessionStatus.ERROR, SessionStatus.TIMEOUT, SessionStatus.CANCELLED)
+
+
+@dataclass
+class SessionResult:
+    """The outcome of a session. ``samples`` carry the reward; a sample is trainable only if its mask has 1s.
+
+    - DONE: verified; samples trainable unless a call lacked token data (then fully masked).
+    - TIMEOUT: reward 0; trainable when every call's token data is complete, fully masked otherwise.
+    - ERROR / CANCELLED: no training signal (masks zeroed, reward None); ``error`` says why.
+
+    ``node_id`` is the gateway node that finally served the session. When a node died under it, the
+    session was re-dispatched from INIT on another node: ``attempts`` counts the starts and
+    ``lost_nodes`` lists ``{node_id, reason}`` for each node it lost.
+    """
+
+    session_id: str
+    task_id: str
+    group_id: str | None
+    sample_index: int
+    status: SessionStatus
+    error: str | None = None
+    reward: float | None = None
+    verifier_output: dict[str, Any] = field(default_factory=dict)
+    output: str = ""
+    num_calls: int = 0
+    node_id: str | None = None
+    attempts: int = 1
+    lost_nodes: list[dict[str, str]] = field(default_factory=list)
+    samples: list[TrajectorySample] = field(default_factory=list)
+    builder_stats: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def redispatched(self) -> int:
+        """How many times the session was restarted on another node because its node was lost."""
+        return self.attempts - 1
+
+    @property
+    def trainable(self) -> bool:
+        return any(any(s.loss_mask) for s in self.samples)
+
+    def to_dict(self, with_samples: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        if not with_samples:
+            d.pop("samples")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SessionResult:
+        d = dict(d)
+        d["status"] = SessionStatus(d["status"])
+        d["samples"] = [TrajectorySample(**s) for s in d.get("samples", [])]
+        return cls(**d)
 
 
 #: Names of environment variables that hold credentials polar itself uses (an ``openai_compat`` engine's or

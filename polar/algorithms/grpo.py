@@ -7,13 +7,23 @@ for a learned critic over the LLM's hidden states, ``polar.algorithms.llm_critic
 tokens the policy sampled (``mask == 1``), with the importance ratio taken against the logprobs the
 engine recorded when it sampled them (the behaviour policy), plus an optional k3 KL penalty to a
 frozen reference model.
+
+``GRPOLearner.update(batch)`` takes one step's groups of agent sessions (``Batch[Groups]``, from
+``polar.rollout.sessions.collector.SessionCollector``) and does the whole step: drop ERROR/CANCELLED sessions and
+stale groups, group-relative advantages (``group_batch``; ``return_batch`` with the value head), the clipped
+update (``optimize``). A step with no usable group updates nothing and says ``update_skipped: 1``; with
+``kl_coef > 0`` a group tied below the best reward seen so far stays in at advantage 0, so the KL to the
+reference still trains on it (one tied at the best reward is dropped: a KL-only pull would undo what was
+learned).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,11 +38,17 @@ from polar.algorithms.llm_critic import (
     value_advantages,
 )
 from polar.algorithms.ppo import clipped_surrogate, ppo_value_loss
-from polar.config.grpo import GRPOKwargs
+from polar.config.grpo import GRPOKwargs, StepAdvantageConfig
 from polar.errors import ConfigError
-from polar.types import TrajectorySample
+from polar.types import Batch, Metrics, SessionResult, SessionStatus, TrajectorySample
 
 log = logging.getLogger(__name__)
+
+Groups = list[list[SessionResult]]
+"""One GRPO step's input: groups of sessions of one task each."""
+
+# below this share of groups with a signal per step, the learner says so and suggests what helps
+LOW_SIGNAL_SHARE = 0.25
 
 
 def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
@@ -58,6 +74,167 @@ def group_advantages(rewards: torch.Tensor, method: str = "mean_std", eps: float
     else:
         raise ValueError(f"unknown advantage method {method!r}; use 'mean_std', 'mean' or 'leave_one_out'")
     return adv.to(torch.float32)
+
+
+# ---------------------------------------------------------------- session groups -> samples and advantages
+
+
+def overlong(r: SessionResult) -> bool:
+    """True for a session that was cut rather than finished: its timeout or budget ran out, or its last model
+    call stopped at ``max_tokens`` (``finish_reason: length``)."""
+    return r.status == SessionStatus.TIMEOUT or any(s.metadata.get("truncated") for s in r.samples[-1:])
+
+
+def _usable(group: list[SessionResult], overlong_filter: bool = False,
+            stats: defaultdict[str, float] | None = None) -> list[SessionResult]:
+    """The sessions with a verdict (DONE, or TIMEOUT's 0); ERROR / CANCELLED carry no training signal. With
+    ``overlong_filter`` a cut session (``overlong``) is left out too: its 0 says it ran out of room, not that
+    it was wrong (DAPO's overlong filtering), so it is neither trained on nor in the group's baseline."""
+    out = [r for r in group if r.status in (SessionStatus.DONE, SessionStatus.TIMEOUT) and r.reward is not None]
+    if overlong_filter:
+        kept = [r for r in out if not overlong(r)]
+        if stats is not None:
+            stats["sessions_overlong_filtered"] += len(out) - len(kept)
+        out = kept
+    return out
+
+
+def has_signal(group: list[SessionResult], overlong_filter: bool = False) -> bool:
+    """Whether ``group`` can teach the group-relative surrogate: two or more usable sessions whose rewards
+    differ (what dynamic sampling keeps drawing for)."""
+    rewards = {float(r.reward) for r in _usable(group, overlong_filter)}  # type: ignore[arg-type]
+    return len(rewards) > 1
+
+
+def _count_sessions(group: list[SessionResult], stats: defaultdict[str, float]) -> None:
+    stats["sessions"] += len(group)
+    stats["sessions_error"] += sum(r.status == SessionStatus.ERROR for r in group)
+    stats["sessions_timeout"] += sum(r.status == SessionStatus.TIMEOUT for r in group)
+
+
+def _stale(usable: list[SessionResult], current_version: int, max_off_policy_steps: int) -> bool:
+    """True when a sample of the group was sampled more than ``max_off_policy_steps`` versions ago."""
+    oldest = min((s.metadata.get("min_policy_version", 0) for r in usable for s in r.samples), default=current_version)
+    return current_version - oldest > max_off_policy_steps
+
+
+def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
+                step: StepAdvantageConfig | None = None, best: float | None = None, keep_tied: bool = False,
+                overlong_filter: bool = False
+                ) -> tuple[list[TrajectorySample], list[float | list[float]], dict[str, float]]:
+    """Trainable samples with their advantages, plus counts. Without ``step`` a sample's advantage is its
+    session's (one float, shared by its samples); with it (GiGPO) each sample gets one advantage per token:
+    the session's plus ``step.weight`` x the step advantage of the turn whose call sampled the token.
+
+    A group whose rewards (and turns) all tie teaches the surrogate nothing and is dropped, unless
+    ``keep_tied`` (``kl_coef > 0``) and it tied below ``best`` (the best session reward the run has seen):
+    then its samples stay at advantage 0, so the KL to the reference still applies to them
+    (``groups_tied_kept``). Without that, a policy that has collapsed onto one worse behaviour ties every
+    group, and the penalty meant to hold it near the reference never acts. A group tied *at* ``best``
+    (every session reached the best outcome seen; ``groups_tied_at_best``) is dropped all the same: the
+    policy is where training is taking it, and a step that is the KL alone (Adam scales even a small
+    gradient to a full step) pulls it back toward the reference; on FrozenLake one such step took held-out
+    success from 177/200 to 88/200."""
+    samples: list[TrajectorySample] = []
+    advs: list[float | list[float]] = []
+    stats: defaultdict[str, float] = defaultdict(float)
+    for group in groups:
+        usable = _usable(group, overlong_filter, stats)
+        _count_sessions(group, stats)
+        if _stale(usable, current_version, max_off_policy_steps):
+            stats["groups_stale"] += 1
+            continue
+        if len(usable) < 2:
+            stats["groups_too_small"] += 1
+            continue
+        adv = group_advantages(torch.tensor([r.reward for r in usable]), advantage)
+        by_call = _turn_advantages(usable, step, stats) if step is not None else None
+        if float(adv.abs().max()) == 0.0 and not (by_call and any(v for c in by_call for v in c.values())):
+            stats["groups_no_signal"] += 1
+            if best is not None and usable[0].reward >= best:  # type: ignore[operator]
+                stats["groups_tied_at_best"] += 1
+                continue
+            if not keep_tied:
+                continue
+            stats["groups_tied_kept"] += 1
+            by_call = None  # every advantage is 0: one float a sample
+        else:
+            stats["groups_used"] += 1
+        for i, (r, a) in enumerate(zip(usable, adv.tolist(), strict=True)):
+            for s in r.samples:
+                if any(s.loss_mask):
+                    samples.append(s)
+                    if by_call is None:
+                        advs.append(a)
+                    else:
+                        calls = by_call[i]
+                        advs.append([a + calls.get(c, 0.0) if m else 0.0 for c, m in zip(s.call_indices, s.loss_mask,
+                                                                                        strict=True)])
+    # the share of groups whose rewards differ (GRPO learns only from those): low means most of the step's
+    # sessions taught nothing; a larger group, partial-credit rewards or an SFT warm-up help
+    stats["groups"] = len(groups)
+    stats["groups_signal_share"] = stats["groups_used"] / max(1, len(groups))
+    if "step_advantage_abs_sum" in stats:  # the mean |step advantage| over the step's turns (before weight)
+        stats["step_advantage_abs_mean"] = stats.pop("step_advantage_abs_sum") / max(1.0, stats["turns"])
+    return samples, advs, dict(stats)
+
+
+def reward_range(groups: Groups, seen: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The lowest and highest reward of any usable session so far: ``seen`` widened by this step's ``groups``
+    (None while neither has one)."""
+    rewards = [float(r.reward) for group in groups for r in _usable(group)]  # type: ignore[arg-type]
+    if seen is not None:
+        rewards.extend(seen)
+    return (min(rewards), max(rewards)) if rewards else None
+
+
+def best_reward(seen: tuple[float, float] | None) -> float | None:
+    """The best reward seen, once some session has done worse (``group_batch``'s ``best``). Before that every
+    reward so far is the same: a tie at it is a policy that has not found a better outcome yet, not one that
+    has converged on the best."""
+    return seen[1] if seen is not None and seen[0] < seen[1] else None
+
+
+def _turn_advantages(usable: list[SessionResult], step: StepAdvantageConfig, stats: defaultdict[str, float]
+                     ) -> list[dict[int, float]]:
+    """Per session, ``{call index: weight x step advantage of its turn}`` from the turns the session reported
+    (``verifier_output["turns"]``: anchor state, ``[first, end)`` call indices, step reward). A session
+    without turns (a timeout, an agent program) gets none, and its tokens keep the episode advantage."""
+    turns = [r.verifier_output.get("turns") or [] for r in usable]
+    stats["sessions_without_turns"] += sum(not t for t in turns)
+    step_adv = step_advantages([[(str(t["state"]), float(t["reward"])) for t in ts] for ts in turns],
+                               step.gamma, step.normalize)
+    out: list[dict[int, float]] = []
+    for ts, row in zip(turns, step_adv, strict=True):
+        out.append({c: step.weight * a for t, a in zip(ts, row, strict=True) for c in range(*t["calls"])})
+        stats["step_advantage_abs_sum"] += sum(abs(a) for a in row)
+        stats["turns"] += len(row)
+    return out
+
+
+def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int, overlong_filter: bool = False
+                 ) -> tuple[list[TrajectorySample], list[float], dict[str, float]]:
+    """``advantage: value_head``: trainable samples with their session's return (its reward; the learner's
+    value head supplies the baseline), plus counts. No group baseline, so a group of one counts and a group
+    whose rewards are all equal still teaches (the critic, and the policy where V differs from the return);
+    only ERROR / CANCELLED sessions and stale groups are dropped."""
+    samples: list[TrajectorySample] = []
+    returns: list[float] = []
+    stats: defaultdict[str, float] = defaultdict(float)
+    for group in groups:
+        usable = _usable(group, overlong_filter, stats)
+        _count_sessions(group, stats)
+        if _stale(usable, current_version, max_off_policy_steps):
+            stats["groups_stale"] += 1
+            continue
+        stats["groups_used"] += bool(usable)
+        for r in usable:
+            assert r.reward is not None
+            for s in r.samples:
+                if any(s.loss_mask):
+                    samples.append(s)
+                    returns.append(float(r.reward))
+    return samples, returns, dict(stats)
 
 
 LOGIT_BYTES = 32  # per logit at the learner's peak: fp32 logits, log-softmax and grads (the OOM-killed run: ~37)
@@ -266,6 +443,12 @@ class TokenPolicy(Protocol):
 
     def logit_positions(self, samples: list[TrajectorySample]) -> int: ...
 
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def serving_state_dict(self) -> dict[str, Any]: ...
+
 
 @dataclass
 class CriticTargets:
@@ -286,8 +469,9 @@ class CriticTargets:
 
 
 class GRPOLearner:
-    """The update: policy + optimizer + (optional) reference for the KL term. Knows nothing about sessions
-    (``polar.trainers.llm_trainer.group_batch`` turns session groups into samples and advantages).
+    """GRPO's learner (``polar.types.Learner[Groups]``): policy + optimizer + (optional) reference for the KL
+    term. ``update(batch)`` turns the step's session groups into samples and advantages (``group_batch``) and
+    runs ``optimize`` on them; ``optimize`` alone is the optimizer step on samples (tests, benchmarks).
 
     The reference exists only when ``kl_coef > 0``: with LoRA it is the policy's own base weights with
     the adapters switched off (``reference_kind == "adapters_off"``, no extra memory); a full fine-tune
@@ -303,6 +487,9 @@ class GRPOLearner:
     def __init__(self, policy: TokenPolicy, kwargs: GRPOKwargs) -> None:
         self.policy = policy
         self.kw = kwargs
+        self.reward_range: tuple[float, float] | None = None  # of any usable session so far (best_reward)
+        self.reward_means: list[float] = []  # per step of this process (the run's summary: first and last)
+        self._low_signal_steps = 0
         assert kwargs.learning_rate is not None  # GRPOKwargs fills it in at validation (LoRA or full rate)
         self.critic = kwargs.value_head if kwargs.advantage == "value_head" else None
         self.value_head: ValueHead | None = None
@@ -373,8 +560,67 @@ class GRPOLearner:
         return CriticTargets(split(flat_v), split(flat_r), split(flat_a), len(flat_v),
                              torch.cat(feats) if self.critic.freeze_llm else None)
 
-    def update(self, samples: list[TrajectorySample], advantages: list[float | list[float]] | None = None,
-               returns: list[float] | None = None) -> dict[str, float]:
+    # ------------------------------------------------------------------ the Learner
+    def update(self, batch: Batch[Groups]) -> Metrics:
+        """One GRPO step on ``batch.data``'s groups; ``batch.version`` (the policy version the step starts from)
+        decides which groups are stale, ``batch.iteration`` names the step in the logs."""
+        kw = self.kw
+        t_learn = time.monotonic()
+        if batch.iteration == 1 and self.reference is not None:
+            # the reference is the policy GRPO starts from: after an SFT warm-up stage, its weights
+            self.reference.load_state_dict(self.policy.model.state_dict())
+        upd: dict[str, float]
+        if kw.advantage == "value_head":  # the critic gives the baseline: each sample's return
+            samples, returns, counts = return_batch(batch.data, batch.version, kw.max_off_policy_steps,
+                                                    kw.overlong_filter)
+            upd = self.optimize(samples, returns=returns) if samples else {}
+        else:
+            self.reward_range = reward_range(batch.data, self.reward_range)
+            # Dr.GRPO drops the std as well as the length normalisation
+            method = "mean" if kw.loss_aggregation == "dr_grpo" and kw.advantage == "mean_std" else kw.advantage
+            samples, advs, counts = group_batch(batch.data, batch.version, kw.max_off_policy_steps, method,
+                                                kw.step_advantage, best=best_reward(self.reward_range),
+                                                keep_tied=kw.kl_coef > 0, overlong_filter=kw.overlong_filter)
+            upd = self.optimize(samples, advs) if samples else {}
+        # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
+        frozen = kw.value_head is not None and kw.value_head.freeze_llm
+        if not samples:  # a step with no usable group changed no weight: no swap, no new version
+            log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", batch.iteration,
+                     ", ".join(f"{k} {v:g}" for k, v in counts.items() if k.startswith("groups_")))
+        self.warn_on_low_signal(counts, batch.iteration)
+        stats: Metrics = dict(upd)
+        if "policy_loss" in stats:
+            stats["pg_loss"] = stats.pop("policy_loss")
+        rewards = batch.episode_returns
+        reward_mean = sum(rewards) / max(1, len(rewards))
+        self.reward_means.append(reward_mean)
+        # ``step`` and ``reward_mean``: the names the tools that read agent runs know
+        return {"step": batch.iteration, "samples": len(samples), "update_skipped": int(not samples or frozen),
+                "reward_mean": reward_mean, "learn_s": round(time.monotonic() - t_learn, 3), **counts, **stats}
+
+    def warn_on_low_signal(self, counts: Mapping[str, float], step: int) -> None:
+        """Say so when most groups carry no signal (GRPO learns only from groups whose rewards differ), with
+        what helps; once at the first such step, then every 10th, so a long run's log stays readable. Groups
+        tied at the best reward seen are left out: every session there did as well as any has, which is
+        convergence, not a missing signal."""
+        open_groups = counts.get("groups", 0) - counts.get("groups_tied_at_best", 0)
+        share = counts.get("groups_used", 0) / open_groups if open_groups > 0 else 1.0
+        if share >= LOW_SIGNAL_SHARE:
+            return
+        self._low_signal_steps += 1
+        if self._low_signal_steps % 10 != 1:
+            return
+        log.warning("GRPO step %d: only %.0f%% of the groups carry a signal (rewards differ within the group; "
+                    "the rest teach nothing). What helps: a larger group (policy.kwargs.group_size, now %d), "
+                    "partial-credit rewards from the verifier, easier tasks or a curriculum, or an SFT warm-up "
+                    "(sft_warmup) on demonstrations", step, 100 * share, self.kw.group_size)
+
+    def weights(self) -> Mapping[str, Any]:
+        """What the engine serves: the policy's weights (LoRA merged)."""
+        return self.policy.serving_state_dict()
+
+    def optimize(self, samples: list[TrajectorySample], advantages: list[float | list[float]] | None = None,
+                 returns: list[float] | None = None) -> dict[str, float]:
         """``epochs_per_step`` passes over ``samples`` (one advantage each, or one per token with
         ``step_advantage``; with the value head, one return each instead), each pass one optimizer step per
         mini-batch (``num_minibatches`` shuffled slices), with gradient accumulation over
@@ -387,12 +633,12 @@ class GRPOLearner:
         targets: CriticTargets | None = None
         if self.critic is not None:
             if returns is None:
-                raise ValueError("advantage: value_head: update() takes each sample's return (returns=)")
+                raise ValueError("advantage: value_head: optimize() takes each sample's return (returns=)")
             targets = self.critic_targets(samples, returns)
             if self.critic.freeze_llm:
                 return self._fit_head(targets)
         elif advantages is None:
-            raise ValueError(f"advantage: {kw.advantage}: update() takes each sample's advantage")
+            raise ValueError(f"advantage: {kw.advantage}: optimize() takes each sample's advantage")
         stats: defaultdict[str, float] = defaultdict(float)
         n_batch_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
         order = list(range(len(samples)))
@@ -508,12 +754,20 @@ class GRPOLearner:
                 "return_mean": float(r.mean()) if r.numel() else 0.0, "turns": float(targets.n_turns)}
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        """The policy (``model``), the optimizer, the value head, and the reward range seen so far."""
+        state: dict[str, Any] = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                 "reward_range": list(self.reward_range) if self.reward_range else None}
         if self.value_head is not None:
             state["value_head"] = self.value_head.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "model" in state:
+            self.policy.load_state_dict(dict(state["model"]))
+        seen = state.get("reward_range")  # None in checkpoints from before it was kept
+        self.reward_range = (float(seen[0]), float(seen[1])) if seen else None
+        if "optimizer" not in state:  # an optimizer-free checkpoint: the weights only
+            return
         if self.value_head is not None:
             if "value_head" not in state:
                 raise ConfigError("the checkpoint has no value head (its run used a group baseline); resume with "

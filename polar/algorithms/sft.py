@@ -1,17 +1,20 @@
 """Supervised fine-tuning / behaviour cloning on demonstrations: masked next-token cross-entropy (``sft_loss``),
-and ``SFTLearner``, its optimizer step."""
+and ``SFTLearner``, its learner (``polar.types.Learner[list[TrajectorySample]]``): one optimizer step per
+minibatch of demonstrations (``demonstration_batches``, fed by
+``polar.rollout.sessions.collector.DemonstrationCollector``). An SFT run, and GRPO's SFT warm-up, are this
+learner as a stage of the one loop."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from polar.algorithms.grpo import TokenPolicy
 from polar.config.grpo import SFTKwargs
-from polar.types import TrajectorySample
+from polar.types import Batch, Metrics, TrajectorySample
 
 
 def sft_loss(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
@@ -35,7 +38,11 @@ class SFTLearner:
         self.kw = kwargs
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
 
-    def update(self, samples: list[TrajectorySample]) -> dict[str, float]:
+    def update(self, batch: Batch[list[TrajectorySample]]) -> Metrics:
+        """One optimizer step on ``batch.data``, a minibatch of demonstrations."""
+        return dict(self.optimize(batch.data))
+
+    def optimize(self, samples: list[TrajectorySample]) -> dict[str, float]:
         pol = self.policy
         pol.model.train()
         batch = pol.collate(samples)
@@ -46,11 +53,25 @@ class SFTLearner:
         self.optimizer.step()
         return {"sft_loss": loss.item(), "grad_norm": float(grad_norm)}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+    def weights(self) -> Mapping[str, Any]:
+        """What the engine serves: the policy's weights (LoRA merged)."""
+        return self.policy.serving_state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "model" in state:
+            self.policy.load_state_dict(dict(state["model"]))
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def sft_steps(demonstrations: int, kwargs: SFTKwargs) -> int:
+    """How many minibatches ``demonstration_batches`` yields for ``demonstrations`` samples."""
+    per_epoch = -(-demonstrations // kwargs.batch_size)
+    total = per_epoch * kwargs.epochs
+    return min(total, kwargs.max_steps) if kwargs.max_steps else total
 
 
 def demonstration_batches(samples: list[TrajectorySample], kwargs: SFTKwargs, seed: int = 0
@@ -74,7 +95,7 @@ def sft_train(policy: TokenPolicy, samples: list[TrajectorySample], kwargs: SFTK
     learner = SFTLearner(policy, kwargs)
     losses: list[float] = []
     for step, batch in enumerate(demonstration_batches(samples, kwargs, seed), start=1):
-        losses.append(learner.update(batch)["sft_loss"])
+        losses.append(learner.optimize(batch)["sft_loss"])
         if on_step is not None:
             on_step(step, losses[-1])
     return losses

@@ -56,7 +56,7 @@ def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: f
              tasks_path: str | None = None, engine: Any = None, work_dir: str | Path | None = None,
              keep_work_dir: bool = False, progress_every_s: float = 10.0) -> dict[str, Any]:
     """Collect, filter, write. Returns counts (also written next to the dataset as ``<out>.json``), with
-    ``dropped`` (sessions per reason, ``polar.trainers.session_stats``) and ``work_dir`` (None once removed).
+    ``dropped`` (sessions per reason, ``polar.rollout.sessions.stats``) and ``work_dir`` (None once removed).
     ``work_dir``: default ``<out>.work-<time>/``; removed after success unless ``keep_work_dir``."""
     import concurrent.futures
     import shutil
@@ -65,9 +65,9 @@ def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: f
     from polar.errors import ConfigError
     from polar.harness.sessions import load_run_tasks as load_tasks
     from polar.rollout.sessions.session import SessionStatus
+    from polar.rollout.sessions.stats import live_counts, summarize_drops
     from polar.trainers.build import build_session_stack as build_stack
     from polar.trainers.preflight import check_before_start
-    from polar.trainers.session_stats import live_counts, summarize_drops
     from polar.trajectory import write_parquet
 
     if samples_per_task < 1:
@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.override)
     counts = generate(cfg, args.out, args.samples_per_task, args.min_reward, args.max_tasks, args.tasks,
                       keep_work_dir=args.keep_work_dir, progress_every_s=args.progress_every_s)
-    from polar.trainers.session_stats import DROP_HELP
+    from polar.rollout.sessions.stats import DROP_HELP
 
     console = cli_console()
     console.print(f"accepted {counts['accepted_sessions']}/{counts['sessions']} sessions "

@@ -110,7 +110,7 @@ class SeedTasks(StrictModel):
 class CurriculumAdvance(StrictModel):
     """Levels that follow the policy: when the mean success of the last ``window_groups`` training groups
     reaches ``threshold``, every curriculum attribute not yet at its top goes up one level and the tasks are
-    generated again at the new levels (``polar.trainers.task_sampling.Curriculum``)."""
+    generated again at the new levels (``polar.rollout.sessions.task_sampling.Curriculum``)."""
 
     threshold: float = Field(0.7, gt=0, le=1, description="advance when the recent pass rate reaches this")
     window_groups: int = Field(12, ge=1, description="the recent groups the pass rate is taken over")

@@ -1,18 +1,20 @@
-"""Agent runs (``harness.type: agent``): GRPO on groups of agent sessions, SFT on demonstrations, through
-the one loop (``polar.trainers.loop``).
+"""Agent runs (``harness.type: agent``, or the LLM agent on an env harness): the agent stack builder. An agent
+run is the one loop (``polar.trainers.loop.TrainingLoop``) composed here of
 
-The Collector is ``SessionCollector``: ``tasks_per_step`` groups of ``group_size`` sessions from the rollout
-service (harness -> gateway -> verifier), the next batch collected while this one trains when
-``max_off_policy_steps >= 1``. The Learner is ``AgentTrainer``: SFT warm-up first (``sft_warmup``, or the
-whole run for ``policy.type: sft``; it is the run's iteration 0, so an SFT run's checkpoint is
-``ckpt_00000000.pt``), then one GRPO step per iteration: group-relative advantages, the clipped update
-against the engine's recorded logprobs (``polar.algorithms.grpo.GRPOLearner``), weights to the engine
-through the gateway's drain. A step with no usable group updates nothing, publishes nothing and is logged
-with ``update_skipped: 1``.
+- the rollout stack (``build_stack``: engine, gateway, rollout service, in this process; ``build_ray_stack``:
+  sessions on Ray gateway nodes, the learner actor's), started for the run and closed after its final
+  evaluation;
+- a collector: ``polar.rollout.sessions.collector.SessionCollector`` (``tasks_per_step`` groups of
+  ``group_size`` sessions, dynamic sampling, the difficulty filter and curriculum, checkpointed with the run);
+- a learner: ``polar.algorithms.grpo.GRPOLearner`` (one GRPO step per iteration: group-relative advantages,
+  the clipped update against the engine's recorded logprobs, weights to the engine through the gateway's
+  drain) or ``polar.algorithms.sft.SFTLearner``;
+- a warm-up stage: SFT on demonstrations (``sft_warmup``, or the whole of a ``policy.type: sft`` run, whose
+  checkpoint is then ``ckpt_00000000.pt``) through ``DemonstrationCollector`` and ``SFTLearner``, logged as
+  ``sft/...`` rows, one new policy version the engine gets before the first session;
+- an evaluator (``AgentEvaluator``): held-out success over ``eval_tasks`` before GRPO (after the warm-up),
+  every ``eval_every`` steps, and at the end (``eval/summary.json``).
 
-With ``distribution.backend: local`` everything runs in this process: the engine behind an in-process
-gateway, the rollout service with its session pipeline, and the learner (``build_stack``). With ``ray`` the
-learner actor runs this loop on ``build_ray_stack``: gateway nodes, each with its engine, as Ray actors.
 The run directory holds the usual ``config.resolved.yaml``, ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and
 ``eval/``, plus ``gateway/sessions/`` (every call). The metrics rows carry the loop's names (``iteration``,
 ``env_steps``: sessions so far, ``episode_reward_mean``: the step's sessions, ``pg_loss``) and, for tools
@@ -21,26 +23,43 @@ that read agent runs, ``step`` and ``reward_mean``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import BaseModel
+
+from polar.config.grpo import GRPOKwargs
+from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.tasks import resolve
 from polar.harness.sessions import agent_timeout_s, session_runner, session_verifier
 from polar.harness.sessions import load_run_tasks as load_tasks
+from polar.rollout.sessions.collector import SessionStack
 from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
+from polar.rollout.sessions.stats import success_rate
+from polar.trainers.run_dir import RunDir
+from polar.types import Collector, Evaluator, Learner, Metrics, Progress
+
+if TYPE_CHECKING:  # torch and the loop load when a run is built, not when a config is checked (polar run's preflight)
+    from polar.models.llm_policy import LLMPolicy
+    from polar.rollout.sessions.ray_nodes import RaySessionStack
+    from polar.trainers.loop import Budget, OnIteration, Stage, TrainingLoop
 
 log = logging.getLogger(__name__)
 
 
-def pipeline_settings(cfg: Any, workspace_root: Path | None = None) -> PipelineSettings:
-    s, h = cfg.sessions, cfg.harness
-    template = str(resolve(h.cwd, cfg.config_dir)) if getattr(h, "cwd", None) else None
+def pipeline_settings(cfg: AgentRunConfig, workspace_root: Path | None = None) -> PipelineSettings:
+    s = cfg.sessions
+    cwd = getattr(cfg.harness, "cwd", None)  # an agent harness's workspace template
+    template = str(resolve(cwd, cfg.config_dir)) if cwd else None
     if template and not Path(template).is_dir():
-        raise ConfigError(f"harness.cwd {h.cwd!r} is not a directory (resolved next to the config: {template})")
+        raise ConfigError(f"harness.cwd {cwd!r} is not a directory (resolved next to the config: {template})")
     return PipelineSettings(
         max_init_workers=s.max_init_workers, max_run_workers=s.max_run_workers, max_postrun_workers=s.max_postrun_workers,
         session_budget_s=s.session_budget_s, agent_timeout_s=agent_timeout_s(cfg),
@@ -65,28 +84,28 @@ class EmbeddedEngineFactory:
         return with_rollout_sampling(load_engine(self.spec, **self.kwargs), *self.sampling)
 
 
-def rollout_sampling(cfg: Any) -> tuple[float | None, int | None]:
+def rollout_sampling(cfg: AgentRunConfig) -> tuple[float | None, int | None]:
     """``(temperature, max_tokens)`` every model call of a training session samples with (the config's
     ``policy.kwargs``, resolved by ``AgentRunConfig``); ``(None, None)`` for SFT, which samples nothing."""
     kw = cfg.policy.kwargs
-    return getattr(kw, "temperature", None), getattr(kw, "max_tokens", None)
+    return (kw.temperature, kw.max_tokens) if isinstance(kw, GRPOKwargs) else (None, None)
 
 
-def _chat_template(cfg: Any) -> str | None:
+def _chat_template(cfg: AgentRunConfig) -> str | None:
     chat_template = (cfg.model.chat_template if cfg.model else None) or cfg.gateway.chat_template
     if chat_template and chat_template.removeprefix("builtin:") not in ("model", "hermes-tools"):
         chat_template = str(resolve(chat_template, cfg.config_dir))  # a file, next to the config
     return chat_template
 
 
-def _model_spec(cfg: Any) -> tuple[str, str, Any]:
+def _model_spec(cfg: AgentRunConfig) -> tuple[str, str, Any]:
     """``(spec, config key, the section that may ask polar to launch an engine)``."""
     if cfg.model:
         return cfg.model.name_or_path, "model.name_or_path", cfg.model
     return cfg.gateway.model, "gateway.model", cfg.gateway
 
 
-def embedded_engine_factory(cfg: Any, training: bool = False) -> EmbeddedEngineFactory:
+def embedded_engine_factory(cfg: AgentRunConfig, training: bool = False) -> EmbeddedEngineFactory:
     spec, key, _ = _model_spec(cfg)
     return EmbeddedEngineFactory(spec, {**({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
                                         "config_key": key, "chat_template": _chat_template(cfg)},
@@ -128,7 +147,7 @@ def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
     return verifier
 
 
-def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
                 training: bool = False) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
     (default: the run's ``gateway/sessions/``). ``training``: a run's own stack, whose every model call
@@ -168,9 +187,12 @@ def build_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: P
         raise
 
 
-def trained_engine_problem(cfg: Any) -> str | None:
-    """Why ``cfg``'s engine cannot be the trained policy (None: it can): a remote chat endpoint has no weights."""
-    model = getattr(cfg, "model", None)
+def trained_engine_problem(cfg: RunConfig) -> str | None:
+    """Why ``cfg``'s engine cannot be the trained policy (None: it can, or ``cfg`` is an env run): a remote chat
+    endpoint has no weights."""
+    if not isinstance(cfg, AgentRunConfig):
+        return None
+    model = cfg.model
     if model is not None and model.engine == "openai_compat":
         return (f"model.engine: openai_compat ({model.base_url}) serves a remote model with no weights to update, "
                 f"so policy.type {cfg.policy.type} cannot train it; use it with polar generate or as a judge, and "
@@ -178,7 +200,7 @@ def trained_engine_problem(cfg: Any) -> str | None:
     return None
 
 
-def ray_engine_problem(cfg: Any) -> str | None:
+def ray_engine_problem(cfg: AgentRunConfig) -> str | None:
     """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds the embedded
     engine itself; an engine polar launches (``engine: vllm``) or an external server URL is one shared
     thing per run, which the nodes cannot each own."""
@@ -193,8 +215,8 @@ def ray_engine_problem(cfg: Any) -> str | None:
     return None
 
 
-def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
-                    training: bool = False) -> Any:
+def build_ray_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+                    training: bool = False) -> RaySessionStack:
     """The rollout stack of an agent run with ``distribution.backend: ray`` (not started): this process runs
     the rollout service and keeps a local engine the learner is built from; ``max(1, rollout_workers)``
     gateway nodes, each building the same embedded engine inside its Ray actor, are placed with
@@ -221,14 +243,12 @@ def build_ray_stack(cfg: Any, run_dir_path: Path, engine: Any = None, records_di
                            results_dir=run_dir_path / "sessions")
 
 
-def heldout_success(stack: Any, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
+def heldout_success(stack: SessionStack, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
     """``samples`` sessions of every held-out task with the engine's current weights; success rate and counts."""
-    from polar.trainers.llm_trainer import success_rate
-
     return success_rate(stack.run_groups([(t, samples, {"eval": tag}) for t in eval_tasks]))
 
 
-def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, samples: int | None = None,
+def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | None = None, samples: int | None = None,
                        engine: Any = None) -> dict[str, Any]:
     """``polar eval`` for an agent run: its ``eval_tasks`` with the weights of ``checkpoint`` (default: the
     latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``."""
@@ -249,7 +269,7 @@ def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, s
     if "model" not in state:
         raise RunDirError(f"checkpoint {ckpt} holds no LLM weights ('model'); it was not written by an agent run")
     kw = cfg.policy.kwargs
-    samples = samples or getattr(kw, "eval_samples", 1)
+    samples = samples or (kw.eval_samples if isinstance(kw, GRPOKwargs) else 1)
     tag = f"eval_{Path(ckpt).stem}_{time.strftime('%Y%m%d-%H%M%S')}"
     # this evaluation's calls go to a folder of their own, never into the training records
     records = run_dir.eval_dir / "sessions" / tag
@@ -258,23 +278,23 @@ def evaluate_agent_run(run_dir: Any, cfg: Any, checkpoint: Path | None = None, s
         n += 1
         records = run_dir.eval_dir / "sessions" / f"{tag}-{n}"
     with build_stack(cfg, run_dir.path, engine, records_dir=records) as stack:
-        policy = LLMPolicy.from_engine(stack.engine, getattr(kw, "lora", None), **policy_options(cfg))
+        policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
         policy.load_state_dict(state["model"])
         stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
         res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
-    res.update(checkpoint=str(ckpt), step=int(state.get("step", 0)), samples_per_task=samples,
+    res.update(checkpoint=str(ckpt), step=int(state.get("iteration", state.get("step", 0))), samples_per_task=samples,
                policy_version=int(state.get("policy_version", 0)), records=str(records))
     return res
 
 
-def policy_options(cfg: Any) -> dict[str, Any]:
+def policy_options(cfg: AgentRunConfig) -> dict[str, Any]:
     """``LLMPolicy`` options from a run config: the learner's device (``distribution.num_gpus``), and the
     ``policy.kwargs`` autocast and gradient checkpointing switches."""
     from polar.trainers.device import learner_device
 
     kw = cfg.policy.kwargs
-    return {"device": learner_device(cfg.distribution.num_gpus), "autocast": getattr(kw, "autocast", "off"),
-            "gradient_checkpointing": getattr(kw, "gradient_checkpointing", False)}
+    return {"device": learner_device(cfg.distribution.num_gpus), "autocast": kw.autocast,
+            "gradient_checkpointing": kw.gradient_checkpointing}
 
 
 def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
@@ -291,3 +311,165 @@ def heldout_table(title: str, rows: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
+
+
+# ---------------------------------------------------------------- the agent run: one loop, composed
+
+
+class StackBuilder(Protocol):
+    """``build_stack`` (in this process) or ``build_ray_stack`` (sessions on Ray gateway nodes)."""
+
+    def __call__(self, cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
+                 training: bool = False) -> LocalStack | RaySessionStack: ...
+
+
+@dataclass(frozen=True)
+class StackCloser:
+    """Stops a rollout stack when the loop closes it (after the final evaluation, before the logger: the
+    stack's threads log until they stop)."""
+
+    stack: LocalStack | RaySessionStack
+
+    def close(self) -> None:
+        self.stack.stop()
+
+
+class RewardHistory(Protocol):
+    """A GRPO learner's mean reward per step (``GRPOLearner.reward_means``): the summary's first and last."""
+
+    reward_means: list[float]
+
+
+class AgentEvaluator:
+    """Held-out success over ``eval_tasks`` with the engine's current weights (``{}`` without eval_tasks):
+
+    - ``before``: GRPO's starting point (``grpo``: the GRPO learner; None for SFT) (after the SFT warm-up), ``eval/before_grpo.json``; a resumed run reads
+      that file instead of scoring the starting weights again;
+    - ``periodic``: every ``eval_every`` GRPO steps (not the last), as ``eval_*`` fields of the step's row;
+    - ``final``: ``eval_after`` (GRPO, ``eval/after_grpo.json``) or ``eval_final`` (SFT, ``eval/final.json``),
+      and ``eval/summary.json``: the evaluations plus ``<name>: {steps, time_s, reward_first, reward_last}``
+      (``grpo: {...}``)."""
+
+    def __init__(self, run_dir: RunDir, stack: SessionStack, eval_tasks: list[dict[str, Any]], samples: int,
+                 resumed: bool, grpo: RewardHistory | None = None, eval_every: int = 0, total_steps: int = 0,
+                 name: str = "") -> None:
+        self.run_dir = run_dir
+        self.stack = stack
+        self.eval_tasks = eval_tasks
+        self.samples = samples
+        self.resumed = resumed
+        self.grpo = grpo
+        self.eval_every = eval_every
+        self.total_steps = total_steps
+        self.name = name  # the RL stage's key in the summary (its registry row's name)
+        self.summary: dict[str, Any] = {}
+        self._t0 = time.monotonic()
+
+    def evaluate(self, tag: str, write: bool = True) -> dict[str, Any]:
+        if not self.eval_tasks:
+            return {}
+        res: dict[str, Any] = heldout_success(self.stack, self.eval_tasks, self.samples, tag)
+        if write:
+            self.run_dir.write_json(f"eval/{tag}.json", res)
+            log.info("held-out success (%s): %.3f over %d sessions", tag, res["success"], res["sessions"])
+        return res
+
+    def before(self, progress: Progress) -> dict[str, Any]:
+        self._t0 = time.monotonic()
+        if self.grpo is None:
+            return {}
+        done = self.run_dir.path / "eval" / "before_grpo.json"
+        before: dict[str, Any] | None = None
+        if self.resumed and done.is_file():
+            try:
+                before = dict(json.loads(done.read_text()))
+            except (OSError, ValueError) as e:
+                log.warning("could not read %s (%s); evaluating the starting weights again", done, e)
+        self.summary["eval_before"] = before if before is not None else self.evaluate("before_grpo")
+        return dict(self.summary)
+
+    def periodic(self, progress: Progress) -> Metrics:
+        if self.eval_every and progress.iteration % self.eval_every == 0 and progress.iteration < self.total_steps:
+            res = self.evaluate(f"iter_{progress.iteration:08d}", write=False)
+            return {f"eval_{k}": v for k, v in res.items()}
+        return {}
+
+    def final(self, progress: Progress) -> dict[str, Any]:
+        out: dict[str, Any]
+        if self.grpo is not None:
+            stage: dict[str, Any] = {"steps": progress.iteration, "time_s": round(time.monotonic() - self._t0, 1)}
+            if self.grpo.reward_means:
+                stage.update(reward_first=self.grpo.reward_means[0], reward_last=self.grpo.reward_means[-1])
+            out = {"eval_after": self.evaluate("after_grpo"), self.name: stage}
+        else:
+            out = {"eval_final": self.evaluate("final")}
+        self.run_dir.write_json("eval/summary.json", {**self.summary, **out})
+        return out
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What every agent row composes from: the config, the run directory, the started rollout stack, the policy
+    the learner trains (built from the stack's engine), the checkpoint to resume from (None: a fresh run), and
+    the held-out tasks."""
+
+    cfg: AgentRunConfig
+    run_dir: RunDir
+    stack: LocalStack | RaySessionStack
+    policy: LLMPolicy
+    state: Mapping[str, Any] | None
+    eval_tasks: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class AgentParts:
+    """An agent row's share of the loop: collector, learner, evaluator, budget, warm-up stages, the episodes
+    ``episode_reward_mean`` averages over."""
+
+    collector: Collector[Any]
+    learner: Learner[Any]
+    evaluator: Evaluator
+    budget: Budget
+    warm_up: Sequence[Stage[Any]] = ()
+    episode_window: int = 100
+
+
+@dataclass(frozen=True)
+class AgentAlgorithm:
+    """One agent algorithm's row (``polar.trainers.registry.AGENT_ALGORITHMS``): its ``policy.kwargs`` model,
+    ``check(cfg)`` (config errors found before the stack starts) and ``make_parts(context)``."""
+
+    kwargs: type[BaseModel]
+    make_parts: Callable[[AgentContext], AgentParts]
+    check: Callable[[AgentRunConfig], None] = lambda cfg: None
+
+
+def build_agent_loop(row: AgentAlgorithm, cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False,
+                     on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
+                     engine: Any = None, stack_builder: StackBuilder = build_stack) -> TrainingLoop[Any]:
+    """The loop of an agent run, composed (module docstring) from its algorithm's ``row``
+    (``polar.trainers.registry.agent_algorithm``); its rollout stack is started here and stopped when the loop
+    ends. ``engine``: an inference engine already loaded (tests, benchmarks) instead of the one the config
+    names; ``resume``: continue from the run directory's newest checkpoint."""
+    from polar.models.llm_policy import LLMPolicy
+    from polar.trainers.checkpoint import CheckpointManager
+    from polar.trainers.loop import TrainingLoop
+
+    row.check(cfg)  # before minutes of engine start
+    state: Mapping[str, Any] | None = None
+    if resume:
+        ckpt, state = CheckpointManager(run_dir.checkpoints_dir, keep=cfg.logging.keep_checkpoints).load_newest()
+        if ckpt is not None:
+            log.info("resuming from checkpoint %s", ckpt)
+    run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
+    eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
+    stack = stack_builder(cfg, run_dir.path, engine, training=True).__enter__()
+    try:
+        policy = LLMPolicy.from_engine(stack.engine, cfg.policy.kwargs.lora, **policy_options(cfg))
+        parts = row.make_parts(AgentContext(cfg, run_dir, stack, policy, state, eval_tasks))
+        return TrainingLoop(cfg, run_dir, parts.collector, parts.learner, parts.evaluator, budget=parts.budget,
+                            state=state, episode_window=parts.episode_window, on_iteration=on_iteration,
+                            extra_metrics=extra_metrics, warm_up=parts.warm_up, close_after=[StackCloser(stack)])
+    except BaseException:
+        stack.stop()
+        raise

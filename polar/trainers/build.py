@@ -4,7 +4,7 @@ all come through here, and the Ray learner actor calls the same ``compose``.
 Two choices, made once:
 
 - **what learns**: an agent run (``harness.type: agent``, or ``agent: {type: llm}`` on an env harness) trains
-  an LLM policy with GRPO or SFT on session groups (``polar.trainers.agent.AgentTrainer``); an env run is
+  an LLM policy with GRPO or SFT on session groups (``polar.trainers.agentic_run.build_agent_loop``); an env run is
   composed from its algorithm's row in ``polar.trainers.registry`` (``compose``): the env side (a rollout
   backend, or a dataset), the acting policy, the row's learner and collector, the evaluator, into the one
   ``polar.trainers.loop.TrainingLoop``;
@@ -207,9 +207,11 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
             from polar.trainers.ray_driver import RayLearnerDriver
 
             return RayLearnerDriver(cfg, run_dir, compose, resume=resume, on_iteration=on_iteration)
-        from polar.trainers.agent import AgentTrainer
+        from polar.trainers.agentic_run import build_agent_loop
+        from polar.trainers.registry import agent_algorithm
 
-        return AgentTrainer(cfg, run_dir, resume=resume, on_iteration=on_iteration, engine=engine)
+        return build_agent_loop(agent_algorithm(cfg), cfg, run_dir, resume=resume, on_iteration=on_iteration,
+                                engine=engine)
     if cfg.distribution.backend == "ray":
         from polar.trainers.registry import algorithm
 
@@ -285,6 +287,22 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
 def build_session_stack(cfg: RunConfig, work_dir: str | Path, engine: Any = None, records_dir: Path | None = None) -> Any:
     """Engine + gateway + rollout service for an agent config, not started (``polar generate``, evaluation
     suites); calls are recorded under ``records_dir`` (default ``work_dir/gateway/sessions``)."""
+    from polar.harness.sessions import session_runner
     from polar.trainers.agentic_run import build_stack
 
+    if not isinstance(cfg, AgentRunConfig):
+        session_runner(cfg)  # raises the ConfigError that says what an agent run needs
+        raise ConfigError(f"{cfg.name}: not an agent run")
     return build_stack(cfg, Path(work_dir), engine, records_dir=records_dir)
+
+
+def train_agentic(cfg: AgentRunConfig, run_dir: RunDir, resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """An agent run from start to end in this process (``polar run`` does the same through ``build_trainer``;
+    tests and benchmarks call this); returns its summary. ``run.json`` records this process as the run's owner
+    and the run's final status, however it ends."""
+    from polar.trainers.agentic_run import build_agent_loop
+    from polar.trainers.lifecycle import run_guard
+    from polar.trainers.registry import agent_algorithm
+
+    with run_guard(run_dir, cfg.logging.sigterm_grace_s):
+        return build_agent_loop(agent_algorithm(cfg), cfg, run_dir, resume=resume, engine=engine).train()

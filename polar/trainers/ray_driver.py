@@ -8,7 +8,7 @@ directory; only the rollout backend differs); its Ray backend creates
 the rollout actors from inside the learner actor, so fragments go rollout actor -> learner actor
 through the object store and never pass through the driver.
 
-An agent run (GRPO/SFT) goes the same way: the actor runs ``polar.trainers.agent.AgentTrainer`` (the same
+An agent run (GRPO/SFT) goes the same way: the actor runs the loop ``polar.trainers.agentic_run.build_agent_loop`` composes (the same
 loop) on ``build_ray_stack``: the rollout service and a local copy of the model (the learner's) live in the
 actor, and ``max(1, rollout_workers)`` gateway nodes, each with its own engine, are Ray actors the learner
 owns, placed with ``distribution.gateway_resources``; every new version goes to every node, and a lost
@@ -111,11 +111,12 @@ class LearnerActor:
         if cfg.kind == "agent":  # GRPO/SFT: the same loop, its sessions on gateway nodes this actor places
             # an LLM learner uses the CPUs its actor reserved (env learners keep 1 thread: small networks)
             torch.set_num_threads(max(1, int(cfg.distribution.learner_resources.num_cpus)))
-            from polar.trainers.agent import AgentTrainer
-            from polar.trainers.agentic_run import build_ray_stack
+            from polar.trainers.agentic_run import build_agent_loop, build_ray_stack
+            from polar.trainers.registry import agent_algorithm
 
-            self.trainer = AgentTrainer(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
-                                        extra_metrics=extra, stack=build_ray_stack)
+            self.trainer = build_agent_loop(agent_algorithm(cfg), cfg, RunDir.open(run_dir), resume=resume,
+                                            on_iteration=self._record, extra_metrics=extra,
+                                            stack_builder=build_ray_stack)
             return
         self.trainer = compose(cfg, RunDir.open(run_dir), resume=resume, on_iteration=self._record,
                                backend_factory=backend_factory, extra_metrics=extra)
@@ -138,7 +139,7 @@ class LearnerActor:
 
     def gateway_nodes(self) -> list[dict[str, Any]]:
         """An agent run's gateway node actors now: ``{node_id, url, ray_node_id}`` each (operators, tests)."""
-        nodes = getattr(getattr(self.trainer, "stack", None), "nodes", None)
+        nodes = getattr(getattr(getattr(self.trainer, "collector", None), "stack", None), "nodes", None)
         return nodes.describe() if nodes is not None else []
 
     def rollout_actors(self) -> dict[int, Any]:

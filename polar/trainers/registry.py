@@ -1,4 +1,5 @@
-"""One row per env algorithm: ``{policy.type: Algorithm(Kwargs, make_learner, make_collector, ...)}``. With the
+"""One row per algorithm: ``{policy.type: Algorithm(Kwargs, make_learner, make_collector, ...)}`` for env runs,
+``{policy.type: AgentAlgorithm(Kwargs, make_parts)}`` for agent runs (GRPO, SFT). With the
 config models, this is the only place that knows algorithm names; ``polar.trainers.build`` composes a row into
 the one loop, for ``polar run`` and the Ray learner actor alike.
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import torch
@@ -22,26 +23,39 @@ from polar.algorithms.appo import APPOLearner
 from polar.algorithms.bc import BCLearner
 from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
 from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.iql import IQLLearner
 from polar.algorithms.ppo import PPOLearner
 from polar.algorithms.sac import SACLearner
+from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
 from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
+from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
+from polar.config.llm_agent import ReasoningGymTasks
 from polar.config.ppo import PPOKwargs
-from polar.config.run import EnvRunConfig
+from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.config.sac import SACKwargs
 from polar.errors import ConfigError
+from polar.harness.agent.tasks import resolve
+from polar.harness.sessions import load_run_tasks as load_tasks
 from polar.models.off_policy import QCritic, network_settings
 from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_name
 from polar.rollout.backends.replay import ReplayCollector
+from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector
+from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
+from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
 from polar.trainers.continual import MixedReplay, old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
-from polar.types import Collector, Learner, Rollout
+from polar.trainers.loop import Stage, iterations_budget
+from polar.types import Collector, Learner, Rollout, SessionResult
+
+if TYPE_CHECKING:
+    from polar.models.llm_policy import LLMPolicy
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +238,89 @@ ALGORITHMS: dict[str, Algorithm] = {
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
 }
-AGENT_ALGORITHMS = ("grpo", "sft")  # agent runs (polar.trainers.agent until they are rows here)
+# ---------------------------------------------------------------------- GRPO, SFT (agent runs)
+def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwargs: SFTKwargs
+               ) -> tuple[Stage[Any], SFTLearner]:
+    """SFT on ``demonstrations`` (a chat JSONL or a ``polar generate`` dataset) as a stage of the loop."""
+    from polar.models.llm_policy import load_demonstrations
+
+    demos = load_demonstrations(resolve(demonstrations, cfg.config_dir), policy.tokenizer)
+    learner = SFTLearner(policy, kwargs)
+    steps = sft_steps(len(demos), kwargs)
+    log.info("SFT: %d steps over %d demonstrations", steps, len(demos))
+    collector = DemonstrationCollector(demonstration_batches(demos, kwargs, cfg.seed))
+    return Stage("sft", collector, learner, iterations_budget(steps)), learner
+
+
+def check_grpo(cfg: AgentRunConfig) -> None:
+    kw = cfg.policy.kwargs
+    if not cfg.tasks:
+        raise ConfigError("policy grpo needs 'tasks: FILE.jsonl' (the prompts to roll out)")
+    sft = cfg.sft_warmup
+    if sft is not None and sft.kwargs.lora is not None and kw.lora is None:
+        raise ConfigError("sft_warmup.kwargs.lora is set but policy.kwargs.lora is not; use the same for both")
+
+
+def check_sft(cfg: AgentRunConfig) -> None:
+    if not isinstance(cfg.tasks, str):
+        raise ConfigError("policy sft needs 'tasks: FILE.jsonl' (the demonstrations: a chat JSONL or a polar "
+                          f"generate dataset), not {cfg.tasks!r}")
+
+
+def grpo_parts(ctx: AgentContext) -> AgentParts:
+    """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
+    held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
+    (``sft_warmup``) as the first stage of a fresh run."""
+    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
+    assert isinstance(kw, GRPOKwargs)  # the row's kwargs model
+    warm_up = []
+    if cfg.sft_warmup is not None and ctx.state is None:
+        warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
+    learner = GRPOLearner(ctx.policy, kw)
+    tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
+    difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
+    source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum
+    curriculum = Curriculum(source) if isinstance(source, ReasoningGymTasks) and source.advance is not None else None
+    # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
+    dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
+    overlong_filter = bool(kw.overlong_filter)
+    signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
+    collector = SessionCollector(
+        ctx.stack, tasks, kw.tasks_per_step, kw.group_size, cfg.seed, batches=kw.total_steps,
+        prefetch=kw.max_off_policy_steps >= 1, max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
+        signal=signal, difficulty=difficulty, curriculum=curriculum)
+    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, kw.eval_samples, ctx.state is not None,
+                               learner, kw.eval_every, kw.total_steps, name="grpo")
+    return AgentParts(collector, learner, evaluator, iterations_budget(kw.total_steps), warm_up,
+                      episode_window=kw.tasks_per_step * kw.group_size)
+
+
+def sft_parts(ctx: AgentContext) -> AgentParts:
+    """SFT: the whole run is the warm-up stage (``tasks`` are the demonstrations), so its checkpoint is
+    ``ckpt_00000000.pt``; no GRPO iteration follows, the final evaluation scores the trained weights."""
+    cfg, kw = ctx.cfg, ctx.cfg.policy.kwargs
+    assert isinstance(kw, SFTKwargs)  # the row's kwargs model
+    assert isinstance(cfg.tasks, str)  # check_sft
+    stage, learner = _sft_stage(cfg, ctx.policy, cfg.tasks, kw)
+    collector = SessionCollector(ctx.stack, [], 1, 1, cfg.seed, batches=0, prefetch=False)  # publishes only
+    evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, 1, ctx.state is not None)
+    return AgentParts(collector, learner, evaluator, iterations_budget(0), [stage] if ctx.state is None else [])
+
+
+# agent runs: the loop polar.trainers.agentic_run.build_agent_loop composes around the run's rollout stack
+AGENT_ALGORITHMS: dict[str, AgentAlgorithm] = {
+    "grpo": AgentAlgorithm(GRPOKwargs, grpo_parts, check=check_grpo),
+    "sft": AgentAlgorithm(SFTKwargs, sft_parts, check=check_sft),
+}
+
+
+def agent_algorithm(cfg: AgentRunConfig) -> AgentAlgorithm:
+    """The agent row of ``cfg.policy.type``."""
+    row = AGENT_ALGORITHMS.get(cfg.policy.type)
+    if row is None:
+        raise ConfigError(f"policy.type {cfg.policy.type!r}: agent harnesses train with "
+                          f"{' or '.join(map(repr, AGENT_ALGORITHMS))}")
+    return row
 
 
 def algorithm(cfg: EnvRunConfig) -> Algorithm:

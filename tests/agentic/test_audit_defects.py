@@ -14,7 +14,7 @@ import pytest
 
 from polar.config import load_config
 from polar.metrics.logger import read_metrics
-from polar.trainers.agent import train_agentic
+from polar.trainers.build import train_agentic
 from polar.trainers.checkpoint import load_checkpoint
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import HERE, write_jsonl
@@ -59,7 +59,7 @@ def test_grpo_step_without_a_usable_group_keeps_the_policy_version(tmp_path, cap
 
     engine.update_weights = spy
     run_dir = RunDir.create("no-signal", tmp_path / "run")
-    with caplog.at_level(logging.WARNING, logger="polar.trainers.agent"):
+    with caplog.at_level(logging.WARNING, logger="polar.algorithms.grpo"):
         summary = train_agentic(cfg, run_dir, engine=engine)
 
     assert summary["grpo"]["steps"] == 2

@@ -18,7 +18,7 @@ from polar.harness.agent.verifiers import checked_verifier
 from polar.rollout.sessions.local import LocalStack
 from polar.rollout.sessions.pipeline import PipelineSettings
 from polar.rollout.sessions.session import SessionStatus
-from polar.trainers.llm_trainer import success_rate
+from polar.rollout.sessions.stats import success_rate
 from tests.agentic.helpers import HERE, write_jsonl
 
 ROOT = HERE.parent.parent

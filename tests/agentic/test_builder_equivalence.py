@@ -47,7 +47,7 @@ def test_builders_train_to_the_same_loss(session_records, rewarded):
         policy = LLMPolicy(copy.deepcopy(engine.model), engine.tokenizer)
         torch.manual_seed(0)
         learner = GRPOLearner(policy, GRPOKwargs(learning_rate=3e-5, micro_batch_size=2, group_size=3))
-        losses[builder] = [learner.update(samples, advs)["policy_loss"] for _ in range(3)]
+        losses[builder] = [learner.optimize(samples, advs)["policy_loss"] for _ in range(3)]
     assert counts == {"per_request": 12, "prefix_merging": 3}
     # same tokens, same contexts, same token-level normalization: the same loss at every step
     for a, b in zip(losses["per_request"], losses["prefix_merging"], strict=True):

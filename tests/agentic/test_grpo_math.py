@@ -71,8 +71,8 @@ def test_sft_loss_counts_only_targets():
 
 
 def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
+    from polar.algorithms.grpo import group_batch
     from polar.rollout.sessions.session import SessionResult, SessionStatus
-    from polar.trainers.llm_trainer import group_batch
     from polar.types import TrajectorySample
 
     def res(reward, version, status=SessionStatus.DONE, i=0):
@@ -91,8 +91,8 @@ def test_group_batch_drops_stale_groups_error_sessions_and_flat_groups():
 
 
 def test_group_batch_keeps_tied_groups_below_the_best_reward_at_advantage_zero_for_the_kl():
+    from polar.algorithms.grpo import best_reward, group_batch, reward_range
     from polar.rollout.sessions.session import SessionResult, SessionStatus
-    from polar.trainers.llm_trainer import best_reward, group_batch, reward_range
     from polar.types import TrajectorySample
 
     def res(reward, i, group):
@@ -137,7 +137,7 @@ def test_heldout_success_uses_the_verifiers_verdict_not_a_shaped_reward():
     from polar.evaluation.metrics import get_metric
     from polar.evaluation.suite import MetricSpec
     from polar.rollout.sessions.session import SessionResult, SessionStatus
-    from polar.trainers.llm_trainer import success_rate
+    from polar.rollout.sessions.stats import success_rate
 
     def result(i, reward, status=SessionStatus.DONE, **verdict):
         return SessionResult(session_id=f"s{i}", task_id="t", group_id="t", sample_index=i, status=status,
@@ -179,9 +179,9 @@ def test_step_advantages_compare_turns_from_the_same_state_by_their_return_to_go
 
 
 def test_group_batch_with_step_advantage_gives_each_turns_tokens_its_own_credit():
+    from polar.algorithms.grpo import group_batch
     from polar.config.grpo import StepAdvantageConfig
     from polar.rollout.sessions.session import SessionResult, SessionStatus
-    from polar.trainers.llm_trainer import group_batch
     from polar.types import TrajectorySample
 
     def res(i, reward, turns):
@@ -225,12 +225,12 @@ def test_low_signal_warning_leaves_out_groups_tied_at_the_best_reward(caplog):
     enlarge the group; a step whose groups tied below the best still gets it."""
     from types import SimpleNamespace
 
-    from polar.trainers.agent import AgentTrainer
+    from polar.algorithms.grpo import GRPOLearner
 
-    trainer = SimpleNamespace(_low_signal_steps=0, iteration=26)
-    warn = AgentTrainer._warn_on_low_signal
-    with caplog.at_level("WARNING", logger="polar.trainers.agent"):
-        warn(trainer, {"groups": 2, "groups_used": 0, "groups_no_signal": 2, "groups_tied_at_best": 2}, 16)
-        assert not caplog.records and trainer._low_signal_steps == 0
-        warn(trainer, {"groups": 2, "groups_used": 0, "groups_no_signal": 2, "groups_tied_at_best": 1}, 16)
+    learner = SimpleNamespace(_low_signal_steps=0, kw=SimpleNamespace(group_size=16))
+    warn = GRPOLearner.warn_on_low_signal
+    with caplog.at_level("WARNING", logger="polar.algorithms.grpo"):
+        warn(learner, {"groups": 2, "groups_used": 0, "groups_no_signal": 2, "groups_tied_at_best": 2}, 27)
+        assert not caplog.records and learner._low_signal_steps == 0
+        warn(learner, {"groups": 2, "groups_used": 0, "groups_no_signal": 2, "groups_tied_at_best": 1}, 27)
     assert len(caplog.records) == 1 and "only 0% of the groups carry a signal" in caplog.text

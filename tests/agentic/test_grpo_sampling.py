@@ -11,7 +11,7 @@ import pytest
 
 from polar.config import load_config
 from polar.metrics.logger import read_metrics
-from polar.trainers.agent import train_agentic
+from polar.trainers.build import train_agentic
 from polar.trainers.checkpoint import load_checkpoint, save_checkpoint
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import HERE, write_jsonl
@@ -64,7 +64,7 @@ def test_dynamic_sampling_draws_until_enough_groups_have_a_signal(tmp_path):
 
 def test_dynamic_sampling_without_any_signal_skips_the_step_and_says_what_helps(tmp_path, caplog):
     kinds = {f"f{i}": "flat" for i in range(4)}
-    with caplog.at_level(logging.WARNING, logger="polar.trainers.agent"):
+    with caplog.at_level(logging.WARNING, logger="polar.rollout.sessions.collector"):
         _, rows, _ = _run(tmp_path, kinds, 2, "dynamic_sampling: {max_extra_rounds: 2}", group_size=2)
     # bounded: the first round plus 2 extra rounds of tasks_per_step groups each, then the step is skipped
     assert [r["groups_drawn"] for r in rows] == [6, 6]

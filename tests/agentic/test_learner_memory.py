@@ -64,7 +64,7 @@ def test_full_fine_tune_reference_is_a_frozen_copy():
     ref_ptrs = {p.data_ptr() for p in learner.reference.parameters()}
     assert ref_ptrs.isdisjoint(p.data_ptr() for p in learner.policy.model.parameters())
     before = [p.clone() for p in learner.reference.parameters()]
-    learner.update(_samples(), [1.0, -1.0, 0.5, -0.5])
+    learner.optimize(_samples(), [1.0, -1.0, 0.5, -0.5])
     assert all(torch.equal(a, b) for a, b in zip(before, learner.reference.parameters(), strict=True))
 
 
@@ -75,7 +75,7 @@ def test_lora_reference_logprobs_equal_a_true_copy_of_the_base():
     learner = GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=0.1, lora=cfg, learning_rate=1e-2))
     samples = _samples()
     for _ in range(2):  # move the adapters, so policy and reference differ
-        learner.update(samples, [1.0, -1.0, 0.5, -0.5])
+        learner.optimize(samples, [1.0, -1.0, 0.5, -0.5])
     batch = collate(samples, 0)
     ref = learner.reference_logprobs(batch)
     with torch.no_grad():
@@ -97,7 +97,7 @@ def test_the_kl_alone_pulls_a_moved_policy_back_when_every_advantage_is_zero():
     learner = GRPOLearner(LLMPolicy(model, tok, cfg), GRPOKwargs(kl_coef=1.0, lora=cfg, learning_rate=1e-2))
     samples = _samples()
     for _ in range(3):
-        learner.update(samples, [1.0, -1.0, 0.5, -0.5])
+        learner.optimize(samples, [1.0, -1.0, 0.5, -0.5])
     batch = collate(samples, 0)
     mask = batch.loss_mask.bool()
 
@@ -108,7 +108,7 @@ def test_the_kl_alone_pulls_a_moved_policy_back_when_every_advantage_is_zero():
 
     moved = kl_to_base()
     assert moved > 1e-4
-    stats = [learner.update(samples, [0.0, 0.0, 0.0, 0.0]) for _ in range(5)]
+    stats = [learner.optimize(samples, [0.0, 0.0, 0.0, 0.0]) for _ in range(5)]
     assert all(abs(s["policy_loss"]) < 1e-9 and s["kl"] > 0 for s in stats)
     assert kl_to_base() < 0.5 * moved
 
@@ -143,7 +143,7 @@ def test_bf16_autocast_and_gradient_checkpointing_train():
         assert (policy.model.is_gradient_checkpointing if on is None else on) == (name == "checkpointed")
         assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in policy.model.parameters())
         learner = GRPOLearner(policy, GRPOKwargs(micro_batch_size=2, learning_rate=1e-5))
-        stats = learner.update(samples, advs)
+        stats = learner.optimize(samples, advs)
         assert all(torch.isfinite(torch.tensor(v)) for v in stats.values()), stats
         # the gradient of one more backward (update() already stepped; only compare like with like)
         policy.model.zero_grad()
@@ -179,7 +179,7 @@ def test_a_micro_batch_too_large_for_memory_is_split_with_the_same_gradient(monk
         monkeypatch.setattr(grpo, "memory_budget_bytes", lambda device: budget)
         learner = _learner(0.0, lora=False)
         random.seed(0)
-        stats = learner.update(_samples(6), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+        stats = learner.optimize(_samples(6), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
         return {k: v.detach().clone() for k, v in learner.policy.model.state_dict().items()}, stats
 
     whole, whole_stats = updated(float("inf"))
@@ -206,19 +206,19 @@ def test_minibatches_are_sequential_optimizer_steps_on_slices_of_the_shuffled_ba
     random.shuffle(order)
     two = learner(2)
     random.seed(0)
-    stats = two.update(samples, advs)
+    stats = two.optimize(samples, advs)
     assert stats["optimizer_steps"] == 2.0
     assert int(two.optimizer.state_dict()["state"][0]["step"]) == 2
 
     one = learner(1)
     for half in (order[:3], order[3:]):
-        one.update([samples[i] for i in half], [advs[i] for i in half])
+        one.optimize([samples[i] for i in half], [advs[i] for i in half])
     a, b = two.policy.model.state_dict(), one.policy.model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     # and not the one-step update on the whole batch
     whole = learner(1)
     random.seed(0)
-    whole.update(samples, advs)
+    whole.optimize(samples, advs)
     assert any(not torch.allclose(a[k], whole.policy.model.state_dict()[k], atol=1e-6) for k in a)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from polar.config import load_config
 from polar.metrics.logger import read_metrics
-from polar.trainers.agent import train_agentic
+from polar.trainers.build import train_agentic
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import HERE, write_jsonl
 
@@ -54,7 +54,7 @@ logging: {checkpoint_freq: 3, tensorboard: false}
     after = engine.model.state_dict()  # the serving engine got the trained weights through the drain
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) > len(before) // 2
-    assert summary["sft"]["steps"] == 20 and summary["sft"]["last_loss"] < summary["sft"]["first_loss"]
+    assert summary["sft"]["updates"] == 20 and summary["sft"]["last"]["sft_loss"] < summary["sft"]["first"]["sft_loss"]
     b, a = summary["eval_before"]["success"], summary["eval_after"]["success"]
     rows = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
     assert a >= b + 0.2, (b, a, [r["reward_mean"] for r in rows])

@@ -161,7 +161,7 @@ def test_judge_reply_that_is_not_json_is_retried_once_then_a_failed_judgement(tm
 
 
 def test_failed_judgements_are_counted_in_the_drop_summary(tmp_path: Path, judge_server: Any) -> None:
-    from polar.trainers.session_stats import summarize_drops
+    from polar.rollout.sessions.stats import summarize_drops
 
     judge = json.dumps({"engine": "openai_compat", "base_url": f"http://127.0.0.1:{judge_server.server_port}/v1",
                         "model": "judge"})

@@ -9,7 +9,7 @@ import torch
 
 from polar.config import load_config
 from polar.metrics.logger import read_metrics
-from polar.trainers.agent import train_agentic
+from polar.trainers.build import train_agentic
 from polar.trainers.checkpoint import load_checkpoint, save_checkpoint
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import HERE, write_jsonl

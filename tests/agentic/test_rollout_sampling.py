@@ -6,7 +6,7 @@ import sys
 
 from polar.config import load_config
 from polar.inference import load_engine
-from polar.trainers.agent import train_agentic
+from polar.trainers.build import train_agentic
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import HERE, write_jsonl
 

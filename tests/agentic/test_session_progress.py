@@ -12,7 +12,8 @@ from polar.config import load_config
 from polar.inference import ScriptedEngine
 from polar.inference.tiny import build_tiny_tokenizer
 from polar.metrics.logger import read_metrics
-from polar.trainers.agent import SessionCollector, train_agentic
+from polar.rollout.sessions.collector import SessionCollector
+from polar.trainers.build import train_agentic
 from polar.trainers.run_dir import RunDir
 from tests.agentic.helpers import EXAMPLES, HERE, oracle_script, write_jsonl
 

@@ -5,7 +5,7 @@ import random
 
 from polar.config.grpo import DifficultyFilterConfig
 from polar.rollout.sessions.session import SessionResult, SessionStatus
-from polar.trainers.task_sampling import TaskDifficulty
+from polar.rollout.sessions.task_sampling import TaskDifficulty
 
 
 def _group(task_id: str, rewards: list[float]) -> list[SessionResult]:

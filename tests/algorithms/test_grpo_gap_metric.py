@@ -33,7 +33,7 @@ def test_update_reports_the_gap_against_recorded_logprobs():
     rec = [0.0, 0.0] + [lp + shift for lp in true_lp[2:]]
     samples = [_sample(ids, rec)] * 2
     learner = GRPOLearner(policy, GRPOKwargs(micro_batch_size=1, tis_cap=2.0, learning_rate=1e-5))
-    stats = learner.update(samples, [1.0, -1.0])
+    stats = learner.optimize(samples, [1.0, -1.0])
     assert math.isclose(stats["logprob_gap_mean"], shift, rel_tol=1e-3)
     assert math.isclose(stats["logprob_gap_max"], shift, rel_tol=1e-3)
     assert math.isclose(stats["tis_weight_mean"], math.exp(-shift), rel_tol=1e-3)

@@ -84,9 +84,9 @@ def test_frozen_llm_value_head_learns_the_returns_and_only_the_head_moves():
     learner = _learner(freeze=True)
     before = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}
     samples, returns = _samples()
-    first = learner.update(samples, returns=returns)
+    first = learner.optimize(samples, returns=returns)
     for _ in range(30):
-        last = learner.update(samples, returns=returns)
+        last = learner.optimize(samples, returns=returns)
     assert first["turns"] == 16 and first["value_mean"] == 0.0  # the head starts at 0
     assert first["value_loss"] == pytest.approx(0.5) and last["value_loss"] < 0.05
     assert last["explained_variance"] > 0.8
@@ -96,7 +96,7 @@ def test_frozen_llm_value_head_learns_the_returns_and_only_the_head_moves():
 def test_lora_policy_trains_with_the_critic_and_the_head_round_trips_a_checkpoint():
     learner = _learner(freeze=False, lora=True, lr=3e-3)
     samples, returns = _samples()
-    stats = [learner.update(samples, returns=returns) for _ in range(4)]
+    stats = [learner.optimize(samples, returns=returns) for _ in range(4)]
     assert all("policy_loss" in s and "value_loss" in s for s in stats)
     assert stats[-1]["value_loss"] < stats[0]["value_loss"]
     state = learner.state_dict()

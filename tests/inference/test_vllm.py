@@ -314,7 +314,7 @@ def test_grpo_with_vllm_syncs_each_step_and_records_carry_the_new_versions(launc
 
     from polar.config import load_config
     from polar.config.sync import WeightSyncConfig
-    from polar.trainers.agent import train_agentic
+    from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
 
     here = Path(__file__).parent
@@ -351,7 +351,7 @@ logging: {{checkpoint_freq: 0, tensorboard: false}}
     finally:  # the shared replica serves the base weights again for the tests after this one
         launched_vllm.configure_sync(WeightSyncConfig(), tmp_path / "restore")
         run(launched_vllm.update_weights(_base_state(vllm_model_folder), 1000))
-    assert summary["grpo"]["steps"] == 2 and summary["sft"]["steps"] == 1
+    assert summary["grpo"]["steps"] == 2 and summary["sft"]["updates"] == 1
     rows = [json.loads(line) for line in run_dir.metrics_path.read_text().splitlines()]
     steps = [r for r in rows if "logprob_gap_mean" in r]
     assert steps and all(abs(r["logprob_gap_mean"]) < 0.5 for r in steps)  # bf16 replica, fp32 learner

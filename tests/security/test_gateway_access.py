@@ -446,7 +446,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
 
     from polar.config import load_config
     from polar.inference import load_engine
-    from polar.trainers.agent import train_agentic
+    from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
     from tests.agentic.helpers import HERE, write_jsonl
 

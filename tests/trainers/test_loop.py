@@ -16,7 +16,6 @@ from polar.config import RunConfig, validate
 from polar.metrics.logger import read_metrics
 from polar.rollout.backends.collector import EnvCollector
 from polar.rollout.backends.replay import ReplayCollector
-from polar.trainers.agent import AgentTrainer
 from polar.trainers.build import build_trainer, progress_total, run_kind
 from polar.trainers.checkpoint import load_checkpoint
 from polar.trainers.env_run import PolicyLearner
@@ -182,14 +181,29 @@ def test_build_composes_every_env_algorithm_for_every_backend(tmp_path, policy, 
     assert type(build_trainer(ray, RunDir.create("x", tmp_path / "ray"))) is RayLearnerDriver
 
 
-def test_build_picks_the_agent_trainer_for_agent_runs(tmp_path):
+def test_build_composes_the_one_loop_for_agent_runs(tmp_path):
+    import sys
+
+    from polar.inference import load_engine
+    from polar.rollout.sessions.collector import SessionCollector
+    from tests.agentic.helpers import HERE, write_jsonl
+
+    sys.path.insert(0, str(HERE))  # the harness module lives next to the agentic tests
+    write_jsonl(tmp_path / "tasks.jsonl", [{"id": "t0", "prompt": "Say something."}])
     cfg = validate(RunConfig, {
-        "harness": {"type": "agent", "callable": "agents_for_tests:one_token"}, "tasks": "tasks.jsonl",
+        "harness": {"type": "agent", "callable": "agents_for_tests:one_token"}, "tasks": str(tmp_path / "tasks.jsonl"),
+        "model": {"name_or_path": "tiny"},
         "policy": {"type": "grpo", "kwargs": {"total_steps": 3, "tasks_per_step": 2, "group_size": 4}},
     })
     assert run_kind(cfg) == "agent" and progress_total(cfg) == 3 * 2 * 4  # sessions
-    trainer = build_trainer(cfg, RunDir.create("x", tmp_path / "run"))
-    assert type(trainer) is AgentTrainer and trainer.total_steps == 3
+    trainer = build_trainer(cfg, RunDir.create("x", tmp_path / "run"), engine=load_engine("tiny"))
+    try:
+        assert type(trainer) is TrainingLoop and isinstance(trainer.collector, SessionCollector)
+        assert isinstance(trainer.learner, Learner) and not trainer.budget(trainer.progress)
+        assert trainer.collector.total_batches == 3
+    finally:
+        for closer in trainer.close_after:  # the stack build_trainer started
+            closer.close()
 
 
 def test_a_warm_up_stage_runs_before_the_main_one_on_fresh_runs_only(tmp_path):

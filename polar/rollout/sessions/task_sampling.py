@@ -6,7 +6,7 @@ always solves, or never does, costs a step's sessions and teaches nothing. ``Tas
 pass-rate estimate per task id (an exponential moving average of its groups' success) and admits a task when
 its turn comes if the estimate lies in ``[low, high]`` or the task was never drawn; one outside the band is
 admitted with probability ``explore_share``, so its estimate follows the policy as it learns. Its state goes
-into the learner's checkpoint, so a resumed run keeps what it learned about the tasks.
+into the session collector's share of the checkpoint, so a resumed run keeps what it learned about the tasks.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from polar.config.grpo import DifficultyFilterConfig
 from polar.config.llm_agent import ReasoningGymTasks
-from polar.rollout.sessions.session import SessionResult, SessionStatus
-from polar.trainers.llm_trainer import session_success
+from polar.rollout.sessions.stats import session_success
+from polar.types import SessionResult, SessionStatus
 
 
 class TaskDifficulty:

@@ -1,4 +1,4 @@
-"""What a batch of agent sessions did, in session words: why sessions gave no training data (``polar
+"""What a batch of agent sessions did, in session words: held-out success (``success_rate``), why sessions gave no training data (``polar
 generate``'s summary), how often the model called a tool, timed out or was fully masked (the per-step
 metrics of agent runs), and how far a collection in progress has come (the progress lines of both)."""
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.rollout.sessions.session import SessionResult, SessionStatus
+from polar.types import SessionResult, SessionStatus
 
 # in the order a summary lists them
 DROP_REASONS = ("timeout", "fully_masked", "verifier_error", "harness_error", "cancelled", "below_min_reward")
@@ -121,3 +121,22 @@ def live_counts(stack: Any, match: Callable[[dict[str, Any]], bool], timeout_s: 
     except Exception:  # a progress line is never worth failing the collection for
         return None
     return counts
+
+
+def session_success(r: SessionResult) -> float:
+    """One session's success: the verifier's own ``success`` verdict when it gives one (an LLM env agent's
+    "reached the goal", which a shaped return does not show), else its reward; 0 for ERROR and TIMEOUT."""
+    if r.status != SessionStatus.DONE or r.reward is None:
+        return 0.0
+    verdict = r.verifier_output.get("success")
+    return float(verdict) if isinstance(verdict, bool) else float(r.reward)
+
+
+def success_rate(groups: list[list[SessionResult]]) -> dict[str, float]:
+    """Held-out success over all sessions (``session_success``; ERROR sessions count as failures), next to the
+    mean reward, which differs from it when the reward is shaped."""
+    results = [r for g in groups for r in g]
+    rewards = [r.reward if r.status == SessionStatus.DONE and r.reward is not None else 0.0 for r in results]
+    return {"success": sum(map(session_success, results)) / max(1, len(results)),
+            "reward_mean": sum(rewards) / max(1, len(rewards)), "sessions": len(results),
+            "errors": sum(r.status == SessionStatus.ERROR for r in results)}
