@@ -306,15 +306,20 @@ class ConnectorProcess:
             out.append(entry)
         return out
 
-    def _drain(self, proc: subprocess.Popen) -> None:
-        for raw in iter(proc.stdout.readline, b""):
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        stdout = proc.stdout
+        assert stdout is not None  # spawned with stdout=PIPE
+        for raw in iter(stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip()
             self._tail.append(line)
             log.debug("[%s pid %d] %s", self.label, proc.pid, line)
-        proc.stdout.close()
+        stdout.close()
 
     def connect(self) -> dict:
         """Wait for the spawned process to dial back, check its hello, send init; return its description."""
+        proc = self._proc
+        if proc is None:
+            raise ProcessFailed("connect() before the process was started")
         deadline = time.monotonic() + self.spec.start_timeout_s
         self._listener.settimeout(0.05)
         while True:
@@ -322,8 +327,8 @@ class ConnectorProcess:
                 sock, _ = self._listener.accept()
                 break
             except TimeoutError:
-                if self._proc.poll() is not None:
-                    raise ProcessFailed(f"the process exited with code {self._proc.returncode} before connecting") from None
+                if proc.poll() is not None:
+                    raise ProcessFailed(f"the process exited with code {proc.returncode} before connecting") from None
                 if time.monotonic() > deadline:
                     raise ProcessFailed(f"the process did not connect within start_timeout_s={self.spec.start_timeout_s}") from None
         if sock.family != socket.AF_UNIX:
@@ -483,16 +488,15 @@ class ConnectorProcess:
             kind, message, tb = err.get("kind"), err.get("message", "unknown error"), err.get("traceback", "")
             if kind == "start":  # one line; the connector's traceback only with --debug
                 log.debug("%s start traceback:\n%s", self.name, tb)
-                err = ConnectorStartError(message + (f"\n{tb}" if tb and log.isEnabledFor(logging.DEBUG) else ""))
-                err.remote_traceback = tb
-                raise err
+                raise ConnectorStartError(message + (f"\n{tb}" if tb and log.isEnabledFor(logging.DEBUG) else ""),
+                                          remote_traceback=tb)
             if kind in ("frame_size", "protocol"):
                 raise ProtocolError(f"{self.name}: {message}")
             if kind == "contract":
                 raise EnvContractError(message)
             text = f"{message} (in connector class {self.name}; traceback from the connector process below)\n{tb}" if tb else message
             raise ConnectorRemoteError(text, remote_traceback=tb)
-        missing = [k for k in REPLY_KEYS.get(self._op, ()) if k not in reply]
+        missing = [k for k in REPLY_KEYS.get(self._op, ()) if k not in reply] if self._op is not None else []
         if missing:
             raise ProtocolError(f"{self.name}: its reply to {self._op!r} lacks {missing} (see docs/connector-protocol.md)")
         return reply

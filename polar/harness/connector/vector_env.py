@@ -148,7 +148,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
     def reset_raw(self, seed: int | list | None = None) -> tuple[Any, list[dict]]:
         seeds = self._seeds(seed)
         with self._lock:
-            replies = [None] * len(self.procs)
+            received: dict[int, dict[str, Any]] = {}
             pending = list(range(len(self.procs)))
             while pending:
                 for j in pending:
@@ -160,7 +160,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 failed, error = [], None
                 for j in pending:
                     try:
-                        replies[j] = self.procs[j].receive()
+                        received[j] = self.procs[j].receive()
                     except ProcessFailed as e:
                         self.procs[j].recover(str(e))
                         failed.append(j)
@@ -169,6 +169,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 if error is not None:
                     raise error
                 pending = failed
+        replies = [received[j] for j in range(len(self.procs))]
         for j, r in enumerate(replies):
             self._check_obs(j, "reset", r)
         obs = conform(_concat([r["obs"] for r in replies]), self.single_observation_space)
@@ -372,7 +373,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         obs, rewards, terminated, truncated, per_env, final_obs, final_infos = self.step_raw(actions)
         infos: dict = {}
         for i in range(self.num_envs):
-            if final_obs is not None and final_obs[i] is not None:
+            if final_obs is not None and final_infos is not None and final_obs[i] is not None:  # set together
                 fo = conform(final_obs[i], self.single_observation_space)
                 infos = self._add_info(infos, {"final_obs": fo, "final_info": final_infos[i] or {}}, i)
             if per_env[i]:
@@ -466,6 +467,7 @@ class ConnectorEnv(gym.Env):
             batched = np.asarray(action)[None]
         obs, rewards, term, trunc, infos, final_obs, final_infos = self.vec.step_raw(batched)
         if term[0] or trunc[0]:
+            assert final_obs is not None and final_infos is not None  # step_raw fills both when a copy ends
             self._next = (index(obs, 0), infos[0])
             obs_0 = conform(final_obs[0], self.observation_space)
             return obs_0, float(rewards[0]), bool(term[0]), bool(trunc[0]), final_infos[0] or {}
