@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import uvicorn
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     Handler = Callable[[Request], Awaitable[Response]]
 
@@ -364,7 +365,7 @@ class PolicyServer:
         self.failures: dict[str, str] = {}  # path -> why its last load failed
         self._watch: asyncio.Task | None = None
         self.startup_error: DeployError | None = None
-        self.on_startup_error: Any = None  # set by `serve`: stops uvicorn when no version loads
+        self.on_startup_error: Callable[[], None] | None = None  # set by `serve`: stops uvicorn when no version loads
 
     @property
     def name(self) -> str:
@@ -694,7 +695,7 @@ def parse_act(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, b
 
 
 # ---------------------------------------------------------------------------------------------- HTTP
-def build_app(server: PolicyServer) -> Any:  # an ASGI app: Starlette, maybe wrapped in the middlewares below
+def build_app(server: PolicyServer) -> ASGIApp:  # Starlette, maybe wrapped in the middlewares below
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -848,7 +849,7 @@ def build_app(server: PolicyServer) -> Any:  # an ASGI app: Starlette, maybe wra
         Route(m + "/infer", infer, methods=["POST"]), Route(v + "/infer", infer, methods=["POST"]),
         Route("/v1/act", act, methods=["POST"]), Route("/metrics", metrics),
     ]
-    app: Any = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+    app: ASGIApp = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
     if server.settings.token is not None:
         app = BearerAuth(app, server.settings.token)
     if server.settings.allowed_hosts is not None:
@@ -863,11 +864,11 @@ class HostCheck:
     """ASGI middleware: a server on loopback answers only requests addressed to a loopback name, so a web page
     whose DNS name was re-pointed at 127.0.0.1 (rebinding) cannot query it through the user's browser."""
 
-    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
         self.app = app
         self.allowed = allowed
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), "")
             name = host.strip().lower()
@@ -890,11 +891,11 @@ class BearerAuth:
 
     OPEN = ("/v2/health/live", "/v2/health/ready")
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self.token = token.encode()
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.OPEN:
             await self.app(scope, receive, send)
             return
@@ -930,7 +931,7 @@ def uvicorn_config(server: PolicyServer, settings: ServeSettings, **kwargs: Any)
 
 
 def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings: ServeSettings | None = None,
-          announce: Any = None) -> None:
+          announce: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted (``polar serve``). ``announce(url)`` is called with the address actually bound
     (the real host and port, also when ``port`` is 0) before the first request is accepted."""
     import uvicorn

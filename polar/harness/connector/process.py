@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from polar.harness.connector import supervisor
 from polar.harness.connector.spaces import wire_space_bytes
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
+
+if TYPE_CHECKING:
+    from polar.config.harness import ConnectorSpec
 
 SUPERVISOR = supervisor.__file__  # run as a script, isolated (-I -S): see its module
 
@@ -88,9 +91,11 @@ def expand_command(command: list[str], config_dir: Path) -> list[str]:
     return out
 
 
-def check_command(spec: Any, config_dir: Path) -> None:
+def check_command(spec: ConnectorSpec, config_dir: Path) -> None:
     """A command connector's program exists (on PATH, with ``spec.env``'s PATH, or next to the config), or one
     ``ConnectorStartError``. ``polar run`` calls it before it creates anything."""
+    if not spec.command:  # a Python connector (module + class_name): nothing to look for
+        return
     program = expand_command(spec.command, config_dir)[0]
     path = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}.get("PATH")
     if shutil.which(program, path=path) is None and not Path(config_dir, program).exists():
@@ -141,7 +146,7 @@ def is_loopback(host: str) -> bool:
 class ConnectorProcess:
     """A connector process hosting ``num_envs`` copies, with restart-on-failure bookkeeping."""
 
-    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, index: int = 0, *,
+    def __init__(self, spec: ConnectorSpec, num_envs: int, config_dir: Path | None = None, index: int = 0, *,
                  worker_index: int = 0, vector_offset: int = 0, seed: int | None = None) -> None:
         self.spec = spec
         self.index = index
@@ -205,6 +210,9 @@ class ConnectorProcess:
             if os.sep not in cmd[0] and shutil.which(cmd[0], path=path) is None and beside.exists():
                 cmd[0] = str(beside)  # next to the config, as check_command accepts it (exec alone searches PATH)
             return cmd
+        if not (spec.module and spec.class_name):  # the config's validator requires one or the other
+            raise ConnectorStartError("connector_spec needs module + class_name (a Python connector) or command (any "
+                                      "other language)")
         cmd = [spec.python or sys.executable, "-m", "polar.harness.connector.server"]
         cmd += ["--module", spec.module, "--class-name", spec.class_name]
         for p in dict.fromkeys([str(self.config_dir), os.getcwd()]):
@@ -292,7 +300,9 @@ class ConnectorProcess:
         whose crash is determined by its seed does not crash at the same step again.
         """
         config_seed = self.spec.config.get(SEED_KEY)
-        seeded = isinstance(config_seed, numbers.Integral) and not isinstance(config_seed, bool)
+        int_seed = (int(config_seed) if isinstance(config_seed, numbers.Integral) and not isinstance(config_seed, bool)
+                    else None)
+        seeded = int_seed is not None
         if SEED_KEY in self.spec.config and config_seed is not None and not seeded and not self._warned_seed:
             self._warned_seed = True
             log.warning("%s: connector_spec.config.seed is %r, not an integer: every copy gets it unchanged and may "
@@ -301,8 +311,8 @@ class ConnectorProcess:
         for i in range(self.num_envs):
             v = self.vector_offset + i
             entry = {"worker_index": self.worker_index, "vector_index": v, "restarts": self.restarts}
-            if seeded:
-                entry[SEED_KEY] = copy_seed(int(config_seed), self.run_seed, self.worker_index, v, self.restarts)
+            if int_seed is not None:
+                entry[SEED_KEY] = copy_seed(int_seed, self.run_seed, self.worker_index, v, self.restarts)
             out.append(entry)
         return out
 

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,9 @@ from polar.harness.connector.spaces import (
     space_bytes,
     space_from_wire,
 )
+
+if TYPE_CHECKING:
+    from polar.config.harness import ConnectorSpec
 
 log = logging.getLogger("polar.connector")
 RESTART_KEY = "polar/connector_restart"
@@ -57,7 +60,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, spec: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
+    def __init__(self, spec: ConnectorSpec, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
                  worker_index: int = 0) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -430,7 +433,7 @@ class ConnectorEnv(gym.Env):
 
     metadata: dict = {}
 
-    def __init__(self, spec: Any, config_dir: Path | None = None) -> None:
+    def __init__(self, spec: ConnectorSpec, config_dir: Path | None = None) -> None:
         spec = spec.model_copy(update={"copies_per_process": 1})
         self.vec = ConnectorVectorEnv(spec, 1, config_dir=config_dir)
         self.observation_space = self.vec.single_observation_space
