@@ -69,5 +69,5 @@ class DashboardServer:
     def __enter__(self) -> DashboardServer:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
