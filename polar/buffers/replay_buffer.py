@@ -17,7 +17,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +25,7 @@ import numpy.typing as npt
 import torch
 
 from polar.errors import CheckpointError, ConfigError
+from polar.types import Fragment
 
 FORMAT_VERSION = 2  # 2: per-transition ``steps`` (n-step returns)
 _OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
@@ -82,15 +83,6 @@ def _action_spec(space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
 
 ObsInput: TypeAlias = "npt.ArrayLike | dict[str, npt.ArrayLike]"
 Mismatch = Callable[[str], CheckpointError]
-
-
-class TransitionFragment(Protocol):
-    """What ``add_fragment`` reads from a rollout fragment: [T, N, ...] arrays plus the recorded next observations."""
-
-    obs: ObsInput
-    actions: npt.ArrayLike
-    rewards: np.ndarray
-    terminated: npt.ArrayLike
 
 
 def _spec_json(shape: tuple[int, ...], dtype: np.dtype) -> list[object]:
@@ -194,7 +186,7 @@ class ReplayBuffer:
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
-    def add_fragment(self, frag: TransitionFragment) -> int:
+    def add_fragment(self, frag: Fragment) -> int:
         """Add a rollout ``Fragment``'s T*N transitions in time order (t-major); returns how many were added."""
         next_obs = getattr(frag, "next_obs", None)
         if next_obs is None:
