@@ -51,7 +51,12 @@ class ConnectorError(HarnessError):
 
 
 class ConnectorStartError(ConnectorError):
-    """The connector could not be started (missing module/class/method, bad config)."""
+    """The connector could not be started (missing module/class/method, bad config); ``remote_traceback`` holds
+    the connector's traceback when it sent one."""
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
 
 
 class ConnectorRemoteError(ConnectorError):

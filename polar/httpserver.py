@@ -23,6 +23,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from polar.errors import PolarError
+
 log = logging.getLogger(__name__)
 
 
@@ -276,3 +278,29 @@ async def read_body(stream: AsyncIterator[bytes], declared: str | None, limit_by
         raise BodyError(f"{what} did not arrive within {timeout_s:g} s ({size} bytes read); send it at once",
                         408) from None
     return b"".join(chunks)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP (IPv6 with or without brackets): reachable from this
+    machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def require_token_off_loopback(host: str, token: str | None, *, exposes: str, token_env: str, token_use: str,
+                               error: type[PolarError]) -> bool:
+    """The start-up check of ``polar dashboard`` and ``polar serve``: a server on a non-loopback ``host`` needs a
+    token, since anyone who reaches it could ``exposes``. Raises ``error`` naming ``$token_env`` (and its
+    ``_FILE`` and ``--token-file`` forms); returns whether ``host`` is loopback."""
+    loopback = is_loopback(host)
+    if not loopback and not token:
+        raise error(f"--host {host} is not a loopback address: anyone who reaches it could {exposes}; set "
+                    f"${token_env} (or ${token_env}_FILE, or --token-file) to a token {token_use}, or listen on "
+                    "127.0.0.1")
+    return loopback

@@ -96,3 +96,13 @@ def test_every_import_the_docs_show_works(doc, module, names):
     mod = importlib.import_module(module)
     for name in names:
         assert hasattr(mod, name), f"{doc}: `from {module} import {name}` fails"
+
+
+def test_package_ships_py_typed():
+    """PEP 561: ``polar/py.typed`` exists and the package data ships it, so type checkers of user code read
+    polar's annotations instead of treating it as untyped."""
+    import tomllib
+
+    assert (ROOT / "polar" / "py.typed").is_file()
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in package_data.get("polar", [])

@@ -11,9 +11,12 @@ transitions per env.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from polar.types import Fragment
 
 
 def _cat(a: Any, b: Any) -> Any:
@@ -44,7 +47,7 @@ class NStepTransitions:
         """Drop the steps held for ``worker_id``: its next fragment does not continue them (one was dropped)."""
         self._held.pop(worker_id, None)
 
-    def __call__(self, frag) -> dict[str, Any] | None:
+    def __call__(self, frag: Fragment) -> dict[str, Any] | None:
         """The transitions now complete, as keyword arguments for ``ReplayBuffer.add`` (None if none)."""
         new = {"obs": frag.obs, "next_obs": frag.next_obs,
                "actions": np.asarray(frag.actions), "rewards": np.asarray(frag.rewards, np.float32),
@@ -84,10 +87,10 @@ class NStepTransitions:
             last = np.where(open_, t, last)
             open_ = open_ & ~s["done"][t, env]
 
-        def rows(x):
+        def rows(x: np.ndarray) -> np.ndarray:
             return x.reshape(ready * N, *x.shape[2:])
 
-        def obs_rows(o, t):
+        def obs_rows(o: np.ndarray | dict[str, np.ndarray], t: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
             picked = _pick(o, t, env)
             return {k: rows(v) for k, v in picked.items()} if isinstance(picked, dict) else rows(picked)
 

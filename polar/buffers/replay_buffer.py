@@ -14,15 +14,18 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from polar.errors import CheckpointError, ConfigError
+from polar.types import Fragment
 
 FORMAT_VERSION = 2  # 2: per-transition ``steps`` (n-step returns)
 _OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
@@ -78,7 +81,11 @@ def _action_spec(space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
                       f"one); got {space}. Use an on-policy algorithm (ppo, appo) for this action space")
 
 
-def _spec_json(shape: tuple[int, ...], dtype: np.dtype) -> list:
+ObsInput: TypeAlias = "npt.ArrayLike | dict[str, npt.ArrayLike]"
+Mismatch = Callable[[str], CheckpointError]
+
+
+def _spec_json(shape: tuple[int, ...], dtype: np.dtype) -> list[object]:
     return [list(shape), dtype.str]
 
 
@@ -106,9 +113,9 @@ class ReplayBuffer:
         self._next_obs = {k: np.zeros((cap, *shape), dtype) for k, (shape, dtype) in self._obs_specs.items()}
         act_shape, act_dtype = self._action_spec
         self._actions = np.zeros((cap, *act_shape), act_dtype)
-        self._rewards = np.zeros(cap, np.float32)
-        self._terminated = np.zeros(cap, np.float32)
-        self._steps = np.zeros(cap, np.float32)
+        self._rewards: np.ndarray = np.zeros(cap, np.float32)
+        self._terminated: np.ndarray = np.zeros(cap, np.float32)
+        self._steps: np.ndarray = np.zeros(cap, np.float32)
         self.pos = 0  # next slot to write
         self.size = 0
         self.rng = np.random.default_rng(seed)
@@ -120,14 +127,14 @@ class ReplayBuffer:
 
     def _fields(self) -> dict[str, np.ndarray]:
         """Storage arrays by their file name: ``obs``/``next_obs`` (or ``obs:<key>`` for Dict spaces), ..."""
-        out = {}
+        out: dict[str, np.ndarray] = {}
         for name, store in (("obs", self._obs), ("next_obs", self._next_obs)):
             for k, arr in store.items():
                 out[f"{name}:{k}" if self._is_dict else name] = arr
         out.update(actions=self._actions, rewards=self._rewards, terminated=self._terminated, steps=self._steps)
         return out
 
-    def _split_obs(self, obs: Any, name: str) -> dict[str, Any]:
+    def _split_obs(self, obs: ObsInput, name: str) -> dict[str, npt.ArrayLike]:
         if self._is_dict:
             if not isinstance(obs, dict) or set(obs) != set(self._obs_specs):
                 got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
@@ -137,7 +144,8 @@ class ReplayBuffer:
             raise ValueError(f"{name} is a dict but the observation space is {self.observation_space}")
         return {name: obs}
 
-    def add(self, obs, actions, rewards, next_obs, terminated, steps=None) -> None:
+    def add(self, obs: ObsInput, actions: npt.ArrayLike, rewards: npt.ArrayLike, next_obs: ObsInput,
+            terminated: npt.ArrayLike, steps: npt.ArrayLike | None = None) -> None:
         """Append B transitions (first axis B); ``obs``/``next_obs`` are dicts of arrays for Dict spaces.
 
         ``steps`` (default 1 each): how many env steps a transition spans, for n-step returns, where
@@ -147,10 +155,10 @@ class ReplayBuffer:
         given = {**self._split_obs(obs, "obs"), **self._split_obs(next_obs, "next_obs"),
                  "actions": actions, "rewards": rewards, "terminated": terminated, "steps": steps}
         stores = self._fields()
-        batch = {}
-        n = None
-        for name, value in given.items():
-            value = np.asarray(value)
+        batch: dict[str, np.ndarray] = {}
+        n: int | None = None
+        for name, given_value in given.items():
+            value = np.asarray(given_value)
             store = stores[name]
             if n is None:
                 n = value.shape[0] if value.ndim else -1
@@ -161,7 +169,7 @@ class ReplayBuffer:
                 raise ValueError(f"replay add: {name} has dtype {value.dtype}, which does not cast safely to the "
                                  f"stored {store.dtype}")
             batch[name] = value
-        if n == 0:
+        if n is None or n == 0:  # n is None only for no fields, which `given` never is
             return
         if n > self.capacity:  # only the newest `capacity` survive; write just those
             start = (self.pos + n - self.capacity) % self.capacity
@@ -178,7 +186,7 @@ class ReplayBuffer:
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
-    def add_fragment(self, frag) -> int:
+    def add_fragment(self, frag: Fragment) -> int:
         """Add a rollout ``Fragment``'s T*N transitions in time order (t-major); returns how many were added."""
         next_obs = getattr(frag, "next_obs", None)
         if next_obs is None:
@@ -186,13 +194,13 @@ class ReplayBuffer:
                              "next observations (keep_next_obs)")
         T, N = frag.rewards.shape[:2]
 
-        def flat(x):
-            x = np.asarray(x)
+        def flat(given: npt.ArrayLike) -> np.ndarray:
+            x = np.asarray(given)
             if x.shape[:2] != (T, N):
                 raise ValueError(f"fragment array has shape {x.shape}, expected [T={T}, N={N}, ...]")
             return x.reshape(T * N, *x.shape[2:])
 
-        def flat_obs(o):
+        def flat_obs(o: ObsInput) -> ObsInput:
             return {k: flat(v) for k, v in o.items()} if isinstance(o, dict) else flat(o)
 
         self.add(flat_obs(frag.obs), flat(frag.actions), flat(frag.rewards), flat_obs(next_obs), flat(frag.terminated))
@@ -217,7 +225,7 @@ class ReplayBuffer:
         return indices, np.ones(batch_size, np.float32)
 
     def _gather(self, indices: np.ndarray, weights: np.ndarray) -> ReplayBatch:
-        def take(store):
+        def take(store: dict[str, np.ndarray]) -> torch.Tensor | dict[str, torch.Tensor]:
             out = {k: torch.from_numpy(v[indices]) for k, v in store.items()}
             return out if self._is_dict else out[""]
 
@@ -332,10 +340,10 @@ class ReplayBuffer:
     def _extra_expected(self, size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {}
 
-    def _check_extra(self, header: dict, data: dict, mismatch) -> None:
+    def _check_extra(self, header: dict[str, Any], data: dict[str, np.ndarray], mismatch: Mismatch) -> None:
         pass
 
-    def _load_extra(self, header: dict, data: dict) -> None:
+    def _load_extra(self, header: dict[str, Any], data: dict[str, np.ndarray]) -> None:
         pass
 
 
@@ -358,8 +366,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.eps = float(eps)
         self.cap_pow2 = 1 << (self.capacity - 1).bit_length()
         self.depth = self.cap_pow2.bit_length() - 1
-        self.tree = np.zeros(2 * self.cap_pow2, np.float64)
-        self.priorities = np.zeros(self.capacity, np.float64)  # raw p = |td| + eps, before ** alpha
+        self.tree: np.ndarray = np.zeros(2 * self.cap_pow2, np.float64)
+        self.priorities: np.ndarray = np.zeros(self.capacity, np.float64)  # raw p = |td| + eps, before ** alpha
         self.max_priority = 1.0
 
     @property
@@ -374,7 +382,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         by then), so the levels need no dedupe.
         """
         self.priorities[slots] = priorities
-        nodes = slots + self.cap_pow2
+        nodes: np.ndarray = slots + self.cap_pow2
         tree = self.tree
         tree[nodes] = priorities ** self.alpha
         for _ in range(self.depth):
@@ -428,10 +436,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         tree = self.tree
         total = tree[1]
         mass = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
-        nodes = np.ones(batch_size, np.int64)
+        nodes: np.ndarray = np.ones(batch_size, np.int64)
         for _ in range(self.depth):
             left = nodes << 1
-            left_mass = tree.take(left)
+            left_mass: np.ndarray = tree.take(left)
             # never enter a zero-mass subtree, even when rounding pushes `mass` past the last leaf
             go_right = (mass >= left_mass) & (tree.take(left + 1) > 0)
             mass -= left_mass * go_right
@@ -451,7 +459,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _extra_expected(self, size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {"priorities": ((size,), np.dtype(np.float64)), "tree_leaves": ((size,), np.dtype(np.float64))}
 
-    def _check_extra(self, header: dict, data: dict, mismatch) -> None:
+    def _check_extra(self, header: dict[str, Any], data: dict[str, np.ndarray], mismatch: Mismatch) -> None:
         mp = header.get("max_priority")
         if not isinstance(mp, (int, float)) or not np.isfinite(mp) or mp <= 0:
             raise mismatch(f"max_priority {mp!r} is not a positive number")
@@ -460,7 +468,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
                 raise mismatch(f"its {name} are not all finite and non-negative")
 
-    def _load_extra(self, header: dict, data: dict) -> None:
+    def _load_extra(self, header: dict[str, Any], data: dict[str, np.ndarray]) -> None:
         """Same alpha: the saved leaves, so the tree (and sampling) is bit-identical. Another alpha: p ** alpha."""
         self.priorities[:] = 0.0
         self.priorities[:self.size] = data["priorities"]

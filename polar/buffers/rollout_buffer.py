@@ -8,8 +8,9 @@ for minibatches.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -17,12 +18,14 @@ import torch
 from polar.agents import map_state
 from polar.types import Fragment
 
+ObsTensor: TypeAlias = "torch.Tensor | dict[str, torch.Tensor]"
+
 
 def _cat(arrays: list[np.ndarray], axis: int) -> torch.Tensor:
     return torch.from_numpy(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=axis))
 
 
-def _index_obs(obs, idx):
+def _index_obs(obs: ObsTensor, idx: torch.Tensor) -> ObsTensor:
     if isinstance(obs, dict):
         return {k: v[idx] for k, v in obs.items()}
     return obs[idx]
@@ -63,7 +66,7 @@ class RolloutBuffer:
         self.last_values = _cat([f.last_values for f in fragments], 0)
         self.initial_state: Any = None  # a tensor or a tuple of them (LSTM: h, c), or None
         if f0.initial_state is not None:
-            def cat_state(*parts):
+            def cat_state(*parts: np.ndarray) -> torch.Tensor:
                 return torch.from_numpy(np.concatenate(parts, 0))
             states = [f.initial_state for f in fragments]
             if isinstance(states[0], (tuple, list)):
@@ -92,14 +95,15 @@ class RolloutBuffer:
             raise RuntimeError("RolloutBuffer: advantages/returns are not set; the learner stores them first "
                                "(polar.algorithms.advantages.rollout_gae) before asking for minibatches")
 
-    def _flat(self):
+    def _flat(self) -> tuple[ObsTensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         self._require_targets()
+        assert self.advantages is not None and self.returns is not None
         n = self.num_samples
         obs = {k: v.reshape(n, *v.shape[2:]) for k, v in self.obs.items()} if isinstance(self.obs, dict) else self.obs.reshape(n, *self.obs.shape[2:])
         return (obs, self.actions.reshape(n, *self.actions.shape[2:]), self.log_probs.reshape(n), self.values.reshape(n),
                 self.advantages.reshape(n), self.returns.reshape(n))
 
-    def minibatches(self, size: int):
+    def minibatches(self, size: int) -> Iterator[Minibatch]:
         """Shuffled flat minibatches of ``size`` samples (the last smaller one is dropped unless it is the only one)."""
         obs, actions, logp, values, adv, ret = self._flat()
         n = self.num_samples
@@ -111,7 +115,7 @@ class RolloutBuffer:
             idx = perm[start:start + size]
             yield Minibatch(_index_obs(obs, idx), actions[idx], logp[idx], values[idx], adv[idx], ret[idx])
 
-    def sequence_minibatches(self, num_columns: int):
+    def sequence_minibatches(self, num_columns: int) -> Iterator[Minibatch]:
         """Minibatches of whole env columns ``[T, B]`` with their initial state, for recurrent replay."""
         self._require_targets()
         assert self.advantages is not None and self.returns is not None

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from polar.cli._progress import cli_console
     from polar.config.secrets import from_env, read_secret_file
-    from polar.dashboard.server import DashboardServer, is_loopback
+    from polar.dashboard.server import DashboardServer
+    from polar.httpserver import is_loopback
 
     console = cli_console()
     if args.ratings_token:

@@ -13,6 +13,7 @@ from rich.console import Console
 from polar.config.base import validate
 from polar.config.gateway import GatewayConfig
 from polar.config.loader import read_yaml_file
+from polar.config.secrets import read_secret_file
 from polar.errors import ConfigError
 
 HELP = "serve the model-API gateway (OpenAI, Anthropic, Gemini) in front of an engine, recording token ids"
@@ -26,14 +27,10 @@ def admin_token(args: argparse.Namespace) -> str | None:
     ``$POLAR_GATEWAY_ADMIN_TOKEN``; None when none is given."""
     path = getattr(args, "admin_token_file", None)
     if path:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError as e:
-            raise ConfigError(f"--admin-token-file {path}: cannot read it ({e.strerror or e}); "
-                              "give a readable file holding the token") from None
-        if not token:
-            raise ConfigError(f"--admin-token-file {path} is empty; write the token into it")
-        return token
+        return read_secret_file(str(path), "--admin-token-file",
+                                unreadable="{what} {path}: cannot read it ({cause}); give a readable file holding "
+                                           "the token",
+                                empty="{what} {path} is empty; write the token into it")
     given = getattr(args, "admin_token", None)
     if given:
         console.print(f"[yellow]warning:[/] --admin-token puts the token on the command line, where every user of "

@@ -33,16 +33,21 @@ def secret_field(env: str, description: str) -> Any:
                                    "line; redacted in config.resolved.yaml)", json_schema_extra={SECRET_MARK: env})
 
 
-def read_secret_file(path: str, what: str) -> str:
+UNREADABLE_SECRET_FILE = "{what} names {path}, which cannot be read ({cause}); point it at a file holding the secret"
+EMPTY_SECRET_FILE = "{what} names {path}, which is empty; write the secret into it"
+
+
+def read_secret_file(path: str, what: str, unreadable: str = UNREADABLE_SECRET_FILE,
+                     empty: str = EMPTY_SECRET_FILE) -> str:
     """The stripped contents of a secret file named by ``what`` (a flag or a variable); a one-line
-    ``ConfigError`` when it is missing or empty."""
+    ``ConfigError`` when it is missing or empty, from ``unreadable``/``empty`` (formatted with ``what``,
+    ``path`` and, when unreadable, ``cause``), so a command keeps its own wording."""
     try:
         text = Path(path).read_text().strip()
     except OSError as e:
-        raise ConfigError(f"{what} names {path}, which cannot be read ({e.strerror or e}); point it at a file "
-                          "holding the secret") from None
+        raise ConfigError(unreadable.format(what=what, path=path, cause=e.strerror or e)) from None
     if not text:
-        raise ConfigError(f"{what} names {path}, which is empty; write the secret into it")
+        raise ConfigError(empty.format(what=what, path=path))
     return text
 
 

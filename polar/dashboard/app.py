@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from polar.config.secrets import redact_yaml_text
 from polar.dashboard import ratings
-from polar.dashboard.runs import PathError, RunsFolder, safe_path
+from polar.dashboard.runs import PathError, Run, RunsFolder, safe_path
 from polar.httpserver import BodyError, read_body
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def _handler(fn):
+def _handler(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     async def wrapped(request: Request) -> Response:
         try:
             return await fn(request)
@@ -248,7 +248,7 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
     folder = RunsFolder(root)
     streams = Streams(folder)
 
-    def run_of(request: Request):
+    def run_of(request: Request) -> Run:
         rid = request.query_params.get("run")
         if not rid:
             raise ValueError("'run' is required: the run's folder relative to the runs folder (see /api/runs)")
@@ -304,7 +304,7 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
         sel = rows
         if qp.get("step"):
             step = float(qp["step"])
-            steps = sorted({r.get("step") for r in rows if isinstance(r.get("step"), (int, float))})
+            steps = sorted({float(r["step"]) for r in rows if isinstance(r.get("step"), (int, float))})
             # the link from a curve: the sessions of the step nearest the clicked point
             near = min(steps, key=lambda s: abs(s - step)) if steps else None
             sel = [r for r in rows if r.get("step") == near]
@@ -312,8 +312,9 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
             sel = [r for r in sel if r.get("status") == qp["status"]]
         page = [{k: r.get(k) for k in session_fields} for r in sel[offset:offset + limit]]
         for p in page:
-            if isinstance(p.get("output"), str):
-                p["output"] = p["output"][:200]
+            output = p.get("output")
+            if isinstance(output, str):
+                p["output"] = output[:200]
         return JSONResponse({"run": run.id, "total": len(sel), "all": len(rows), "offset": offset, "rows": page,
                              "note": note, "step": sel[0].get("step") if qp.get("step") and sel else None})
 
@@ -416,7 +417,7 @@ def build_app(root: str | Path, ratings_token: str | None = None, allowed_hosts:
         runs = {r for r in request.query_params.get("runs", "").split(",") if r}
         q = streams.subscribe(runs)
 
-        async def events():
+        async def events() -> AsyncIterator[str]:
             try:
                 yield ": polar dashboard events\n\n"
                 while True:

@@ -25,7 +25,7 @@ import orjson
 _fast_loads = orjson.loads
 
 
-def _loads(line: bytes):
+def _loads(line: bytes) -> Any:  # JSON: any value; callers check for a dict
     try:
         return _fast_loads(line)
     except ValueError:
@@ -86,7 +86,7 @@ def lttb(x: np.ndarray, y: np.ndarray, n_out: int) -> tuple[np.ndarray, np.ndarr
     my = (cy[edges[1:]] - cy[edges[:-1]]) / counts
     ax, ay = np.concatenate(([x[0]], mx[:-1])), np.concatenate(([y[0]], my[:-1]))  # the bucket before
     bx, by = np.concatenate((mx[1:], [x[-1]])), np.concatenate((my[1:], [y[-1]]))  # the bucket after
-    bucket = np.repeat(np.arange(m), counts)
+    bucket: np.ndarray = np.repeat(np.arange(m), counts)
     xi, yi = x[1:n - 1], y[1:n - 1]
     area = np.abs((ax - bx)[bucket] * (yi - ay[bucket]) - (ax[bucket] - xi) * (by - ay)[bucket])
     best = np.maximum.reduceat(area, edges[:-1] - 1)
@@ -191,9 +191,9 @@ class MetricsIndex:
         for k in X_KEYS:
             if k in cols and not pa.types.is_boolean(table.schema.field(k).type):
                 x = np.where(np.isnan(x), cols[k], x)
-        rownum = self.rows + np.arange(n, dtype=np.float64)
+        rownum: np.ndarray = self.rows + np.arange(n, dtype=np.float64)
         x = np.where(np.isnan(x), rownum, x)
-        out = {}
+        out: dict[str, list[list[float]]] = {}
         for k, v in cols.items():
             keep = np.isfinite(v)
             if not keep.any():

@@ -288,7 +288,8 @@ class Run:
         if not p.is_file():
             notes.append(f"no call records at {rel}")
             return []
-        calls, skipped = [], 0
+        calls: list[dict[str, Any]] = []
+        skipped = 0
         with open(p, "rb") as f:
             for line in f:
                 if len(calls) >= MAX_CALLS_SHOWN:
@@ -374,14 +375,14 @@ class Run:
 
     # ------------------------------------------------------------------ events, logs
     def events(self) -> dict[str, Any]:
-        counters = {}
+        counters: dict[str, list[dict[str, float]]] = {}
         for key in ("connector/process_restarts", "connector/copies_restarted", "rollout/restarts",
                     "rollout/scale_events", "rollout/dropped_fragments", "nonfinite_skipped_fragments"):
             s = self.metrics.series.get(key)
             if s is None or s.n == 0:
                 continue
             x, y = s.x[: s.n], s.y[: s.n]
-            jumps = np.flatnonzero(np.diff(y) > 0) + 1
+            jumps: np.ndarray = np.flatnonzero(np.diff(y) > 0) + 1
             first = [0] if y[0] > 0 else []
             idx = np.concatenate([np.asarray(first, dtype=np.int64), jumps])[-1000:]
             counters[key] = [{"x": float(x[i]), "value": float(y[i]),
@@ -491,7 +492,7 @@ class RunsFolder:
         """Every ``report.json`` under the folder (evaluation suites), newest first."""
         if time.monotonic() - self._reports_scanned < self.rescan_s:
             return self._reports
-        out = []
+        out: list[dict[str, Any]] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             depth = Path(dirpath).relative_to(self.root).parts
             dirnames[:] = [d for d in dirnames if d not in ("checkpoints", "tb", "workspaces", "trajectories")

@@ -10,18 +10,7 @@ import uvicorn
 from polar import httpserver
 from polar.dashboard.app import LOOPBACK_NAMES, build_app
 from polar.errors import PolarError
-from polar.httpserver import ConnectionLimits
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+from polar.httpserver import ConnectionLimits, require_token_off_loopback
 
 
 class DashboardServer:
@@ -35,11 +24,9 @@ class DashboardServer:
             raise PolarError(f"runs folder {self.root} does not exist or is not a directory; pass the folder "
                              "`polar run` writes into (default: runs)")
         self.host = host
-        loopback = is_loopback(host)
-        if not loopback and not ratings_token:
-            raise PolarError(f"--host {host} is not a loopback address: anyone who reaches it could read every run; "
-                             "set $POLAR_DASHBOARD_TOKEN (or $POLAR_DASHBOARD_TOKEN_FILE, or --token-file) to a token "
-                             "the page must present, or listen on 127.0.0.1")
+        loopback = require_token_off_loopback(host, ratings_token, exposes="read every run",
+                                              token_env="POLAR_DASHBOARD_TOKEN", token_use="the page must present",
+                                              error=PolarError)
         # loopback: only loopback Host names (DNS rebinding); elsewhere the token guards every read and write
         self.app = build_app(self.root, ratings_token, LOOPBACK_NAMES if loopback else None,
                              token_for_reads=not loopback)
@@ -82,5 +69,5 @@ class DashboardServer:
     def __enter__(self) -> DashboardServer:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

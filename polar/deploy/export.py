@@ -20,8 +20,9 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -39,6 +40,15 @@ from polar.deploy.runtime import (
 )
 from polar.errors import CheckpointError, DeployError
 
+if TYPE_CHECKING:
+    from polar.agents import State
+    from polar.config.run import EnvRunConfig
+    from polar.models.policy import Policy
+    from polar.trainers.run_dir import RunDir
+
+    # (run_dir, cfg, policy, checkpoint path, checkpoint state)
+    LoadedRun = tuple[RunDir, EnvRunConfig, Policy, Path, dict[str, Any]]
+
 log = logging.getLogger(__name__)
 
 PARITY_TOL = 1e-5
@@ -49,7 +59,7 @@ OPSET = 17
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_code: bool = False):
+def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_code: bool = False) -> LoadedRun:
     """(run_dir, cfg, policy, checkpoint_path, state) for a run directory (its latest checkpoint, or
     ``ckpt_<checkpoint>``) or a checkpoint file inside one. A run whose config names code (a custom agent, env
     or connector) is refused unless ``trust_code``."""
@@ -79,10 +89,11 @@ def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_cod
         target = ckpt
     elif ckpt is not None:
         target = ckpt
-    return load_policy_for_eval(Path(target))
+    loaded: LoadedRun = load_policy_for_eval(Path(target))  # an env run: agent and multi-agent runs were refused
+    return loaded
 
 
-def config_hash(run_dir) -> str:
+def config_hash(run_dir: RunDir) -> str:
     return "sha256:" + hashlib.sha256(run_dir.config_path.read_bytes()).hexdigest()
 
 
@@ -97,8 +108,8 @@ def space_json(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
     if isinstance(space, gym.spaces.Box):
-        def bound(a):
-            a = np.asarray(a, dtype=np.float64)
+        def bound(given: np.ndarray) -> list[float | None]:
+            a = np.asarray(given, dtype=np.float64)
             return [None if not np.isfinite(x) else float(x) for x in a.reshape(-1)]
         return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
                 "low": bound(space.low), "high": bound(space.high)}
@@ -107,7 +118,7 @@ def space_json(space: gym.Space) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- recording
 @torch.inference_mode()
-def record_observations(policy, graph: PolicyGraph, cfg, samples: int = 1000, seed: int = 0,
+def record_observations(policy: Policy, graph: PolicyGraph, cfg: EnvRunConfig, samples: int = 1000, seed: int = 0,
                         num_envs: int = 32) -> dict[str, np.ndarray]:
     """``samples`` rows of graph inputs (observations, and the recurrent state before each step) met by
     ``policy`` sampling actions in its own env: what the parity check feeds both the export and the eager policy."""
@@ -144,7 +155,7 @@ def record_observations(policy, graph: PolicyGraph, cfg, samples: int = 1000, se
     return {k: np.concatenate(v)[:samples] for k, v in rows.items()}
 
 
-def graph_obs_feeds(spec: GraphSpec, obs) -> dict[str, np.ndarray]:
+def graph_obs_feeds(spec: GraphSpec, obs: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Observation batch(es) as the graph's observation inputs, in their dtypes."""
     if spec.obs_keys is None:
         t = spec.inputs[0]
@@ -152,7 +163,7 @@ def graph_obs_feeds(spec: GraphSpec, obs) -> dict[str, np.ndarray]:
     return {f"obs.{k}": np.asarray(obs[k]).astype(spec.require(f"obs.{k}").dtype, copy=True) for k in spec.obs_keys}
 
 
-def _tensors(state) -> list[torch.Tensor]:
+def _tensors(state: State) -> list[torch.Tensor]:
     if state is None:
         return []
     return [state] if isinstance(state, torch.Tensor) else list(state)
@@ -160,7 +171,7 @@ def _tensors(state) -> list[torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------------- tracing
 @contextlib.contextmanager
-def _tracing(agent_name: str):
+def _tracing(agent_name: str) -> Iterator[None]:
     """Tracer warnings become errors (a trace that hard-codes a Python value is wrong for other inputs), and
     every failure is one ``DeployError`` that names the agent."""
     with warnings.catch_warnings():
@@ -185,7 +196,7 @@ def _tracing(agent_name: str):
                               "torch operations on its inputs, or export a built-in agent") from None
 
 
-def trace_onnx(graph: PolicyGraph, f) -> None:
+def trace_onnx(graph: PolicyGraph, f: str | IO[bytes]) -> None:
     """Write ``graph`` as ONNX (TorchScript-based exporter, dynamic batch) to a path or a binary file."""
     spec = graph.spec
     names = [t.name for t in spec.inputs] + [t.name for t in spec.outputs]
@@ -228,7 +239,7 @@ def noise_for(spec: GraphSpec, batch: int, rng: np.random.Generator | None) -> n
 
 
 @torch.inference_mode()
-def eager_deterministic(policy, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def eager_deterministic(policy: Policy, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The eager policy's own deterministic step (``policy.act``, then clipping as evaluation does)."""
     from polar.agents import check_act_output
 
@@ -236,7 +247,7 @@ def eager_deterministic(policy, spec: GraphSpec, feeds: dict[str, np.ndarray]) -
     batch = len(next(iter(feeds.values())))
     obs = (torch.from_numpy(feeds["obs"]) if spec.obs_keys is None
            else {k: torch.from_numpy(feeds[f"obs.{k}"]) for k in spec.obs_keys})
-    state = None
+    state: State = None
     if spec.state:
         parts = tuple(torch.from_numpy(feeds[s["input"]]) for s in spec.state)
         state = parts[0] if isinstance(agent.get_initial_state(1), torch.Tensor) else parts
@@ -244,7 +255,7 @@ def eager_deterministic(policy, spec: GraphSpec, feeds: dict[str, np.ndarray]) -
     act = check_act_output(agent, action, batch, agent.action_space)
     if isinstance(agent.action_space, gym.spaces.Box):
         act = np.clip(act, agent.action_space.low, agent.action_space.high)
-    out = {"action": act}
+    out: dict[str, np.ndarray] = {"action": act}
     v = info.get("values", info.get("value")) if isinstance(info, dict) else None
     if v is not None and any(t.name == "value" for t in spec.outputs):
         out["value"] = torch.as_tensor(v).reshape(batch, -1)[:, 0].numpy()
@@ -276,7 +287,7 @@ def compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], spec: Graph
 
 
 def _violations(report: dict[str, Any], tol: float) -> list[str]:
-    bad = []
+    bad: list[str] = []
     for name, r in report.items():
         if r.get("rows_differ"):
             bad.append(f"{name}: {r['rows_differ']} rows differ")
@@ -285,7 +296,7 @@ def _violations(report: dict[str, Any], tol: float) -> list[str]:
     return bad
 
 
-def check_parity(runner: Runner, graph: PolicyGraph, policy, feeds: dict[str, np.ndarray],
+def check_parity(runner: Runner, graph: PolicyGraph, policy: Policy, feeds: dict[str, np.ndarray],
                  seed: int = 0) -> dict[str, Any]:
     """The export against the eager policy on recorded inputs: deterministic (zero noise) against
     ``policy.act``, and every output, deterministic and with the same sampled noise, against the eager graph."""
@@ -298,7 +309,7 @@ def check_parity(runner: Runner, graph: PolicyGraph, policy, feeds: dict[str, np
         sampled["noise"] = noise_for(spec, batch, np.random.default_rng(seed))
     eager_graph = TorchRunner(spec, graph, "pytorch")
     exported_zero = runner.run(zero)
-    report = {"samples": batch,
+    report: dict[str, Any] = {"samples": batch,
               "vs_policy_act": compare(exported_zero, eager_deterministic(policy, spec, zero), spec),
               "deterministic": compare(exported_zero, eager_graph.run(zero), spec)}
     if spec.noise is not None:
@@ -311,15 +322,16 @@ def parity_failures(report: dict[str, Any], tol: float = PARITY_TOL) -> list[str
             for v in _violations(report[part], tol)]
 
 
-def int8_delta(runner: Runner, fp32: Runner, policy, graph: PolicyGraph, feeds) -> dict[str, Any]:
+def int8_delta(runner: Runner, fp32: Runner, policy: Policy, graph: PolicyGraph,
+               feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     """How far the int8 graph moves from the fp32 one and from the eager policy (reported, not enforced)."""
     spec = graph.spec
     batch = len(next(iter(feeds.values())))
-    zero = dict(feeds)
+    zero: dict[str, Any] = dict(feeds)
     if spec.noise is not None:
         zero["noise"] = noise_for(spec, batch, None)
     q = runner.run(zero)
-    report = {"vs_policy_act": compare(q, eager_deterministic(policy, spec, zero), spec),
+    report: dict[str, Any] = {"vs_policy_act": compare(q, eager_deterministic(policy, spec, zero), spec),
               "vs_fp32": compare(q, fp32.run(zero), spec)}
     act = report["vs_policy_act"].get("action", {})
     report["action_agreement" if "agreement" in act else "action_max_abs_delta"] = (

@@ -19,7 +19,7 @@ actor's ``_dist_params`` (``act`` gives only the squashed action).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +28,10 @@ from torch import nn
 
 from polar.distributions import CategoricalDist, GaussianDist, MultiCategoricalDist, action_param_size
 from polar.errors import DeployError
+
+if TYPE_CHECKING:
+    from polar.agents import AgentBase, State
+    from polar.models.policy import Policy
 
 # numpy dtype name -> Open Inference Protocol datatype
 OIP_DATATYPES = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
@@ -84,7 +88,7 @@ class GraphSpec:
         return t
 
 
-def head_kind(agent) -> str:
+def head_kind(agent: AgentBase) -> str:
     """Which action head ``agent`` has, as the graph post-processes it; a ``DeployError`` names the agent when
     none fits."""
     from polar.models.off_policy import QNetworkAgent, SquashedGaussianAgent
@@ -128,7 +132,7 @@ def obs_spec(space: gym.Space, name: str) -> TensorSpec:
                       "and a Dict of them can")
 
 
-def _state_tensors(state, owner: str = "the agent") -> list[torch.Tensor]:
+def _state_tensors(state: State, owner: str = "the agent") -> list[torch.Tensor]:
     if state is None:
         return []
     if isinstance(state, torch.Tensor):
@@ -143,7 +147,7 @@ def _state_tensors(state, owner: str = "the agent") -> list[torch.Tensor]:
 class PolicyGraph(nn.Module):
     """``policy`` as one traceable function of flat tensors (see the module docstring)."""
 
-    def __init__(self, policy) -> None:
+    def __init__(self, policy: Policy) -> None:
         super().__init__()
         self.policy = policy
         agent = policy.agent
@@ -151,6 +155,8 @@ class PolicyGraph(nn.Module):
         obs_space, act_space = agent.observation_space, agent.action_space
         if obs_space is None or act_space is None:
             raise DeployError(f"cannot export {type(agent).__name__}: its spaces are not bound (bind_spaces())")
+        self.observation_space: gym.Space = obs_space
+        self.action_shape: tuple[int, ...] = tuple(act_space.shape or ())
         if isinstance(obs_space, gym.spaces.Dict):
             self.obs_keys: list[str] | None = sorted(obs_space.spaces)
             inputs = [obs_spec(obs_space.spaces[k], f"obs.{k}") for k in self.obs_keys]
@@ -196,8 +202,8 @@ class PolicyGraph(nn.Module):
 
     def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
         """Zeros of every input for a batch (the tracing example)."""
-        space = self.policy.agent.observation_space
-        out = []
+        space = self.observation_space
+        out: list[torch.Tensor] = []
         subs = [space.spaces[k] for k in self.obs_keys] if self.obs_keys is not None else [space]
         for sub in subs:
             sample = np.asarray(sub.sample())
@@ -208,19 +214,19 @@ class PolicyGraph(nn.Module):
             out.append(torch.zeros(batch, self.width))
         return tuple(out)
 
-    def _obs(self, xs):
+    def _obs(self, xs: tuple[torch.Tensor, ...]) -> torch.Tensor | dict[str, torch.Tensor]:
         if self.obs_keys is None:
             return xs[0]
         return {k: xs[i] for i, k in enumerate(self.obs_keys)}
 
-    def _state(self, xs):
+    def _state(self, xs: tuple[torch.Tensor, ...]) -> State:
         if not self.n_state:
             return None
         first = 1 if self.obs_keys is None else len(self.obs_keys)
         st = xs[first:first + self.n_state]
         return st[0] if self.state_is_tensor else tuple(st)
 
-    def forward(self, *xs: torch.Tensor):
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         obs, state = self._obs(xs), self._state(xs)
         noise = xs[-1] if self.kind != "q_greedy" else None
         agent = self.policy.agent
@@ -238,7 +244,7 @@ class PolicyGraph(nn.Module):
         elif self.kind == "gaussian":
             mean = info["mean"]
             log_std = info["log_std"].expand_as(mean)
-            action = (mean + log_std.exp() * noise).reshape(-1, *agent.action_space.shape)
+            action = (mean + log_std.exp() * noise).reshape(-1, *self.action_shape)
             action = torch.maximum(torch.minimum(action, self.act_high), self.act_low)
             outs = [action, mean, log_std]
         elif self.kind == "categorical":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,7 @@ class OnnxRunner(Runner):
         if missing:
             raise DeployError(f"the ONNX graph lacks inputs {missing} that its manifest lists; re-export it")
 
-    def run(self, feeds):
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self.session.run(self.output_names, {t.name: feeds[t.name] for t in self.spec.inputs})
         return dict(zip(self.output_names, outs, strict=True))
 
@@ -77,14 +78,14 @@ class TorchRunner(Runner):
         self.module = module.eval()
         self.platform = platform
 
-    def run(self, feeds):
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         args = [torch.from_numpy(np.ascontiguousarray(feeds[t.name])) for t in self.spec.inputs]
         with torch.inference_mode():
             outs = self.module(*args)
         return {t.name: o.detach().numpy() for t, o in zip(self.spec.outputs, outs, strict=True)}
 
 
-def import_onnxruntime():
+def import_onnxruntime() -> ModuleType:
     try:
         import onnxruntime
     except ImportError:

@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +38,15 @@ from polar.deploy.body import BodyError, BodyParser
 from polar.deploy.graph import NUMPY_DTYPES, OIP_DATATYPES, GraphSpec
 from polar.deploy.runtime import MANIFEST, Runner, _first_line, load_export, smoke_test
 from polar.errors import DeployError
-from polar.httpserver import ConnectionLimits
+from polar.httpserver import ConnectionLimits, require_token_off_loopback
 
 if TYPE_CHECKING:
     import uvicorn
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    Handler = Callable[[Request], Awaitable[Response]]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +92,7 @@ class _Item:
 class Batcher:
     """Queues requests for one loaded version and runs them together, on one thread, in arrival order."""
 
-    def __init__(self, runner: Runner, settings: ServeSettings, metrics) -> None:
+    def __init__(self, runner: Runner, settings: ServeSettings, metrics: Metrics) -> None:
         self.runner = runner
         self.settings = settings
         self.metrics = metrics
@@ -359,7 +365,7 @@ class PolicyServer:
         self.failures: dict[str, str] = {}  # path -> why its last load failed
         self._watch: asyncio.Task | None = None
         self.startup_error: DeployError | None = None
-        self.on_startup_error: Any = None  # set by `serve`: stops uvicorn when no version loads
+        self.on_startup_error: Callable[[], None] | None = None  # set by `serve`: stops uvicorn when no version loads
 
     @property
     def name(self) -> str:
@@ -485,7 +491,8 @@ class PolicyServer:
             return mv, outs
         return mv, await self._submit(mv, obs_feeds, rows, params, given_state or None)
 
-    async def _submit(self, mv: ModelVersion, obs_feeds, rows: int, params, state) -> dict:
+    async def _submit(self, mv: ModelVersion, obs_feeds: dict[str, np.ndarray], rows: int, params: dict[str, Any],
+                      state: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         spec = mv.spec
         if rows > self.settings.max_batch_size:
             raise RequestError(f"'inputs[0].shape': a batch of {rows} rows is over this server's max_batch_size "
@@ -500,7 +507,9 @@ class PolicyServer:
         if spec.noise is not None:
             from polar.deploy.export import noise_for
 
-            feeds["noise"] = noise_for(spec, rows, None if deterministic else self.rng)
+            noise = noise_for(spec, rows, None if deterministic else self.rng)
+            if noise is not None:  # always, as spec.noise is set
+                feeds["noise"] = noise
         if mv.batcher is None:  # installed versions always have one
             raise DeployError(f"version {mv.version} of {mv.name} is not running")
         outs = await mv.batcher.submit(feeds, rows)
@@ -686,9 +695,8 @@ def parse_act(body: Any, spec: GraphSpec) -> tuple[dict[str, np.ndarray], int, b
 
 
 # ---------------------------------------------------------------------------------------------- HTTP
-def build_app(server: PolicyServer):
+def build_app(server: PolicyServer) -> ASGIApp:  # Starlette, maybe wrapped in the middlewares below
     from starlette.applications import Starlette
-    from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -710,9 +718,9 @@ def build_app(server: PolicyServer):
         except BodyError as e:
             raise RequestError(str(e)) from None
 
-    def timed(endpoint: str):
-        def wrap(fn):
-            async def handler(request: Request):
+    def timed(endpoint: str) -> Callable[[Handler], Handler]:
+        def wrap(fn: Handler) -> Handler:
+            async def handler(request: Request) -> Response:
                 t0 = time.perf_counter()
                 try:
                     resp = await fn(request)
@@ -729,7 +737,7 @@ def build_app(server: PolicyServer):
             return handler
         return wrap
 
-    def metadata(mv: ModelVersion) -> dict:
+    def metadata(mv: ModelVersion) -> dict[str, Any]:
         versions = sorted(server.versions, key=lambda v: server.versions[v].order)
         return {"name": mv.name, "versions": versions, "platform": mv.runner.platform,
                 "inputs": [t.oip() for t in accepted_inputs(mv.spec)], "outputs": [t.oip() for t in mv.spec.outputs],
@@ -738,36 +746,36 @@ def build_app(server: PolicyServer):
                                "observation_space": json.dumps(mv.manifest.get("observation_space")),
                                "action_space": json.dumps(mv.manifest.get("action_space"))}}
 
-    async def live(request):
+    async def live(request: Request) -> Response:
         return JSONResponse({"live": True})
 
-    async def ready(request):
+    async def ready(request: Request) -> Response:
         if server.default is None:
             return error("no model version is loaded yet", 503)
         return JSONResponse({"ready": True})
 
-    async def server_meta(request):
+    async def server_meta(request: Request) -> Response:
         return JSONResponse({"name": "polar", "version": __version__, "extensions": []})
 
     @timed("model_metadata")
-    async def model_meta(request):
+    async def model_meta(request: Request) -> Response:
         p = request.path_params
         return JSONResponse(metadata(server.resolve(p["name"], p.get("version"))))
 
     @timed("model_ready")
-    async def model_ready(request):
+    async def model_ready(request: Request) -> Response:
         p = request.path_params
         mv = server.resolve(p["name"], p.get("version"))
         return JSONResponse({"name": mv.name, "version": mv.version, "ready": True})
 
-    def session_of(request, params: dict) -> dict:
+    def session_of(request: Request, params: dict[str, Any]) -> dict[str, Any]:
         header = request.headers.get(SESSION_HEADER)
         if header and "session_id" not in params:
             params = {**params, **_parse_params({"session_id": header}, SESSION_HEADER)}
         return params
 
     @timed("infer")
-    async def infer(request):
+    async def infer(request: Request) -> Response:
         p = request.path_params
         server.resolve(p["name"], p.get("version"))  # unknown model/version: 404 before reading the body
         body = await read_json(request)
@@ -777,9 +785,9 @@ def build_app(server: PolicyServer):
         mv, outs = await server.infer(p["name"], p.get("version"), feeds, rows, params, state)
         names = wanted or [t.name for t in mv.spec.outputs]
         specs = {t.name: t for t in mv.spec.outputs}
-        resp = {"model_name": mv.name, "model_version": mv.version,
-                "outputs": [{"name": n, "shape": list(outs[n].shape), "datatype": OIP_DATATYPES[specs[n].dtype],
-                             "data": outs[n].reshape(-1).tolist()} for n in names]}
+        resp: dict[str, Any] = {"model_name": mv.name, "model_version": mv.version,
+                                "outputs": [{"name": n, "shape": list(outs[n].shape), "datatype": OIP_DATATYPES[specs[n].dtype],
+                                             "data": outs[n].reshape(-1).tolist()} for n in names]}
         if "id" in body:
             resp["id"] = body["id"]
         if "session_id" in params:
@@ -787,7 +795,7 @@ def build_app(server: PolicyServer):
         return JSONResponse(resp)
 
     @timed("act")
-    async def act(request):
+    async def act(request: Request) -> Response:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object with 'observation' or 'observations'")
@@ -808,17 +816,17 @@ def build_app(server: PolicyServer):
                 resp[key + "s" if batched else key] = vals if batched else vals[0]
         return JSONResponse(resp)
 
-    async def metrics(request):
+    async def metrics(request: Request) -> Response:
         return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def not_found(request, exc):
+    async def not_found(request: Request, exc: Exception) -> Response:
         return error(f"no route for {request.method} {request.url.path}; see /v2/models/{server.name}", 404)
 
-    async def not_allowed(request, exc):
+    async def not_allowed(request: Request, exc: Exception) -> Response:
         return error(f"{request.method} is not allowed on {request.url.path}", 405)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             await server.start()
         except DeployError as e:  # nothing loads: `serve` stops uvicorn and raises it as one line
@@ -841,7 +849,7 @@ def build_app(server: PolicyServer):
         Route(m + "/infer", infer, methods=["POST"]), Route(v + "/infer", infer, methods=["POST"]),
         Route("/v1/act", act, methods=["POST"]), Route("/metrics", metrics),
     ]
-    app: Any = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+    app: ASGIApp = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
     if server.settings.token is not None:
         app = BearerAuth(app, server.settings.token)
     if server.settings.allowed_hosts is not None:
@@ -856,11 +864,11 @@ class HostCheck:
     """ASGI middleware: a server on loopback answers only requests addressed to a loopback name, so a web page
     whose DNS name was re-pointed at 127.0.0.1 (rebinding) cannot query it through the user's browser."""
 
-    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
         self.app = app
         self.allowed = allowed
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), "")
             name = host.strip().lower()
@@ -883,11 +891,11 @@ class BearerAuth:
 
     OPEN = ("/v2/health/live", "/v2/health/ready")
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self.token = token.encode()
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.OPEN:
             await self.app(scope, receive, send)
             return
@@ -915,17 +923,6 @@ def make_server(path: str | Path, settings: ServeSettings | None = None) -> Poli
     return PolicyServer(Source(path, settings), settings)
 
 
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def uvicorn_config(server: PolicyServer, settings: ServeSettings, **kwargs: Any) -> uvicorn.Config:
     """uvicorn's config for ``server``'s app with the gateway's connection limits (``settings.limits``):
     slow or huge headers and idle sockets are cut."""
@@ -934,18 +931,17 @@ def uvicorn_config(server: PolicyServer, settings: ServeSettings, **kwargs: Any)
 
 
 def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8080, settings: ServeSettings | None = None,
-          announce: Any = None) -> None:
+          announce: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted (``polar serve``). ``announce(url)`` is called with the address actually bound
     (the real host and port, also when ``port`` is 0) before the first request is accepted."""
     import uvicorn
 
     settings = settings or ServeSettings()
-    if is_loopback(host) and settings.allowed_hosts is None:
+    loopback = require_token_off_loopback(host, settings.token, exposes="query the policy",
+                                          token_env="POLAR_SERVE_TOKEN",
+                                          token_use="clients send as 'Authorization: Bearer'", error=DeployError)
+    if loopback and settings.allowed_hosts is None:
         settings.allowed_hosts = LOOPBACK_NAMES
-    if not is_loopback(host) and not settings.token:
-        raise DeployError(f"--host {host} is not a loopback address: anyone who reaches it could query the policy; "
-                          "set $POLAR_SERVE_TOKEN (or $POLAR_SERVE_TOKEN_FILE, or --token-file) to a token clients "
-                          "send as 'Authorization: Bearer', or listen on 127.0.0.1")
     server = make_server(path, settings)
     if not server.source.candidates():  # a one-line error here, not a failed startup inside uvicorn
         what = "checkpoint" if server.source.run_mode else "export (a directory with manifest.json)"

@@ -13,15 +13,18 @@ connector ends each interrupted episode as truncated with ``info["polar/connecto
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
+
+if TYPE_CHECKING:
+    from polar.config.run import AnyHarnessConfig
 
 __all__ = ["make_env", "make_vector_env"]
 
 
-def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
-                    worker_index: int = 0):
+def make_vector_env(harness_cfg: AnyHarnessConfig, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
+                    worker_index: int = 0) -> gym.vector.VectorEnv:
     """Build ``num_envs`` copies of a harness as one SAME_STEP-autoreset vector env.
 
     ``worker_index`` says which rollout worker hosts them (0: the learner, evaluation, checks; 1..N:
@@ -42,7 +45,7 @@ def make_vector_env(harness_cfg: Any, num_envs: int, seed: int | None = None, co
     raise NotImplementedError(f"harness type {harness_cfg.type!r} has no vector env")
 
 
-def make_env(harness_cfg: Any, config_dir: Path | None = None) -> gym.Env:
+def make_env(harness_cfg: AnyHarnessConfig, config_dir: Path | None = None) -> gym.Env:
     """Build one copy of a harness as a Gymnasium env."""
     if harness_cfg.type == "gymnasium":
         from polar.harness.gymnasium_adapter import make_gymnasium_env

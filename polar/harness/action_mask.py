@@ -9,7 +9,7 @@ the mask forbids: an illegal action never reaches the env.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -76,14 +76,14 @@ class ActionMaskGuard(gym.Wrapper):
             self.legal = check_mask(obs[ACTION_MASK_KEY], self.env_name, self.step_count, self.episode)
         return obs
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         if self.episode == 0 or self.step_count > 0:  # a reset straight after a reset starts no new episode
             self.episode += 1
         self.step_count = 0
         return self._observe(obs, info, False), info
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         if self.legal is not None:
             check_legal(action, self.legal, self.env_name, self.step_count, self.episode)
         obs, reward, terminated, truncated, info = self.env.step(action)

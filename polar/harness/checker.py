@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +18,9 @@ from gymnasium import spaces
 
 from polar.config.harness import CustomHarnessConfig, GymnasiumHarnessConfig
 from polar.errors import PolarError, ProtocolError
+
+if TYPE_CHECKING:
+    from polar.config.run import AnyHarnessConfig
 
 SUPPORTED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict)
 
@@ -254,7 +257,7 @@ def check_env(env: gym.Env, steps: int = 300, seed: int = 0, target: str | None 
     return report
 
 
-def check_harness(harness_cfg: Any, config_dir: Path | None = None, steps: int = 300, seed: int = 0) -> CheckReport:
+def check_harness(harness_cfg: AnyHarnessConfig, config_dir: Path | None = None, steps: int = 300, seed: int = 0) -> CheckReport:
     """Build a ``gymnasium`` or ``custom`` harness from its config and check it."""
     from polar.harness import make_env
 
@@ -273,7 +276,7 @@ def check_harness(harness_cfg: Any, config_dir: Path | None = None, steps: int =
     return check_env(env, steps=steps, seed=seed, target=target)
 
 
-def _spec_name(cfg: Any) -> str:
+def _spec_name(cfg: AnyHarnessConfig) -> str:
     """The harness's name before it runs: a connector's class, else its command line until it declares one."""
     if not isinstance(cfg, CustomHarnessConfig):
         return str(cfg.type)

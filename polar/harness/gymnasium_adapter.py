@@ -12,6 +12,7 @@ import importlib
 import gymnasium as gym
 
 from polar.config.base import did_you_mean
+from polar.config.harness import GymnasiumHarnessConfig
 from polar.errors import ConfigError
 from polar.harness.action_mask import with_action_masks
 from polar.harness.textarena_env import NAMESPACE, register_textarena_envs, unknown_game
@@ -38,21 +39,21 @@ def check_id(env_id: str) -> None:
         )
 
 
-def _make(cfg) -> gym.Env:
+def _make(cfg: GymnasiumHarnessConfig) -> gym.Env:
     """One env; ``preset: atari`` wraps it in the standard Atari preprocessing (polar.harness.atari)."""
-    if getattr(cfg, "preset", None) == "atari":
+    if cfg.preset == "atari":
         from polar.harness.atari import atari_base_kwargs, wrap_atari
 
         return wrap_atari(gym.make(cfg.id, **atari_base_kwargs(cfg.id, cfg.kwargs)), cfg.atari)
     return with_action_masks(gym.make(cfg.id, **cfg.kwargs), f"harness {cfg.id}")
 
 
-def make_gymnasium_env(cfg) -> gym.Env:
+def make_gymnasium_env(cfg: GymnasiumHarnessConfig) -> gym.Env:
     check_id(cfg.id)
     return _make(cfg)
 
 
-def make_gymnasium_vector_env(cfg, num_envs: int) -> gym.vector.VectorEnv:
+def make_gymnasium_vector_env(cfg: GymnasiumHarnessConfig, num_envs: int) -> gym.vector.VectorEnv:
     """``num_envs`` copies in process, SAME_STEP autoreset (see ``polar.harness``)."""
     check_id(cfg.id)
     return gym.vector.SyncVectorEnv(

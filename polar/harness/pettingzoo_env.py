@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.distributions import ACTION_MASK_KEY
 from polar.errors import ConfigError, HarnessError
 from polar.harness.action_mask import check_legal, check_mask
@@ -30,7 +31,7 @@ def _import_pettingzoo() -> Any:
     return pettingzoo
 
 
-def make_pettingzoo_env(cfg: Any) -> Any:
+def make_pettingzoo_env(cfg: PettingZooHarnessConfig) -> Any:  # a PettingZoo AEC or Parallel env (untyped)
     """The AEC or Parallel env ``cfg.id`` names (``package.module`` calls its ``env()``; ``module:function`` the function)."""
     pz = _import_pettingzoo()
     module_name, _, fn_name = cfg.id.partition(":")

@@ -5,45 +5,57 @@ harness (``harness.type: agent``) and the built-in LLM agent on an env harness (
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from polar.config.agentic import VerifierConfig
-from polar.config.llm_agent import LLMAgentConfig, is_agent_run
+from polar.config.harness import AgentHarnessConfig
+from polar.config.llm_agent import LLMAgentConfig
+from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.build import build_runner
 from polar.harness.agent.runners import HarnessRunner
-from polar.harness.agent.verifiers import checked_verifier
+from polar.harness.agent.verifiers import CheckedVerifier, checked_verifier
 from polar.harness.benchmarks.sources import load_run_tasks
 
 __all__ = ["agent_timeout_s", "load_run_tasks", "session_runner", "session_verifier"]
 
 
-def _llm_agent(cfg: Any) -> bool:
-    return isinstance(cfg.agent, LLMAgentConfig) and cfg.harness.type != "agent"
+def _llm_agent(cfg: AgentRunConfig) -> LLMAgentConfig | None:
+    """The built-in LLM agent when it plays an env harness; None for an agent harness (it brings its own agent)."""
+    return cfg.agent if cfg.harness.type != "agent" else None
 
 
-def session_runner(cfg: Any) -> HarnessRunner:
+def _agent_harness(cfg: AgentRunConfig) -> AgentHarnessConfig:
+    """``cfg.harness`` of an agent run without the LLM agent: validation makes it ``harness.type: agent``."""
+    if not isinstance(cfg.harness, AgentHarnessConfig):
+        raise ConfigError(f"harness.type {cfg.harness.type!r} in an agent run needs agent: {{type: llm}} (the built-in "
+                          "LLM agent plays env harnesses); or use harness.type: agent")
+    return cfg.harness
+
+
+def session_runner(cfg: EnvRunConfig | AgentRunConfig) -> HarnessRunner:
     """The runner of one session of ``cfg``'s agent run."""
-    if not is_agent_run(cfg):
-        raise ConfigError(f"harness.type {cfg.harness.type!r} with agent.type {getattr(cfg.agent, 'type', None)!r} is not an "
+    if not isinstance(cfg, AgentRunConfig):
+        raise ConfigError(f"harness.type {cfg.harness.type!r} with agent.type {cfg.agent.type!r} is not an "
                           "agent run; "
                           "use harness.type: agent, or agent: {type: llm} on an env harness")
-    if _llm_agent(cfg):
+    agent = _llm_agent(cfg)
+    if agent is not None:
         from polar.harness.llm_env import build_llm_env_runner
 
-        return build_llm_env_runner(cfg.harness, cfg.agent, cfg.config_dir)
-    return build_runner(cfg.harness, cfg.config_dir)
+        return build_llm_env_runner(cfg.harness, agent, cfg.config_dir)
+    return build_runner(_agent_harness(cfg), cfg.config_dir)
 
 
-def session_verifier(cfg: Any, config_dir: Path | None = None) -> Any:
+def session_verifier(cfg: AgentRunConfig, config_dir: Path | None = None) -> CheckedVerifier:
     """``cfg.verifier``; for the LLM env agent without one, ``env_return`` (the episode return is the reward). Its
     rewards are checked: NaN, or one outside ``verifier.reward_range``, ends the session ERROR naming the task."""
     verifier_cfg = cfg.verifier
-    if verifier_cfg is None and _llm_agent(cfg):
+    if verifier_cfg is None and _llm_agent(cfg) is not None:
         verifier_cfg = VerifierConfig(type="env_return")
     return checked_verifier(verifier_cfg, config_dir or cfg.config_dir)
 
 
-def agent_timeout_s(cfg: Any) -> float:
+def agent_timeout_s(cfg: AgentRunConfig) -> float:
     """The harness's own time limit per session: ``harness.timeout_s``, or the LLM agent's ``agent.timeout_s``."""
-    return cfg.agent.timeout_s if _llm_agent(cfg) else cfg.harness.timeout_s
+    agent = _llm_agent(cfg)
+    return agent.timeout_s if agent is not None else _agent_harness(cfg).timeout_s

@@ -6,15 +6,21 @@ import json
 import logging
 import math
 from collections import deque
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.errors import RunDirError, os_cause
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from polar.metrics.sinks import MetricSink
 
 log = logging.getLogger(__name__)
 
 
-def _clean(v: Any):
+def _clean(v: Any) -> Any:
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
@@ -31,12 +37,12 @@ class MetricsLogger:
     """
 
     def __init__(self, jsonl_path: str | Path, tensorboard_dir: str | Path | None = None,
-                 purge_step: int | None = None, sinks: list | None = None) -> None:
+                 purge_step: int | None = None, sinks: list[MetricSink] | None = None) -> None:
         self.path = Path(jsonl_path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", buffering=1)
         self._tb_dir = tensorboard_dir
-        self._tb = None
+        self._tb: SummaryWriter | None = None
         self._purge_step = purge_step
         self.sinks = list(sinks or [])  # polar.metrics.sinks: W&B, MLflow, OTel (off unless configured)
 
@@ -47,13 +53,14 @@ class MetricsLogger:
         except OSError as e:  # disk full, the run directory gone: one line, not a traceback from deep inside
             raise RunDirError(f"cannot write metrics to {self.path}: {os_cause(e)}") from None
         if self._tb_dir is not None:
-            if self._tb is None:
+            tb = self._tb
+            if tb is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self._tb_dir), purge_step=self._purge_step)
+                tb = self._tb = SummaryWriter(str(self._tb_dir), purge_step=self._purge_step)
             for k, v in row.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+                    tb.add_scalar(k, v, step)
         for sink in list(self.sinks):
             try:
                 sink.log(row, step)
@@ -83,7 +90,7 @@ class MetricsLogger:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a metrics.jsonl; a torn last line (crash mid-write) is skipped."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     p = Path(path)
     if not p.is_file():
         return rows
@@ -104,7 +111,7 @@ class EpisodeWindow:
         self.successes: deque[float] = deque(maxlen=size)
         self.total_episodes = 0
 
-    def add(self, returns, lengths, successes=()) -> None:
+    def add(self, returns: Sequence[float], lengths: Sequence[int], successes: Iterable[float] = ()) -> None:
         self.returns.extend(returns)
         self.lengths.extend(lengths)
         self.successes.extend(successes)
@@ -115,15 +122,17 @@ class EpisodeWindow:
         return len(self.returns) == self.returns.maxlen
 
     def summary(self) -> dict[str, float | None]:
-        mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
+        def mean(xs: deque[float] | deque[int]) -> float | None:
+            return (sum(xs) / len(xs)) if xs else None
+
         return {"episode_reward_mean": mean(self.returns), "episode_len_mean": mean(self.lengths),
                 "success_rate": mean(self.successes), "episodes": self.total_episodes}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"returns": list(self.returns), "lengths": list(self.lengths), "successes": list(self.successes),
                 "total": self.total_episodes}
 
-    def load_state_dict(self, s: dict) -> None:
+    def load_state_dict(self, s: dict[str, Any]) -> None:
         self.returns.extend(s["returns"])
         self.lengths.extend(s["lengths"])
         self.successes.extend(s["successes"])

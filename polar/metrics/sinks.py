@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Protocol
 
 from polar.errors import ConfigError
@@ -45,7 +46,7 @@ def _numeric(row: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _require(module: str, extra: str):
+def _require(module: str, extra: str) -> ModuleType:
     import importlib
 
     try:

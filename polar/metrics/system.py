@@ -16,7 +16,11 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psutil
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ def unregister_process(pid: int) -> None:
         _registered.pop(int(pid), None)
 
 
-def role_of(proc: Any) -> str:
+def role_of(proc: psutil.Process) -> str:
     """The role of a ``psutil.Process``: registered, else ``POLAR_ROLE`` in its environment, else its command line."""
     with _lock:
         role = _registered.get(proc.pid)
@@ -74,8 +78,8 @@ class _Nvml:
     """NVML handles, or nothing when ``pynvml`` is absent or finds no GPU (never an error)."""
 
     def __init__(self) -> None:
-        self.handles: list[Any] = []
-        self.nv = None
+        self.handles: list[object] = []  # opaque NVML device handles
+        self.nv: ModuleType | None = None  # pynvml once it initialised
         try:
             import pynvml  # nvidia-ml-py
 
@@ -87,10 +91,13 @@ class _Nvml:
 
     def sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
+        nv = self.nv
+        if nv is None:
+            return out
         for i, h in enumerate(self.handles):
             try:
-                util = self.nv.nvmlDeviceGetUtilizationRates(h)
-                mem = self.nv.nvmlDeviceGetMemoryInfo(h)
+                util = nv.nvmlDeviceGetUtilizationRates(h)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
             except Exception as e:  # a GPU lost mid-run: say it once per sample, keep the others
                 log.debug("NVML sample of GPU %d failed: %s", i, e)
                 continue
@@ -115,7 +122,7 @@ class SystemSampler:
             raise ValueError(f"interval_s must be > 0 seconds (got {interval_s})")
         self.role, self.interval_s = role, float(interval_s)
         self.root = psutil.Process(pid or os.getpid())
-        self._procs: dict[int, Any] = {}  # pid -> psutil.Process, kept so cpu_percent has a previous reading
+        self._procs: dict[int, psutil.Process] = {}  # pid -> psutil.Process, kept so cpu_percent has a previous reading
         self._names: dict[int, str] = {}  # pid -> stable "<role>-<n>" while the process lives
         self._cmdlines: dict[int, tuple[str, ...]] = {}  # pid -> the command line its name was given for
         self._latest: dict[str, float] = {}
@@ -126,7 +133,7 @@ class SystemSampler:
         psutil.cpu_percent(None)  # the host's first reading: the next one is measured from here
 
     # ------------------------------------------------------------------ naming
-    def _name(self, proc: Any) -> str:
+    def _name(self, proc: psutil.Process) -> str:
         # a child caught between fork and exec still shows its parent's command line (or none): named then,
         # a connector would stay "rollout_worker-2" or "child-0" for life, so an exec renames the process
         try:

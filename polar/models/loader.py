@@ -9,12 +9,16 @@ import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 
 from polar.agents import AgentBase
 from polar.config.base import did_you_mean
 from polar.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polar.config.run import NetworkAgentConfig
 
 
 def import_user_module(module: str, config_dir: Path | None, what: str = "agent.module") -> ModuleType:
@@ -29,6 +33,8 @@ def import_user_module(module: str, config_dir: Path | None, what: str = "agent.
             if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
                 return sys.modules[name]
             spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:  # a .py path always has a source loader; kept for the type
+                raise ConfigError(f"{what}: {path} cannot be imported as a Python module")
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
             if str(path.parent) not in sys.path:
@@ -59,7 +65,7 @@ def load_agent_class(module: str, class_name: str, config_dir: Path | None) -> t
     return cls
 
 
-def build_agent(agent_cfg, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> AgentBase:
+def build_agent(agent_cfg: NetworkAgentConfig, observation_space: gym.Space, action_space: gym.Space, config_dir: Path | None = None) -> AgentBase:
     """Instantiate the configured agent and bind the env's spaces to it."""
     if agent_cfg.type == "custom":
         cls = load_agent_class(agent_cfg.module, agent_cfg.class_name, config_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polar.config.harness import AgentHarnessConfig
+from polar.errors import ConfigError
 from polar.harness.agent.presets import get_preset
 from polar.harness.agent.presets.runner import PresetRunner
 from polar.harness.agent.process import ProcessLimits
@@ -17,7 +18,10 @@ def build_runner(harness_cfg: AgentHarnessConfig, config_dir: Path | None = None
     if harness_cfg.callable:
         return CallableRunner(harness_cfg.callable, config_dir)
     if harness_cfg.preset:
-        return _preset_runner(harness_cfg, config_dir)
+        return _preset_runner(harness_cfg, harness_cfg.preset, config_dir)
+    if not harness_cfg.command:  # the config's validator requires one entry point: an unvalidated config
+        raise ConfigError("harness: an agent harness needs exactly one of 'command' (a program), 'callable' "
+                          "('module:function') or 'preset'; got none")
     lim = harness_cfg.limits
     return CommandRunner(
         harness_cfg.command,
@@ -30,7 +34,7 @@ def build_runner(harness_cfg: AgentHarnessConfig, config_dir: Path | None = None
     )
 
 
-def _preset_runner(harness_cfg: AgentHarnessConfig, config_dir: Path | None) -> PresetRunner:
+def _preset_runner(harness_cfg: AgentHarnessConfig, preset: str, config_dir: Path | None) -> PresetRunner:
     """The session runner for ``harness: {type: agent, preset: NAME, preset_options: {...}}``.
 
     Resource limits come from ``harness.limits`` except the address-space limit: V8 and WebAssembly
@@ -43,4 +47,4 @@ def _preset_runner(harness_cfg: AgentHarnessConfig, config_dir: Path | None) -> 
                            lim.file_size_mb, lim.output_bytes)
     if harness_cfg.env:
         options["extra_env"] = {**harness_cfg.env, **(options.get("extra_env") or {})}
-    return PresetRunner(get_preset(harness_cfg.preset), options, limits=limits, config_dir=config_dir)
+    return PresetRunner(get_preset(preset), options, limits=limits, config_dir=config_dir)

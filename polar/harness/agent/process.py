@@ -24,6 +24,7 @@ import resource
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -62,9 +63,9 @@ class ProcessResult:
         return self.stderr[-n:].decode("utf-8", "replace").strip()
 
 
-def _preexec(limits: ProcessLimits):
+def _preexec(limits: ProcessLimits) -> Callable[[], None]:
     """Build the child-side hook. Only async-signal-safe-ish syscalls: no imports, no allocation-heavy work."""
-    pairs = []
+    pairs: list[tuple[int, tuple[int, int]]] = []
     if limits.cpu_time_s:
         pairs.append((resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 1)))
     if limits.memory_mb:
@@ -193,6 +194,7 @@ async def run_process(
                         known.setdefault(child.pid, child)
                 await asyncio.sleep(_SNAPSHOT_INTERVAL_S)
 
+    assert proc.stdout is not None and proc.stderr is not None  # both are pipes
     tasks = [asyncio.ensure_future(pump(proc.stdout, out)), asyncio.ensure_future(pump(proc.stderr, err))]
     helpers = [asyncio.ensure_future(snapshot())]
     if stdin is not None:

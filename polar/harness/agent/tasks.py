@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ def resolve(path: str, config_dir: Path | None) -> Path:
     return p
 
 
-def read_jsonl(p: Path):
+def read_jsonl(p: Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_number, value)`` for each non-blank line; a bad line is a ConfigError naming it."""
     for n, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip():

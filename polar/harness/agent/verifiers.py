@@ -28,13 +28,17 @@ import inspect
 import logging
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.isolation import VerifySandbox, WorkspaceRefused, read_untrusted, require_isolation
 from polar.harness.agent.judge import LLMJudge
+
+if TYPE_CHECKING:
+    from polar.config.agentic import VerifierConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,10 @@ class VerifyInput:
 class Verdict:
     reward: float
     details: dict[str, Any] = field(default_factory=dict)
+
+
+#: What scores a session: a built-in verifier, a user's ``module:function``, or the LLM judge.
+Verifier = Callable[[VerifyInput], Awaitable[Verdict]]
 
 
 def final_answer(output: str, pattern: str | None = None) -> str | None:
@@ -257,7 +265,7 @@ class CheckedVerifier:
     ``reward_range`` when the config gives one (``[0, 1]``: the reward is a success rate), raise a
     ``HarnessError`` naming the task, so the session ends ERROR with that line instead of being scored."""
 
-    def __init__(self, inner: Any, name: str, reward_range: tuple[float, float] | None = None) -> None:
+    def __init__(self, inner: Verifier, name: str, reward_range: tuple[float, float] | None = None) -> None:
         self.inner, self.name, self.reward_range = inner, name, reward_range
         self._warned: set[str] = set()  # the log names each bad task once; every session still ends ERROR
 
@@ -281,21 +289,21 @@ class CheckedVerifier:
         return verdict
 
 
-def checked_verifier(cfg: Any, config_dir: Path | None = None) -> CheckedVerifier:
+def checked_verifier(cfg: VerifierConfig | None, config_dir: Path | None = None) -> CheckedVerifier:
     """``build_verifier`` with its rewards checked (``CheckedVerifier``, ``verifier.reward_range``): what a run
     scores its sessions with."""
-    rng = getattr(cfg, "reward_range", None)
+    rng = cfg.reward_range if cfg is not None else None
     return CheckedVerifier(build_verifier(cfg, config_dir), str(cfg.type) if cfg is not None else "none",
                            (float(rng[0]), float(rng[1])) if rng is not None else None)
 
 
-def build_verifier(cfg: Any, config_dir: Path | None = None):
+def build_verifier(cfg: VerifierConfig | None, config_dir: Path | None = None) -> Verifier:
     """A verifier from ``verifier: {type, kwargs}`` (``None`` → no reward)."""
     if cfg is None:
         return NoVerifier()
     kind, kwargs = cfg.type, dict(cfg.kwargs)
     kind = _NAMED.get(kind, kind)
-    trusted = bool(getattr(cfg, "trusted_workspace", False))
+    trusted = cfg.trusted_workspace
     if ":" in kind:
         return UserFunction(kind, config_dir, trusted_workspace=trusted, **kwargs)
     if kind in _RUNS_CODE:

@@ -7,16 +7,19 @@ task source, so one harness serves every benchmark.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.harness.agent.runners import task_prompt
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 
 async def answer(base_url: str, api_key: str, task: dict[str, Any], model: str = "polar") -> str:
     """The model's reply to the task's prompt, through the gateway (official openai SDK)."""
     from openai import AsyncOpenAI
 
-    messages = []
+    messages: list[ChatCompletionMessageParam] = []
     if task.get("system_prompt"):
         messages.append({"role": "system", "content": task["system_prompt"]})
     messages.append({"role": "user", "content": task_prompt(task)})

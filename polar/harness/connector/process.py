@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from polar.harness.connector import supervisor
 from polar.harness.connector.spaces import wire_space_bytes
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
+
+if TYPE_CHECKING:
+    from polar.config.harness import ConnectorSpec
 
 SUPERVISOR = supervisor.__file__  # run as a script, isolated (-I -S): see its module
 
@@ -88,9 +91,11 @@ def expand_command(command: list[str], config_dir: Path) -> list[str]:
     return out
 
 
-def check_command(spec: Any, config_dir: Path) -> None:
+def check_command(spec: ConnectorSpec, config_dir: Path) -> None:
     """A command connector's program exists (on PATH, with ``spec.env``'s PATH, or next to the config), or one
     ``ConnectorStartError``. ``polar run`` calls it before it creates anything."""
+    if not spec.command:  # a Python connector (module + class_name): nothing to look for
+        return
     program = expand_command(spec.command, config_dir)[0]
     path = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}.get("PATH")
     if shutil.which(program, path=path) is None and not Path(config_dir, program).exists():
@@ -141,7 +146,7 @@ def is_loopback(host: str) -> bool:
 class ConnectorProcess:
     """A connector process hosting ``num_envs`` copies, with restart-on-failure bookkeeping."""
 
-    def __init__(self, spec: Any, num_envs: int, config_dir: Path | None = None, index: int = 0, *,
+    def __init__(self, spec: ConnectorSpec, num_envs: int, config_dir: Path | None = None, index: int = 0, *,
                  worker_index: int = 0, vector_offset: int = 0, seed: int | None = None) -> None:
         self.spec = spec
         self.index = index
@@ -205,6 +210,9 @@ class ConnectorProcess:
             if os.sep not in cmd[0] and shutil.which(cmd[0], path=path) is None and beside.exists():
                 cmd[0] = str(beside)  # next to the config, as check_command accepts it (exec alone searches PATH)
             return cmd
+        if not (spec.module and spec.class_name):  # the config's validator requires one or the other
+            raise ConnectorStartError("connector_spec needs module + class_name (a Python connector) or command (any "
+                                      "other language)")
         cmd = [spec.python or sys.executable, "-m", "polar.harness.connector.server"]
         cmd += ["--module", spec.module, "--class-name", spec.class_name]
         for p in dict.fromkeys([str(self.config_dir), os.getcwd()]):
@@ -292,7 +300,9 @@ class ConnectorProcess:
         whose crash is determined by its seed does not crash at the same step again.
         """
         config_seed = self.spec.config.get(SEED_KEY)
-        seeded = isinstance(config_seed, numbers.Integral) and not isinstance(config_seed, bool)
+        int_seed = (int(config_seed) if isinstance(config_seed, numbers.Integral) and not isinstance(config_seed, bool)
+                    else None)
+        seeded = int_seed is not None
         if SEED_KEY in self.spec.config and config_seed is not None and not seeded and not self._warned_seed:
             self._warned_seed = True
             log.warning("%s: connector_spec.config.seed is %r, not an integer: every copy gets it unchanged and may "
@@ -301,20 +311,25 @@ class ConnectorProcess:
         for i in range(self.num_envs):
             v = self.vector_offset + i
             entry = {"worker_index": self.worker_index, "vector_index": v, "restarts": self.restarts}
-            if seeded:
-                entry[SEED_KEY] = copy_seed(int(config_seed), self.run_seed, self.worker_index, v, self.restarts)
+            if int_seed is not None:
+                entry[SEED_KEY] = copy_seed(int_seed, self.run_seed, self.worker_index, v, self.restarts)
             out.append(entry)
         return out
 
-    def _drain(self, proc: subprocess.Popen) -> None:
-        for raw in iter(proc.stdout.readline, b""):
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        stdout = proc.stdout
+        assert stdout is not None  # spawned with stdout=PIPE
+        for raw in iter(stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip()
             self._tail.append(line)
             log.debug("[%s pid %d] %s", self.label, proc.pid, line)
-        proc.stdout.close()
+        stdout.close()
 
     def connect(self) -> dict:
         """Wait for the spawned process to dial back, check its hello, send init; return its description."""
+        proc = self._proc
+        if proc is None:
+            raise ProcessFailed("connect() before the process was started")
         deadline = time.monotonic() + self.spec.start_timeout_s
         self._listener.settimeout(0.05)
         while True:
@@ -322,8 +337,8 @@ class ConnectorProcess:
                 sock, _ = self._listener.accept()
                 break
             except TimeoutError:
-                if self._proc.poll() is not None:
-                    raise ProcessFailed(f"the process exited with code {self._proc.returncode} before connecting") from None
+                if proc.poll() is not None:
+                    raise ProcessFailed(f"the process exited with code {proc.returncode} before connecting") from None
                 if time.monotonic() > deadline:
                     raise ProcessFailed(f"the process did not connect within start_timeout_s={self.spec.start_timeout_s}") from None
         if sock.family != socket.AF_UNIX:
@@ -483,16 +498,15 @@ class ConnectorProcess:
             kind, message, tb = err.get("kind"), err.get("message", "unknown error"), err.get("traceback", "")
             if kind == "start":  # one line; the connector's traceback only with --debug
                 log.debug("%s start traceback:\n%s", self.name, tb)
-                err = ConnectorStartError(message + (f"\n{tb}" if tb and log.isEnabledFor(logging.DEBUG) else ""))
-                err.remote_traceback = tb
-                raise err
+                raise ConnectorStartError(message + (f"\n{tb}" if tb and log.isEnabledFor(logging.DEBUG) else ""),
+                                          remote_traceback=tb)
             if kind in ("frame_size", "protocol"):
                 raise ProtocolError(f"{self.name}: {message}")
             if kind == "contract":
                 raise EnvContractError(message)
             text = f"{message} (in connector class {self.name}; traceback from the connector process below)\n{tb}" if tb else message
             raise ConnectorRemoteError(text, remote_traceback=tb)
-        missing = [k for k in REPLY_KEYS.get(self._op, ()) if k not in reply]
+        missing = [k for k in REPLY_KEYS.get(self._op, ()) if k not in reply] if self._op is not None else []
         if missing:
             raise ProtocolError(f"{self.name}: its reply to {self._op!r} lacks {missing} (see docs/connector-protocol.md)")
         return reply

@@ -172,7 +172,10 @@ class Host:
         per_env = unbatch_actions(actions, n)
         if len(per_env) != n:
             raise UserError("contract", f"step got {len(per_env)} actions for {n} environment copies")
-        obs_list, infos, final_obs, final_infos = [], [], None, None
+        obs_list: list[Any] = []
+        infos: list[dict[str, Any] | None] = []
+        final_obs: list[Any] | None = None  # per copy: the observation an episode ended on (None where it did not)
+        final_infos: list[dict[str, Any] | None] | None = None
         rewards, terminated, truncated = [0.0] * n, [False] * n, [False] * n
         any_info = False
         i = 0
@@ -190,7 +193,7 @@ class Host:
                 rewards[i] = float(reward)
                 if term or trunc:
                     terminated[i], truncated[i] = bool(term), bool(trunc)
-                    if final_obs is None:
+                    if final_obs is None or final_infos is None:  # both set at once, on the first ended episode
                         final_obs, final_infos = [None] * n, [None] * n
                     final_obs[i], final_infos[i] = obs, _sanitize_info(info, f"{self.name}.step")
                     obs, info = self._reset_one(i, None)

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,9 @@ from polar.harness.connector.spaces import (
     space_bytes,
     space_from_wire,
 )
+
+if TYPE_CHECKING:
+    from polar.config.harness import ConnectorSpec
 
 log = logging.getLogger("polar.connector")
 RESTART_KEY = "polar/connector_restart"
@@ -57,7 +60,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, spec: Any, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
+    def __init__(self, spec: ConnectorSpec, num_envs: int, seed: int | None = None, config_dir: Path | None = None,
                  worker_index: int = 0) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -148,7 +151,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
     def reset_raw(self, seed: int | list | None = None) -> tuple[Any, list[dict]]:
         seeds = self._seeds(seed)
         with self._lock:
-            replies = [None] * len(self.procs)
+            received: dict[int, dict[str, Any]] = {}
             pending = list(range(len(self.procs)))
             while pending:
                 for j in pending:
@@ -160,7 +163,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 failed, error = [], None
                 for j in pending:
                     try:
-                        replies[j] = self.procs[j].receive()
+                        received[j] = self.procs[j].receive()
                     except ProcessFailed as e:
                         self.procs[j].recover(str(e))
                         failed.append(j)
@@ -169,6 +172,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
                 if error is not None:
                     raise error
                 pending = failed
+        replies = [received[j] for j in range(len(self.procs))]
         for j, r in enumerate(replies):
             self._check_obs(j, "reset", r)
         obs = conform(_concat([r["obs"] for r in replies]), self.single_observation_space)
@@ -372,7 +376,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         obs, rewards, terminated, truncated, per_env, final_obs, final_infos = self.step_raw(actions)
         infos: dict = {}
         for i in range(self.num_envs):
-            if final_obs is not None and final_obs[i] is not None:
+            if final_obs is not None and final_infos is not None and final_obs[i] is not None:  # set together
                 fo = conform(final_obs[i], self.single_observation_space)
                 infos = self._add_info(infos, {"final_obs": fo, "final_info": final_infos[i] or {}}, i)
             if per_env[i]:
@@ -429,7 +433,7 @@ class ConnectorEnv(gym.Env):
 
     metadata: dict = {}
 
-    def __init__(self, spec: Any, config_dir: Path | None = None) -> None:
+    def __init__(self, spec: ConnectorSpec, config_dir: Path | None = None) -> None:
         spec = spec.model_copy(update={"copies_per_process": 1})
         self.vec = ConnectorVectorEnv(spec, 1, config_dir=config_dir)
         self.observation_space = self.vec.single_observation_space
@@ -466,6 +470,7 @@ class ConnectorEnv(gym.Env):
             batched = np.asarray(action)[None]
         obs, rewards, term, trunc, infos, final_obs, final_infos = self.vec.step_raw(batched)
         if term[0] or trunc[0]:
+            assert final_obs is not None and final_infos is not None  # step_raw fills both when a copy ends
             self._next = (index(obs, 0), infos[0])
             obs_0 = conform(final_obs[0], self.observation_space)
             return obs_0, float(rewards[0]), bool(term[0]), bool(trunc[0]), final_infos[0] or {}

@@ -25,8 +25,10 @@ import inspect
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from polar.config.harness import CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.llm_agent import LLMAgentConfig
 from polar.errors import ConfigError, HarnessError
 from polar.harness.agent.runners import (
     HarnessOutcome,
@@ -49,6 +51,9 @@ from polar.harness.llm_env.agent import (
 from polar.harness.llm_env.text_envs import TextRenderer, renderer_for
 from polar.harness.llm_env.universal import Translator, build_translator, parse_universal
 
+if TYPE_CHECKING:
+    from polar.config.run import AnyHarnessConfig
+
 log = logging.getLogger(__name__)
 
 REFUSED_KEY = "polar/invalid_action"  # info key: the env refused the action it was given, and why
@@ -69,7 +74,8 @@ class _EpisodeError(Exception):
 class LLMEnvRunner(HarnessRunner):
     """``harness: {type: gymnasium | custom}`` + ``agent: {type: llm}``: one env episode per session."""
 
-    def __init__(self, harness_cfg: Any, agent_cfg: Any, config_dir: Path | None = None) -> None:
+    def __init__(self, harness_cfg: GymnasiumHarnessConfig | CustomHarnessConfig, agent_cfg: LLMAgentConfig,
+                 config_dir: Path | None = None) -> None:
         self.harness_cfg, self.cfg, self.config_dir = harness_cfg, agent_cfg, config_dir
         env_id = getattr(harness_cfg, "id", None)
         self.renderer: TextRenderer | None = renderer_for(env_id) if agent_cfg.observation == "auto" else None
@@ -109,7 +115,7 @@ class LLMEnvRunner(HarnessRunner):
         from polar.harness import make_env
 
         h = self.harness_cfg
-        if self.cfg.random_map:
+        if self.cfg.random_map and isinstance(h, GymnasiumHarnessConfig):  # __init__ refused it on other harnesses
             from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
             kwargs = dict(h.kwargs)
@@ -195,7 +201,7 @@ class LLMEnvRunner(HarnessRunner):
                 steps.append(self._turn(steps, f"{note}Step {t + 1}.\n{text}\nWhat is your next action?"))
                 first_call = stats["calls"]
                 action, reason = await self._ask(client, ctx, system, tools, codec, steps, stats)
-                turn = {"state": _anchor(text), "calls": [first_call, stats["calls"]], "reward": 0.0}
+                turn: dict[str, Any] = {"state": _anchor(text), "calls": [first_call, stats["calls"]], "reward": 0.0}
                 stats["turns"].append(turn)
                 if action is None:
                     turn["reward"] = cfg.invalid_action_penalty
@@ -303,9 +309,10 @@ def env_return_verdict(harness: dict[str, Any]) -> dict[str, Any]:
     return {"reward": float(harness["episode_return"]), **{k: harness[k] for k in keep if k in harness}}
 
 
-def build_llm_env_runner(harness_cfg: Any, agent_cfg: Any, config_dir: Path | None = None) -> LLMEnvRunner:
+def build_llm_env_runner(harness_cfg: AnyHarnessConfig, agent_cfg: LLMAgentConfig,
+                         config_dir: Path | None = None) -> LLMEnvRunner:
     """The session runner for an env harness whose agent is ``{type: llm}``."""
-    if harness_cfg.type not in ("gymnasium", "custom"):
+    if not isinstance(harness_cfg, (GymnasiumHarnessConfig, CustomHarnessConfig)):
         raise ConfigError(f"agent.type llm drives an env harness (gymnasium or custom), not harness.type "
                           f"{harness_cfg.type!r}; agent harnesses bring their own agent")
     return LLMEnvRunner(harness_cfg, agent_cfg, config_dir)

@@ -141,7 +141,8 @@ class PresetRunner(HarnessRunner):
             pass
         elif res.returncode != 0:
             why = "asked for an interactive login" if LOGIN_PATTERNS.search("\n".join(tail)) else (
-                f"exited with code {res.returncode}" + (f" (signal {-res.returncode})" if (res.returncode or 0) < 0 else ""))
+                f"exited with code {res.returncode}" + (f" (signal {-res.returncode})" if res.returncode is not None
+                                                        and res.returncode < 0 else ""))
             out.error = f"preset {name}: the CLI {why}. Last lines:\n{shown}"
         elif res.leftover_pids:
             log.info("preset %s left %d process(es) behind; they were killed", name, len(res.leftover_pids))
