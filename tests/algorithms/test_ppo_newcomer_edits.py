@@ -77,8 +77,18 @@ def _update_grads(default_rollout, fused: str = "auto") -> tuple[PPOLearner, lis
 
     learner.optimizer.step = recording_step
     torch.manual_seed(1)  # the same minibatch order every time
-    learner.update(RolloutBuffer([frag]), progress=0.0)
+    _update(learner, frag)
     return learner, grads
+
+
+def _update(learner: PPOLearner, frag: Fragment) -> None:
+    """One PPO update on ``frag`` at progress 0 (issue 34 moves the learner to ``update(batch)``; both shapes)."""
+    try:
+        from polar.types import Batch, Rollout  # type: ignore[attr-defined]
+    except ImportError:
+        learner.update(RolloutBuffer([frag]), progress=0.0)
+        return
+    learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))
 
 
 # --- editing a function's source, as a newcomer would -------------------------------------------------
