@@ -154,7 +154,7 @@ def fused_path(agent: nn.Module, fused: FusedSetting) -> tuple[bool, str]:
         return False, "autograd (policy.kwargs.fused: off)"
     if not supports_fused(agent):
         return False, ("autograd (policy.kwargs.fused: auto; the agent is not the built-in MLP with separate actor "
-                       "and critic)")
+                       "and critic and tanh/relu hidden layers)")
     changed = pinned_changes(fused_pins(agent))
     if changed:
         return False, (f"autograd (policy.kwargs.fused: auto; the code the fused path was derived from differs: "

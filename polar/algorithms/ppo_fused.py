@@ -243,5 +243,9 @@ def fused_ppo_grads(agent, obs, actions, old_log_prob, old_values, advantages, r
 
 
 def supports_fused(agent) -> bool:
-    """True for the built-in MLP actor-critic with separate plain-MLP actor and critic (Discrete or Box actions)."""
-    return getattr(agent, "_fast", None) is not None and (getattr(agent, "_categorical", False) or getattr(agent, "gaussian", False))
+    """True for the built-in MLP actor-critic with separate plain-MLP actor and critic (Discrete or Box actions)
+    whose hidden activations are the ones ``_mlp_backward`` differentiates (tanh, relu)."""
+    fast = getattr(agent, "_fast", None)
+    if fast is None or not (getattr(agent, "_categorical", False) or getattr(agent, "gaussian", False)):
+        return False
+    return all(f is None or f in (torch.tanh, torch.relu) for layers in fast for _, _, f in layers)

@@ -118,7 +118,10 @@ class ActorCriticAgent(AgentBase):
 
     # --- numpy rollout path: act's twin, used by rollouts only on PPO's fused path (polar.rollout.runner) ------
     def supports_act_numpy(self) -> bool:
-        return self._fast is not None and (self._categorical or self.gaussian)
+        """The numpy twin knows the plain MLP with tanh/relu hidden layers (``run_numpy``), nothing else."""
+        if self._fast is None or not (self._categorical or self.gaussian):
+            return False
+        return all(f is None or f in (torch.tanh, torch.relu) for layers in self._fast for _, _, f in layers)
 
     def _numpy_layers(self):
         """numpy views of the live parameters (rebuilt if the optimizer re-pointed them)."""

@@ -260,3 +260,24 @@ def test_editing_act_changes_the_default_runs_actions(tmp_path, monkeypatch):
     np.testing.assert_array_equal(frag.actions.reshape(-1), logits.argmax(-1).numpy())
     learner = PPOLearner(policy.agent, cfg.policy.kwargs, cfg.total_env_steps)
     assert not learner.fused and "ActorCriticAgent.act changed" in learner.path, learner.path  # the run log says why
+
+
+def test_a_new_activation_in_the_plain_mlp_takes_autograd_and_act(monkeypatch):
+    """Adding GELU to the activations the plain-MLP path knows (``_ACT_FNS``) must not reach the fused
+    gradient or the numpy twin, which differentiate and run tanh and relu only (they would treat GELU as
+    the identity and as relu): the run trains by autograd and acts through ``act``, which calls GELU itself."""
+    from gymnasium import spaces
+
+    from polar.config.agent import BuiltinAgentConfig
+    from polar.models import encoders
+
+    monkeypatch.setitem(encoders.ACTIVATIONS, "gelu", torch.nn.GELU)
+    monkeypatch.setitem(ac_mod._ACT_FNS, torch.nn.GELU, torch.nn.functional.gelu)
+    cfg = BuiltinAgentConfig.model_construct(**{**BuiltinAgentConfig().model_dump(), "activation": "gelu"})
+    agent = ac_mod.ActorCriticAgent(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2), cfg)
+    assert agent._fast is not None  # the plain-MLP path takes it (act and evaluate_actions run GELU)
+    assert not agent.supports_act_numpy()
+    from polar.algorithms.ppo import fused_path
+
+    fused, why = fused_path(agent, "auto")
+    assert not fused and "not the built-in MLP" in why
