@@ -281,3 +281,22 @@ def test_a_new_activation_in_the_plain_mlp_takes_autograd_and_act(monkeypatch):
 
     fused, why = fused_path(agent, "auto")
     assert not fused and "not the built-in MLP" in why
+
+
+@pytest.mark.parametrize("fused", ["auto", "off"])
+def test_rollouts_act_through_act_unless_on_the_fused_path(fused):
+    """``fused: off`` runs the torch code end to end: rollouts call ``act``, not its numpy twin."""
+    cfg = validate(RunConfig, {**DEFAULT, "policy": {"type": "ppo", "kwargs": {"fused": fused}}})
+    backend = make_backend(cfg, 4, seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    try:
+        backend.start(policy.state_dict(), 0, policy=policy)
+        runner = backend.runner
+        assert (runner.fast_act is not None) == (fused == "auto")
+        calls = []
+        act = policy.agent.act
+        policy.agent.act = lambda *a, **k: calls.append(1) or act(*a, **k)
+        backend.next_fragment()
+    finally:
+        backend.close()
+    assert len(calls) == (4 + 1 if fused == "off" else 1)  # off: each of the 4 steps; both: the bootstrap value
