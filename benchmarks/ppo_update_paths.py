@@ -4,8 +4,8 @@ One real rollout of the default CartPole config (``policy: {type: ppo}``, built-
 x 128 steps = 1,024 samples, minibatches of 64, 10 epochs = 160 optimizer steps per update) is collected
 once per trial; then ``PPOLearner.update`` runs on it again and again with each combination of
 
-- gradient path: ``fused`` (``policy.kwargs.fused: auto``: ``ppo_loss`` by autograd down to the MLP's
-  outputs, hand-written MLP backward) or ``autograd`` (``fused: off``);
+- gradient path: ``fused`` (``policy.kwargs.fused: auto``: ``fused_step``, the hand-derived gradient of
+  ``autograd_step``'s loss, no graph recorded) or ``autograd`` (``fused: off``: ``autograd_step``);
 - optimizer: polar's flat-buffer ``Adam`` (``polar.algorithms.optim``) or ``torch.optim.Adam(foreach=True)``
   with ``torch.nn.utils.clip_grad_norm_(foreach=True)``.
 

@@ -9,25 +9,29 @@ Pure, reusable pieces (no I/O, no env knowledge):
 - ``schedule_value``: constant / linear schedules (SB3's ``lin_<x>``: decays to 0 at the end).
 
 ``PPOLearner`` computes GAE on the rollout (``polar.algorithms.advantages``) and runs epochs x
-minibatches with grad-norm clipping and an optional early stop on approximate KL. Every update
-follows ``ppo_loss``: by autograd, or, for the built-in MLP with ``policy.kwargs.fused: auto`` and
-the stock loss, by its hand-derived gradient (``polar.algorithms.ppo_fused``; the same numbers, a
-fraction of the overhead). The fused path checks the loss's source against the one it was derived
-from, so an edit to these functions makes every run take autograd and changes its gradients.
+minibatches with grad-norm clipping and an optional early stop on approximate KL. Each minibatch's
+gradient comes from one function, ``autograd_step`` (``evaluate_actions``, ``ppo_loss``, ``backward``).
+For the built-in MLP with ``policy.kwargs.fused: auto``, ``fused_step`` replaces exactly that function
+with its hand-derived twin (``polar.algorithms.ppo_fused``; the same numbers, a fraction of the
+overhead), and rollouts act through ``act``'s numpy twin; both run only while ``autograd_step``, the
+agent's ``act``/``evaluate_actions`` and what they call are the source the twins were derived from
+(``fused_pins``), so an edit there makes the run train by autograd and act through ``act``.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
 
+from polar.agents import AgentBase
 from polar.algorithms.advantages import normalize, rollout_gae
 from polar.algorithms.optim import Adam, module_device
-from polar.algorithms.ppo_fused import changed_functions, fused_ppo_grads, supports_fused
+from polar.algorithms.ppo_fused import fused_ppo_grads, pinned_changes, supports_fused
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
-from polar.distributions import GaussianDist, gaussian_entropy, gaussian_log_prob
+from polar.distributions import GaussianDist
 from polar.types import Batch, Rollout
 
 log = logging.getLogger(__name__)
@@ -94,17 +98,70 @@ def ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, re
                   "approx_kl": approx_kl, "clip_fraction": clip_fraction(ratio, clip_range)}
 
 
-def stock_loss_functions(agent: nn.Module) -> dict:
-    """The functions the fused path's hand-derived gradients stand for, as this module calls them now
-    (so a replaced function counts as a change): the loss, its parts and the agent's log-prob/entropy."""
-    fns = {"ppo_loss": ppo_loss, "clipped_surrogate": clipped_surrogate, "ppo_value_loss": ppo_value_loss,
-           "clip_fraction": clip_fraction, "normalize": normalize,
-           "GaussianDist.log_prob": GaussianDist.log_prob, "GaussianDist.entropy": GaussianDist.entropy,
-           "gaussian_log_prob": gaussian_log_prob, "gaussian_entropy": gaussian_entropy}
-    evaluate_outputs = getattr(type(agent), "evaluate_outputs", None)
-    if evaluate_outputs is not None:
-        fns["ActorCriticAgent.evaluate_outputs"] = evaluate_outputs
-    return fns
+class PPOMinibatch(Protocol):
+    """What one gradient step reads (``polar.buffers.rollout_buffer.Minibatch``)."""
+
+    obs: torch.Tensor | dict[str, torch.Tensor]
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    initial_state: tuple[torch.Tensor, ...] | torch.Tensor | None
+    episode_starts: torch.Tensor | None
+
+
+def autograd_step(agent: AgentBase, mb: PPOMinibatch, clip_range: float, kw: PPOKwargs, normalize_advantage: bool,
+                  with_stats: bool) -> dict[str, torch.Tensor]:
+    """One minibatch's gradient, accumulated into ``.grad`` (zeroed by the caller): the agent's log-probs,
+    entropy and values of the taken actions, ``ppo_loss`` on them, ``backward``. Returns the diagnostics
+    (empty unless ``with_stats``). This is the function the fused path replaces (``fused_step``)."""
+    logp, ent, values = agent.evaluate_actions(mb.obs, mb.actions, mb.initial_state, mb.episode_starts)
+    loss, stats = ppo_loss(logp, ent, values, mb.log_probs, mb.values, mb.advantages, mb.returns, clip_range,
+                           kw.clip_range_vf, kw.ent_coef, kw.vf_coef, normalize_advantage, with_stats=with_stats)
+    loss.backward()
+    return stats
+
+
+def fused_step(agent: AgentBase, mb: PPOMinibatch, clip_range: float, kw: PPOKwargs, normalize_advantage: bool,
+               with_stats: bool) -> dict[str, torch.Tensor]:
+    """``autograd_step``'s twin for the built-in MLP: the same gradient, hand-derived and written into
+    ``.grad`` (``polar.algorithms.ppo_fused``). Used only while ``fused_pins`` are unchanged."""
+    adv = normalize(mb.advantages) if normalize_advantage else mb.advantages
+    return fused_ppo_grads(agent, mb.obs, mb.actions, mb.log_probs, mb.values, adv, mb.returns, clip_range,
+                           kw.clip_range_vf, kw.ent_coef, kw.vf_coef, with_stats)
+
+
+def fused_pins(agent: nn.Module) -> dict[str, object]:
+    """The roots of the code the fused path stands for, as the run would call them now (so a replaced
+    function counts as a change): ``autograd_step``, the agent's ``act`` (the numpy acting twin),
+    ``evaluate_actions`` and ``evaluate_outputs``, and the Gaussian's methods they call through the agent.
+    ``polar.algorithms.ppo_fused.pinned_changes`` follows what these call by name."""
+    return {"autograd_step": autograd_step,  # this module's global: what update() calls
+            "ActorCriticAgent.act": getattr(agent, "act", None),
+            "ActorCriticAgent.evaluate_actions": getattr(agent, "evaluate_actions", None),
+            "ActorCriticAgent.evaluate_outputs": getattr(agent, "evaluate_outputs", None),
+            "GaussianDist.sample": GaussianDist.sample, "GaussianDist.log_prob": GaussianDist.log_prob,
+            "GaussianDist.entropy": GaussianDist.entropy}
+
+
+FusedSetting = Literal["auto", "off"]
+
+
+def fused_path(agent: nn.Module, fused: FusedSetting) -> tuple[bool, str]:
+    """Whether a run with ``policy.kwargs.fused: <fused>`` takes the fused path (``fused_step`` and numpy
+    acting) for ``agent``, and why, in the words of the run log."""
+    if fused == "off":
+        return False, "autograd (policy.kwargs.fused: off)"
+    if not supports_fused(agent):
+        return False, ("autograd (policy.kwargs.fused: auto; the agent is not the built-in MLP with separate actor "
+                       "and critic and tanh/relu hidden layers)")
+    changed = pinned_changes(fused_pins(agent))
+    if changed:
+        return False, (f"autograd (policy.kwargs.fused: auto; the code the fused path was derived from differs: "
+                       f"{', '.join(changed)} changed; rollouts act through act)")
+    return True, ("fused (policy.kwargs.fused: auto; built-in MLP and the stock autograd_step, evaluate_actions and "
+                  "act: hand-derived gradients and numpy acting, tested equal to them; polar.algorithms.ppo_fused)")
 
 
 class PPOLearner:
@@ -117,22 +174,8 @@ class PPOLearner:
         self.params = [p for p in agent.parameters() if p.requires_grad]
         self.device = module_device(agent)  # the trainer put the agent on the learner's device
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
-        self.path = self._choose_path()
-        self.fused = self.path.startswith("fused")
+        self.fused, self.path = fused_path(agent, kwargs.fused)  # decided once, at the start of the run
         log.info("PPO update path: %s", self.path)
-
-    def _choose_path(self) -> str:
-        """Which update path runs, and why (the run log's line at start)."""
-        if self.kw.fused == "off":
-            return "autograd (policy.kwargs.fused: off)"
-        if not supports_fused(self.agent):
-            return "autograd (policy.kwargs.fused: auto; the agent is not the built-in MLP with separate actor and critic)"
-        changed = changed_functions(stock_loss_functions(self.agent))
-        if changed:
-            return (f"autograd (policy.kwargs.fused: auto; the loss differs from the stock one the fused gradients "
-                    f"were derived from: {', '.join(changed)} changed)")
-        return ("fused (policy.kwargs.fused: auto; built-in MLP and the stock loss: hand-derived gradients, "
-                "tested equal to autograd's; polar.algorithms.ppo_fused)")
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
         """Samples per minibatch (flat; ``num_minibatches``, else ``batch_size``, else 64 samples, so the
@@ -172,27 +215,16 @@ class PPOLearner:
         if whole and kw.normalize_advantage:
             buf.advantages = normalize(buf.advantages)
         norm_per_mb = kw.normalize_advantage and not whole
+        step = fused_step if self.fused else autograd_step  # fused_step: autograd_step's hand-derived twin
         for epoch in range(kw.n_epochs):
             epochs += 1
             stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
             for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
-                if self.fused:  # the hand-derived gradient of the stock ppo_loss (polar.algorithms.ppo_fused)
-                    adv = normalize(batch.advantages) if norm_per_mb else batch.advantages
-                    st = fused_ppo_grads(self.agent, batch.obs, batch.actions, batch.log_probs, batch.values, adv,
-                                         batch.returns, clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, stats_now)
-                    if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
-                        stop = True
-                        break
-                else:
-                    logp, ent, values = self.agent.evaluate_actions(batch.obs, batch.actions, batch.initial_state,
-                                                                    batch.episode_starts)
-                    loss, st = ppo_loss(logp, ent, values, batch.log_probs, batch.values, batch.advantages, batch.returns,
-                                        clip, kw.clip_range_vf, kw.ent_coef, kw.vf_coef, norm_per_mb, with_stats=stats_now)
-                    if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
-                        stop = True
-                        break
-                    self.optimizer.zero_grad()
-                    loss.backward()
+                self.optimizer.zero_grad()
+                st = step(self.agent, batch, clip, kw, norm_per_mb, stats_now)
+                if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
+                    stop = True
+                    break
                 if kw.max_grad_norm is not None:
                     self.optimizer.clip_grad_norm_(kw.max_grad_norm)
                 self.optimizer.step()
@@ -217,5 +249,5 @@ class PPOLearner:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-__all__ = ["PPOLearner", "clip_fraction", "clipped_surrogate", "ppo_loss", "ppo_policy_loss", "ppo_value_loss",
-           "schedule_value", "stock_loss_functions"]
+__all__ = ["PPOLearner", "PPOMinibatch", "autograd_step", "clip_fraction", "clipped_surrogate", "fused_path",
+           "fused_pins", "fused_step", "ppo_loss", "ppo_policy_loss", "ppo_value_loss", "schedule_value"]

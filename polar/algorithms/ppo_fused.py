@@ -1,19 +1,26 @@
-"""Hand-derived PPO gradients for the built-in MLP actor-critic, used only while the loss is the stock one.
+"""The fused PPO path: hand-derived gradients for the built-in MLP actor-critic, used only while the code
+they stand for is the stock one.
 
 For a 64-64 MLP on CPU, PPO's update time is per-kernel and autograd bookkeeping overhead, not math.
-This path runs the forward pass without recording a graph and writes the analytic gradients of the
-stock PPO loss (``polar.algorithms.ppo.ppo_loss``: clipped surrogate, optionally clipped value loss,
-entropy bonus; the built-in agent's log-prob and entropy) straight into the parameters' ``.grad``
-tensors, including torch's tie rule for ``min`` of the clipped and unclipped terms. Tests check it
-equals autograd's gradient of ``ppo_loss``; ``benchmarks/ppo_update_paths.py`` measures what it saves.
+``PPOLearner.update`` takes one gradient step per minibatch through ``polar.algorithms.ppo.autograd_step``
+(``evaluate_actions``, ``ppo_loss``, ``backward``); ``fused_step`` here replaces exactly that function: it
+runs the forward pass without recording a graph and writes the analytic gradient of the same loss straight
+into the parameters' ``.grad`` tensors, including torch's tie rule for ``min`` of the clipped and unclipped
+terms. Everything else in ``update`` (the minibatches, clipping, the optimizer step, whatever a user adds
+there) runs on both paths. The numpy acting path (``ActorCriticAgent.act_numpy``) is the same kind of twin
+of ``act``, behind the same switch. Tests check both equal their torch originals;
+``benchmarks/ppo_update_paths.py`` and ``benchmarks/ppo_fused_share.py`` measure what they save.
 
-It stands for the loss it was derived from, so it is used only while that loss is unchanged:
-``DERIVED_FROM`` pins the source of every function the derivation covers (a hash of its tokens,
-comments and docstrings left out). ``policy.kwargs.fused: auto`` (the default) takes this path for an
-``ActorCriticAgent`` with separate plain-MLP actor and critic and Discrete or Box actions *and* the
-stock loss; when any of those functions is edited or replaced it runs autograd and the run log names
-what changed. ``fused: off`` always runs autograd. Whoever changes the stock loss on purpose re-derives
-this file and updates ``DERIVED_FROM`` (``tests/algorithms/test_one_ppo.py`` prints the new values).
+Both twins stand for the code they were derived from, so they run only while it is unchanged:
+``DERIVED_FROM`` pins the source of ``autograd_step``, the agent's ``act``, ``evaluate_actions`` and
+``evaluate_outputs``, the Gaussian distribution's methods, and every function those call by a module-level
+name, transitively (``pinned_changes``; a hash of each function's tokens, comments and docstrings left
+out). ``policy.kwargs.fused: auto`` (the default) takes the fused path for an ``ActorCriticAgent`` with
+separate plain-MLP actor and critic and Discrete or Box actions *and* the stock code; when any pinned
+function is edited or replaced the run trains by autograd and acts through ``act``, and the run log names
+what changed. ``fused: off`` always does. Whoever changes the pinned code on purpose re-derives this file
+(and ``act_numpy`` for an ``act`` change) and updates ``DERIVED_FROM`` (``tests/algorithms/test_one_ppo.py``
+prints the new values).
 """
 
 from __future__ import annotations
@@ -25,24 +32,34 @@ import math
 import textwrap
 import tokenize
 from collections.abc import Callable
+from types import CodeType
 
 import torch
 
 _LOG_2PI = math.log(2 * math.pi)
 
-# qualname -> sha256[:16] of the function's tokens (see source_fingerprint); the functions are listed
-# in polar.algorithms.ppo.stock_loss_functions
+# name -> sha256[:16] of the function's tokens (see source_fingerprint). The roots are listed in
+# polar.algorithms.ppo.fused_pins; the rest are what they call by a module-level name (pinned_changes).
 DERIVED_FROM: dict[str, str] = {
+    # the gradient: polar.algorithms.ppo.autograd_step and what it calls
+    "autograd_step": "8586b4b9a1b0108e",
     "ppo_loss": "203f61ca0c45e44f",
     "clipped_surrogate": "9d8e6c4cddd5b108",
     "ppo_value_loss": "c345c4505e0fc1e7",
     "clip_fraction": "4202d60347a17129",
     "normalize": "30b61aa8c12e7b8c",
+    # the agent (polar.models.actor_critic) and its distribution (polar.distributions)
+    "ActorCriticAgent.act": "91f4244a16d1288f",
+    "ActorCriticAgent.evaluate_actions": "a6d092047391ce0c",
+    "ActorCriticAgent.evaluate_outputs": "9dd782188caab8a9",
+    "_run_layers": "930efd7088146172",
+    "gumbel_argmax": "9b623cb426c05c18",
+    "reset_state": "1b66b6358e5d142e",
+    "GaussianDist.sample": "e0ac1bb548d386d8",
     "GaussianDist.log_prob": "e33dfdc8b4916f9f",
     "GaussianDist.entropy": "bc11d4660615a6d6",
     "gaussian_log_prob": "58407c4d33d4bfc5",
     "gaussian_entropy": "3a06789d670dfd70",
-    "ActorCriticAgent.evaluate_outputs": "9dd782188caab8a9",
 }
 
 
@@ -70,9 +87,66 @@ def source_fingerprint(fn: Callable) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def changed_functions(functions: dict[str, Callable]) -> list[str]:
-    """Names of the functions whose source differs from the one the gradients were derived from."""
-    return [name for name, fn in functions.items() if DERIVED_FROM.get(name) != source_fingerprint(fn)]
+def _global_names(code: CodeType) -> set[str]:
+    """Every name ``code`` and the functions nested in it look up (globals among them)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _called_functions(fn: object) -> dict[str, object]:
+    """The module-level objects ``fn`` refers to by name that are polar's Python functions or pinned names."""
+    fn = getattr(fn, "__func__", fn)
+    if callable(fn):
+        fn = inspect.unwrap(fn)
+    code, module_globals = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or module_globals is None:
+        return {}
+    out: dict[str, object] = {}
+    for name in sorted(_global_names(code)):
+        if name not in module_globals:
+            continue
+        obj = module_globals[name]
+        if name in DERIVED_FROM or (inspect.isfunction(obj) and obj.__module__.startswith("polar.")):
+            out[name] = obj
+    return out
+
+
+def pinned_changes(roots: dict[str, object]) -> list[str]:
+    """Names of the pinned functions whose source differs from the one the fused path was derived from.
+
+    Starts at ``roots`` and follows every function an unchanged one calls by a module-level name (so an
+    edited helper, or a module global rebound to another function, counts); a changed function is named
+    and not followed further: the run leaves the fused path anyway."""
+    changed: list[str] = []
+    seen: set[str] = set()
+    todo: list[tuple[str, object]] = list(roots.items())
+    while todo:
+        name, fn = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        if not callable(fn) or DERIVED_FROM.get(name) != source_fingerprint(fn):
+            changed.append(name)
+            continue
+        todo.extend(_called_functions(fn).items())
+    return changed
+
+
+def pinned_fingerprints(roots: dict[str, object]) -> dict[str, str]:
+    """What ``DERIVED_FROM`` should be for the code as it is now (the closure of ``roots``, as
+    ``pinned_changes`` walks it): printed by the test that fails when the pinned code changes."""
+    out: dict[str, str] = {}
+    todo: list[tuple[str, object]] = list(roots.items())
+    while todo:
+        name, fn = todo.pop(0)
+        if name in out or not callable(fn):
+            continue
+        out[name] = source_fingerprint(fn)
+        todo.extend(_called_functions(fn).items())
+    return out
 
 
 def _mlp_forward(layers, x):
@@ -169,5 +243,9 @@ def fused_ppo_grads(agent, obs, actions, old_log_prob, old_values, advantages, r
 
 
 def supports_fused(agent) -> bool:
-    """True for the built-in MLP actor-critic with separate plain-MLP actor and critic (Discrete or Box actions)."""
-    return getattr(agent, "_fast", None) is not None and (getattr(agent, "_categorical", False) or getattr(agent, "gaussian", False))
+    """True for the built-in MLP actor-critic with separate plain-MLP actor and critic (Discrete or Box actions)
+    whose hidden activations are the ones ``_mlp_backward`` differentiates (tanh, relu)."""
+    fast = getattr(agent, "_fast", None)
+    if fast is None or not (getattr(agent, "_categorical", False) or getattr(agent, "gaussian", False)):
+        return False
+    return all(f is None or f in (torch.tanh, torch.relu) for layers in fast for _, _, f in layers)

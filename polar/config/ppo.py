@@ -55,9 +55,11 @@ class PPOKwargs(StrictModel):
     target_kl: float | None = Field(None, gt=0, description="stop the epoch loop early when approx KL exceeds this")
     adam_eps: float = Field(1e-5, gt=0)
     fused: Literal["auto", "off"] = Field(
-        "auto", description="auto: the built-in MLP agent's update runs ppo_loss by autograd down to the network's "
-        "outputs and a hand-written MLP backward from there (same gradients, less overhead; "
-        "polar.algorithms.ppo_fused); other agents, and off, use autograd end to end. The run log says which runs."
+        "auto", description="auto: for the built-in MLP agent (separate plain-MLP actor and critic), each minibatch's "
+        "gradient is the hand-derived one of autograd_step (polar.algorithms.ppo_fused) and rollouts act through "
+        "act's numpy twin, both only while autograd_step, the agent's act and evaluate_actions and what they call "
+        "are the pinned stock code; an edit there, other agents, and off train by autograd and act through act. "
+        "The run log says which runs."
     )
 
     @model_validator(mode="after")

@@ -116,9 +116,12 @@ class ActorCriticAgent(AgentBase):
             if pi is not None and vf is not None:
                 self._fast = (pi, vf)
 
-    # --- numpy rollout path -------------------------------------------------------------------
+    # --- numpy rollout path: act's twin, used by rollouts only on PPO's fused path (polar.rollout.runner) ------
     def supports_act_numpy(self) -> bool:
-        return self._fast is not None and (self._categorical or self.gaussian)
+        """The numpy twin knows the plain MLP with tanh/relu hidden layers (``run_numpy``), nothing else."""
+        if self._fast is None or not (self._categorical or self.gaussian):
+            return False
+        return all(f is None or f in (torch.tanh, torch.relu) for layers in self._fast for _, _, f in layers)
 
     def _numpy_layers(self):
         """numpy views of the live parameters (rebuilt if the optimizer re-pointed them)."""
@@ -135,8 +138,9 @@ class ActorCriticAgent(AgentBase):
     def act_numpy(self, obs: np.ndarray, deterministic: bool = False):
         """(actions, log_probs, values) for a float32 batch, computed in numpy on the live weights.
 
-        Same function as ``act``; for tiny MLPs numpy's per-call cost is a fraction of torch's, which
-        matters once per env step."""
+        Same function as ``act`` (its own random stream); for tiny MLPs numpy's per-call cost is a fraction
+        of torch's, which matters once per env step. It stands for ``act`` as pinned in
+        ``polar.algorithms.ppo_fused.DERIVED_FROM``: once ``act`` is edited, rollouts call ``act`` instead."""
         _, pi, vf, log_std, rng = self._numpy_layers()
         x = run_numpy(pi, obs)
         v = run_numpy(vf, obs)
@@ -211,10 +215,10 @@ class ActorCriticAgent(AgentBase):
         return action, state, info
 
     def evaluate_outputs(self, pi_out: torch.Tensor, values: torch.Tensor, actions: torch.Tensor):
-        """(log_prob, entropy, values) of ``actions`` from the plain MLP heads' outputs ``[B, P]`` and ``[B]``.
-
-        ``evaluate_actions`` ends here, and so does the fused PPO update (``polar.algorithms.ppo_fused``),
-        which runs the MLP itself: both differentiate the same distribution code."""
+        """(log_prob, entropy, values) of ``actions`` from the plain MLP heads' outputs ``[B, P]`` and ``[B]``:
+        where ``evaluate_actions`` ends for the built-in MLP. The fused PPO gradient
+        (``polar.algorithms.ppo_fused``) is derived by hand from this code, so it is pinned with
+        ``evaluate_actions`` and ``act``: an edit to any of them makes PPO train by autograd."""
         if self._categorical:
             logp_all = torch.log_softmax(pi_out, -1)
             logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)

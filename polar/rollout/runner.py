@@ -2,13 +2,17 @@
 
 Used in the learner process (``rollout_workers: 0``) and inside every worker process. The hot loop
 avoids per-step allocations where it can: one ``torch.from_numpy`` view per step and preallocated
-fragment arrays.
+fragment arrays. Actions come from the agent's ``act``; the built-in MLP actor-critic acts through
+``act_numpy`` (its numpy twin, a fraction of torch's per-call cost) only on the fused path
+(``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``).
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -16,22 +20,31 @@ import numpy as np
 import torch
 
 from polar.agents import check_act_output, map_state, reset_state
+from polar.algorithms.ppo import FusedSetting, fused_path
+from polar.algorithms.ppo_fused import supports_fused
 from polar.config.appo import APPOKwargs
 from polar.config.ppo import PPOKwargs
 from polar.config.run import EnvRunConfig
 from polar.errors import AgentError
+from polar.models.policy import Policy
 from polar.types import Fragment
+
+log = logging.getLogger(__name__)
+
+NumpyAct = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
     """``EnvRunner`` keyword arguments for a run config (what its algorithm needs from collection): PPO and
-    APPO normalize observations and rewards while collecting when asked; DQN and SAC keep ``next_obs``."""
+    APPO normalize observations and rewards while collecting when asked; DQN and SAC keep ``next_obs``;
+    PPO's ``fused`` switch also decides whether the built-in MLP acts through numpy."""
     kw = cfg.policy.kwargs
     normalize_obs = normalize_reward = False
     if isinstance(kw, (PPOKwargs, APPOKwargs)):
         normalize_obs, normalize_reward = kw.normalize_obs, kw.normalize_reward
-    return {"gamma": float(kw.gamma), "normalize_obs": normalize_obs, "normalize_reward": normalize_reward,
-            "keep_next_obs": bool(getattr(kw, "keeps_next_obs", False))}
+    return {"gamma": float(getattr(kw, "gamma", 0.99)), "normalize_obs": normalize_obs,
+            "normalize_reward": normalize_reward, "keep_next_obs": bool(getattr(kw, "keeps_next_obs", False)),
+            "fused": kw.fused if isinstance(kw, PPOKwargs) else "auto"}
 
 
 def obs_to_tensor(obs):
@@ -49,8 +62,9 @@ def _stack_obs(items: list, space: gym.Space):
 class EnvRunner:
     """Collects fragments of ``T`` steps from ``vec_env`` with ``policy`` (a ``polar.models.Policy``)."""
 
-    def __init__(self, vec_env: gym.vector.VectorEnv, policy, seed: int | None = None, gamma: float = 0.99,
-                 normalize_obs: bool = False, normalize_reward: bool = False, keep_next_obs: bool = False) -> None:
+    def __init__(self, vec_env: gym.vector.VectorEnv, policy: Policy, seed: int | None = None, gamma: float = 0.99,
+                 normalize_obs: bool = False, normalize_reward: bool = False, keep_next_obs: bool = False,
+                 fused: FusedSetting = "auto") -> None:
         self.env = vec_env
         self.policy = policy
         self.num_envs = vec_env.num_envs
@@ -73,12 +87,25 @@ class EnvRunner:
         self.disc_ret = np.zeros(self.num_envs, dtype=np.float64)
         self.env_steps = 0
         self._process_restarts_seen = 0  # connector process restarts already reported in a fragment
-        # numpy fast path: built-in feed-forward MLP agents on float32 vector observations, no obs normalizer
-        act_numpy = getattr(policy.agent, "act_numpy", None)
-        space = self.obs_space
-        self.fast_act = act_numpy if (act_numpy is not None and policy.obs_norm is None and self.state is None
-                                      and isinstance(space, gym.spaces.Box) and space.dtype == np.float32
-                                      and len(space.shape) == 1 and policy.agent.supports_act_numpy()) else None
+        self.fast_act = self._numpy_act(fused)
+
+    def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
+        """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
+        vector observations without an obs normalizer; for the actor-critic also only on the fused path (its
+        ``act`` unchanged since ``act_numpy`` was derived from it). Else None: every step calls ``act``."""
+        agent, space = self.policy.agent, self.obs_space
+        act_numpy = getattr(agent, "act_numpy", None)
+        supports = getattr(agent, "supports_act_numpy", None)
+        if (act_numpy is None or supports is None or self.policy.obs_norm is not None or self.state is not None
+                or not isinstance(space, gym.spaces.Box) or space.dtype != np.float32 or len(space.shape) != 1
+                or not supports()):
+            return None
+        if supports_fused(agent):
+            on, why = fused_path(agent, fused)
+            if not on:
+                log.debug("acting through %s.act: %s", self.agent_name, why)
+                return None
+        return act_numpy  # type: ignore[no-any-return]
 
     def _act(self, obs_np, state, deterministic=False):
         tobs = obs_to_tensor(obs_np)
@@ -128,8 +155,9 @@ class EnvRunner:
         self._fragments = getattr(self, "_fragments", 0) + 1
         trace_id = f"w{worker_id}-{self._fragments}-{secrets.token_hex(4)}"
         first = True
-        obs_buf = None
-        actions = log_probs = None
+        obs_buf: np.ndarray | dict[str, np.ndarray] | None = None
+        actions: np.ndarray | None = None
+        log_probs: np.ndarray | None = None
         values = np.empty((T, N), np.float32)
         rewards = np.empty((T, N), np.float32)
         terminated = np.empty((T, N), np.float32)
@@ -139,7 +167,7 @@ class EnvRunner:
         initial_state = map_state(lambda s: s.numpy().copy(), self.state)
         ep_returns, ep_lengths, ep_successes = [], [], []
         copies_restarted = 0
-        raw_obs_batches = [] if self.normalize_obs else None
+        raw_obs_batches: list[np.ndarray | dict[str, np.ndarray]] | None = [] if self.normalize_obs else None
         disc_rets = np.empty((T, N), np.float64) if self.normalize_reward else None
         next_buf = None
         for t in range(T):
@@ -153,6 +181,7 @@ class EnvRunner:
                     obs_buf = np.empty((T, *obs.shape), np.float32)
                     actions = np.empty((T, *act_np.shape), act_np.dtype)
                     log_probs = np.empty((T, N), np.float32)
+                assert isinstance(obs_buf, np.ndarray) and actions is not None and log_probs is not None  # from t = 0
                 obs_buf[t] = obs
                 actions[t] = act_np
                 log_probs[t] = lp_np
@@ -207,6 +236,8 @@ class EnvRunner:
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
         last_values = self._values(last_info, N).copy()
         self.env_steps += T * N
+        if actions is None or log_probs is None:
+            raise ValueError(f"EnvRunner.collect needs at least one step, got num_steps={num_steps}")
         frag = Fragment(
             obs=obs_buf, actions=actions, log_probs=log_probs, values=values, rewards=rewards,
             terminated=terminated, truncated=truncated, episode_starts=starts, trunc_values=trunc_values,

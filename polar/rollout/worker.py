@@ -58,7 +58,10 @@ def fragment_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
     if state_keys:
         parts = [arrays[k] for k in state_keys]
         state = tuple(parts) if bool(arrays["state_is_tuple"]) else parts[0]
-    return Fragment(obs=obs, initial_state=state, next_obs=next_obs, **{k: arrays[k] for k in ARRAY_FIELDS}, **meta)
+    return Fragment(obs=obs, actions=arrays["actions"], log_probs=arrays["log_probs"], values=arrays["values"],
+                    rewards=arrays["rewards"], terminated=arrays["terminated"], truncated=arrays["truncated"],
+                    episode_starts=arrays["episode_starts"], trunc_values=arrays["trunc_values"],
+                    last_values=arrays["last_values"], initial_state=state, next_obs=next_obs, **meta)
 
 
 def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: int, fragment_steps: int,

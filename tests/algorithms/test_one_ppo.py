@@ -16,8 +16,8 @@ import torch
 
 import polar.algorithms.ppo as ppo_mod
 from polar.algorithms import appo, grpo
-from polar.algorithms.ppo import PPOLearner, clipped_surrogate, ppo_value_loss, stock_loss_functions
-from polar.algorithms.ppo_fused import DERIVED_FROM, source_fingerprint
+from polar.algorithms.ppo import PPOLearner, clipped_surrogate, fused_pins, ppo_value_loss
+from polar.algorithms.ppo_fused import DERIVED_FROM, pinned_fingerprints, source_fingerprint
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.errors import ConfigError
@@ -106,14 +106,14 @@ def test_fused_and_autograd_paths_agree_on_the_default_run(default_rollout):
         torch.testing.assert_close(f, a, atol=1e-6, rtol=1e-4)
 
 
-def test_the_fused_gradients_are_pinned_to_the_current_stock_loss(default_rollout):
-    """Fails when the stock loss is edited on purpose: re-derive ppo_fused.py, then update DERIVED_FROM."""
-    fns = stock_loss_functions(default_rollout[1].agent)
-    now = {name: source_fingerprint(fn) for name, fn in fns.items()}
+def test_the_fused_path_is_pinned_to_the_current_stock_code(default_rollout):
+    """Fails when the pinned code is edited on purpose: re-derive ppo_fused.py (and act_numpy for an edit of
+    act), then update DERIVED_FROM."""
+    now = pinned_fingerprints(fused_pins(default_rollout[1].agent))
     assert now == DERIVED_FROM, (
-        "the stock PPO loss changed, so policy.kwargs.fused: auto now runs autograd. Re-derive "
-        f"polar/algorithms/ppo_fused.py for the new loss (test_fused_gradients_equal_autograd checks it), then set "
-        f"DERIVED_FROM = {now}")
+        "the code the fused path stands for changed, so policy.kwargs.fused: auto now trains by autograd and acts "
+        "through act. Re-derive polar/algorithms/ppo_fused.py (test_fused_gradients_equal_autograd checks it) or "
+        f"ActorCriticAgent.act_numpy (test_numpy_rollout_path_matches_the_torch_agent), then set DERIVED_FROM = {now}")
 
 
 def test_the_fingerprint_ignores_comments_and_docstrings_only():
@@ -144,7 +144,8 @@ def test_the_run_log_says_which_path_runs(default_rollout, caplog):
         PPOLearner(policy.agent, cfg.policy.kwargs, 1)
         PPOLearner(policy.agent, cfg.policy.kwargs.model_copy(update={"fused": "off"}), 1)
     lines = [r.getMessage() for r in caplog.records if r.name == "polar.algorithms.ppo"]
-    assert lines[0].startswith("PPO update path: fused (policy.kwargs.fused: auto; built-in MLP and the stock loss")
+    assert lines[0].startswith("PPO update path: fused (policy.kwargs.fused: auto; built-in MLP and the stock "
+                               "autograd_step, evaluate_actions and act")
     assert lines[1] == "PPO update path: autograd (policy.kwargs.fused: off)"
 
     from gymnasium import spaces
