@@ -163,7 +163,7 @@ def _line_starts(data: bytes) -> np.ndarray:
     ends = np.flatnonzero(buf == 10)
     starts = np.concatenate([np.zeros(1, np.int64), ends[:-1] + 1]) if len(ends) else np.zeros(0, np.int64)
     maybe_blank = np.flatnonzero(np.isin(buf[np.minimum(starts, len(buf) - 1)], (9, 10, 13, 32)) if len(starts) else [])
-    keep = np.ones(len(starts), bool)
+    keep: np.ndarray = np.ones(len(starts), bool)
     for i in maybe_blank:  # lines that begin with whitespace: rare, checked one by one
         keep[i] = bool(data[starts[i]:ends[i]].strip())
     return starts[keep].astype(np.int64)
