@@ -320,6 +320,10 @@ def start_vllm_bodies() -> subprocess.Popen[str] | str:
 
 
 def check_weight_transfer(dry: bool, vllm_url: str | None, bodies: subprocess.Popen[str] | str | None = None) -> str:
+    from polar.config.base import validate
+    from polar.config.sync import WeightSyncConfig
+
+    assert validate(WeightSyncConfig, {"method": "nccl"}).method == "nccl"  # the key that selects this path
     if dry:
         if bodies is None:
             bodies = start_vllm_bodies()
@@ -334,7 +338,7 @@ def check_weight_transfer(dry: bool, vllm_url: str | None, bodies: subprocess.Po
         out, err = bodies.stdout.read(), bodies.stderr.read()
         if rc != 0:
             raise AssertionError(f"vLLM rejected a request body: {err.strip().splitlines()[-1:]}")
-        return out.strip().splitlines()[-1]
+        return out.strip().splitlines()[-1] + "; gateway.sync.method: nccl validates"
     if not vllm_url:
         raise AssertionError("vLLM GPU weight transfer needs --vllm-url of a vLLM server started with "
                          "--weight-transfer-config '{\"backend\": \"nccl\"}'")
