@@ -311,12 +311,8 @@ def start_vllm_bodies() -> subprocess.Popen[str] | str:
 
     model, _ = build_tiny(0)
     meta = [[k, str(v.dtype).split(".")[-1], list(v.shape)] for k, v in model.state_dict().items()]
-    proc = subprocess.Popen([str(py), str(Path(__file__).with_name("gpu_check_vllm_bodies.py"))],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(meta))
-    proc.stdin.close()
-    return proc
+    return subprocess.Popen([str(py), str(Path(__file__).with_name("gpu_check_vllm_bodies.py")), json.dumps(meta)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def check_weight_transfer(dry: bool, vllm_url: str | None, bodies: subprocess.Popen[str] | str | None = None) -> str:
@@ -329,38 +325,47 @@ def check_weight_transfer(dry: bool, vllm_url: str | None, bodies: subprocess.Po
             bodies = start_vllm_bodies()
         if isinstance(bodies, str):
             raise Skipped(bodies)
-        assert bodies.stdout is not None and bodies.stderr is not None
         try:
-            rc = bodies.wait(timeout=180)
+            out, err = bodies.communicate(timeout=180)  # drains both pipes: a chatty vLLM import cannot block it
         except subprocess.TimeoutExpired:
             bodies.kill()
+            bodies.communicate()
             raise
-        out, err = bodies.stdout.read(), bodies.stderr.read()
-        if rc != 0:
+        if bodies.returncode != 0:
             raise AssertionError(f"vLLM rejected a request body: {err.strip().splitlines()[-1:]}")
         return out.strip().splitlines()[-1] + "; gateway.sync.method: nccl validates"
     if not vllm_url:
         raise AssertionError("vLLM GPU weight transfer needs --vllm-url of a vLLM server started with "
-                         "--weight-transfer-config '{\"backend\": \"nccl\"}'")
+                             "--weight-transfer-config '{\"backend\": \"nccl\"}'")
     import httpx
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from polar.inference.weight_sync import VllmNcclSender, check_nccl_available
 
     check_nccl_available("vllm")
-    sender = VllmNcclSender(vllm_url, timeout_s=300.0)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    served = httpx.get(f"{vllm_url}/v1/models", timeout=30).json()["data"][0]["id"]  # a local folder: no network
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(served))  # fresh weights: must differ
 
-    served = httpx.get(f"{vllm_url}/v1/models", timeout=30).json()["data"][0]["id"]
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(served))
+    def checksums() -> dict[str, str]:
+        resp = httpx.post(f"{vllm_url}/weight_checker", json={"action": "checksum"}, timeout=120)
+        resp.raise_for_status()
+        return dict(resp.json()["checksums"])
+
+    before = checksums()
     state = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
     n_bytes = sum(v.numel() * v.element_size() for v in state.values())
     t0 = time.perf_counter()
-    sender.send(state, 1)
+    VllmNcclSender(vllm_url, timeout_s=300.0).send(state, 1)
     send_s = time.perf_counter() - t0
-    version = httpx.get(f"{vllm_url}/weight_info", timeout=30).json()
-    return (f"vLLM NCCL weight transfer into {vllm_url}: {n_bytes / 2**20:.0f} MiB in {send_s:.2f} s "
-            f"({n_bytes / 2**30 / send_s:.2f} GiB/s); weight_info after: {str(version)[:80]}")
+    after = checksums()
+    changed = sum(before.get(k) != v for k, v in after.items())
+    assert changed > 0, "no served weight changed after the NCCL transfer"
+    version = httpx.get(f"{vllm_url}/weight_info", timeout=30).json().get("weight_version")
+    assert str(version) == "1", f"weight_version after the transfer is {version!r}, not '1'"
+    return (f"vLLM NCCL weight transfer into {vllm_url} ({served}): {n_bytes / 2**20:.0f} MiB in {send_s:.2f} s "
+            f"({n_bytes / 2**30 / send_s:.2f} GiB/s), {changed}/{len(after)} served tensors changed, version 1")
 
 
 # ---------------------------------------------------------------- 4. GPU metrics

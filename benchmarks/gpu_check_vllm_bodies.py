@@ -1,6 +1,6 @@
 """Run by ``gpu_check.py --dry`` with ``.vllm-venv``'s Python: polar's NCCL weight-sync request bodies against vLLM.
 
-stdin: ``[[name, dtype_name, shape], ...]`` of a model's state dict. vLLM's own RL router (``/init_weight_transfer_engine``,
+argv[1]: ``[[name, dtype_name, shape], ...]`` (JSON) of a model's state dict. vLLM's own RL router (``/init_weight_transfer_engine``,
 ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``, ``/update_weight_version``) is served on
 127.0.0.1 by uvicorn with an engine client that parses each body with vLLM's NCCL engine's own init/update types;
 vLLM's own ``HTTPVLLMWeightSyncClient`` posts the bodies ``NCCLTrainerWeightTransferEngine`` sends (its
@@ -33,7 +33,7 @@ def main() -> int:
     )
     from vllm.entrypoints.rl.online.api_router import router
 
-    meta = json.load(sys.stdin)
+    meta = json.loads(sys.argv[1])
     seen: list[str] = []
 
     class Engine:  # the engine client's weight-transfer calls, parsed as the NCCL worker engine parses them
