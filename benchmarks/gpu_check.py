@@ -387,7 +387,7 @@ def check_gpu_metrics(dry: bool) -> str:
     n = torch.cuda.device_count()
     want = {f"system/gpu{i}/{f}" for i in range(n) for f in ("util_percent", "mem_used_mb", "mem_total_mb")}
     missing = sorted(want - set(gpu))
-    assert not missing, f"GPU metrics missing (is nvidia-ml-py installed?): {missing}"
+    assert not missing, f"GPU metrics missing (install the gpu extra: pip install 'polar-rl[gpu]', i.e. nvidia-ml-py): {missing}"
     assert all(math.isfinite(v) and v >= 0 for v in gpu.values()), gpu
     assert all(gpu[f"system/gpu{i}/mem_total_mb"] > 0 for i in range(n)), gpu
     return "GPU metrics: " + ", ".join(f"{k.removeprefix('system/')} {v:.0f}" for k, v in sorted(gpu.items()))
