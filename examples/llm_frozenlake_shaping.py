@@ -42,7 +42,7 @@ def progress_no_bumps(obs: Any, action: Any, reward: float, next_obs: Any, termi
     """``progress`` plus -1/6 for a move into the wall (the agent stays where it is). With ``progress`` alone
     a policy that always answers "right" walks to the top-right corner, earns +0.5 and then bumps the wall
     for free; every episode of a group scores the same, so GRPO sees no signal and the policy stays there
-    (docs/benchmarks.md, "GRPO on FrozenLake, second run")."""
+    (the second FrozenLake run, in the history of docs/benchmarks.md)."""
     shaped = progress(obs, action, reward, next_obs, terminated, info)
     if int(next_obs) == int(obs) and not terminated:
         shaped -= BUMP_PENALTY
