@@ -179,6 +179,29 @@ class LogprobCheck:
                 current[name].copy_(torch.as_tensor(value).to(current[name].dtype))
         self.loaded = True
 
+    def load_adapter(self, deltas: Mapping[str, Any]) -> None:
+        """Hold the base weights plus ``deltas`` (a LoRA adapter's ``scaling * B @ A`` per adapted weight),
+        or the base weights again for ``{}``; the base values are kept aside on first use."""
+        import torch
+
+        model = self._build()
+        current = model.state_dict()
+        unknown = [k for k in deltas if k not in current]
+        if unknown:
+            raise WeightSyncError(f"the LoRA adapter adapts {len(unknown)} weights the served model does not have, "
+                                  f"e.g. {unknown[:3]}; expected names like {list(current)[:3]}")
+        if not hasattr(self, "_base"):
+            self._base: dict[str, Any] = {}
+        with torch.no_grad():
+            for name in set(self._base) | set(deltas):
+                if name not in self._base:
+                    self._base[name] = current[name].detach().clone()
+                value = self._base[name]
+                if name in deltas:
+                    value = value + torch.as_tensor(deltas[name]).to(value.dtype)
+                current[name].copy_(value)
+        self.loaded = True
+
     def reference(self, token_ids: list[int]) -> list[float]:
         """Logprobs of ``token_ids`` following the prompt, under the held weights (fp32)."""
         import torch
