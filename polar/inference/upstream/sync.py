@@ -204,7 +204,8 @@ class UpstreamWeightSync:
                 raise
         self.current_folder = folder
         prune_folders(root, keep=folder)
-        self.last = {"version": version, "folder": str(folder), "write_s": round(t_write, 3),
+        written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        self.last = {"version": version, "folder": str(folder), "bytes": written, "write_s": round(t_write, 3),
                      "push_s": round(t_push, 3), "total_s": round(time.monotonic() - t0, 3),
                      "replicas": len(targets), "checks": checks}
         log.info("weights v%d synced into %d %s replica(s) in %.2fs (write %.2fs, push %.2fs)%s", version,
@@ -346,12 +347,13 @@ class UpstreamWeightSync:
                     await _unload_adapter(client, url, old, cfg.timeout_s, quiet=True)
                 self._adapter_folders.pop(old, None)
             prune_adapter_folders(self._sync_dir(), set(self._adapter_folders.values()))
-        self.last = {"version": version, "adapter": name, "folder": str(folder), "bytes": adapter.nbytes,
+        written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        self.last = {"version": version, "adapter": name, "folder": str(folder), "bytes": written,
                      "write_s": round(t_write, 3), "push_s": round(t_push, 3),
                      "check_s": round(t_swap - t0 - t_write - t_push, 3), "total_s": round(time.monotonic() - t0, 3),
                      "replicas": len(targets), "checks": checks, "adapters": list(self.adapters)}
         log.info("LoRA adapter %s (%.1f MB) synced into %d %s replica(s) in %.3fs (write %.3fs, load %.3fs)%s",
-                 name, adapter.nbytes / 1e6, len(targets), self.kind, self.last["total_s"], t_write, t_push,
+                 name, written / 1e6, len(targets), self.kind, self.last["total_s"], t_write, t_push,
                  "" if not checks else "; logprob check max |diff| "
                  + ", ".join(f"{c['max_abs_diff']:.4f}" for c in checks.values()))
 
