@@ -74,8 +74,11 @@ def _measure(engine: Any, make: Any, steps: int) -> dict[str, float]:
         for check in last.get("checks", {}).values():
             assert check["ok"], check
         nbytes = float(last.get("bytes") or sum(t.numel() * t.element_size() for t in payload.values()))
+        checks = list(last.get("checks", {}).values())
         rows.append({"total_s": total, "make_s": make_s, "write_s": last["write_s"], "push_s": last["push_s"],
-                     "bytes": nbytes})
+                     "bytes": nbytes, "replica_check_s": sum(c.get("replica_s", 0.0) for c in checks),
+                     "reference_s": sum(c.get("reference_s", 0.0) for c in checks),
+                     "check_model_s": float(last.get("check_model_s", 0.0)) + float(last.get("deltas_s", 0.0))})
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
@@ -85,6 +88,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--skip-full", action="store_true", help="LoRA rows only (the full rows take minutes)")
     args = ap.parse_args()
 
     from polar.config.grpo import LoraConfig
@@ -109,7 +113,7 @@ def main() -> None:
             gen = torch.Generator().manual_seed(next(seeds))
             return {k: v + 0.003 * torch.randn(v.shape, generator=gen) if v.ndim == 2 else v for k, v in base.items()}
 
-        for label, kwargs in (("full, disk", {"dir": str(disk_dir)}),
+        for label, kwargs in () if args.skip_full else (("full, disk", {"dir": str(disk_dir)}),
                               ("full, disk, no check", {"dir": str(disk_dir), "check": False}),
                               *((("full, /dev/shm", {"dir": str(shm_dir)}),) if shm_dir else ())):
             engine.configure_sync(WeightSyncConfig(**kwargs))
@@ -124,8 +128,9 @@ def main() -> None:
             _train_step(merged, next(seeds))
             return merged.serving_state_dict()
 
-        results["LoRA merged, disk"] = _measure(engine, merged_step, args.steps)
-        print(f"LoRA merged, disk: {results['LoRA merged, disk']}", flush=True)
+        if not args.skip_full:
+            results["LoRA merged, disk"] = _measure(engine, merged_step, args.steps)
+            print(f"LoRA merged, disk: {results['LoRA merged, disk']}", flush=True)
 
         adapters = LLMPolicy.from_engine(engine, LoraConfig(r=args.rank))
         assert adapters.sync_adapters
@@ -147,15 +152,15 @@ def main() -> None:
     hidden, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    full_bytes = results["full, disk"]["bytes"]
     adapter_bytes = results["LoRA adapters"]["bytes"]
     elem = adapter_bytes / lora_params(hidden, inter, layers, q, kv, args.rank)  # bytes per adapter parameter
-    served_elem = full_bytes / sum(v.numel() for v in base.values())  # bytes per served parameter
+    served_elem = elem  # both are written in the served dtype (sync.dtype: auto)
 
     print(f"\nWeight sync per step, {args.model}, vLLM CPU (enforce_eager), median of {args.steps}; "
           "end to end = update_weights (write + push + check)\n")
-    print("| path | bytes moved | end to end s | write s | push s | learner payload s | MB/s (write+push) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| path | bytes moved | end to end s | write s | push s | check: replica call s | check: learner side s "
+          "| learner payload s | MB/s (write+push) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rates: dict[str, float] = {}
     for label, r in results.items():
         moved = r["write_s"] + r["push_s"]
@@ -163,14 +168,16 @@ def main() -> None:
         # the full rows' payload is this script's own perturbation of the weights, not a learner's cost
         make = "n/a" if label.startswith("full") else f"{r['make_s']:.3f}"
         print(f"| {label} | {r['bytes'] / 1e6:.1f} MB | {r['total_s']:.3f} | {r['write_s']:.3f} | {r['push_s']:.3f} "
+              f"| {r['replica_check_s']:.3f} | {r['reference_s'] + r['check_model_s']:.3f} "
               f"| {make} | {rates[label] / 1e6:.0f} |")
     print("\nProjected write + push per step from the bytes/s above (check not included)\n")
     print(f"| model | full bytes | full, disk s | LoRA r={args.rank} bytes | LoRA adapters s |")
     print("|---|---:|---:|---:|---:|")
+    full_rate = rates.get("full, disk", float("nan"))
     for name, (h, i, n, qd, kvd, params) in PROJECTED.items():
         fb = params * served_elem
         ab = lora_params(h, i, n, qd, kvd, args.rank) * elem
-        print(f"| {name} | {fb / 1e9:.2f} GB | {fb / rates['full, disk']:.1f} | {ab / 1e6:.0f} MB | "
+        print(f"| {name} | {fb / 1e9:.2f} GB | {fb / full_rate:.1f} | {ab / 1e6:.0f} MB | "
               f"{ab / rates['LoRA adapters']:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

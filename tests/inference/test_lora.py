@@ -58,3 +58,27 @@ def test_lora_sync_to_an_upstream_without_lora_support_fails_at_start_naming_the
         assert "--enable-lora" in msg and "gateway.sync.lora: merged" in msg and "\n" not in msg
         up.configure_sync(WeightSyncConfig(lora="merged"))
         assert up.prepare_lora_sync(16) is False  # merged weights, as a full fine-tune: no adapter routes needed
+
+
+def test_check_model_with_the_adapter_scores_like_the_merged_weights(tiny_pair, tmp_path):
+    """The logprob check holds the base weights plus the adapter (peft layers, adapter tensors copied in):
+    it must score exactly like a model holding the merged weights, and like the base again once unloaded."""
+    from polar.inference.weight_sync import LogprobCheck
+
+    model, tok = tiny_pair
+    model.save_pretrained(tmp_path)
+    policy = _trained_policy(tiny_pair, seed=3)
+    merged = policy.serving_state_dict()
+    policy.sync_adapters = True
+    adapter = policy.serving_state_dict()
+    with_adapter = LogprobCheck(tmp_path, tok, "hi there", 8, 0.3)
+    with_adapter.load_adapter(adapter)
+    with_merged = LogprobCheck(tmp_path, tok, "hi there", 8, 0.3)
+    with_merged.load(merged)
+    base = LogprobCheck(tmp_path, tok, "hi there", 8, 0.3)
+    ids = [3, 5, 7, 11, 13]
+    torch.testing.assert_close(torch.tensor(with_adapter.reference(ids)), torch.tensor(with_merged.reference(ids)),
+                               rtol=0, atol=1e-4)
+    assert max(abs(a - b) for a, b in zip(with_adapter.reference(ids), base.reference(ids), strict=True)) > 1e-3
+    with_adapter.load_adapter(None)
+    assert with_adapter.reference(ids) == base.reference(ids)

@@ -88,7 +88,7 @@ class UpstreamWeightSync:
         # LoRA runs: the adapter names every replica holds, oldest first (the last serves), and their folders
         self.adapters: list[str] = []
         self._adapter_folders: dict[str, Path] = {}
-        self._adapter_deltas: dict[str, dict[str, Any]] = {}  # name -> the check's deltas (rollback)
+        self._adapter_payloads: dict[str, LoraAdapter] = {}  # the serving adapter (the check's rollback)
         self.lora_key = "gateway.sync.lora"  # where LoRA support is switched on; a launcher names its own key
 
     @property
@@ -253,6 +253,7 @@ class UpstreamWeightSync:
         the current one), compared with the learner's logprobs."""
         request = GenerationRequest(list(check.prompt_ids), max_tokens=check.tokens, temperature=0.0, stream=False)
         call = await self._call_for(request, check.tokens, model if model is not None else self.adapter)
+        t0 = time.monotonic()
         try:
             resp = await client.post(f"{url}{call.path}", content=call.body, timeout=self.config.timeout_s,
                                      headers={"Content-Type": "application/json"})
@@ -268,7 +269,10 @@ class UpstreamWeightSync:
             raise WeightSyncError(f"{url}: the check call failed: {exc}") from None
         ids = [int(t) for t, lp, _ in triples if t is not None and lp is not None]
         lps = [float(lp) for t, lp, _ in triples if t is not None and lp is not None]
+        t_replica = time.monotonic() - t0
         report: dict[str, Any] = await asyncio.to_thread(check.compare, ids, lps)
+        report["replica_s"] = round(t_replica, 3)  # the replica's greedy call
+        report["reference_s"] = round(time.monotonic() - t0 - t_replica, 3)  # the learner-side fp32 scoring
         return report
 
     # ------------------------------------------------------------------ LoRA adapters
@@ -303,7 +307,7 @@ class UpstreamWeightSync:
             hook(folder)
         t_write = time.monotonic() - t0
         check = self._checker()
-        deltas = await asyncio.to_thread(adapter.deltas) if check is not None else {}
+        t_model = 0.0
         loaded: list[str] = []
         checks: dict[str, Any] = {}
         t_push = 0.0
@@ -314,7 +318,9 @@ class UpstreamWeightSync:
                     loaded.append(url)
                 t_push = time.monotonic() - t0 - t_write
                 if check is not None:
-                    await asyncio.to_thread(check.load_adapter, deltas)
+                    t_model = time.monotonic()
+                    await asyncio.to_thread(check.load_adapter, adapter)
+                    t_model = time.monotonic() - t_model
                     for url in targets:
                         report = await self._check_replica(client, check, url, model=name)
                         checks[url] = report
@@ -329,7 +335,7 @@ class UpstreamWeightSync:
                 for url in loaded:
                     await _unload_adapter(client, url, name, cfg.timeout_s, quiet=True)
                 if check is not None and check.loaded:
-                    previous = self._adapter_deltas.get(self.adapter or "", {})
+                    previous = self._adapter_payloads.get(self.adapter or "")
                     await asyncio.to_thread(check.load_adapter, previous)
                 shutil.rmtree(folder, ignore_errors=True)
                 if isinstance(exc, WeightSyncError):
@@ -339,7 +345,7 @@ class UpstreamWeightSync:
                 raise
             self.adapters.append(name)
             self._adapter_folders[name] = folder
-            self._adapter_deltas = {name: deltas}  # the rollback target of the next sync
+            self._adapter_payloads = {name: adapter}  # the check's rollback target at the next sync
             t_swap = time.monotonic()
             while len(self.adapters) > cfg.keep_adapters:
                 old = self.adapters.pop(0)
@@ -350,7 +356,8 @@ class UpstreamWeightSync:
         written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         self.last = {"version": version, "adapter": name, "folder": str(folder), "bytes": written,
                      "write_s": round(t_write, 3), "push_s": round(t_push, 3),
-                     "check_s": round(t_swap - t0 - t_write - t_push, 3), "total_s": round(time.monotonic() - t0, 3),
+                     "check_s": round(t_swap - t0 - t_write - t_push, 3),
+                     "check_model_s": round(t_model, 3), "total_s": round(time.monotonic() - t0, 3),
                      "replicas": len(targets), "checks": checks, "adapters": list(self.adapters)}
         log.info("LoRA adapter %s (%.1f MB) synced into %d %s replica(s) in %.3fs (write %.3fs, load %.3fs)%s",
                  name, written / 1e6, len(targets), self.kind, self.last["total_s"], t_write, t_push,
