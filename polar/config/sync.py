@@ -26,6 +26,11 @@ class WeightSyncConfig(StrictModel):
     method: Literal["disk", "nccl"] = Field(
         "disk", description="upstream engines: disk = each replica reloads a safetensors folder (vLLM "
         "reload_weights, SGLang update_weights_from_disk); nccl = vLLM's NCCL weight-transfer API (GPU only)")
+    lora: Literal["adapters", "merged"] = Field(
+        "adapters", description="a LoRA run into vLLM: adapters = load only the adapters (vLLM --enable-lora, "
+        "/v1/load_lora_adapter, named polar-v<version>); merged = the merged full weights, as a full fine-tune")
+    keep_adapters: int = Field(2, ge=1, le=16, description="LoRA adapters each replica keeps loaded (the newest "
+                               "serves); older ones are unloaded")
     dir: str | None = Field(None, description="where the synced weights folder is written (default: <run dir>/weight_sync)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype of the written weights; auto: the launched server's --dtype, else float32")

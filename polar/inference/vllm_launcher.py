@@ -73,6 +73,10 @@ class VllmLaunchConfig(StrictModel):
     start_timeout_s: float = Field(900.0, gt=0, description="longest wait for a replica's /health at each start")
     stop_timeout_s: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL, at the end")
     max_restarts: int = Field(3, ge=0, description="restarts per replica of one that died during the run")
+    max_lora_rank: int | None = Field(None, ge=1, description="serve LoRA adapters up to this rank (vLLM "
+                                      "--enable-lora --max-lora-rank, adapters loadable at run time): a LoRA run's "
+                                      "weight syncs then send the adapters only; null: no LoRA support")
+    max_loras: int = Field(2, ge=1, description="vLLM --max-loras: adapters in one batch (with max_lora_rank)")
     extra_args: list[str] = Field(default_factory=list, description="more vLLM server arguments, verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables for vLLM")
     timeout_s: float = Field(600.0, gt=0, description="longest wait for one generation call")
@@ -233,6 +237,8 @@ class VllmFleet:
                "--served-model-name", self.served_model, "--host", "127.0.0.1", "--port", str(replica.port)]
         if c.enforce_eager:
             cmd.append("--enforce-eager")
+        if c.max_lora_rank is not None:
+            cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
         return cmd + list(c.extra_args)
 
     def _env(self) -> dict[str, str]:
@@ -246,6 +252,8 @@ class VllmFleet:
         # 'finalize_loading'") and compiles again on every start; its older compile cache loads (warm-up
         # 13 s instead of ~60 s for SmolLM2 here). A value in the environment or engine_kwargs.env wins.
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        if self.config.max_lora_rank is not None:  # /v1/load_lora_adapter exists only with this
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.update(self.config.env)
         return env
 
@@ -503,6 +511,7 @@ class LaunchedVllmEngine(UpstreamEngine):
             weights_dtype=weights_dtype(cfg.dtype),
         )
         self.fleet = fleet
+        self.weight_sync.lora_key = f"{fleet.section}.engine_kwargs.max_lora_rank"
         args = list(cfg.extra_args)
         if "--logprobs-mode" in args[:-1]:
             self.logprob_mode = args[args.index("--logprobs-mode") + 1]

@@ -22,18 +22,23 @@ learner by a few hundredths; a corrupted tensor by far more.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from polar.inference.base import EngineError
+
+if TYPE_CHECKING:
+    from polar.inference.lora import LoraAdapter
 
 log = logging.getLogger(__name__)
 
@@ -179,13 +184,41 @@ class LogprobCheck:
                 current[name].copy_(torch.as_tensor(value).to(current[name].dtype))
         self.loaded = True
 
+    def load_adapter(self, adapter: LoraAdapter | None) -> None:
+        """Hold the base weights with ``adapter`` on top (None: the base weights alone). The model gets peft
+        adapters of the same shape once, and each sync copies only the adapter tensors in (a few MB),
+        rather than rebuilding every adapted weight as base + B @ A."""
+        model = self._build()
+        if adapter is None:
+            self._adapter_on = False
+            self.loaded = True
+            return
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        cfg = adapter.config
+        if not hasattr(model, "peft_config"):
+            lora = LoraConfig(r=adapter.rank, lora_alpha=float(cfg.get("lora_alpha", adapter.rank)),
+                              target_modules=cfg.get("target_modules"), lora_dropout=0.0, bias="none",
+                              use_rslora=bool(cfg.get("use_rslora", False)))
+            with warnings.catch_warnings():  # peft reads transformers 5's deprecated name: not the user's to fix
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                        category=FutureWarning)
+                model = self._model = get_peft_model(model, lora).eval()
+        result = set_peft_model_state_dict(model, dict(adapter))
+        if getattr(result, "unexpected_keys", None):
+            raise WeightSyncError(f"the LoRA adapter holds {len(result.unexpected_keys)} tensors the served model "
+                                  f"has no place for, e.g. {list(result.unexpected_keys)[:3]}")
+        self._adapter_on = True
+        self.loaded = True
+
     def reference(self, token_ids: list[int]) -> list[float]:
         """Logprobs of ``token_ids`` following the prompt, under the held weights (fp32)."""
         import torch
 
         model = self._build()
         ids = torch.tensor([self.prompt_ids + list(token_ids)], dtype=torch.long)
-        with torch.no_grad():
+        adapters_off = hasattr(model, "disable_adapter") and not getattr(self, "_adapter_on", False)
+        with torch.no_grad(), (model.disable_adapter() if adapters_off else contextlib.nullcontext()):
             logits = model(input_ids=ids, use_cache=False).logits[0].float()
         logp = torch.log_softmax(logits[len(self.prompt_ids) - 1 : -1], dim=-1)
         return logp.gather(1, torch.tensor(token_ids, dtype=torch.long)[:, None])[:, 0].tolist()

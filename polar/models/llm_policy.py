@@ -80,6 +80,8 @@ class LLMPolicy:
                                                          target_modules=targets, bias="none"))
         self.model = model
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # set by from_engine when the engine takes LoRA adapters (vLLM --enable-lora): syncs send only them
+        self.sync_adapters = False
 
     @classmethod
     def from_engine(cls, engine: Any, lora: Any = None, **options: Any) -> LLMPolicy:
@@ -101,7 +103,11 @@ class LLMPolicy:
 
         log.info("learner: %s loaded in fp32 from the served model's folder %s", type(engine).__name__, folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
-        return cls(model, engine.tokenizer, lora, **options)
+        policy = cls(model, engine.tokenizer, lora, **options)
+        prepare = getattr(engine, "prepare_lora_sync", None)  # an upstream vLLM: adapters only, checked now
+        if lora is not None and prepare is not None:
+            policy.sync_adapters = bool(prepare(lora.r))
+        return policy
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -166,7 +172,15 @@ class LLMPolicy:
             return self.token_logprobs(batch)
 
     def serving_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights as the serving engine's model names them (LoRA merged in)."""
+        """Full weights as the serving engine's model names them (LoRA merged in); for an engine that serves
+        adapters (``sync_adapters``), the adapters only, as a :class:`~polar.inference.lora.LoraAdapter`."""
+        if self.lora is not None and self.sync_adapters:
+            from peft import get_peft_model_state_dict
+
+            from polar.inference.lora import LoraAdapter
+
+            tensors = {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(self.model).items()}
+            return LoraAdapter(tensors, self.model.peft_config["default"].to_dict())
         if self.lora is None:
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.merge_adapter()

@@ -305,6 +305,21 @@ def test_weight_sync_into_vllm_perturbed_then_corrupted_refused_then_exactly_res
     assert restored.policy_version == v0 + 3
 
 
+def test_lora_learner_on_vllm_started_without_lora_fails_at_start_naming_the_key(launched_vllm):
+    """The shared replica has no --enable-lora: a LoRA learner built on it is refused at once, in one line that
+    names the launcher's key, instead of failing at its first sync (tests/inference/test_vllm_lora.py has the
+    LoRA-enabled server)."""
+    from polar.config.grpo import LoraConfig
+    from polar.models.llm_policy import LLMPolicy
+
+    with pytest.raises(EngineError) as err:
+        LLMPolicy.from_engine(launched_vllm, LoraConfig(r=8))
+    msg = str(err.value)
+    assert msg.startswith("model.engine_kwargs.max_lora_rank: a LoRA run (rank 8) syncs adapters only, but vLLM "
+                          f"replica {launched_vllm.fleet.urls[0]} was started without LoRA support (no --enable-lora)")
+    assert "gateway.sync.lora: merged" in msg and "\n" not in msg
+
+
 def test_grpo_with_vllm_syncs_each_step_and_records_carry_the_new_versions(launched_vllm, vllm_model_folder, tmp_path):
     """A short GRPO run (SFT warm-up, 2 steps) whose sessions run on the launched vLLM: the learner is built
     from the served folder, every update is synced into the replica and checked, and each step's records

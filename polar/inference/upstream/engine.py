@@ -33,6 +33,7 @@ from polar.inference.base import (
     TokenEvent,
     UpstreamUnavailable,
 )
+from polar.inference.lora import LoraAdapter
 from polar.inference.upstream.config import UPSTREAM_KINDS, UpstreamConfig
 from polar.inference.upstream.replicas import HealthProbe, Replica, ReplicaSet, probe_sync
 from polar.inference.upstream.sync import UpstreamWeightSync
@@ -243,10 +244,22 @@ class UpstreamEngine(Engine):
         lock = self.weight_sync.lock
         await asyncio.to_thread(lock.acquire)
         try:
-            await self.weight_sync.sync(state_dict, int(version), self.policy_version)
+            if isinstance(state_dict, LoraAdapter):
+                await self.weight_sync.sync_adapter(state_dict, int(version), self.policy_version)
+            else:
+                await self.weight_sync.sync(state_dict, int(version), self.policy_version)
             self.policy_version = int(version)
         finally:
             lock.release()
+
+    def prepare_lora_sync(self, rank: int) -> bool:
+        """Called at start by a LoRA learner (:class:`~polar.models.llm_policy.LLMPolicy`): True when its syncs
+        are to send adapters only (``gateway.sync.lora: adapters``, the default), after checking that every
+        replica can load them (else one line naming the key, at start rather than at the first sync)."""
+        if self.weight_sync.config.lora != "adapters":
+            return False
+        self.weight_sync.check_lora_support(int(rank), self.weight_sync.lora_key)
+        return True
 
     async def restore_replica(self, url: str) -> None:
         """A replica that came back (restarted) holds the base weights: give it the current ones, and check
@@ -254,8 +267,11 @@ class UpstreamEngine(Engine):
         await self.weight_sync.restore(url, self.policy_version)
 
     # ------------------------------------------------------------------ one call to one replica
-    async def _call_for(self, request: GenerationRequest, max_tokens: int) -> WireCall:
-        model = await self.resolve_served_model() if self.kind == "vllm" else None
+    async def _call_for(self, request: GenerationRequest, max_tokens: int, model: str | None = None) -> WireCall:
+        """``model``: a vLLM model name to send (the weight sync's check names a new adapter); default: the
+        current LoRA adapter of a LoRA run, else the served model."""
+        if self.kind == "vllm":
+            model = model or self.weight_sync.adapter or await self.resolve_served_model()
         return call_for(self.kind, request, max_tokens, model)
 
     async def _stream(self, replica: Replica, request: GenerationRequest, max_tokens: int

@@ -6,8 +6,14 @@ the tensors by broadcast) and resumes it; then the logprob check compares each r
 continuation of a fixed prompt with the learner's own logprobs. Any failure gives every replica that took
 part the previous weights back, and the version stays. One sync (or restarted-replica restore) at a time.
 
-This is the one place that knows how weights reach a server; a new way (LoRA adapters, in-memory buckets)
-is a new push here, behind the same :meth:`UpstreamWeightSync.sync`.
+A LoRA run's payload is a :class:`~polar.inference.lora.LoraAdapter` (the adapters only, a few MB):
+:meth:`UpstreamWeightSync.sync_adapter` writes it as a peft folder, loads it into every replica under a new
+name ``polar-v<version>`` (vLLM ``POST /v1/load_lora_adapter``; the base weights and the adapter serving
+now stay untouched, so nothing pauses), checks the new name, and only then switches the engine's calls to
+it; the oldest names beyond ``sync.keep_adapters`` are unloaded. A failed load or check unloads the new
+name and leaves the previous adapter (and version) serving.
+
+This is the one place that knows how weights reach a server; a new way is a new push here.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from polar.config.sync import WeightSyncConfig
-from polar.inference.base import GenerationRequest
+from polar.inference.base import EngineError, GenerationRequest
+from polar.inference.lora import LoraAdapter, prune_adapter_folders, write_adapter_folder
 from polar.inference.upstream.config import UpstreamKind
 from polar.inference.upstream.wire import ReplicaFailed, WireCall, payload
 from polar.inference.weight_sync import (
@@ -58,7 +65,7 @@ class UpstreamWeightSync:
 
     def __init__(self, kind: UpstreamKind, tokenizer: PreTrainedTokenizerBase, tokenizer_spec: str,
                  model_folder: Path | None, targets: Callable[[], list[str]], auth: dict[str, str],
-                 call_for: Callable[[GenerationRequest, int], Awaitable[WireCall]],
+                 call_for: Callable[[GenerationRequest, int, str | None], Awaitable[WireCall]],
                  served_folder: Path | None = None, weights_dtype: str = "float32") -> None:
         self.kind = kind
         self.tokenizer = tokenizer
@@ -78,6 +85,16 @@ class UpstreamWeightSync:
         self.hooks: list[Callable[[Path], None]] = []  # called with each written folder before the push (tests)
         self.last: dict[str, Any] = {}  # the last successful sync: version, timings, each replica's check
         self._nccl: dict[str, VllmNcclSender] = {}  # url -> sender (gateway.sync.method: nccl)
+        # LoRA runs: the adapter names every replica holds, oldest first (the last serves), and their folders
+        self.adapters: list[str] = []
+        self._adapter_folders: dict[str, Path] = {}
+        self._adapter_payloads: dict[str, LoraAdapter] = {}  # the serving adapter (the check's rollback)
+        self.lora_key = "gateway.sync.lora"  # where LoRA support is switched on; a launcher names its own key
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter name calls go to (``polar-v<version>``); None: the base (or full-synced) weights."""
+        return self.adapters[-1] if self.adapters else None
 
     # ------------------------------------------------------------------ setup
     def configure(self, config: WeightSyncConfig, default_dir: str | Path | None = None) -> None:
@@ -187,7 +204,8 @@ class UpstreamWeightSync:
                 raise
         self.current_folder = folder
         prune_folders(root, keep=folder)
-        self.last = {"version": version, "folder": str(folder), "write_s": round(t_write, 3),
+        written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        self.last = {"version": version, "folder": str(folder), "bytes": written, "write_s": round(t_write, 3),
                      "push_s": round(t_push, 3), "total_s": round(time.monotonic() - t0, 3),
                      "replicas": len(targets), "checks": checks}
         log.info("weights v%d synced into %d %s replica(s) in %.2fs (write %.2fs, push %.2fs)%s", version,
@@ -229,10 +247,13 @@ class UpstreamWeightSync:
         if check is not None and check.loaded:
             await asyncio.to_thread(_reload_check, check, old)
 
-    async def _check_replica(self, client: httpx.AsyncClient, check: LogprobCheck, url: str) -> dict[str, Any]:
-        """The fixed prompt's greedy continuation on one replica, compared with the learner's logprobs."""
+    async def _check_replica(self, client: httpx.AsyncClient, check: LogprobCheck, url: str,
+                             model: str | None = None) -> dict[str, Any]:
+        """The fixed prompt's greedy continuation on one replica (``model``: a LoRA adapter's name, else
+        the current one), compared with the learner's logprobs."""
         request = GenerationRequest(list(check.prompt_ids), max_tokens=check.tokens, temperature=0.0, stream=False)
-        call = await self._call_for(request, check.tokens)
+        call = await self._call_for(request, check.tokens, model if model is not None else self.adapter)
+        t0 = time.monotonic()
         try:
             resp = await client.post(f"{url}{call.path}", content=call.body, timeout=self.config.timeout_s,
                                      headers={"Content-Type": "application/json"})
@@ -248,12 +269,116 @@ class UpstreamWeightSync:
             raise WeightSyncError(f"{url}: the check call failed: {exc}") from None
         ids = [int(t) for t, lp, _ in triples if t is not None and lp is not None]
         lps = [float(lp) for t, lp, _ in triples if t is not None and lp is not None]
+        t_replica = time.monotonic() - t0
         report: dict[str, Any] = await asyncio.to_thread(check.compare, ids, lps)
+        report["replica_s"] = round(t_replica, 3)  # the replica's greedy call
+        report["reference_s"] = round(time.monotonic() - t0 - t_replica, 3)  # the learner-side fp32 scoring
         return report
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def check_lora_support(self, rank: int, key: str) -> None:
+        """At start, for a LoRA run that syncs adapters: every replica must serve LoRA adapters of ``rank``
+        and load them at run time. Asks vLLM's dev-mode ``GET /server_info`` (its ``lora_config``) and the
+        load route; raises :class:`EngineError` in one line naming ``key`` otherwise."""
+        if self.kind != "vllm":
+            raise EngineError(f"{key}: LoRA adapter sync needs vLLM (its /v1/load_lora_adapter); {self.kind} "
+                              "replicas take merged weights: set gateway.sync.lora: merged")
+        with httpx.Client(headers=self._auth, timeout=httpx.Timeout(60.0)) as client:
+            for url in self._targets():
+                problem = _lora_problem(client, url, rank)
+                if problem is not None:
+                    raise EngineError(
+                        f"{key}: a LoRA run (rank {rank}) syncs adapters only, but vLLM replica {url} {problem}; "
+                        "start it with --enable-lora --max-lora-rank >= the rank and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                        "(a launched vLLM: model.engine_kwargs.max_lora_rank), or set gateway.sync.lora: merged")
+
+    async def sync_adapter(self, adapter: LoraAdapter, version: int, serving_version: int) -> None:
+        """Load ``adapter`` into every target replica as ``polar-v<version>``, check it, then serve it; on any
+        failure the new name is unloaded again, the previous adapter keeps serving as ``serving_version``, and
+        :class:`WeightSyncError` says what happened. The caller holds :attr:`lock` and stamps ``version``."""
+        cfg = self.config
+        targets = self._targets()
+        if not targets:
+            raise WeightSyncError(f"weight sync to version {version}: no {self.kind} replica is serving to take it")
+        name = f"polar-v{version}"
+        t0 = time.monotonic()
+        folder = await asyncio.to_thread(write_adapter_folder, adapter, self._sync_dir(), version, self._dtype())
+        for hook in list(self.hooks):  # tests: corrupt the folder "in transit"
+            hook(folder)
+        t_write = time.monotonic() - t0
+        check = self._checker()
+        t_model = 0.0
+        loaded: list[str] = []
+        checks: dict[str, Any] = {}
+        t_push = 0.0
+        async with httpx.AsyncClient(headers=self._auth) as client:
+            try:
+                for url in targets:
+                    await _load_adapter(client, url, name, folder, cfg.timeout_s)
+                    loaded.append(url)
+                t_push = time.monotonic() - t0 - t_write
+                if check is not None:
+                    t_model = time.monotonic()
+                    await asyncio.to_thread(check.load_adapter, adapter)
+                    t_model = time.monotonic() - t_model
+                    for url in targets:
+                        report = await self._check_replica(client, check, url, model=name)
+                        checks[url] = report
+                        if not report["ok"]:
+                            raise WeightSyncError(
+                                f"weight sync to version {version} refused: LoRA adapter {name} on {self.kind} "
+                                f"replica {url} does not serve the learner's weights: on the fixed prompt its "
+                                f"logprobs differ from the learner's by up to {report['max_abs_diff']:.4f} (mean "
+                                f"{report['mean_abs_diff']:.4f} over {report['tokens']} tokens), over "
+                                f"gateway.sync.check_tolerance={report['tolerance']:g}")
+            except BaseException as exc:
+                for url in loaded:
+                    await _unload_adapter(client, url, name, cfg.timeout_s, quiet=True)
+                if check is not None and check.loaded:
+                    previous = self._adapter_payloads.get(self.adapter or "")
+                    await asyncio.to_thread(check.load_adapter, previous)
+                shutil.rmtree(folder, ignore_errors=True)
+                if isinstance(exc, WeightSyncError):
+                    serving = self.adapter or "the base weights"
+                    raise WeightSyncError(f"{exc}; every replica serves version {serving_version} ({serving}) "
+                                          "again") from None
+                raise
+            self.adapters.append(name)
+            self._adapter_folders[name] = folder
+            self._adapter_payloads = {name: adapter}  # the check's rollback target at the next sync
+            t_swap = time.monotonic()
+            while len(self.adapters) > cfg.keep_adapters:
+                old = self.adapters.pop(0)
+                for url in targets:
+                    await _unload_adapter(client, url, old, cfg.timeout_s, quiet=True)
+                self._adapter_folders.pop(old, None)
+            prune_adapter_folders(self._sync_dir(), set(self._adapter_folders.values()))
+        written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        self.last = {"version": version, "adapter": name, "folder": str(folder), "bytes": written,
+                     "write_s": round(t_write, 3), "push_s": round(t_push, 3),
+                     "check_s": round(t_swap - t0 - t_write - t_push, 3),
+                     "check_model_s": round(t_model, 3), "total_s": round(time.monotonic() - t0, 3),
+                     "replicas": len(targets), "checks": checks, "adapters": list(self.adapters)}
+        log.info("LoRA adapter %s (%.1f MB) synced into %d %s replica(s) in %.3fs (write %.3fs, load %.3fs)%s",
+                 name, written / 1e6, len(targets), self.kind, self.last["total_s"], t_write, t_push,
+                 "" if not checks else "; logprob check max |diff| "
+                 + ", ".join(f"{c['max_abs_diff']:.4f}" for c in checks.values()))
 
     async def restore(self, url: str, version: int) -> None:
         """A replica that came back (restarted) holds the base weights: give it the current ones as
         ``version``, and check it, before it serves. The caller holds :attr:`lock`."""
+        if self.adapters:  # a LoRA run: the kept adapters again, the current one checked
+            async with httpx.AsyncClient(headers=self._auth) as client:
+                for name in self.adapters:
+                    await _load_adapter(client, url, name, self._adapter_folders[name], self.config.timeout_s)
+                check = self._checker()
+                if check is not None and check.loaded:
+                    report = await self._check_replica(client, check, url)
+                    if not report["ok"]:
+                        raise WeightSyncError(
+                            f"{url} came back but its adapter {self.adapter} does not serve version {version}: its "
+                            f"fixed-prompt logprobs differ from the learner's by up to {report['max_abs_diff']:.4f}")
+            return
         folder = self.current_folder
         if folder is None:
             return  # nothing was synced yet: the base weights are the current ones
@@ -286,3 +411,48 @@ def _reload_check(check: LogprobCheck, folder: Path) -> None:
         return
     for f in files:
         check.load(load_file(str(f)))
+
+
+# ---------------------------------------------------------------------------------------------- LoRA routes
+def _lora_problem(client: httpx.Client, url: str, rank: int) -> str | None:
+    """What keeps ``url`` from taking LoRA adapters of ``rank`` at run time (None: nothing)."""
+    try:
+        resp = client.get(f"{url}/server_info", params={"config_format": "json"})
+        if resp.status_code == 404:
+            return "does not serve GET /server_info (start it with VLLM_SERVER_DEV_MODE=1) to tell its LoRA support"
+        info = resp.json()
+        lora = (info.get("vllm_config") or {}).get("lora_config")
+        runtime = str((info.get("vllm_env") or {}).get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "")).lower()
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        return f"did not answer GET /server_info ({type(exc).__name__}: {exc})"
+    if not lora:
+        return "was started without LoRA support (no --enable-lora)"
+    max_rank = int(lora.get("max_lora_rank") or 0)
+    if max_rank < rank:
+        return f"takes adapters up to rank {max_rank} (--max-lora-rank)"
+    if runtime not in ("1", "true"):
+        return "cannot load adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING is not set)"
+    return None
+
+
+async def _load_adapter(client: httpx.AsyncClient, url: str, name: str, folder: Path, timeout_s: float) -> None:
+    try:
+        resp = await client.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder)},
+                                 timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"{url}: loading LoRA adapter {name} failed: {type(exc).__name__}: {exc}") from None
+    if resp.status_code != 200:
+        raise WeightSyncError(f"{url}: loading LoRA adapter {name} from {folder} was rejected (HTTP "
+                              f"{resp.status_code}): {resp.text[:300]}")
+
+
+async def _unload_adapter(client: httpx.AsyncClient, url: str, name: str, timeout_s: float, quiet: bool) -> None:
+    try:
+        resp = await client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=timeout_s)
+        ok, why = resp.status_code == 200, f"HTTP {resp.status_code}: {resp.text[:200]}"
+    except httpx.HTTPError as exc:
+        ok, why = False, f"{type(exc).__name__}: {exc}"
+    if not ok:
+        if not quiet:
+            raise WeightSyncError(f"{url}: unloading LoRA adapter {name} failed ({why})")
+        log.warning("%s: could not unload LoRA adapter %s (%s)", url, name, why)
