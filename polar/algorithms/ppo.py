@@ -19,6 +19,7 @@ from, so an edit to these functions makes every run take autograd and changes it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -119,6 +120,9 @@ class PPOLearner:
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
         self.path = self._choose_path()
         self.fused = self.path.startswith("fused")
+        # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
+        # each optimizer step, weighted by each learner's minibatch samples; None = one learner
+        self.grad_sync: Callable[[Sequence[nn.Parameter], float], None] | None = None
         log.info("PPO update path: %s", self.path)
 
     def _choose_path(self) -> str:
@@ -193,6 +197,8 @@ class PPOLearner:
                         break
                     self.optimizer.zero_grad()
                     loss.backward()
+                if self.grad_sync is not None:
+                    self.grad_sync(self.params, float(batch.log_probs.shape[0]))
                 if kw.max_grad_norm is not None:
                     self.optimizer.clip_grad_norm_(kw.max_grad_norm)
                 self.optimizer.step()
