@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config.sections import DistributionConfig
 from polar.distributed.cluster import RoleRequest, alive_nodes, check_placeable
 from polar.distributed.data_parallel import (
     GradientAverager,
@@ -67,6 +68,13 @@ class GroupSpec:
     update_timeout_s: float = 600.0
     max_restarts: int = 3
     config_key: str = "distribution.num_learners"
+
+
+def group_spec(d: DistributionConfig) -> GroupSpec:
+    """The group's shape from ``distribution``: ``num_learners`` ranks placed by ``learner_resources``."""
+    r = d.learner_resources
+    return GroupSpec(d.num_learners, r.num_cpus, r.num_gpus, dict(r.resources), collective_timeout_s=d.learner_timeout_s,
+                     update_timeout_s=d.learner_timeout_s, max_restarts=d.max_learner_restarts)
 
 
 def shard_rollout(batch: Batch[Rollout], rank: int, world_size: int) -> Batch[Rollout]:
@@ -236,6 +244,11 @@ class LearnerGroup(Generic[L]):
         out["learner_group_restarts"] = self.restarts
         return out
 
+    def weights(self) -> Mapping[str, Any]:
+        """What is published: the driver's copy, which holds rank 0's weights (a GRPO learner's serving weights)."""
+        weights = getattr(self.local, "weights", None)
+        return weights() if callable(weights) else self.module_of(self.local).state_dict()
+
     def state_dict(self) -> Any:
         state = self._get(self.ranks[0].state_dict.remote(), "checkpointing")
         self._checkpoint = (state, self._local_module_state())
@@ -251,4 +264,4 @@ class LearnerGroup(Generic[L]):
         self._kill()
 
 
-__all__ = ["GroupSpec", "LearnerGroup", "SyncedLearner", "shard_groups", "shard_rollout"]
+__all__ = ["GroupSpec", "LearnerGroup", "SyncedLearner", "group_spec", "shard_groups", "shard_rollout"]

@@ -171,3 +171,27 @@ def test_num_learners_and_learner_sharding_are_checked_at_validation():
                                                        "learner_sharding": "fsdp"}})
     cfg = validate(RunConfig, {**base, "distribution": {"backend": "ray", "num_learners": 2}})
     assert cfg.distribution.num_learners == 2
+
+
+PPO_ZOO = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+           "learning_rate": 1e-3, "lr_schedule": "linear", "clip_range_schedule": "linear"}
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+
+    cfg = validate(RunConfig, {
+        "name": "two-learners", "harness": {"type": "gymnasium", "id": "CartPole-v1"},
+        "policy": {"type": "ppo", "kwargs": PPO_ZOO},
+        "distribution": {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_workers": 0,
+                         "envs_per_worker": 8, "num_learners": 2},
+        "total_env_steps": 300_000, "stop_reward": 475,
+        "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
+        "eval": {"episodes": 5, "num_envs": 5}})
+    rows: list[dict] = []
+    result = build_trainer(cfg, RunDir.create("ppo2", tmp_path / "run"), on_iteration=rows.append).train()
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475, result
+    assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
