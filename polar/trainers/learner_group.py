@@ -23,6 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch import nn
 
+from polar.algorithms.grpo import has_signal
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.sections import DistributionConfig
 from polar.distributed.cluster import RoleRequest, alive_nodes, check_placeable
@@ -31,7 +32,6 @@ from polar.distributed.data_parallel import (
     init_learner_group,
     leave_learner_group,
     shard_fragments,
-    shard_list,
 )
 from polar.errors import DistributedError
 from polar.types import Batch, Metrics, Rollout
@@ -86,8 +86,12 @@ def shard_rollout(batch: Batch[Rollout], rank: int, world_size: int) -> Batch[Ro
 
 
 def shard_groups(batch: Batch[Any], rank: int, world_size: int) -> Batch[Any]:
-    """GRPO/SFT: this rank's whole session groups (a group's advantage needs all its sessions)."""
-    return replace(batch, data=shard_list(batch.data, rank, world_size))
+    """GRPO: this rank's whole session groups (a group's advantage needs all its sessions), dealt round-robin with
+    the groups that carry signal first, so every rank gets its share of the groups it can learn from (a rank with
+    none skips its step and its peers wait until ``learner_timeout_s``)."""
+    groups = list(batch.data)
+    order = sorted(range(len(groups)), key=lambda i: not has_signal(groups[i]))  # stable: signal first
+    return replace(batch, data=[groups[i] for i in order[rank::world_size]])
 
 
 def _free_port(host: str) -> int:
