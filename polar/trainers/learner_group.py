@@ -23,7 +23,6 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch import nn
 
-from polar.algorithms.grpo import has_signal
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config.sections import DistributionConfig
 from polar.distributed.cluster import RoleRequest, alive_nodes, check_placeable
@@ -85,12 +84,13 @@ def shard_rollout(batch: Batch[Rollout], rank: int, world_size: int) -> Batch[Ro
     return replace(batch, data=Rollout(fragments, r.reward_scale, r.reward_clip, buffer=buffer))
 
 
-def shard_groups(batch: Batch[Any], rank: int, world_size: int) -> Batch[Any]:
+def shard_groups(batch: Batch[Any], rank: int, world_size: int,
+                 signal: Callable[[Any], bool] = lambda group: True) -> Batch[Any]:
     """GRPO: this rank's whole session groups (a group's advantage needs all its sessions), dealt round-robin with
-    the groups that carry signal first, so every rank gets its share of the groups it can learn from (a rank with
+    the groups that carry ``signal`` first (GRPO: ``has_signal``), so every rank gets its share of the groups it can learn from (a rank with
     none skips its step and its peers wait until ``learner_timeout_s``)."""
     groups = list(batch.data)
-    order = sorted(range(len(groups)), key=lambda i: not has_signal(groups[i]))  # stable: signal first
+    order = sorted(range(len(groups)), key=lambda i: not signal(groups[i]))  # stable: signal first
     return replace(batch, data=[groups[i] for i in order[rank::world_size]])
 
 

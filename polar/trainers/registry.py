@@ -295,7 +295,9 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     d = cfg.distribution
     if d.num_learners > 1:  # N data-parallel ranks, each on whole groups; this copy publishes rank 0's weights
         learner = LearnerGroup(grpo, partial(GRPOLearner, copy.deepcopy(ctx.policy), kw),
-                               attrgetter("policy.model"), shard_groups, group_spec(d))
+                               attrgetter("policy.model"),
+                               partial(shard_groups, signal=partial(has_signal, overlong_filter=bool(kw.overlong_filter))),
+                               group_spec(d))
     tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
     difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
     source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum

@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 import torch
 
-from polar.algorithms.grpo import GRPOLearner
+from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.ppo import PPOLearner
 from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
@@ -114,7 +114,7 @@ def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ra
     start = _params(one.policy.model)
     one.update(batch)
     local = _grpo_learner()
-    group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), shard_groups,
+    group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), partial(shard_groups, signal=has_signal),
                          GroupSpec(num_learners=2))
     try:
         stats = group.update(batch)
@@ -186,7 +186,7 @@ def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
     cfg = validate(RunConfig, {
         "name": "two-learners", "harness": {"type": "gymnasium", "id": "CartPole-v1"},
         "policy": {"type": "ppo", "kwargs": PPO_ZOO},
-        "distribution": {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_workers": 0,
+        "distribution": {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_workers": 1,
                          "envs_per_worker": 8, "num_learners": 2},
         "total_env_steps": 300_000, "stop_reward": 475,
         "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
