@@ -3,9 +3,9 @@
 config models, this is the only place that knows algorithm names; ``polar.trainers.build`` composes a row into
 the one loop, for ``polar run`` and the Ray learner actor alike.
 
-Adding an algorithm (docs/DEVELOPING.md, "Add an algorithm"): its config (``polar/config/<algo>.py``, one line in
-the union of ``polar.config.policy``), its losses and learner with ``update(batch) -> Metrics``,
-``state_dict()``, ``load_state_dict()`` (``polar/algorithms/<algo>.py``), and one row here.
+Adding an algorithm (docs/DEVELOPING.md, "Adding an algorithm"): its config (``polar/config/<algo>.py``, one line
+in the ``EnvPolicyConfig`` union of ``polar/config/run.py``), its losses and learner with ``update(batch) ->
+Metrics``, ``state_dict()``, ``load_state_dict()`` (``polar/algorithms/<algo>.py``), and one row here.
 """
 
 from __future__ import annotations
@@ -252,6 +252,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
 }
+
+
 # ---------------------------------------------------------------------- GRPO, SFT (agent runs)
 def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwargs: SFTKwargs
                ) -> tuple[Stage[Any], SFTLearner]:

@@ -17,9 +17,6 @@ from polar.config.run import AGENT_POLICIES, ENV_POLICIES
 PACKAGE = Path(polar.__file__).parent
 ALGORITHMS = set(ENV_POLICIES) | set(AGENT_POLICIES)
 ALLOWED = ("config/", "trainers/registry.py")
-# the agent trainer chooses between GRPO and SFT until the agent run is composed from registry rows like the
-# env runs (issue 34: helper agentloop's part); it and its template-method base go then
-NOT_YET_COMPOSED = ("trainers/agent.py", "trainers/legacy_loop.py")
 
 
 def _is_name(node: ast.AST) -> bool:
@@ -64,7 +61,7 @@ def test_no_algorithm_name_outside_registry_rows_and_config_models():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(ALLOWED) or rel in NOT_YET_COMPOSED:
+        if rel.startswith(ALLOWED):
             continue
         found += [f"polar/{rel}:{line}: {what}" for line, what in choices_by_name(ast.parse(path.read_text()))]
     assert found == [], "choose by the registry row or a config model's type instead:\n" + "\n".join(found)
@@ -77,8 +74,6 @@ def test_trainers_has_one_loop_class_final_and_without_subclasses():
     bases: dict[str, list[str]] = {}
     for path in sorted((PACKAGE / "trainers").glob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel in NOT_YET_COMPOSED:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 bases[f"{rel}:{node.name}"] = [ast.unparse(b) for b in node.bases]

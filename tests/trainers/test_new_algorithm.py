@@ -95,7 +95,8 @@ def _add_toy_algorithm(pkg: Path) -> None:
           "from polar.config.toy import ToyPolicyConfig\nfrom polar.config.sections import")
     (pkg / "algorithms" / "toy.py").write_text(TOY_LEARNER)
     registry = pkg / "trainers" / "registry.py"
-    _edit(registry, "\n}\nAGENT_ALGORITHMS", "\n" + REGISTRY_ROW + "}\nAGENT_ALGORITHMS")
+    rows = "\nALGORITHMS: dict[str, Algorithm] = {\n"
+    _edit(registry, rows, rows + REGISTRY_ROW)
     _edit(registry, "from polar.algorithms.sac import SACLearner\n",
           "from polar.algorithms.sac import SACLearner\nfrom polar.algorithms.toy import ToyLearner\n")
     _edit(registry, "from polar.config.sac import SACKwargs\n",
