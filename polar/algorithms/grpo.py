@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -505,6 +505,9 @@ class GRPOLearner:
         self.params = [p for g in groups for p in g["params"]]
         self._split_logged = False
         self.optimizer = torch.optim.AdamW(groups, lr=kwargs.learning_rate, weight_decay=0.0)
+        # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
+        # each optimizer step, weighted by what each learner's loss divided by; None = one learner
+        self.grad_sync: Callable[[Sequence[torch.nn.Parameter], float], None] | None = None
         self.reference: Any = None
         self.reference_kind = "none"
         if kwargs.kl_coef > 0 and policy.lora is not None:
@@ -688,6 +691,8 @@ class GRPOLearner:
                     stats["logprob_gap_mean"] += out.logprob_gap_mean * w
                     stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * steps)
                     stats["tis_weight_mean"] += out.tis_weight_mean * w
+                if self.grad_sync is not None:  # data-parallel: weighted by what this shard's loss divided by
+                    self.grad_sync(self.params, norm)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, kw.max_grad_norm))
                 self.optimizer.step()
         out_stats = {k: v / steps for k, v in stats.items() if k != "micro_batches_split"}

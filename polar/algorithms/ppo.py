@@ -21,6 +21,7 @@ agent's ``act``/``evaluate_actions`` and what they call are the source the twins
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 import torch
@@ -175,6 +176,9 @@ class PPOLearner:
         self.device = module_device(agent)  # the trainer put the agent on the learner's device
         self.optimizer = Adam(self.params, lr=kwargs.learning_rate, eps=kwargs.adam_eps)
         self.fused, self.path = fused_path(agent, kwargs.fused)  # decided once, at the start of the run
+        # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
+        # each optimizer step, weighted by each learner's minibatch samples; None = one learner
+        self.grad_sync: Callable[[Sequence[nn.Parameter], float], None] | None = None
         log.info("PPO update path: %s", self.path)
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:
@@ -225,6 +229,8 @@ class PPOLearner:
                 if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:
                     stop = True
                     break
+                if self.grad_sync is not None:
+                    self.grad_sync(self.params, float(batch.log_probs.shape[0]))
                 if kw.max_grad_norm is not None:
                     self.optimizer.clip_grad_norm_(kw.max_grad_norm)
                 self.optimizer.step()

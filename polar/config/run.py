@@ -131,6 +131,14 @@ class EnvRunConfig(_RunBase):
         check_continual(self, ON_POLICY + OFF_POLICY, OFF_POLICY)
         return self
 
+    @model_validator(mode="after")
+    def _learner_group(self) -> EnvRunConfig:
+        n = self.distribution.num_learners
+        if n > 1 and self.policy.type != "ppo":
+            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO (env runs) and GRPO (agent runs); "
+                             f"policy {self.policy.type} trains on one learner: set num_learners: 1")
+        return self
+
 
 class AgentRunConfig(_RunBase):
     """An LLM policy behind the gateway, GRPO/SFT on sessions: a black-box agent harness, or the built-in LLM
@@ -166,6 +174,14 @@ class AgentRunConfig(_RunBase):
         if getattr(self.eval_tasks, "advance", None) is not None:
             raise ValueError("eval_tasks.advance: held-out tasks keep their levels, so scores stay comparable; "
                              "set advance on tasks (the training tasks) only")
+        return self
+
+    @model_validator(mode="after")
+    def _learner_group(self) -> AgentRunConfig:
+        n = self.distribution.num_learners
+        if n > 1 and self.policy.type != "grpo":
+            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO (env runs) and GRPO (agent runs); "
+                             f"policy {self.policy.type} trains on one learner: set num_learners: 1")
         return self
 
     @model_validator(mode="after")

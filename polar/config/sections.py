@@ -82,7 +82,29 @@ class DistributionConfig(StrictModel):
     max_learner_restarts: int = Field(
         3, ge=0, description="ray: how often the driver restarts a dead learner actor from the last checkpoint"
     )
+    num_learners: int = Field(
+        1, ge=1, description="ray: data-parallel learner processes (one torch.distributed group, each on its shard "
+        "of every batch; placed by learner_resources); 1 = one learner"
+    )
+    learner_sharding: Literal["none", "fsdp"] = Field(
+        "none", description="none: every learner holds the whole model; fsdp (FSDP2) is refused in this version"
+    )
+    learner_timeout_s: float = Field(
+        600.0, gt=0, description="num_learners > 1: the longest a collective or one update may take before the "
+        "group counts as hung and restarts from the last checkpoint"
+    )
     autoscale: AutoscaleConfig | None = Field(None, description="ray: resize rollout workers by a rule; null = fixed")
+
+    @model_validator(mode="after")
+    def _learner_group(self) -> DistributionConfig:
+        if self.num_learners > 1 and self.backend != "ray":
+            raise ValueError(f"distribution.num_learners: {self.num_learners} places learner processes as Ray "
+                             "actors; set distribution.backend: ray or num_learners: 1")
+        if self.learner_sharding == "fsdp":
+            raise ValueError("distribution.learner_sharding: fsdp is not wired in this version (FSDP2 averages "
+                             "gradients per rank, not per token, so N learners would not take one learner's step); "
+                             "use learner_sharding: none")
+        return self
 
     @model_validator(mode="after")
     def _autoscale_fits(self) -> DistributionConfig:

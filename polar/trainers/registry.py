@@ -10,9 +10,12 @@ Metrics``, ``state_dict()``, ``load_state_dict()`` (``polar/algorithms/<algo>.py
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
@@ -37,7 +40,7 @@ from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
-from polar.config.ppo import PPOKwargs
+from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.config.sac import SACKwargs
 from polar.errors import ConfigError
@@ -51,6 +54,7 @@ from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
 from polar.trainers.continual import MixedReplay, old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
+from polar.trainers.learner_group import LearnerGroup, group_spec, shard_groups, shard_rollout
 from polar.trainers.loop import Stage, iterations_budget
 from polar.types import Collector, Learner, Rollout, SessionResult
 
@@ -116,7 +120,17 @@ def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> 
 
 
 def _ppo_learner(parts: EnvParts) -> Learner[Any]:
-    return PolicyLearner(parts, ppo_learner(parts.train_agent, _ppo_kw(parts), parts.cfg.total_env_steps))
+    kw, total = _ppo_kw(parts), parts.cfg.total_env_steps
+    algorithm = ppo_learner(parts.train_agent, kw, total)
+    d = parts.cfg.distribution
+    if d.num_learners > 1:  # N data-parallel ranks; this copy acts, publishes and checkpoints rank 0's weights
+        rank_agent = copy.deepcopy(parts.train_agent).cpu()
+        # a rank's minibatch is its share of one, so the optimizer steps per epoch stay those of one learner
+        rank_kw = kw if kw.num_minibatches is not None else kw.model_copy(
+            update={"batch_size": max(1, (kw.batch_size or DEFAULT_BATCH_SIZE) // d.num_learners)})
+        algorithm = LearnerGroup(cast(PPOLearner, algorithm), partial(PPOLearner, rank_agent, rank_kw, total),
+                                 attrgetter("agent"), shard_rollout, group_spec(d))
+    return PolicyLearner(parts, algorithm)
 
 
 def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
@@ -278,7 +292,14 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     warm_up = []
     if cfg.sft_warmup is not None and ctx.state is None:
         warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
-    learner = GRPOLearner(ctx.policy, kw)
+    grpo = GRPOLearner(ctx.policy, kw)
+    learner: Learner[Any] = grpo
+    d = cfg.distribution
+    if d.num_learners > 1:  # N data-parallel ranks, each on whole groups; this copy publishes rank 0's weights
+        learner = LearnerGroup(grpo, partial(GRPOLearner, copy.deepcopy(ctx.policy), kw),
+                               attrgetter("policy.model"),
+                               partial(shard_groups, signal=partial(has_signal, overlong_filter=bool(kw.overlong_filter))),
+                               group_spec(d))
     tasks = load_tasks(cfg.tasks, cfg.config_dir) if cfg.tasks else []
     difficulty = TaskDifficulty(kw.difficulty_filter) if kw.difficulty_filter is not None else None
     source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum
@@ -292,7 +313,7 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
         prefetch=kw.max_off_policy_steps >= 1, max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
         signal=signal, difficulty=difficulty, curriculum=curriculum)
     evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, kw.eval_samples, ctx.state is not None,
-                               learner, kw.eval_every, kw.total_steps, name="grpo")
+                               grpo, kw.eval_every, kw.total_steps, name="grpo")
     return AgentParts(collector, learner, evaluator, iterations_budget(kw.total_steps), warm_up,
                       episode_window=kw.tasks_per_step * kw.group_size)
 

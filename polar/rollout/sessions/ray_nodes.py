@@ -336,7 +336,7 @@ def agent_distribution_problems(distribution: Any, learner_actor: bool = False) 
     defaults = type(distribution)()
     honoured = set(_AGENT_KEYS.get(distribution.backend, ()))
     if learner_actor and distribution.backend == "ray":
-        honoured |= {"learner_resources", "max_learner_restarts"}
+        honoured |= {"learner_resources", "max_learner_restarts", "num_learners", "learner_timeout_s"}
     problems = []
     for key in type(distribution).model_fields:
         if key in honoured or getattr(distribution, key) == getattr(defaults, key):

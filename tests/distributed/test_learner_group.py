@@ -1,0 +1,200 @@
+"""``distribution.num_learners``: N learner processes (Ray actors, one gloo process group) split one batch and take the
+step one learner takes on the whole batch; a dead learner restarts the group from the last checkpoint."""
+
+from __future__ import annotations
+
+import copy
+import operator
+import os
+import signal
+from functools import partial
+
+import pytest
+import torch
+
+from polar.algorithms.grpo import GRPOLearner, has_signal
+from polar.algorithms.ppo import PPOLearner
+from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config import RunConfig, validate
+from polar.config.grpo import GRPOKwargs
+from polar.errors import ConfigError, DistributedError
+from polar.inference.tiny import build_tiny
+from polar.models.llm_policy import LLMPolicy
+from polar.models.policy import build_policy
+from polar.rollout.backends.base import make_backend
+from polar.trainers.learner_group import GroupSpec, LearnerGroup, shard_groups, shard_rollout
+from polar.types import Batch, Rollout, SessionResult, SessionStatus, TrajectorySample
+
+# float32 forward/backward summed in a different order on each shard, then averaged in float64. Adam divides by
+# sqrt(v): where a gradient is near its eps (1e-8) that rounding moves a parameter by a visible part of lr, so the
+# tolerance is 1% of one Adam step (lr * 1e-2). A wrong weighting (by learner instead of by token/sample) flips
+# gradient signs and moves parameters by about lr: far outside it.
+PPO_LR = 3e-4
+GRPO_LR = 1e-2
+
+CARTPOLE = {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
+            "policy": {"type": "ppo", "kwargs": {"n_epochs": 2, "num_minibatches": 1, "normalize_advantage": False}}}
+
+
+@pytest.fixture(scope="module")
+def ppo_rollout():
+    cfg = validate(RunConfig, CARTPOLE)
+    torch.manual_seed(0)
+    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    try:
+        backend.start(policy.state_dict(), 0, policy=policy)
+        frag = backend.next_fragment()
+    finally:
+        backend.close()
+    return cfg, policy.agent, frag
+
+
+def _ppo_batch(frag) -> Batch[Rollout]:
+    return Batch(data=Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps, run_env_steps=frag.env_steps, iteration=1)
+
+
+def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float) -> float:
+    worst = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    assert worst <= 1e-2 * lr, f"largest parameter difference {worst:.3g} > 1% of lr {lr:g}"
+    return worst
+
+
+def test_two_ppo_learners_take_the_step_one_learner_takes_on_the_same_batch(ray_cluster, ppo_rollout):
+    cfg, agent, frag = ppo_rollout
+    kw, total = cfg.policy.kwargs, cfg.total_env_steps
+    start = _params(agent)
+    one = PPOLearner(copy.deepcopy(agent), kw, total)
+    one.update(_ppo_batch(frag))
+    local = PPOLearner(copy.deepcopy(agent), kw, total)
+    group = LearnerGroup(local, partial(PPOLearner, copy.deepcopy(agent), kw, total), operator.attrgetter("agent"),
+                         shard_rollout, GroupSpec(num_learners=2))
+    try:
+        group.update(_ppo_batch(frag))
+    finally:
+        group.close()
+    moved = max(float((one.agent.state_dict()[k] - start[k]).abs().max()) for k in start)
+    assert moved > 0.5 * PPO_LR  # the step is far larger than the tolerance
+    _assert_same(_params(one.agent), _params(local.agent), PPO_LR)
+
+
+def _sample(i: int, length: int) -> TrajectorySample:
+    g = torch.Generator().manual_seed(i)
+    ids = torch.randint(3, 200, (length,), generator=g).tolist()
+    return TrajectorySample(session_id=f"s{i}", token_ids=ids, loss_mask=[0] * 4 + [1] * (length - 4),
+                            logprobs=[-5.0] * length, policy_versions=[0] * length, call_indices=[0] * length,
+                            metadata={"min_policy_version": 0})
+
+
+def _groups() -> list[list[SessionResult]]:
+    """Four groups with signal; sequences of different lengths, so a shard's token count differs from its share of
+    sequences (the averaging must weight by tokens, not by learners)."""
+    out = []
+    for g in range(4):
+        rewards = [1.0, 0.0, 0.5, float(g % 2)]
+        out.append([SessionResult(session_id=f"s{g}-{i}", task_id=f"t{g}", group_id=f"g{g}", sample_index=i,
+                                  status=SessionStatus.DONE, reward=r,
+                                  samples=[_sample(10 * g + i, 6 + 3 * g + i)]) for i, r in enumerate(rewards)])
+    return out
+
+
+def _grpo_learner(seed: int = 0) -> GRPOLearner:
+    model, tok = build_tiny(seed)
+    return GRPOLearner(LLMPolicy(model, tok, None), GRPOKwargs(micro_batch_size=4, learning_rate=GRPO_LR))
+
+
+def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ray_cluster):
+    groups = _groups()
+    batch = Batch(data=groups, env_steps=16, iteration=1, version=0)
+    one = _grpo_learner()
+    start = _params(one.policy.model)
+    one.update(batch)
+    local = _grpo_learner()
+    group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), partial(shard_groups, signal=has_signal),
+                         GroupSpec(num_learners=2))
+    try:
+        stats = group.update(batch)
+    finally:
+        group.close()
+    assert stats["samples"] == 8  # rank 0 trained on its half of the groups
+    moved = max(float((one.policy.model.state_dict()[k] - start[k]).abs().max()) for k in start)
+    assert moved > 0.5 * GRPO_LR
+    _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+
+
+def test_a_killed_learner_restarts_the_group_from_the_last_checkpoint(ray_cluster, ppo_rollout):
+    import ray
+
+    cfg, agent, frag = ppo_rollout
+    kw, total = cfg.policy.kwargs, cfg.total_env_steps
+    local = PPOLearner(copy.deepcopy(agent), kw, total)
+    group = LearnerGroup(local, partial(PPOLearner, copy.deepcopy(agent), kw, total), operator.attrgetter("agent"),
+                         shard_rollout, GroupSpec(num_learners=2, collective_timeout_s=20, update_timeout_s=60))
+    try:
+        group.update(_ppo_batch(frag))
+        checkpoint = group.state_dict()
+        at_checkpoint = _params(local.agent)
+        # the same run, one learner, from the checkpoint: what the restarted group must reproduce
+        ref = PPOLearner(copy.deepcopy(local.agent), kw, total)
+        ref.load_state_dict(copy.deepcopy(checkpoint))
+        ref.update(_ppo_batch(frag))
+        group.update(_ppo_batch(frag))  # a step past the checkpoint, lost when the group restarts
+        pid = ray.get(group.ranks[1].pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        stats = group.update(_ppo_batch(frag))
+        assert stats["learner_group_restarts"] == 1
+    finally:
+        group.close()
+    assert any(not torch.equal(at_checkpoint[k], local.agent.state_dict()[k]) for k in at_checkpoint)
+    _assert_same(_params(ref.agent), _params(local.agent), PPO_LR)
+
+
+def test_more_learners_than_the_cluster_has_fail_at_start_naming_the_key(ray_cluster, ppo_rollout):
+    cfg, agent, _ = ppo_rollout
+    kw, total = cfg.policy.kwargs, cfg.total_env_steps
+    with pytest.raises(DistributedError, match=r"distribution\.num_learners"):
+        LearnerGroup(PPOLearner(copy.deepcopy(agent), kw, total),
+                     partial(PPOLearner, copy.deepcopy(agent), kw, total), operator.attrgetter("agent"),
+                     shard_rollout, GroupSpec(num_learners=64))
+
+
+def test_num_learners_and_learner_sharding_are_checked_at_validation():
+    base = {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}}
+    with pytest.raises(ConfigError, match=r"distribution\.num_learners.*backend: ray"):
+        validate(RunConfig, {**base, "distribution": {"num_learners": 2}})
+    with pytest.raises(ConfigError, match=r"distribution\.learner_sharding"):
+        validate(RunConfig, {**base, "distribution": {"backend": "ray", "num_learners": 2,
+                                                       "learner_sharding": "fsdp"}})
+    with pytest.raises(ConfigError, match=r"distribution\.num_learners: 2 is honoured by PPO .* policy dqn"):
+        validate(RunConfig, {**base, "policy": {"type": "dqn"}, "distribution": {"backend": "ray", "num_learners": 2}})
+    cfg = validate(RunConfig, {**base, "distribution": {"backend": "ray", "num_learners": 2}})
+    assert cfg.distribution.num_learners == 2
+
+
+PPO_ZOO = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+           "learning_rate": 1e-3, "lr_schedule": "linear", "clip_range_schedule": "linear"}
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+
+    cfg = validate(RunConfig, {
+        "name": "two-learners", "harness": {"type": "gymnasium", "id": "CartPole-v1"},
+        "policy": {"type": "ppo", "kwargs": PPO_ZOO},
+        "distribution": {"backend": "ray", "coordinator_address": ray_cluster.address, "rollout_workers": 1,
+                         "envs_per_worker": 8, "num_learners": 2},
+        "total_env_steps": 300_000, "stop_reward": 475,
+        "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
+        "eval": {"episodes": 5, "num_envs": 5}})
+    rows: list[dict] = []
+    result = build_trainer(cfg, RunDir.create("ppo2", tmp_path / "run"), on_iteration=rows.append).train()
+    assert result["stopped_early"] and result["episode_reward_mean"] >= 475, result
+    assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
+
