@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -130,3 +134,27 @@ def test_reward_designer_keeps_the_good_candidate(tmp_path: Path) -> None:
     assert result.best.score > by[(0, 0)].score + 10
     feedback = engine.tokenizer.decode(engine.requests[2].prompt_ids)
     assert "FAILED: RuntimeError: boom" in feedback and "score" in feedback
+
+
+def _polar(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "polar.cli.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_design_reward_cli_records_a_reply_without_code_as_a_failed_candidate(tmp_path: Path) -> None:
+    """The tiny random model writes no code block: the candidate fails with its reason, nothing trains, exit 1."""
+    (tmp_path / "d.yaml").write_text("env_id: CartPole-v1\ndescription: balance\nrounds: 1\ncandidates_per_round: 1\n"
+                                     "max_tokens: 16\nmodel: {name_or_path: tiny}\n")
+    res = _polar("design-reward", "--config", "d.yaml", "--out", "out.json", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["best"] is None
+    assert "no ```python code block```" in out["candidates"][0]["error"]
+
+
+def test_design_reward_cli_names_the_bad_config_key(tmp_path: Path) -> None:
+    (tmp_path / "d.yaml").write_text("env_id: CartPole-v1\ndescription: x\nrounds: 0\n")
+    res = _polar("design-reward", "--config", "d.yaml", cwd=tmp_path)
+    assert res.returncode != 0
+    assert "rounds" in res.stderr and "greater than or equal to 1" in res.stderr
