@@ -11,6 +11,7 @@ anything the candidate says.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -79,7 +80,8 @@ class SandboxedReward:
         self._first = True
 
     def _stderr_tail(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         try:
             return self.stderr_path.read_bytes()[-400:].decode("utf-8", "replace").strip()
         except OSError:
@@ -95,6 +97,7 @@ class SandboxedReward:
         except OSError:
             self.close()
             raise CandidateFailed(f"the candidate's process ended before answering: {self._stderr_tail()}") from None
+
         limit_s = self.start_timeout_s + self.call_timeout_s if self._first else self.call_timeout_s
         self._first = False
         deadline = time.monotonic() + limit_s
@@ -108,6 +111,7 @@ class SandboxedReward:
             if not chunk:
                 self.close()
                 raise CandidateFailed(f"the candidate's process ended without an answer: {self._stderr_tail()}")
+
             line += chunk
             if len(line) > 65536:
                 self.close()
@@ -127,13 +131,18 @@ class SandboxedReward:
         return float(r)
 
     def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, 9)
             except OSError:
                 self.proc.kill()
         self.proc.wait()
-        self._sel.close()
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.close()
         self._stderr.close()
 
 
