@@ -113,7 +113,7 @@ def test_reward_reply_without_code_block_is_found() -> None:
 
 GOOD = f"Keep it alive.\n```python\n{HEAD}    return 0.0 if terminated else 1.0\n```"
 # bad: a high shaped return for falling at once; only a task-metric score (not the shaped return) ranks it low
-BAD = f"```python\n{HEAD}    return 50.0 if terminated else -1.0\n```"
+BAD = f"```python\n{HEAD}    return 500.0 if terminated else -1.0\n```"
 CRASH = f"```python\n{HEAD}    raise RuntimeError('boom')\n```"
 
 
