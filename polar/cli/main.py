@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "polar.cli.export_cmd",
     "serve": "polar.cli.serve_cmd",
     "collect": "polar.cli.collect_cmd",
+    "design-reward": "polar.cli.design_reward_cmd",
 }
 
 console = Console(stderr=True)

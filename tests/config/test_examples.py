@@ -29,6 +29,7 @@ EXPECTED = {
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
+    "llm_planner/controller_ppo.yaml": ("env", "gymnasium", "ppo"),  # the planner's goal-conditioned controller
     "llm_reasoning_gym.yaml": ("agent", "agent", "grpo"),
     "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
