@@ -214,6 +214,7 @@ def check_grpo_config_model(dry: bool) -> str:
 # ---------------------------------------------------------------- 1. the learner group
 def _group_rank(rank: int, world: int, init_method: str, dry: bool, out) -> None:  # a spawned process
     import torch
+
     from polar.distributed.data_parallel import GradientAverager, init_learner_group, leave_learner_group
 
     try:
