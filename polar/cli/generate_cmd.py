@@ -17,7 +17,11 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polar.config.run import AgentRunConfig
+    from polar.inference.base import Engine
 
 HELP = "collect verified agent trajectories into a dataset (rejection sampling by reward)"
 
@@ -52,8 +56,8 @@ def _progress_line(done: int, total: int, statuses: dict[str, int], reached: int
             f"{t_s:.0f}s")
 
 
-def generate(cfg: Any, out: str | Path, samples_per_task: int = 4, min_reward: float = 1.0, max_tasks: int = 0,
-             tasks_path: str | None = None, engine: Any = None, work_dir: str | Path | None = None,
+def generate(cfg: AgentRunConfig, out: str | Path, samples_per_task: int = 4, min_reward: float = 1.0, max_tasks: int = 0,
+             tasks_path: str | None = None, engine: Engine | None = None, work_dir: str | Path | None = None,
              keep_work_dir: bool = False, progress_every_s: float = 10.0) -> dict[str, Any]:
     """Collect, filter, write. Returns counts (also written next to the dataset as ``<out>.json``), with
     ``dropped`` (sessions per reason, ``polar.rollout.sessions.stats``) and ``work_dir`` (None once removed).
@@ -133,7 +137,14 @@ def main(args: argparse.Namespace) -> int:
     from polar.cli._progress import cli_console
     from polar.config import load_config
 
+    from polar.config.run import AgentRunConfig
+    from polar.errors import ConfigError
+
     cfg = load_config(args.config, args.override)
+    if not isinstance(cfg, AgentRunConfig):
+        raise ConfigError(f"polar generate: {args.config} is an env run (harness.type: {cfg.harness.type}); generate "
+                          "collects agent sessions: give an agent run's config (harness.type: agent, or an env "
+                          "harness with the built-in LLM agent policy)")
     counts = generate(cfg, args.out, args.samples_per_task, args.min_reward, args.max_tasks, args.tasks,
                       keep_work_dir=args.keep_work_dir, progress_every_s=args.progress_every_s)
     from polar.rollout.sessions.stats import DROP_HELP

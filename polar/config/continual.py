@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
 from polar.config.harness import CustomHarnessConfig, GymnasiumHarnessConfig
+
+if TYPE_CHECKING:  # run.py imports this module
+    from polar.config.run import EnvRunConfig
 
 
 class InitConfig(StrictModel):
@@ -78,9 +81,8 @@ def old_task_names(run_harness: Any, tasks: list[OldTaskConfig]) -> list[str]:
     return names
 
 
-def check_continual(cfg: Any, online: tuple[str, ...], off_policy: tuple[str, ...]) -> None:
-    """Cross-section rules of ``init``, ``replay_mix`` and ``eval.old_tasks`` on an env run (``cfg``: an
-    ``EnvRunConfig``); ValueError naming the key and the fix."""
+def check_continual(cfg: EnvRunConfig, online: tuple[str, ...], off_policy: tuple[str, ...]) -> None:
+    """Cross-section rules of ``init``, ``replay_mix`` and ``eval.old_tasks`` on an env run; ValueError naming the key and the fix."""
     algo = cfg.policy.type
     if cfg.init is not None and algo not in online:
         raise ValueError(f"init: starts an online run ({', '.join(online)}) from earlier weights; policy.type {algo!r} "

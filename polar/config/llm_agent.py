@@ -193,8 +193,3 @@ def overlapping_seeds(tasks: Any, eval_tasks: Any) -> str | None:
     return (f"tasks and eval_tasks share seeds {lo}..{hi - 1}, so held-out results would include training items; "
             f"move eval_tasks to start at {a.stop} or later")
 
-
-def is_agent_run(cfg: Any) -> bool:
-    """An agent run: a black-box agent harness, or an env harness whose policy is the built-in LLM agent
-    (``polar.config.run.run_kind_of`` decides; a validated config says it as ``cfg.kind``)."""
-    return bool(cfg.kind == "agent")

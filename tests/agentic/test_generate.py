@@ -95,3 +95,12 @@ def test_generate_shows_progress_why_sessions_dropped_and_works_beside_the_outpu
         assert str(work[0]) in err
     else:
         assert work == [] and counts["work_dir"] is None
+
+
+def test_generate_on_an_env_run_config_says_it_needs_an_agent_run(tmp_path, capsys):
+    # an env run has no tasks or sessions to collect: one line naming the config, not an AttributeError
+    out = tmp_path / "d.parquet"
+    rc = polar_main(["generate", "--config", str(EXAMPLES.parent / "cartpole_ppo.yaml"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc != 0 and not out.exists()
+    assert "cartpole_ppo.yaml is an env run" in err and "Traceback" not in err

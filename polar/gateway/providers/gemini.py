@@ -143,10 +143,10 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_choice(cfg: Any) -> str:
-    if not isinstance(cfg, dict):
+def _tool_choice(tool_config: object) -> str:
+    if not isinstance(tool_config, dict):
         return "auto"
-    fcc = _g(cfg, "functionCallingConfig", "function_calling_config") or {}
+    fcc = _g(tool_config, "functionCallingConfig", "function_calling_config") or {}
     mode = str(fcc.get("mode", "AUTO")).upper()
     return {"NONE": "none", "ANY": "required"}.get(mode, "auto")
 

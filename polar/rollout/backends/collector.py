@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.config.run import AnyHarnessConfig
 from polar.errors import NonFiniteError
 from polar.models.normalization import RunningNorm
 from polar.models.policy import Policy
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_CONSECUTIVE_SKIPS = 100
 
 
-def harness_name(harness_cfg: Any) -> str:
+def harness_name(harness_cfg: AnyHarnessConfig) -> str:
     """How errors name the harness: the connector class (or its command), or the Gymnasium id."""
     spec = getattr(harness_cfg, "connector_spec", None)
     if spec is not None:
