@@ -136,7 +136,6 @@ def generate(cfg: AgentRunConfig, out: str | Path, samples_per_task: int = 4, mi
 def main(args: argparse.Namespace) -> int:
     from polar.cli._progress import cli_console
     from polar.config import load_config
-
     from polar.config.run import AgentRunConfig
     from polar.errors import ConfigError
 
