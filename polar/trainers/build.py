@@ -99,7 +99,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
 
     from polar.models.policy import build_policy
     from polar.rollout.backends.base import make_backend
-    from polar.trainers.continual import Continual, InitTarget
+    from polar.trainers.continual import Continual
     from polar.trainers.device import learner_copy, learner_device
     from polar.trainers.env_run import EnvParts
     from polar.trainers.evaluation import EnvEvaluator
@@ -146,7 +146,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         learner = row.make_learner(parts)
         collector = row.make_collector(parts, learner)
         if state is None and parts.continual is not None:  # before the collector starts with its weights
-            parts.continual.apply(InitTarget(cfg, policy, parts.train_agent, getattr(learner, "algorithm", learner)))
+            parts.continual.apply(learner)
         attach = getattr(backend, "attach_run_dir", None)
         if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
             attach(run_dir.path)

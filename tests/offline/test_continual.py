@@ -331,3 +331,38 @@ def test_old_tasks_added_on_resume_count_from_the_resume(tmp_path, bc_run):
     _, cfg2 = load_run(run_dir.path, ["total_env_steps=2048", "eval.old_tasks=[{kwargs: {max_episode_steps: 200}}]"])
     old = build_trainer(cfg2, run_dir, resume=True).train()["continual"]["old_tasks"]["tasks"]["CartPole-v1"]
     assert old["forgetting"] == pytest.approx(old["start"] - old["final"])
+
+
+class StateOnlyLearner:
+    """A learner init sees only through ``state_dict`` / ``load_state_dict`` (no policy, no algorithm attributes)."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+        self.loaded: dict | None = None
+
+    def update(self, batch, /) -> dict:
+        raise AssertionError("init does not train")
+
+    def weights(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state) -> None:
+        self.loaded = dict(state)
+
+
+def test_init_goes_through_the_learners_state_dict(bc_run):
+    from polar.trainers.continual import apply_init
+
+    src = load_checkpoint(CheckpointManager(bc_run[0].checkpoints_dir).latest())["policy"]
+    mine = {k: torch.zeros_like(v) for k, v in src.items()}
+    learner = StateOnlyLearner({"policy": mine, "learner": {"optimizer": {"state": {}}}, "continual": {"x": 1}})
+    report = apply_init(online(bc_run[0].path, {"type": "ppo"}, 1024), learner)
+    assert report["copied"] == "agent" and report["tensors"] == len(src)
+    assert learner.loaded is not None and set(learner.loaded) == {"policy", "learner"}
+    assert learner.loaded["learner"] == {"optimizer": {"state": {}}}  # the algorithm's own state passes through
+    for k, v in src.items():
+        assert torch.equal(learner.loaded["policy"][k], v.to(mine[k].dtype)), k
+    assert all(not v.any() for v in mine.values())  # written into a copy: the learner's own tensors are untouched
