@@ -45,8 +45,8 @@ def test_agent_run_start_up_lines_land_in_the_run_logs(tmp_path):
     from polar.metrics.logs import read_logs
     from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
-    from tests.agentic.helpers import EXAMPLES as AGENT_EXAMPLES
-    from tests.agentic.helpers import oracle_script
+    from tests.agent_support.helpers import EXAMPLES as AGENT_EXAMPLES
+    from tests.agent_support.helpers import oracle_script
 
     cfg = load_config(AGENT_EXAMPLES / "calculator_grpo.yaml", ["policy.kwargs.total_steps=1",
                                                                  "policy.kwargs.group_size=2",
