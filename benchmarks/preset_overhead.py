@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from polar.harness.agent.presets import PresetContext, get_preset  # noqa: E402
 from polar.harness.agent.presets.runner import PresetRunner  # noqa: E402
 from polar.harness.agent.runners import SessionContext  # noqa: E402
-from tests.presets.capture_server import CaptureServer  # noqa: E402
+from tests.harness.agent.presets.capture_server import CaptureServer  # noqa: E402
 
 TASK = json.loads((ROOT / "examples" / "swe_mini" / "tasks.jsonl").read_text().splitlines()[0])
 REPO = ROOT / "examples" / "swe_mini" / TASK["repo"]

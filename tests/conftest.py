@@ -61,3 +61,28 @@ def launched_vllm(vllm_model_folder, tmp_path_factory):
     from tests.vllm_util import live_group_members
 
     assert not any(live_group_members(g) for g in groups), "vLLM processes outlived engine.close()"
+
+
+# ---- agent runs (tests/agent_support holds the agents, verifiers and helpers they share) --------------------
+@pytest.fixture
+def oracle_engine():
+    """A ScriptedEngine over the tiny model that answers the calculator tasks right (tests.agent_support.helpers)."""
+    from polar.inference import ScriptedEngine
+    from polar.inference.tiny import build_tiny_tokenizer
+    from tests.agent_support.helpers import oracle_script
+
+    return ScriptedEngine.tiny(oracle_script(build_tiny_tokenizer()))
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fail if a test leaves any new descendant of this process running."""
+    import psutil
+
+    from tests.agent_support.helpers import alive
+
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    yield
+    after = [c for c in me.children(recursive=True) if c.pid not in before and alive(c.pid)]
+    assert not after, f"processes left running: {[(p.pid, p.cmdline()) for p in after]}"

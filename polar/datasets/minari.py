@@ -5,7 +5,7 @@ file has one group ``episode_<id>`` per episode with ``observations`` (T+1 rows:
 observation), ``actions``, ``rewards``, ``terminations`` and ``truncations`` (T rows) and an ``infos`` group; its
 attributes are ``id`` and ``total_steps``. ``metadata.json`` names the dataset (``dataset_id``), the Minari
 format version, the counts and both spaces in Minari's JSON space encoding. ``minari.load_dataset`` reads what
-:func:`write_dataset` writes (tests/offline check it).
+:func:`write_dataset` writes (tests/datasets/test_minari.py checks it).
 
 :func:`load_dataset` checks everything before training starts: a missing file, key or episode field, an
 episode whose lengths disagree or that stops without ending (neither terminated nor truncated), and spaces

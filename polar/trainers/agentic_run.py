@@ -454,6 +454,7 @@ def build_agent_loop(row: AgentAlgorithm, cfg: AgentRunConfig, run_dir: RunDir, 
     from polar.models.llm_policy import LLMPolicy
     from polar.trainers.checkpoint import CheckpointManager
     from polar.trainers.loop import TrainingLoop
+    from polar.trainers.observe import RunLogs
 
     row.check(cfg)  # before minutes of engine start
     state: Mapping[str, Any] | None = None
@@ -463,13 +464,20 @@ def build_agent_loop(row: AgentAlgorithm, cfg: AgentRunConfig, run_dir: RunDir, 
             log.info("resuming from checkpoint %s", ckpt)
     run_dir.update_meta(kind=f"agentic-{cfg.policy.type}")
     eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir) if cfg.eval_tasks else []
-    stack = stack_builder(cfg, run_dir.path, engine, training=True).__enter__()
+    logs = RunLogs(cfg.logging, run_dir)  # before the stack: engine and gateway start-up lines go to RUN/logs/
+    try:
+        stack = stack_builder(cfg, run_dir.path, engine, training=True).__enter__()
+    except BaseException:
+        logs.close()
+        raise
     try:
         policy = LLMPolicy.from_engine(stack.engine, cfg.policy.kwargs.lora, **policy_options(cfg))
         parts = row.make_parts(AgentContext(cfg, run_dir, stack, policy, state, eval_tasks))
         return TrainingLoop(cfg, run_dir, parts.collector, parts.learner, parts.evaluator, budget=parts.budget,
                             state=state, episode_window=parts.episode_window, on_iteration=on_iteration,
-                            extra_metrics=extra_metrics, warm_up=parts.warm_up, close_after=[StackCloser(stack)])
+                            extra_metrics=extra_metrics, warm_up=parts.warm_up, close_after=[StackCloser(stack)],
+                            run_logs=logs)
     except BaseException:
         stack.stop()
+        logs.close()
         raise

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from polar.datasets.minari import Transitions
     from polar.models.policy import Policy
+    from polar.trainers.observe import RunLogs
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +90,25 @@ def compose(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = False, on_iter
         from polar.trainers.multi_agent import compose_multi_agent
 
         return compose_multi_agent(cfg, run_dir, resume=resume, on_iteration=on_iteration, extra_metrics=extra_metrics)
-    return _compose_env(cfg, run_dir, resume=resume, on_iteration=on_iteration, extra_metrics=extra_metrics,
-                        backend_factory=backend_factory)
+    from polar.trainers.observe import RunLogs
+
+    logs = RunLogs(cfg.logging, run_dir)  # before the backend: its workers' start-up lines go to RUN/logs/
+    try:
+        return _compose_env(cfg, run_dir, resume=resume, on_iteration=on_iteration, extra_metrics=extra_metrics,
+                            backend_factory=backend_factory, run_logs=logs)
+    except BaseException:
+        logs.close()
+        raise
 
 
 def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iteration: OnIteration | None,
-                 extra_metrics: Metrics | None, backend_factory: BackendFactory | None) -> TrainingLoop[Any]:
+                 extra_metrics: Metrics | None, backend_factory: BackendFactory | None,
+                 run_logs: RunLogs) -> TrainingLoop[Any]:
     import torch
 
     from polar.models.policy import build_policy
     from polar.rollout.backends.base import make_backend
-    from polar.trainers.continual import Continual, InitTarget
+    from polar.trainers.continual import Continual
     from polar.trainers.device import learner_copy, learner_device
     from polar.trainers.env_run import EnvParts
     from polar.trainers.evaluation import EnvEvaluator
@@ -146,7 +155,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         learner = row.make_learner(parts)
         collector = row.make_collector(parts, learner)
         if state is None and parts.continual is not None:  # before the collector starts with its weights
-            parts.continual.apply(InitTarget(cfg, policy, parts.train_agent, getattr(learner, "algorithm", learner)))
+            parts.continual.apply(learner)
         attach = getattr(backend, "attach_run_dir", None)
         if attach is not None:  # ray: `polar scale RUN_DIR` resizes while running
             attach(run_dir.path)
@@ -161,7 +170,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         return TrainingLoop(cfg, run_dir, collector, learner, evaluator, budget=budget, state=state,
                             iteration_env_steps=row.iteration_env_steps,
                             stop_reward=None if from_dataset else cfg.stop_reward,
-                            on_iteration=on_iteration, extra_metrics=extra_metrics)
+                            on_iteration=on_iteration, extra_metrics=extra_metrics, run_logs=run_logs)
     except BaseException:
         if backend is not None:
             backend.close()

@@ -18,6 +18,9 @@ bc, iql, ppo, appo (Box)    sac                the actor (mean rescaled into tan
 
 Every copied tensor must have the shape this run's network has; a mismatch fails before training with both
 shapes and the key to change. Optimizers, schedules and counters start fresh: the new run counts its own env steps.
+The copy goes through the run's ``Learner``: its ``state_dict()`` gives this run's tensors (``policy``, and the
+algorithm's ``learner`` share: critics, target networks, entropy coefficient), the source's are written into a copy
+of them, and ``load_state_dict()`` loads the result (the learner's device copy follows the acting policy).
 """
 
 from __future__ import annotations
@@ -25,14 +28,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
 from polar.config.agent import BuiltinAgentConfig
@@ -41,6 +42,7 @@ from polar.config.iql import IQLKwargs
 from polar.config.run import EnvRunConfig
 from polar.errors import ConfigError
 from polar.models.policy import Policy
+from polar.types import Learner
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +139,18 @@ class _Transfer:
             dst.copy_(src.to(dst.dtype))
         self.copied += 1
 
-    def params(self, target: nn.Module, target_prefix: str, pairs: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy ``pairs`` (source name, tensor), in order, onto ``target``'s parameters in order."""
-        dst = list(target.named_parameters())
+    def params(self, dst_sd: dict[str, torch.Tensor], target_prefix: str,
+               pairs: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy ``pairs`` (source name, tensor), in order, onto ``dst_sd``'s tensors under ``target_prefix``, in
+        their saved order (these feed-forward stacks hold parameters only)."""
+        dst = _under(dst_sd, target_prefix)
         if len(dst) != len(pairs):
             src_shapes = [_shape(t) for _, t in pairs]
             dst_shapes = [_shape(t) for _, t in dst]
             raise ConfigError(f"init.source: the network in {self.where} has {len(pairs)} tensors {src_shapes} but "
                               f"{target_prefix} here has {len(dst)} {dst_shapes}; {self.fix}")
         for (src_name, src), (dst_name, d) in zip(pairs, dst, strict=True):
-            self.copy(d.data, src, src_name, f"{target_prefix}.{dst_name}")
-
+            self.copy(d, src, src_name, dst_name)
 
 def _under(sd: dict[str, torch.Tensor], prefix: str) -> list[tuple[str, torch.Tensor]]:
     """The tensors of ``sd`` under ``prefix.``, in their saved (registration) order."""
@@ -159,29 +162,25 @@ def _check_activation(src_act: str, dst_act: str, where: str, fix: str) -> None:
         raise ConfigError(f"init.source: {where} uses {src_act} activations and this run's network {dst_act}; {fix}")
 
 
-@dataclass
-class InitTarget:
-    """What ``init`` loads into: the run's config, its acting policy, the learner's copy of the agent and the
-    algorithm's learner (SAC's critics and entropy coefficient, DQN's target network)."""
-
-    cfg: EnvRunConfig
-    policy: Policy
-    train_agent: nn.Module
-    learner: Any  # the algorithm's learner: SACLearner, DQNLearner, ... (only their attributes are read)
+def _writable(sd: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a state dict whose tensors can be written without touching the modules they came from."""
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
 
 
-def apply_init(trainer: InitTarget) -> dict[str, Any]:
-    """Load ``trainer.cfg.init.source``'s weights into a freshly built env run (its ``policy`` and
-    ``learner``); returns what was copied (logged, and kept in the run's summary)."""
+def apply_init(cfg: EnvRunConfig, learner: Learner[Any]) -> dict[str, Any]:
+    """Load ``cfg.init.source``'s weights into a freshly built env run through its ``learner`` (``state_dict``
+    in, the source's tensors written into a copy, ``load_state_dict`` out); returns what was copied (logged, and
+    kept in the run's summary)."""
     from polar.models.off_policy import network_settings
 
-    cfg = trainer.cfg
     src_cfg, state, ckpt = load_source(cfg)
     src_type, dst_type = src_cfg.policy.type, cfg.policy.type
     sd = state["policy"]
-    src_fam, dst_fam = _family(sd), _family(trainer.policy.state_dict())
+    current = learner.state_dict()
+    dst_sd: dict[str, torch.Tensor] = _writable(current["policy"])
+    dst_learner: dict[str, Any] = dict(current.get("learner") or {})
+    src_fam, dst_fam = _family(sd), _family(dst_sd)
     where = f"{ckpt} (policy.type {src_type})"
-    agent = trainer.policy.agent
     report: dict[str, Any] = {"source": str(ckpt), "source_policy": src_type}
     if dst_fam != ACTOR_CRITIC and any(k.startswith("obs_norm.") for k in sd):
         raise ConfigError(f"init.source: {where} normalises observations (policy.kwargs.normalize_obs) and "
@@ -191,7 +190,6 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
     if src_fam == dst_fam:
         fix = (f"give this run the source's network: its agent section was {src_cfg.agent.model_dump(mode='json')}")
         t = _Transfer(where, fix)
-        dst_sd = trainer.policy.state_dict()
         skip = {"agent.epsilon", "agent.explore_uniform"}  # set by this run's exploration schedule
         src_norm = any(k.startswith("obs_norm.") for k in sd)
         dst_norm = any(k.startswith("obs_norm.") for k in dst_sd)
@@ -210,7 +208,7 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
                 t.copy(v, sd[k], k)
         report["copied"] = "agent"
         if dst_fam == SQUASHED:
-            _sac_critics_from_sac(trainer.learner, state.get("learner") or {}, where, t)
+            _sac_critics_from_sac(dst_learner, state.get("learner") or {}, where, t)
             report["copied"] = "actor, critics, entropy coefficient"
         report["tensors"] = t.copied
     elif dst_fam == Q_NETWORK and src_fam == ACTOR_CRITIC:
@@ -229,14 +227,15 @@ def apply_init(trainer: InitTarget) -> dict[str, Any]:
             _check_activation(src_agent.activation, activation, where, t.fix)
             pairs = _under(sd, "agent.pi_encoder") + _under(sd, "agent.pi_head")
             report["copied"] = "actor logits as initial Q-values"
-        t.params(agent.q_net, "agent.q_net", pairs)
+        t.params(dst_sd, "agent.q_net", pairs)
         report["tensors"] = t.copied
     elif dst_fam == SQUASHED and src_fam == ACTOR_CRITIC:
-        report.update(_sac_from_actor_critic(trainer, src_cfg, state, where))
+        report.update(_sac_from_actor_critic(cfg, dst_sd, dst_learner, src_cfg, state, where))
     else:
         raise ConfigError(f"init.source: a {src_type} checkpoint cannot start a {dst_type} run ({where}): "
                           f"{_what_starts(dst_type, dst_fam)}")
-    _sync_learner(trainer)
+    _sync_target(dst_sd, dst_learner)
+    learner.load_state_dict({"policy": dst_sd, "learner": dst_learner})
     log.info("init: %s from %s (%s tensors)", report["copied"], ckpt, report.get("tensors"))
     return report
 
@@ -265,28 +264,28 @@ def _what_starts(dst_type: str, dst_fam: str) -> str:
     return f"{dst_type} starts from sac or cql runs, or from bc, iql, ppo or appo runs on Box actions"
 
 
-def _sac_critics_from_sac(learner: Any, src_learner: dict[str, Any], where: str, t: _Transfer) -> None:
+def _sac_critics_from_sac(dst_learner: dict[str, Any], src_learner: dict[str, Any], where: str, t: _Transfer) -> None:
+    """SAC's critics, their targets and its entropy coefficient from a SAC or CQL (Box) learner's state."""
     for name in ("critics", "critic_target"):
         src_name = name if name in src_learner or name == "critics" else "target"  # CQL saves its targets as target
         if src_name not in src_learner:
             raise ConfigError(f"init.source: {where} has no SAC {name}; give a SAC or CQL run's checkpoint")
-        dst = getattr(learner, name).state_dict()
+        dst = dst_learner[name] = _writable(dst_learner[name])
         for k, v in dst.items():
             if k not in src_learner[src_name]:
                 raise ConfigError(f"init.source: the critics in {where} have no {k}; {t.fix}")
             t.copy(v, src_learner[src_name][k], f"learner.{src_name}.{k}")
-    if learner.log_ent_coef is not None and src_learner.get("log_ent_coef") is not None:
-        with torch.no_grad():
-            learner.log_ent_coef.copy_(src_learner["log_ent_coef"])
+    if dst_learner.get("log_ent_coef") is not None and src_learner.get("log_ent_coef") is not None:
+        dst_learner["log_ent_coef"] = src_learner["log_ent_coef"].detach().clone()
 
 
-def _sac_from_actor_critic(trainer: InitTarget, src_cfg: EnvRunConfig, state: dict[str, Any], where: str) -> dict[str, Any]:
+def _sac_from_actor_critic(cfg: EnvRunConfig, dst_sd: dict[str, torch.Tensor], dst_learner: dict[str, Any],
+                           src_cfg: EnvRunConfig, state: dict[str, Any], where: str) -> dict[str, Any]:
     """SAC's actor from a Gaussian actor-critic agent: the trunk as is, the mean mapped linearly into tanh space
     (``mu = (mean - bias) / scale``: exact for actions well inside the bounds), the state-independent log std as the
     log-std head's bias; from IQL also both critics, their action input rescaled to SAC's [-1, 1]."""
     from polar.models.off_policy import network_settings
 
-    cfg, agent, learner = trainer.cfg, trainer.policy.agent, trainer.learner
     sd = state["policy"]
     if "agent.log_std" not in sd:
         raise ConfigError(f"init.source: {where} has no Gaussian actor (Box actions); SAC starts from an agent that "
@@ -296,16 +295,15 @@ def _sac_from_actor_critic(trainer: InitTarget, src_cfg: EnvRunConfig, state: di
     t = _Transfer(where, f"set agent.hidden_sizes: {list(src_agent.hidden_sizes)} and agent.activation: "
                          f"{src_agent.activation} (the source agent's)")
     _check_activation(src_agent.activation, activation, where, t.fix)
-    t.params(agent.trunk, "agent.trunk", _under(sd, "agent.pi_encoder"))
-    scale, bias = agent.action_scale, agent.action_bias
+    t.params(dst_sd, "agent.trunk", _under(sd, "agent.pi_encoder"))
+    scale, bias = dst_sd["agent.action_scale"], dst_sd["agent.action_bias"]
     w, b = sd["agent.pi_head.weight"], sd["agent.pi_head.bias"]
-    t.check("agent.pi_head.weight", w, agent.mu.weight, "agent.mu.weight")
-    t.copy(agent.mu.weight.data, w / scale.unsqueeze(1), "agent.pi_head.weight", "agent.mu.weight")
-    t.copy(agent.mu.bias.data, (b - bias) / scale, "agent.pi_head.bias", "agent.mu.bias")
+    t.check("agent.pi_head.weight", w, dst_sd["agent.mu.weight"], "agent.mu.weight")
+    t.copy(dst_sd["agent.mu.weight"], w / scale.unsqueeze(1), "agent.pi_head.weight", "agent.mu.weight")
+    t.copy(dst_sd["agent.mu.bias"], (b - bias) / scale, "agent.pi_head.bias", "agent.mu.bias")
     log_std = sd["agent.log_std"].reshape(-1)
-    with torch.no_grad():
-        agent.log_std.weight.zero_()
-    t.copy(agent.log_std.bias.data, log_std - torch.log(scale), "agent.log_std", "agent.log_std.bias")
+    dst_sd["agent.log_std.weight"].zero_()
+    t.copy(dst_sd["agent.log_std.bias"], log_std - torch.log(scale), "agent.log_std", "agent.log_std.bias")
     report: dict[str, Any] = {"copied": "actor (mean rescaled into tanh space)"}
     if _has_iql_critics(state):
         critic_hidden = _iql_critic_hidden(src_cfg)
@@ -313,16 +311,18 @@ def _sac_from_actor_critic(trainer: InitTarget, src_cfg: EnvRunConfig, state: di
                               "agent.activation: relu; SAC's critics share the agent's hidden sizes")
         _check_activation("relu", activation, f"the IQL critics of {where}", tc.fix)
         critics = state["learner"]["critics"]
-        for i, critic in enumerate(learner.critics):
+        dst_critics = dst_learner["critics"] = _writable(dst_learner["critics"])
+        n_critics = len({k.split(".", 1)[0] for k in dst_critics})
+        for i in range(n_critics):
             pairs = [(k, v.clone()) for k, v in _under(critics, str(i))]
             # IQL's first layer sees [obs, raw action]; SAC's sees [obs, (a - bias) / scale]: fold the rescaling in
             first_w, first_b = pairs[0][1], pairs[1][1]
             n_act = int(scale.numel())
             w_act = first_w[:, -n_act:]
-            first_b += w_act @ critic.action_bias.cpu()
-            first_w[:, -n_act:] = w_act * critic.action_scale.cpu()
-            tc.params(critic.head, f"learner.critics.{i}.head", pairs)
-        learner.critic_target.load_state_dict(learner.critics.state_dict())
+            first_b += w_act @ dst_critics[f"{i}.action_bias"].cpu()
+            first_w[:, -n_act:] = w_act * dst_critics[f"{i}.action_scale"].cpu()
+            tc.params(dst_critics, f"{i}.head", pairs)
+        dst_learner["critic_target"] = _writable(dst_critics)
         report["copied"] += ", IQL critics"
         t.copied += tc.copied
     else:
@@ -332,16 +332,11 @@ def _sac_from_actor_critic(trainer: InitTarget, src_cfg: EnvRunConfig, state: di
     return report
 
 
-def _sync_learner(trainer: InitTarget) -> None:
-    """After the acting policy got new weights: the learner's own copy (when it trains on another device) and
-    a Q-network's target network (DQN)."""
-    acting, train_agent = trainer.policy.agent, trainer.train_agent
-    if train_agent is not acting:
-        train_agent.load_state_dict(acting.state_dict())
-    target = getattr(trainer.learner, "target", None)
-    q_net = getattr(train_agent, "q_net", None)
-    if isinstance(target, nn.Module) and isinstance(q_net, nn.Module):
-        target.load_state_dict(q_net.state_dict())
+def _sync_target(dst_sd: Mapping[str, torch.Tensor], dst_learner: dict[str, Any]) -> None:
+    """A Q-network's target network (the learner's ``target``) starts as a copy of the Q-network it got."""
+    prefix = "agent.q_net."
+    if "target" in dst_learner and any(k.startswith(prefix) for k in dst_sd):
+        dst_learner["target"] = {k[len(prefix):]: v.clone() for k, v in dst_sd.items() if k.startswith(prefix)}
 
 
 # ---------------------------------------------------------------------- replay mix
@@ -481,10 +476,10 @@ class Continual:
     def create(cls, cfg: EnvRunConfig, acting: Callable[[], Policy]) -> Continual | None:
         return cls(cfg, acting) if cfg.init is not None or cfg.eval.old_tasks else None
 
-    def apply(self, target: InitTarget) -> None:
-        """A fresh run with ``init``: load the source's weights."""
+    def apply(self, learner: Learner[Any]) -> None:
+        """A fresh run with ``init``: load the source's weights through the run's learner."""
         if self.cfg.init is not None:
-            self.init = apply_init(target)
+            self.init = apply_init(self.cfg, learner)
 
     def begin(self, state: Mapping[str, Any] | None, evaluate: Callable[[], dict[str, Any]]) -> None:
         """Measure the start (the run's own task with ``evaluate``, and the old ones); a resumed run has it."""

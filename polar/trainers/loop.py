@@ -41,7 +41,7 @@ from polar.metrics.logger import EpisodeWindow, MetricsLogger
 from polar.trainers.checkpoint import CheckpointManager, rng_state, set_rng_state
 from polar.trainers.finite import check_losses
 from polar.trainers.lifecycle import deferred_stop, stop_requested, stopped_after_checkpoint
-from polar.trainers.observe import Observability
+from polar.trainers.observe import Observability, RunLogs
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch, Collector, Evaluator, Learner, Metrics, Progress
 
@@ -100,13 +100,16 @@ class TrainingLoop(Generic[T]):
       ``extra_metrics`` are constants logged every iteration (the Ray learner actor's restart count).
     - ``warm_up``: stages run before the main one on a fresh run; ``close_after``: what the final evaluation
       still uses (an agent run's rollout stack), closed after it, before the logger.
+    - ``run_logs``: the run's log lines, opened by the compose function before it built the parts (their
+      start-up lines belong to the run); the loop closes them when it ends (without: it opens its own).
     """
 
     def __init__(self, cfg: RunConfig, run_dir: RunDir, collector: Collector[T], learner: Learner[T],
                  evaluator: Evaluator, *, budget: Budget, state: Mapping[str, Any] | None = None,
                  iteration_env_steps: int = 0, episode_window: int = 100, stop_reward: float | None = None,
                  on_iteration: OnIteration | None = None, extra_metrics: Metrics | None = None,
-                 warm_up: Sequence[Stage[Any]] = (), close_after: Sequence[Closeable] = ()) -> None:
+                 warm_up: Sequence[Stage[Any]] = (), close_after: Sequence[Closeable] = (),
+                 run_logs: RunLogs | None = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.collector = collector
@@ -120,6 +123,7 @@ class TrainingLoop(Generic[T]):
         self.extra_metrics = dict(extra_metrics or {})
         self.warm_up = tuple(warm_up)
         self.close_after = tuple(close_after)
+        self.run_logs = run_logs
         self.env_steps = 0
         self.iteration = 0
         self.version = 0
@@ -185,7 +189,8 @@ class TrainingLoop(Generic[T]):
         self.logger = MetricsLogger(self.run_dir.metrics_path,
                                     self.run_dir.tensorboard_dir if self.cfg.logging.tensorboard else None,
                                     purge_step=None if step is None else step + 1)
-        self.observe = Observability(self.cfg.logging, self.run_dir, self.cfg.name)  # system/, time/, logs/, sinks
+        # system/, time/, logs/, sinks
+        self.observe = Observability(self.cfg.logging, self.run_dir, self.cfg.name, logs=self.run_logs)
         self.logger.sinks.extend(self.observe.sinks)
         stopped_early = False
         try:

@@ -102,7 +102,7 @@ def agent_run_once(tmp_path_factory):
     from polar.inference.tiny import build_tiny_tokenizer
     from polar.rollout.sessions.local import LocalStack
     from polar.rollout.sessions.pipeline import PipelineSettings
-    from tests.agentic.helpers import EXAMPLES, oracle_script
+    from tests.agent_support.helpers import EXAMPLES, oracle_script
 
     tmp_path = tmp_path_factory.mktemp("agent")
     run = make_run(tmp_path / "runs" / "agent", name="calculator-grpo", kind="agentic-grpo")

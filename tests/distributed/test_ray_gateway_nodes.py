@@ -22,13 +22,13 @@ def oracle_engine_factory():
     """Built inside each gateway actor: the agentic tests' scripted 'model' (real tokenizer and logprobs)."""
     from polar.inference import ScriptedEngine
     from polar.inference.tiny import build_tiny_tokenizer
-    from tests.agentic.helpers import oracle_script
+    from tests.agent_support.helpers import oracle_script
 
     return ScriptedEngine.tiny(oracle_script(build_tiny_tokenizer()))
 
 
 def group(i, n):
-    from tests.agentic.helpers import calc_tasks
+    from tests.agent_support.helpers import calc_tasks
 
     return (calc_tasks(i + 1)[i], n, {"group_id": f"g{i}", "policy_version": 0})
 

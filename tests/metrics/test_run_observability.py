@@ -34,3 +34,28 @@ def test_keydoor_run_logs_system_metrics_per_role_and_stage_timings(tmp_path):
     assert len(logs) == 1
     lines = [json.loads(line) for line in logs[0].read_text().splitlines()]
     assert lines and {r["role"] for r in lines} == {"learner"} and {r["run_id"] for r in lines} == {"run"}
+
+
+def test_agent_run_start_up_lines_land_in_the_run_logs(tmp_path):
+    """The agent stack (engine, gateway, rollout service) starts while the loop is composed, before it trains:
+    its start-up lines belong to the run's RUN/logs/ all the same."""
+    from polar.config import load_config
+    from polar.inference import ScriptedEngine
+    from polar.inference.tiny import build_tiny_tokenizer
+    from polar.metrics.logs import read_logs
+    from polar.trainers.build import train_agentic
+    from polar.trainers.run_dir import RunDir
+    from tests.agent_support.helpers import EXAMPLES as AGENT_EXAMPLES
+    from tests.agent_support.helpers import oracle_script
+
+    cfg = load_config(AGENT_EXAMPLES / "calculator_grpo.yaml", ["policy.kwargs.total_steps=1",
+                                                                 "policy.kwargs.group_size=2",
+                                                                 "policy.kwargs.tasks_per_step=2"])
+    cfg = cfg.model_copy(update={"sft_warmup": None, "eval_tasks": None})
+    run_dir = RunDir.create("calc", tmp_path / "run")
+    train_agentic(cfg, run_dir, engine=ScriptedEngine.tiny(oracle_script(build_tiny_tokenizer())))
+    lines = read_logs(run_dir.path, role="learner")
+    started = [r for r in lines if r["logger"] == "polar.rollout.sessions.nodes"
+               and r["msg"].startswith("gateway node local registered at http://127.0.0.1:")]
+    assert started, [r["msg"] for r in lines]
+    assert started[0]["run_id"] == run_dir.path.name

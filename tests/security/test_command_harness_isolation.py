@@ -393,7 +393,7 @@ def test_command_harness_without_bubblewrap_warns_once_or_refuses(engine: Any, t
     from polar.rollout.sessions.local import LocalStack
     from polar.rollout.sessions.pipeline import PipelineSettings
     from polar.rollout.sessions.session import SessionStatus
-    from tests.presets.test_sandbox_degrade import path_without_bwrap
+    from tests.harness.agent.presets.test_sandbox_degrade import path_without_bwrap
 
     monkeypatch.setenv("PATH", path_without_bwrap(tmp_path))
     (tmp_path / "agent.py").write_text(SNOOPER)

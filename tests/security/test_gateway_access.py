@@ -448,7 +448,7 @@ def test_run_admin_token_and_session_keys_never_reach_the_run_folder(tmp_path: P
     from polar.inference import load_engine
     from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
-    from tests.agentic.helpers import HERE, write_jsonl
+    from tests.agent_support.helpers import HERE, write_jsonl
 
     made: list[str] = []
     real = secrets_module.token_urlsafe

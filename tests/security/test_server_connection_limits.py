@@ -24,7 +24,7 @@ from polar.harness.agent.verifiers import NoVerifier
 from polar.httpserver import ConnectionLimits
 from polar.rollout.sessions.local import RolloutServer
 from polar.rollout.sessions.pipeline import PipelineSettings
-from tests.agentic.helpers import HERE
+from tests.agent_support.helpers import HERE
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_TIMEOUT_S = 10.0  # polar.httpserver.ConnectionLimits defaults, which both servers keep

@@ -343,7 +343,7 @@ def test_humaneval_completion_that_escapes_its_check_does_not_pass(tmp_path: Pat
 
 
 def _path_without_bwrap(tmp_path: Path) -> str:
-    from tests.presets.test_sandbox_degrade import path_without_bwrap
+    from tests.harness.agent.presets.test_sandbox_degrade import path_without_bwrap
 
     return path_without_bwrap(tmp_path)
 

@@ -186,7 +186,7 @@ def test_build_composes_the_one_loop_for_agent_runs(tmp_path):
 
     from polar.inference import load_engine
     from polar.rollout.sessions.collector import SessionCollector
-    from tests.agentic.helpers import HERE, write_jsonl
+    from tests.agent_support.helpers import HERE, write_jsonl
 
     sys.path.insert(0, str(HERE))  # the harness module lives next to the agentic tests
     write_jsonl(tmp_path / "tasks.jsonl", [{"id": "t0", "prompt": "Say something."}])
