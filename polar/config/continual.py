@@ -10,15 +10,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
 from polar.config.harness import CustomHarnessConfig, GymnasiumHarnessConfig
-
-if TYPE_CHECKING:  # run.py imports this module
-    from polar.config.run import EnvRunConfig
 
 
 class InitConfig(StrictModel):
@@ -79,33 +76,3 @@ def old_task_names(run_harness: Any, tasks: list[OldTaskConfig]) -> list[str]:
             name = f"{name}-{i}"
         names.append(name)
     return names
-
-
-def check_continual(cfg: EnvRunConfig, online: tuple[str, ...], off_policy: tuple[str, ...]) -> None:
-    """Cross-section rules of ``init``, ``replay_mix`` and ``eval.old_tasks`` on an env run; ValueError naming the key and the fix."""
-    algo = cfg.policy.type
-    if cfg.init is not None and algo not in online:
-        raise ValueError(f"init: starts an online run ({', '.join(online)}) from earlier weights; policy.type {algo!r} "
-                         "trains from a dataset. Remove init")
-    if cfg.replay_mix is not None:
-        if algo not in off_policy:
-            raise ValueError(
-                f"replay_mix: policy.type {algo!r} learns on-policy, from rollouts of its current weights only; old "
-                f"transitions would be off-policy data in its update. Use {' or '.join(off_policy)} for a replay mix, "
-                "or remove replay_mix (init alone starts PPO/APPO from the old weights)")
-        if getattr(cfg.policy.kwargs, "prioritized_replay", False):
-            raise ValueError("replay_mix: prioritized replay is not mixed (the old dataset has no priorities); set "
-                             "policy.kwargs.prioritized_replay: false or remove replay_mix")
-    tasks = cfg.eval.old_tasks
-    if tasks:
-        if algo not in online:
-            raise ValueError(f"eval.old_tasks: measures forgetting in online runs ({', '.join(online)}); policy.type "
-                             f"{algo!r} trains from a dataset. Remove eval.old_tasks")
-        for i, task in enumerate(tasks):
-            if task.harness is None and cfg.harness.type != "gymnasium":
-                raise ValueError(f"eval.old_tasks[{i}]: id/kwargs vary a gymnasium harness, and this run's is "
-                                 f"harness.type {cfg.harness.type}; give the old task a whole harness section")
-        names = old_task_names(cfg.harness, tasks)
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"eval.old_tasks: the name {dup[0]!r} is used twice; give each old task its own name")
