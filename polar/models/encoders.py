@@ -97,17 +97,26 @@ class NatureCNN(nn.Module):
         return self.net(x.permute(0, 3, 1, 2).float() / 255.0)
 
 
+def module_key(key: str) -> str:
+    """A Dict observation key as a ``ModuleDict`` key. Most keys are kept as they are (checkpoints keep their
+    parameter names); one torch cannot hold, such as ``keys`` (a ``ModuleDict`` method) or one with a dot, is
+    spelled ``obs_<hex of its UTF-8>``."""
+    if key and "." not in key and not hasattr(nn.ModuleDict, key) and not key.startswith("obs_"):
+        return key
+    return "obs_" + key.encode().hex()
+
+
 class DictEncoder(nn.Module):
     """One encoder per key (sorted), outputs concatenated."""
 
     def __init__(self, encoders: dict[str, nn.Module], out_dims: dict[str, int]) -> None:
         super().__init__()
         self.keys = sorted(encoders)
-        self.encoders = nn.ModuleDict(encoders)
+        self.encoders = nn.ModuleDict({module_key(k): m for k, m in encoders.items()})
         self.out_dim = sum(out_dims.values())
 
     def forward(self, obs: dict) -> torch.Tensor:
-        return torch.cat([self.encoders[k](obs[k]) for k in self.keys], -1)
+        return torch.cat([self.encoders[module_key(k)](obs[k]) for k in self.keys], -1)
 
 
 def build_encoder(space: gym.Space, hidden_sizes: list[int], activation: str, cnn_channels: list[int],

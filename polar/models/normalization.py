@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from polar.models.encoders import is_image_space
+from polar.models.encoders import is_image_space, module_key
 
 
 class RunningNorm(nn.Module):
@@ -59,7 +59,8 @@ class ObsNormalizer(nn.Module):
         super().__init__()
         self.is_dict = isinstance(space, gym.spaces.Dict)
         if self.is_dict:
-            self.norms = nn.ModuleDict({k: RunningNorm(s.shape, clip) for k, s in space.spaces.items() if self._eligible(s)})
+            self.norms = nn.ModuleDict({module_key(k): RunningNorm(s.shape, clip) for k, s in space.spaces.items()
+                                        if self._eligible(s)})
         else:
             self.norm = RunningNorm(space.shape, clip) if self._eligible(space) else None
 
@@ -69,15 +70,15 @@ class ObsNormalizer(nn.Module):
 
     def forward(self, obs):
         if self.is_dict:
-            return {k: (self.norms[k](v) if k in self.norms else v) for k, v in obs.items()}
+            return {k: (self.norms[module_key(k)](v) if module_key(k) in self.norms else v) for k, v in obs.items()}
         return self.norm(obs) if self.norm is not None else obs
 
     def update_from_moments(self, m) -> None:
         """Merge raw-obs (mean, var, count) from a fragment (a dict of them for Dict spaces)."""
         if self.is_dict:
-            for k, norm in self.norms.items():
-                if k in m:
-                    norm.update(*m[k])
+            for k, moments_k in m.items():
+                if module_key(k) in self.norms:
+                    self.norms[module_key(k)].update(*moments_k)
         elif self.norm is not None and m is not None:
             self.norm.update(*m)
 

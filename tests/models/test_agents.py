@@ -49,6 +49,25 @@ def test_dict_observations_get_one_encoder_per_key_and_images_a_cnn():
     assert action.shape == (4,) and info["values"].shape == (4,)
 
 
+def test_dict_keys_torch_cannot_name_a_module_still_get_their_encoder_and_normalizer():
+    # "keys" is a ModuleDict method and "a.b" holds a dot: both crashed the build with a KeyError
+    from polar.models.normalization import ObsNormalizer
+
+    obs_space = spaces.Dict({"keys": spaces.Box(0, 1, shape=(2,), dtype=np.float32),
+                             "a.b": spaces.Box(-1, 1, shape=(3,), dtype=np.float32),
+                             "pos": spaces.Box(-1, 1, shape=(1,), dtype=np.float32)})
+    agent = build_agent(BuiltinAgentConfig(), obs_space, spaces.Discrete(3))
+    assert "pos" in agent.pi_encoder.encoders  # an ordinary key keeps its name (and checkpoints theirs)
+    action, _, info = agent.act(_batch(obs_space, 4))
+    assert action.shape == (4,) and info["values"].shape == (4,)
+    norm = ObsNormalizer(obs_space, clip=10.0)
+    batch = {k: np.full((8, *s.shape), 3.0, np.float32) for k, s in obs_space.spaces.items()}
+    norm.update_from_moments({k: (v.mean(0), v.var(0) + 1.0, 8) for k, v in batch.items()})
+    out = norm({k: torch.as_tensor(v) for k, v in batch.items()})
+    assert set(out) == set(obs_space.spaces) and all(torch.allclose(v, torch.zeros_like(v), atol=1e-3)
+                                                     for v in out.values())
+
+
 def test_lstm_state_is_batched_and_changes_with_input():
     obs_space = spaces.Box(-1, 1, shape=(3,), dtype=np.float32)
     agent = build_agent(BuiltinAgentConfig(type="lstm", lstm_hidden_size=8), obs_space, spaces.Discrete(2))
