@@ -179,9 +179,34 @@ def _drip_body(port: int, head: bytes, seconds: float) -> tuple[bytes, float]:
             except TimeoutError:
                 continue
             break
+        elapsed_s = time.monotonic() - t0
+        answer += _rest_of_answer(sock, answer)
     finally:
         sock.close()
-    return answer, time.monotonic() - t0
+    return answer, elapsed_s
+
+
+def _rest_of_answer(sock: socket.socket, first: bytes, timeout_s: float = 5.0) -> bytes:
+    """The body that follows a response's first bytes: a server may write the status and headers and the body
+    in separate segments, so one ``recv`` can end at the headers. Reads to its content-length or the socket's
+    end, bounded by ``timeout_s``."""
+    if not first:
+        return b""
+    rest, deadline = b"", time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        head, sep, body = (first + rest).partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        if sep and length and len(body) >= int(length.group(1)):
+            break
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        rest += chunk
+    return rest
 
 
 def test_a_dripped_body_to_polar_serve_gets_a_408(exported):
