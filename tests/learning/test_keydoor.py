@@ -18,7 +18,8 @@ def test_keydoor_level1_demo_config_reaches_90_percent_success(tmp_path):
     p = subprocess.run([sys.executable, "-m", "polar.cli.main", "run", "--config", str(DEMO), "--run-dir", str(run),
                         "--no-progress", "-o", "eval.at_end=false"], capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = subprocess.run([sys.executable, "-m", "polar.cli.main", "eval", str(run), "--episodes", "100"],
+    # the run names the demo's connector module: this test made it, so it trusts it (docs/security.md)
+    p = subprocess.run([sys.executable, "-m", "polar.cli.main", "eval", str(run), "--episodes", "100", "--trust-code"],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(next((run / "eval").glob("eval_ckpt_*.json")).read_text())
