@@ -18,7 +18,7 @@ from polar.metrics.logger import read_metrics
 from polar.trainers.build import build_trainer
 from polar.trainers.run_dir import RunDir
 
-AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agentic"
+AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agent_support"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agentic"
 
 
