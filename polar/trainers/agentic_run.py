@@ -84,6 +84,28 @@ class EmbeddedEngineFactory:
         return with_rollout_sampling(load_engine(self.spec, **self.kwargs), *self.sampling)
 
 
+class LaunchedVllmFactory:
+    """Launches the run's vLLM replicas inside a Ray gateway node and returns an engine over them (picklable:
+    each node builds its own). Every node owns and supervises ``replicas`` servers, its logs under
+    ``<log_dir>/node-<pid>/``; weight syncs reach them through that node's gateway."""
+
+    def __init__(self, spec: str, replicas: int, engine_kwargs: dict[str, Any], log_dir: Path, config_key: str,
+                 chat_template: str | None, sampling: tuple[float | None, int | None] = (None, None)) -> None:
+        self.spec, self.replicas, self.engine_kwargs = spec, replicas, dict(engine_kwargs)
+        self.log_dir, self.config_key, self.chat_template, self.sampling = log_dir, config_key, chat_template, sampling
+
+    def __call__(self) -> Any:
+        import os
+
+        from polar.inference import load_engine
+        from polar.inference.rollout_sampling import with_rollout_sampling
+
+        engine = load_engine(self.spec, engine="vllm", replicas=self.replicas,
+                             log_dir=str(self.log_dir / f"node-{os.getpid()}"), config_key=self.config_key,
+                             chat_template=self.chat_template, **self.engine_kwargs)
+        return with_rollout_sampling(engine, *self.sampling)
+
+
 def rollout_sampling(cfg: AgentRunConfig) -> tuple[float | None, int | None]:
     """``(temperature, max_tokens)`` every model call of a training session samples with (the config's
     ``policy.kwargs``, resolved by ``AgentRunConfig``); ``(None, None)`` for SFT, which samples nothing."""
@@ -201,17 +223,18 @@ def trained_engine_problem(cfg: RunConfig) -> str | None:
 
 
 def ray_engine_problem(cfg: AgentRunConfig) -> str | None:
-    """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds the embedded
-    engine itself; an engine polar launches (``engine: vllm``) or an external server URL is one shared
-    thing per run, which the nodes cannot each own."""
+    """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds its own engine:
+    the embedded one, or (``engine: vllm``) its own launched vLLM replicas; an external server URL or a
+    chat endpoint is one shared thing per run, which the nodes cannot each own."""
     spec, key, launched = _model_spec(cfg)
     section = key.split(".")[0]
-    if launched.engine != "embedded":
+    if launched.engine not in ("embedded", "vllm"):
         return (f"{section}.engine is {launched.engine!r}, but with distribution.backend: ray every gateway node builds "
-                f"its own embedded engine; set {section}.engine: embedded, or distribution.backend: local")
+                f"its own engine (embedded, or vllm replicas it launches); set {section}.engine: embedded or vllm, "
+                "or distribution.backend: local")
     if isinstance(spec, str) and ":" in spec.split("/")[0] and spec.split(":", 1)[0] in ("vllm", "sglang"):
         return (f"{key} {spec!r} names external servers, but with distribution.backend: ray every gateway node "
-                f"builds its own embedded engine; name a model (preset or folder), or set distribution.backend: local")
+                f"builds its own engine; name a model (preset or folder), or set distribution.backend: local")
     return None
 
 
@@ -230,8 +253,14 @@ def build_ray_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None,
     runner = session_runner(cfg)
     verifier = attach_judge(session_verifier(cfg), run_dir_path)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
-    factory = embedded_engine_factory(cfg, training)
-    local = engine if engine is not None else embedded_engine_factory(cfg)()  # same spec and seed as the nodes': the same weights
+    spec, key, launched = _model_spec(cfg)
+    factory: EmbeddedEngineFactory | LaunchedVllmFactory = embedded_engine_factory(cfg, training)
+    if launched.engine == "vllm":  # every node launches and supervises its own replicas
+        factory = LaunchedVllmFactory(spec, launched.replicas, dict(launched.engine_kwargs), run_dir_path / "vllm",
+                                      key, _chat_template(cfg), rollout_sampling(cfg) if training else (None, None))
+    # the learner's copy: the embedded engine of the same spec and seed as the nodes' (the same weights); with
+    # engine: vllm the same folder, loaded here rather than served
+    local = engine if engine is not None else embedded_engine_factory(cfg)()
     d = cfg.distribution
     res = d.gateway_resources
     gateway_cfg = cfg.gateway.model_dump(mode="json", exclude={"host", "port"})
