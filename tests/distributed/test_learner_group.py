@@ -198,3 +198,53 @@ def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475, result
     assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
 
+
+
+@pytest.mark.slow  # a Ray learner actor, two learner ranks and a gateway node of the tiny model: minutes on 2 cores
+def test_grpo_with_two_learners_learns_the_tiny_model_task(ray_cluster, tmp_path):
+    """The default suite's tiny-model task (tests/trainers/test_agent_learning.py: SFT teaches "done" or "hello",
+    the verifier rewards "hello", GRPO must move the choice), with ``num_learners: 2`` on Ray."""
+    import json
+
+    from polar.config import load_config
+    from polar.metrics.logger import read_metrics
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+    from tests.agent_support.helpers import HERE, write_jsonl
+
+    write_jsonl(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "prompt": f"Say something {i}."} for i in range(4)])
+    write_jsonl(tmp_path / "demos.jsonl", [{"messages": [{"role": "user", "content": "Say something."},
+                                                         {"role": "assistant", "content": ["done", "hello"][i % 2]}]}
+                                           for i in range(8)])
+    (tmp_path / "run.yaml").write_text(f"""
+name: trivial-2-learners
+harness: {{type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}}
+tasks: {tmp_path / 'tasks.jsonl'}
+eval_tasks: {tmp_path / 'tasks.jsonl'}
+verifier: {{type: "agents_for_tests:says_hello"}}
+model: {{name_or_path: tiny}}
+sessions: {{max_run_workers: 64}}
+sft_warmup: {{demonstrations: {tmp_path / 'demos.jsonl'}, kwargs: {{learning_rate: 1.0e-2, epochs: 20, max_steps: 20,
+             batch_size: 4}}}}
+policy:
+  type: grpo
+  kwargs: {{group_size: 6, tasks_per_step: 4, total_steps: 6, learning_rate: 5.0e-2, micro_batch_size: 24,
+           max_off_policy_steps: 1, eval_samples: 12, kl_coef: 0.01}}
+distribution: {{backend: ray, coordinator_address: "{ray_cluster.address}", num_learners: 2,
+               learner_resources: {{num_cpus: 0.5}}, gateway_resources: {{num_cpus: 0.5}}, learner_timeout_s: 300}}
+logging: {{checkpoint_freq: 3, tensorboard: false, progress_bar: false}}
+""")
+    cfg = load_config(tmp_path / "run.yaml")
+    cfg._config_dir = HERE
+    run_dir = RunDir.create("trivial2", tmp_path / "run")
+    rows: list[dict] = []
+    summary = build_trainer(cfg, run_dir, on_iteration=rows.append).train()
+    metrics = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
+    assert len(metrics) == 6 and all(r["sessions_error"] == 0 for r in metrics)
+    assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
+    final = json.loads((run_dir.path / "eval" / "summary.json").read_text())
+    before, after = final["eval_before"]["success"], final["eval_after"]["success"]
+    assert after >= before + 0.2, (before, after, [r["reward_mean"] for r in metrics], summary)
+    assert metrics[-1]["reward_mean"] > metrics[0]["reward_mean"]
+    print(f"two learners: held-out success {before:.2f} -> {after:.2f}; step rewards "
+          f"{[round(r['reward_mean'], 2) for r in metrics]}")
