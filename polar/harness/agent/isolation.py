@@ -463,9 +463,6 @@ class VerifySandbox:
         """A file polar owns (tests, the pytest config): read-only to the code."""
         return write_nofollow(self.polar, name, text.encode(), mode=0o644)
 
-    def write_work_file(self, rel: str, data: bytes) -> Path:
-        return write_nofollow(self.work, rel, data, owner=self.uid)
-
     def command(self, inner: list[str]) -> list[str]:
         argv = list(inner)
         if self.max_processes and shutil.which("prlimit"):
