@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +118,24 @@ def _stale(usable: list[SessionResult], current_version: int, max_off_policy_ste
     return current_version - oldest > max_off_policy_steps
 
 
+def _fresh_groups(groups: Groups, current_version: int, max_off_policy_steps: int, overlong_filter: bool,
+                  stats: defaultdict[str, float]) -> Iterator[list[SessionResult]]:
+    """Each group's usable sessions, counted into ``stats``; a stale group is counted and left out (the filter
+    ``group_batch`` and ``return_batch`` share)."""
+    for group in groups:
+        usable = _usable(group, overlong_filter, stats)
+        _count_sessions(group, stats)
+        if _stale(usable, current_version, max_off_policy_steps):
+            stats["groups_stale"] += 1
+            continue
+        yield usable
+
+
+def _trainable(r: SessionResult) -> list[TrajectorySample]:
+    """The samples of ``r`` with a trained token (a sample whose loss mask is all 0 carries no gradient)."""
+    return [s for s in r.samples if any(s.loss_mask)]
+
+
 def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
                 step: StepAdvantageConfig | None = None, best: float | None = None, keep_tied: bool = False,
                 overlong_filter: bool = False
@@ -138,12 +156,7 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
     samples: list[TrajectorySample] = []
     advs: list[float | list[float]] = []
     stats: defaultdict[str, float] = defaultdict(float)
-    for group in groups:
-        usable = _usable(group, overlong_filter, stats)
-        _count_sessions(group, stats)
-        if _stale(usable, current_version, max_off_policy_steps):
-            stats["groups_stale"] += 1
-            continue
+    for usable in _fresh_groups(groups, current_version, max_off_policy_steps, overlong_filter, stats):
         if len(usable) < 2:
             stats["groups_too_small"] += 1
             continue
@@ -161,15 +174,14 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
         else:
             stats["groups_used"] += 1
         for i, (r, a) in enumerate(zip(usable, adv.tolist(), strict=True)):
-            for s in r.samples:
-                if any(s.loss_mask):
-                    samples.append(s)
-                    if by_call is None:
-                        advs.append(a)
-                    else:
-                        calls = by_call[i]
-                        advs.append([a + calls.get(c, 0.0) if m else 0.0 for c, m in zip(s.call_indices, s.loss_mask,
-                                                                                        strict=True)])
+            for s in _trainable(r):
+                samples.append(s)
+                if by_call is None:
+                    advs.append(a)
+                else:
+                    calls = by_call[i]
+                    advs.append([a + calls.get(c, 0.0) if m else 0.0 for c, m in zip(s.call_indices, s.loss_mask,
+                                                                                    strict=True)])
     # the share of groups whose rewards differ (GRPO learns only from those): low means most of the step's
     # sessions taught nothing; a larger group, partial-credit rewards or an SFT warm-up help
     stats["groups"] = len(groups)
@@ -221,19 +233,13 @@ def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int
     samples: list[TrajectorySample] = []
     returns: list[float] = []
     stats: defaultdict[str, float] = defaultdict(float)
-    for group in groups:
-        usable = _usable(group, overlong_filter, stats)
-        _count_sessions(group, stats)
-        if _stale(usable, current_version, max_off_policy_steps):
-            stats["groups_stale"] += 1
-            continue
+    for usable in _fresh_groups(groups, current_version, max_off_policy_steps, overlong_filter, stats):
         stats["groups_used"] += bool(usable)
         for r in usable:
             assert r.reward is not None
-            for s in r.samples:
-                if any(s.loss_mask):
-                    samples.append(s)
-                    returns.append(float(r.reward))
+            for s in _trainable(r):
+                samples.append(s)
+                returns.append(float(r.reward))
     return samples, returns, dict(stats)
 
 
