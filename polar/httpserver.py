@@ -285,7 +285,7 @@ def is_loopback(host: str) -> bool:
     machine only."""
     import ipaddress
 
-    if host == "localhost":
+    if host.lower() in ("localhost", "localhost."):
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

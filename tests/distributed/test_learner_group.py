@@ -14,16 +14,14 @@ import torch
 
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.ppo import PPOLearner
-from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.config.grpo import GRPOKwargs
 from polar.errors import ConfigError, DistributedError
 from polar.inference.tiny import build_tiny
 from polar.models.llm_policy import LLMPolicy
-from polar.models.policy import build_policy
-from polar.rollout.backends.base import make_backend
 from polar.trainers.learner_group import GroupSpec, LearnerGroup, shard_groups, shard_rollout
 from polar.types import Batch, Rollout, SessionResult, SessionStatus, TrajectorySample
+from tests.algorithms.ppo_support import one_rollout, rollout_batch
 
 # float32 forward/backward summed in a different order on each shard, then averaged in float64. Adam divides by
 # sqrt(v): where a gradient is near its eps (1e-8) that rounding moves a parameter by a visible part of lr, so the
@@ -39,19 +37,12 @@ CARTPOLE = {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
 @pytest.fixture(scope="module")
 def ppo_rollout():
     cfg = validate(RunConfig, CARTPOLE)
-    torch.manual_seed(0)
-    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
-    policy = build_policy(cfg, backend.observation_space, backend.action_space)
-    try:
-        backend.start(policy.state_dict(), 0, policy=policy)
-        frag = backend.next_fragment()
-    finally:
-        backend.close()
+    policy, frag = one_rollout(cfg)
     return cfg, policy.agent, frag
 
 
 def _ppo_batch(frag) -> Batch[Rollout]:
-    return Batch(data=Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps, run_env_steps=frag.env_steps, iteration=1)
+    return rollout_batch(frag, first_iteration=True)
 
 
 def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
