@@ -284,3 +284,32 @@ def test_huge_headers_to_the_rollout_service_are_refused(rollout_service):
     assert closed, f"the server still held a connection with {64 * 1024} bytes of unfinished headers: {answer[:200]!r}"
     assert answer == b"" or (answer.startswith(b"HTTP/1.1 431") and b"rollout service" in answer), answer[:300]
     assert _rollout_health(server) == 200
+
+
+def test_a_huge_body_to_the_rollout_service_is_cut_while_it_streams(rollout_service):
+    """A token holder's chunked body that never ends gets a 413 as soon as it passes 16 MiB (it used to be read
+    whole before its size was looked at, so a body that never ended held the connection and its memory)."""
+    server = rollout_service()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sent, reply = 0, b""
+    try:
+        auth = server.headers["authorization"].encode()
+        sock.sendall(b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     b"authorization: " + auth + b"\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent <= 20 << 20:  # past the 16 MiB limit; the body's end never comes
+                sock.sendall(chunk)
+                sent += 65536
+        sock.settimeout(10)  # a server that waits for the whole body never answers
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while not reply.endswith(b"}"):
+                got = sock.recv(65536)
+                if not got:
+                    break
+                reply += got
+    finally:
+        sock.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+    assert b"over the limit of 16777216 bytes" in reply
+    assert _rollout_health(server) == 200
