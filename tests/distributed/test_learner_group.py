@@ -189,3 +189,30 @@ def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475, result
     assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
 
+
+
+def test_a_grpo_rank_without_a_usable_group_takes_a_zero_weight_step(ray_cluster):
+    """One group carries signal, one ties (no usable group for the rank it is dealt to): the empty rank joins the
+    step's all-reduce with weight 0 and applies the group's gradient, so the step completes at once (it used to
+    wait in the collective until the timeout, then restart the group) and equals one learner's step."""
+    signal_group = _groups()[0]
+    tied = [SessionResult(session_id=f"t-{i}", task_id="t", group_id="tied", sample_index=i, status=SessionStatus.DONE,
+                          reward=1.0, samples=[_sample(90 + i, 8)]) for i in range(4)]
+    batch = Batch(data=[signal_group, tied], env_steps=8, iteration=1, version=0)
+    assert [bool(shard_groups(batch, r, 2, signal=has_signal).data) and has_signal(shard_groups(
+        batch, r, 2, signal=has_signal).data[0]) for r in (0, 1)] == [True, False]
+    one = _grpo_learner()
+    one.update(batch)
+    local = _grpo_learner()
+    group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), partial(shard_groups, signal=has_signal),
+                         GroupSpec(num_learners=2, collective_timeout_s=20, update_timeout_s=60))
+    try:
+        stats = group.update(batch)
+        import ray
+
+        empty_rank = ray.get(group.ranks[1].module_state.remote())  # the rank dealt the tied group
+    finally:
+        group.close()
+    assert stats["learner_group_restarts"] == 0 and stats["update_skipped"] == 0
+    _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+    _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)  # it stepped with its peer
