@@ -91,7 +91,7 @@ def changed_methods(cls: type, derived_from: dict[str, str]) -> list[str]:
     """The methods of ``cls`` named in ``derived_from`` whose source (``cls``'s own or inherited) is no longer
     the one a numpy twin was derived from (``QNetworkAgent.act_numpy_derived_from``)."""
     return [f"{cls.__name__}.{name}" for name, fingerprint in derived_from.items()
-            if source_fingerprint(getattr(cls, name, None)) != fingerprint]
+            if not callable(method := getattr(cls, name, None)) or source_fingerprint(method) != fingerprint]
 
 
 def _global_names(code: CodeType) -> set[str]:

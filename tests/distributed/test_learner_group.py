@@ -99,6 +99,13 @@ def _grpo_learner(seed: int = 0) -> GRPOLearner:
 
 
 def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ray_cluster):
+    """Step 1: four groups with signal, two per rank. Step 2 (one group start for both, which costs tens of
+    seconds): one group carries signal and one ties, so the rank dealt the tied group has no usable sample; it
+    joins the step's all-reduce with weight 0 and applies the group's gradient, so the step completes at once
+    (it used to wait in the collective until the timeout, then restart the group) and still equals one
+    learner's step."""
+    import ray
+
     groups = _groups()
     batch = Batch(data=groups, env_steps=16, iteration=1, version=0)
     one = _grpo_learner()
@@ -106,15 +113,26 @@ def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ra
     one.update(batch)
     local = _grpo_learner()
     group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), partial(shard_groups, signal=has_signal),
-                         GroupSpec(num_learners=2))
+                         GroupSpec(num_learners=2, max_restarts=0))  # a hung collective fails the test, not retried
+    tied = [SessionResult(session_id=f"t-{i}", task_id="t", group_id="tied", sample_index=i, status=SessionStatus.DONE,
+                          reward=1.0, samples=[_sample(90 + i, 8)]) for i in range(4)]
+    second = Batch(data=[groups[1], tied], env_steps=8, iteration=2, version=1)
+    assert [has_signal(shard_groups(second, r, 2, signal=has_signal).data[0]) for r in (0, 1)] == [True, False]
     try:
         stats = group.update(batch)
+        assert stats["samples"] == 8  # rank 0 trained on its half of the groups
+        moved = max(float((one.policy.model.state_dict()[k] - start[k]).abs().max()) for k in start)
+        assert moved > 0.5 * GRPO_LR
+        _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+
+        one.update(second)
+        stats = group.update(second)
+        empty_rank = ray.get(group.ranks[1].module_state.remote())  # the rank dealt the tied group
     finally:
         group.close()
-    assert stats["samples"] == 8  # rank 0 trained on its half of the groups
-    moved = max(float((one.policy.model.state_dict()[k] - start[k]).abs().max()) for k in start)
-    assert moved > 0.5 * GRPO_LR
+    assert stats["learner_group_restarts"] == 0 and stats["update_skipped"] == 0
     _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+    _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)  # it stepped with its peer
 
 
 def test_a_killed_learner_restarts_the_group_from_the_last_checkpoint(ray_cluster, ppo_rollout):
@@ -190,29 +208,3 @@ def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
     assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
 
 
-
-def test_a_grpo_rank_without_a_usable_group_takes_a_zero_weight_step(ray_cluster):
-    """One group carries signal, one ties (no usable group for the rank it is dealt to): the empty rank joins the
-    step's all-reduce with weight 0 and applies the group's gradient, so the step completes at once (it used to
-    wait in the collective until the timeout, then restart the group) and equals one learner's step."""
-    signal_group = _groups()[0]
-    tied = [SessionResult(session_id=f"t-{i}", task_id="t", group_id="tied", sample_index=i, status=SessionStatus.DONE,
-                          reward=1.0, samples=[_sample(90 + i, 8)]) for i in range(4)]
-    batch = Batch(data=[signal_group, tied], env_steps=8, iteration=1, version=0)
-    assert [bool(shard_groups(batch, r, 2, signal=has_signal).data) and has_signal(shard_groups(
-        batch, r, 2, signal=has_signal).data[0]) for r in (0, 1)] == [True, False]
-    one = _grpo_learner()
-    one.update(batch)
-    local = _grpo_learner()
-    group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), partial(shard_groups, signal=has_signal),
-                         GroupSpec(num_learners=2, collective_timeout_s=20, update_timeout_s=60))
-    try:
-        stats = group.update(batch)
-        import ray
-
-        empty_rank = ray.get(group.ranks[1].module_state.remote())  # the rank dealt the tied group
-    finally:
-        group.close()
-    assert stats["learner_group_restarts"] == 0 and stats["update_skipped"] == 0
-    _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
-    _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)  # it stepped with its peer
