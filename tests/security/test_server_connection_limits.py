@@ -60,9 +60,11 @@ def _start(args: list[str], pattern: str, cwd: Path) -> tuple[subprocess.Popen, 
     raise AssertionError(f"{args[0]} never announced its address: {proc.stdout.read()[-2000:]}")
 
 
-@pytest.fixture(params=["serve", "dashboard"])
-def server(request, exported, tmp_path) -> Iterator[tuple[int, str]]:
-    """(port, a path answering 200) of a real ``polar serve`` / ``polar dashboard`` process."""
+@pytest.fixture(scope="module", params=["serve", "dashboard"])
+def server(request, exported, tmp_path_factory) -> Iterator[tuple[int, str]]:
+    """(port, a path answering 200) of a real ``polar serve`` / ``polar dashboard`` process, one of each for the
+    module (a start costs seconds): every attack on it ends by checking that it still serves."""
+    tmp_path = tmp_path_factory.mktemp(request.param)
     if request.param == "serve":
         proc, port = _start(["serve", str(exported), "--port", "0"], r"on http://127\.0\.0\.1:(\d+)", tmp_path)
         health = "/v2/health/live"
