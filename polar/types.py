@@ -107,9 +107,6 @@ class TrajectorySample:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-# per-step arrays, shape [T, N, ...]; ``obs`` may be a dict of arrays
-STEP_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts", "trunc_values")
-
 
 @dataclass
 class Fragment:
