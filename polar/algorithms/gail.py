@@ -81,6 +81,8 @@ class Discriminator(nn.Module):
         super().__init__()
         self.obs_dim = int(observation_space.shape[0])
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        low: np.ndarray
+        high: np.ndarray
         if isinstance(action_space, gym.spaces.Discrete):
             self.act_dim = int(action_space.n)
             low = high = np.zeros(0, np.float32)

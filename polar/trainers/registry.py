@@ -264,6 +264,9 @@ def _imitation_learner(make: Callable[..., Discriminator]) -> Callable[[EnvParts
         log.info("expert %s: %d transitions, %d episodes (return mean %.4g)", data.dataset_id, len(data),
                  len(data.episode_returns), float(np.mean(data.episode_returns)))
         disc = make(obs_space, act_space, expert.obs, list(kw.disc_hidden), kw.gamma)
+        if disc.needs_log_pi and getattr(parts.train_agent, "recurrent", False):
+            raise ConfigError(f"policy.type {parts.cfg.policy.type!r} reads log pi(a|s) of single expert transitions, "
+                              "which a recurrent agent cannot give without its episode's history; use agent.type: mlp")
         ppo = PPOLearner(parts.train_agent, kw, parts.cfg.total_env_steps)
         return PolicyLearner(parts, GAILLearner(ppo, disc, expert, kw, seed=parts.seed))
 

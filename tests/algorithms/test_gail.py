@@ -37,10 +37,11 @@ OBS = gym.spaces.Box(-5.0, 5.0, (2,), np.float32)
 ACT = gym.spaces.Discrete(2)
 
 
-def _config(dataset: str | Path, algo: str = "gail", env_id: str = "CartPole-v1", total: int = 512, **kw) -> RunConfig:
+def _config(dataset: str | Path, algo: str = "gail", env_id: str = "CartPole-v1", total: int = 512,
+            agent: dict | None = None, **kw) -> RunConfig:
     return validate(RunConfig, {
         "name": algo, "seed": 0, "harness": {"type": "gymnasium", "id": env_id},
-        "agent": {"type": "mlp", "hidden_sizes": [16, 16]},
+        "agent": agent or {"type": "mlp", "hidden_sizes": [16, 16]},
         "policy": {"type": algo, "kwargs": {"dataset": str(dataset), "n_steps": 32, "batch_size": 64, "n_epochs": 2,
                                             "disc_hidden": [16], "disc_batch_size": 64, **kw}},
         "distribution": {"backend": "local", "rollout_workers": 0, "envs_per_worker": 4},
@@ -168,6 +169,13 @@ def test_a_dataset_of_another_env_is_one_line_naming_both_spaces(tmp_path):
     assert "\n" not in msg
     assert msg.startswith("policy.kwargs.dataset: the dataset's observation_space is Box(")
     assert "(4,)" in msg and "(6,)" in msg and "but the env's is Box(" in msg, msg
+
+
+def test_airl_refuses_a_recurrent_agent_naming_the_fix(tmp_path):
+    ds = _cartpole_dataset(tmp_path / "cartpole-expert-v0", episodes=1)
+    cfg = _config(ds, "airl", agent={"type": "lstm", "hidden_sizes": [16]})
+    with pytest.raises(ConfigError, match=r"policy.type 'airl' reads log pi\(a\|s\) .* use agent.type: mlp"):
+        build_trainer(cfg, create_run_dir(cfg, tmp_path / "run"))
 
 
 @pytest.mark.parametrize("key", ["normalize_reward", "normalize_obs"])
