@@ -113,6 +113,39 @@ def test_airl_reward_is_the_shaped_f_and_its_logit_subtracts_log_pi():
     assert disc.reward(t).shape == (16,)
 
 
+class _RecordingPPO:
+    """Stands in for PPOLearner: records the rewards its update is handed."""
+
+    def __init__(self, agent):
+        self.agent, self.rewards = agent, None
+
+    def update(self, batch):
+        self.rewards = batch.data.buffer.rewards.clone()
+        return {}
+
+
+def test_ppo_is_handed_the_discriminators_reward_not_the_envs():
+    from polar.buffers.rollout_buffer import RolloutBuffer
+    from polar.types import Batch, Fragment, Rollout
+
+    T, N = 4, 2
+    g = np.random.default_rng(0)
+    z = np.zeros((T, N), np.float32)
+    frag = Fragment(obs=g.normal(size=(T, N, 2)).astype(np.float32), actions=g.integers(0, 2, (T, N)),
+                    log_probs=z - 0.69, values=z, rewards=z + 1, terminated=z, truncated=z, episode_starts=z,
+                    trunc_values=z, last_values=np.zeros(N, np.float32))
+    learner = _learner(GAILDiscriminator, _toy(64, True, 0), disc_updates=1)
+    ppo = _RecordingPPO(learner.agent)
+    learner.ppo = ppo
+    out = learner.update(Batch(data=Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=T * N))
+    with torch.no_grad():
+        expected = learner.discriminator.reward(Transitions(
+            torch.as_tensor(frag.obs).reshape(-1, 2), torch.as_tensor(frag.actions).reshape(-1), None,
+            torch.zeros(T * N))).reshape(T, N)
+    torch.testing.assert_close(ppo.rewards, expected)
+    assert out["env_reward_step_mean"] == 1.0 and out["disc_reward_mean"] == pytest.approx(float(expected.mean()))
+
+
 def test_box_actions_are_clipped_and_scaled_to_the_bounds():
     disc = GAILDiscriminator(OBS, gym.spaces.Box(-2.0, 2.0, (1,), np.float32), torch.randn(8, 2), [8])
     a = disc.act_features(torch.tensor([[-2.0], [0.0], [2.0], [7.0]]))
