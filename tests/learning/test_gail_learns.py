@@ -26,5 +26,5 @@ def test_gail_recovers_80_percent_of_the_experts_cartpole_return(tmp_path):
     cfg = load_config(CONFIG, [f"policy.kwargs.dataset={dataset}", "seed=0", "logging.tensorboard=false",
                                "eval.every_n_iterations=0"])
     res = compose(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()
-    assert res["env_steps"] <= 100_000
+    assert res["env_steps"] < 100_000 + 256  # the budget, rounded up to whole rollouts (32 steps x 8 envs)
     assert res["eval"]["return_mean"] >= 0.8 * expert, (res["eval"], expert)
