@@ -240,12 +240,12 @@ class GAILLearner:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ppo": self.ppo.state_dict(), "discriminator": self.discriminator.state_dict(),
+        return {"generator": self.ppo.state_dict(), "discriminator": self.discriminator.state_dict(),
                 "disc_optimizer": self.optimizer.state_dict(), "disc_steps": self.disc_steps,
                 "rng": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ppo.load_state_dict(state["ppo"])
+        self.ppo.load_state_dict(state["generator"])
         self.discriminator.load_state_dict(state["discriminator"])
         self.optimizer.load_state_dict(state["disc_optimizer"])
         self.disc_steps = int(state["disc_steps"])
