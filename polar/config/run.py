@@ -3,7 +3,8 @@
 ``RunConfig`` is a union of two kinds of run, each with only its own sections:
 
 - ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | custom``) driven by a
-  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments.
+  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments
+  (GAIL and AIRL: PPO on a discriminator's reward), or with BC, IQL or CQL from a dataset.
 - ``AgentRunConfig`` (``kind == "agent"``): an LLM behind the gateway, trained with GRPO or SFT on sessions.
   Either a black-box agent harness (``harness.type: agent``), or an env harness whose policy is the built-in
   LLM agent (``agent: {type: llm}``).
