@@ -95,7 +95,7 @@ $(IMITATION_VENV)/.installed:
 	test -d $(IMITATION_VENV) || $(PYTHON) -m venv $(IMITATION_VENV)
 	$(IMITATION_VENV)/bin/pip install -q --upgrade pip
 	$(IMITATION_VENV)/bin/pip install -q torch==2.13.0
-	$(IMITATION_VENV)/bin/pip install -q imitation==1.0.1 torch==2.13.0 mujoco==4.0.1 imageio h5py  # MuJoCo (its InvertedPendulum-v4), HDF5 (reads polar collect's dataset)
+	$(IMITATION_VENV)/bin/pip install -q imitation==1.0.1 torch==2.13.0 mujoco==4.0.1 imageio==2.38.2 h5py==3.16.0  # MuJoCo (its InvertedPendulum-v4), HDF5 (reads polar collect's dataset)
 	$(IMITATION_VENV)/bin/python -c "import torch, imitation; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	touch $@
 
