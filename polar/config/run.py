@@ -3,7 +3,8 @@
 ``RunConfig`` is a union of two kinds of run, each with only its own sections:
 
 - ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | custom``) driven by a
-  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments.
+  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments
+  (GAIL and AIRL: PPO on a discriminator's reward), or with BC, IQL or CQL from a dataset.
 - ``AgentRunConfig`` (``kind == "agent"``): an LLM behind the gateway, trained with GRPO or SFT on sessions.
   Either a black-box agent harness (``harness.type: agent``), or an env harness whose policy is the built-in
   LLM agent (``agent: {type: llm}``).
@@ -26,6 +27,7 @@ from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
+from polar.config.gail import AIRLPolicyConfig, GAILPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
@@ -78,6 +80,7 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
+    | GAILPolicyConfig | AIRLPolicyConfig
     | CQLPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]

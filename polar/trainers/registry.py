@@ -19,6 +19,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
+import numpy as np
 import torch
 from pydantic import BaseModel
 
@@ -26,6 +27,14 @@ from polar.algorithms.appo import APPOLearner
 from polar.algorithms.bc import BCLearner
 from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
 from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.gail import (
+    AIRLDiscriminator,
+    Discriminator,
+    GAILDiscriminator,
+    GAILLearner,
+    Transitions,
+    check_spaces,
+)
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.iql import IQLLearner
 from polar.algorithms.ppo import PPOLearner
@@ -37,6 +46,7 @@ from polar.config.appo import APPOKwargs
 from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
+from polar.config.gail import AIRLKwargs, GAILKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
@@ -235,6 +245,38 @@ def _gradient_steps(cfg: EnvRunConfig) -> int:
     return cast(OfflineKwargs, cfg.policy.kwargs).gradient_steps
 
 
+# ---------------------------------------------------------------------- GAIL, AIRL (PPO on a discriminator's reward)
+def _imitation_learner(make: Callable[..., Discriminator]) -> Callable[[EnvParts], Learner[Any]]:
+    """PPO's learner on the rollouts, a ``make`` discriminator against ``policy.kwargs.dataset`` (read and checked
+    against the env's spaces here, before the first rollout)."""
+
+    def build(parts: EnvParts) -> Learner[Any]:
+        from polar.datasets.minari import load_dataset
+
+        kw = cast(GAILKwargs, parts.cfg.policy.kwargs)
+        obs_space, act_space = parts.observation_space, parts.action_space
+        check_spaces(obs_space, act_space, f"policy.type {parts.cfg.policy.type!r}")
+        data = load_dataset(kw.dataset, parts.cfg.config_dir, obs_space, act_space, where="policy.kwargs.dataset")
+        discrete = isinstance(act_space, gym.spaces.Discrete)
+        expert = Transitions(torch.as_tensor(data.obs).float(),
+                             torch.as_tensor(data.actions.astype(np.int64 if discrete else np.float32)),
+                             torch.as_tensor(data.next_obs).float(), torch.as_tensor(data.terminated))
+        log.info("expert %s: %d transitions, %d episodes (return mean %.4g)", data.dataset_id, len(data),
+                 len(data.episode_returns), float(np.mean(data.episode_returns)))
+        disc = make(obs_space, act_space, expert.obs, list(kw.disc_hidden), kw.gamma)
+        if disc.needs_log_pi and getattr(parts.train_agent, "recurrent", False):
+            raise ConfigError(f"policy.type {parts.cfg.policy.type!r} reads log pi(a|s) of single expert transitions, "
+                              "which a recurrent agent cannot give without its episode's history; use agent.type: mlp")
+        ppo = PPOLearner(parts.train_agent, kw, parts.cfg.total_env_steps)
+        return PolicyLearner(parts, GAILLearner(ppo, disc, expert, kw, seed=parts.seed))
+
+    return build
+
+
+def _ppo_steps_per_env(cfg: EnvRunConfig) -> int:
+    return cast(PPOKwargs, cfg.policy.kwargs).steps_per_env(cfg.distribution.num_envs)
+
+
 # ---------------------------------------------------------------------- the table
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm(PPOKwargs, _ppo_learner, _ppo_collector,
@@ -251,6 +293,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                                       p.observation_space, p.action_space)),
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
+    "gail": Algorithm(GAILKwargs, _imitation_learner(GAILDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
+    "airl": Algorithm(AIRLKwargs, _imitation_learner(AIRLDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
 }
 
 
