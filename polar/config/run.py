@@ -29,6 +29,7 @@ from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.hierarchical import HierarchicalPolicyConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.policy import (
@@ -78,7 +79,7 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
-    | CQLPolicyConfig,
+    | CQLPolicyConfig | HierarchicalPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,

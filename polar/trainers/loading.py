@@ -45,6 +45,12 @@ def load_policy_for_eval(target: Path):
     from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
 
     run_dir, cfg, ckpt = resolve_target(target)
+    from polar.trainers.registry import algorithm
+
+    if cfg.kind == "env" and algorithm(cfg).own_loop is not None:
+        raise RunDirError(f"{run_dir.path} is a {cfg.policy.type} run: its checkpoint holds a manager and skills, not "
+                          "one policy, so it cannot be exported, served or recorded; evaluate it with polar eval "
+                          "(docs/hierarchy.md)")
     if ckpt is None:
         ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
         if ckpt is None:
