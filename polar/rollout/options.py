@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from polar.agents import check_act_output
-from polar.distributions import ACTION_MASK_KEY
 from polar.algorithms.hierarchical import OptionRollout
 from polar.buffers.rollout_buffer import RolloutBuffer
+from polar.distributions import ACTION_MASK_KEY
 from polar.errors import ConfigError
 from polar.models.policy import Policy
 from polar.rollout.episodes import obs_to_tensor, stack_obs
@@ -187,7 +187,9 @@ class OptionCollector:
         self.ep_len_done = np.zeros(n, np.int64)
         self.obs: Any = None
         self.checked_subgoals: set[str] = set()
-        self.counts = np.zeros(len(self.skills), np.int64)  # options picked since the last batch
+        self.counts: np.ndarray = np.zeros(len(self.skills), np.int64)  # options picked since the last batch
+        self.ended: np.ndarray = np.zeros(len(self.skills), np.int64)  # options ended since the last batch
+        self.reached: np.ndarray = np.zeros(len(self.skills), np.int64)  # ... of those, at their subgoal
         self.option_lengths: list[int] = []
 
     # ------------------------------------------------------------------ the Collector protocol
@@ -317,8 +319,8 @@ class OptionCollector:
         final_info = infos.get("final_info", {})
         if self.record:
             for k, (idx, acts, lps, values) in acted.items():
-                for j, i in enumerate(idx):
-                    self.steps[i].setdefault(k, []).append(Step(_copy(_index(self.obs, i)), acts[j], float(lps[j]),
+                for j, c in enumerate(idx):
+                    self.steps[c].setdefault(k, []).append(Step(_copy(_index(self.obs, c)), acts[j], float(lps[j]),
                                                                 float(values[j])))
         res = StepResult(rew, done)
         self.ep_ret += rew
@@ -362,6 +364,8 @@ class OptionCollector:
                     self.pending[i] = None
             if ends:
                 self.option_lengths.append(int(self.tau[i]))
+                self.ended[k] += 1
+                self.reached[k] += int(reached)
                 self.active[i] = -1
             if done[i]:
                 s = _info_value(final_info, "success", i) if isinstance(final_info, Mapping) else None
@@ -387,7 +391,7 @@ class OptionCollector:
         if ended_manager:
             finals = stack_obs([o for _, o in ended_manager], self.obs_space)
             if self.initiation_sets:
-                mask = np.ones((len(ended_manager), len(self.skills)), np.int8)
+                mask: np.ndarray = np.ones((len(ended_manager), len(self.skills)), np.int8)
                 finals = ({**finals, ACTION_MASK_KEY: mask} if isinstance(finals, dict)
                           else {"observation": finals, ACTION_MASK_KEY: mask})
             values = _values(self.manager, finals, len(ended_manager), self.option_space)
@@ -427,15 +431,20 @@ class OptionCollector:
         stats: Metrics = {"options/decisions": len(manager_decisions),
                           "options/length_mean": float(np.mean(lengths)) if lengths else float("nan")}
         stats.update({f"options/picked/{s.name}": float(self.counts[k]) / total for k, s in enumerate(self.skills)})
+        stats.update({f"options/reached/{s.name}": float(self.reached[k]) / max(1, int(self.ended[k]))
+                      for k, s in enumerate(self.skills) if s.subgoal is not None})
         self.decisions = [[] for _ in range(self.num_envs)]
         self.steps = [{} for _ in range(self.num_envs)]
         self.counts[:] = 0
+        self.ended[:] = 0
+        self.reached[:] = 0
         self.option_lengths = []
         return OptionRollout(manager, skills, stats)
 
 
 def _column(values: Sequence[float], dtype: type[np.generic] = np.float32) -> np.ndarray:
-    return np.asarray(values, dtype).reshape(-1, 1)
+    out: np.ndarray = np.asarray(values, dtype).reshape(-1, 1)
+    return out
 
 
 def _obs_column(items: Sequence[Obs], space: gym.Space[Any]) -> Any:
@@ -449,7 +458,7 @@ def _fragment(obs: Any, actions: np.ndarray, log_probs: Sequence[float], values:
               rewards: Sequence[float], terminated: Sequence[bool], truncated: Sequence[bool],
               trunc_values: Sequence[float], durations: np.ndarray | None = None) -> Fragment:
     n = len(rewards)
-    starts = np.zeros((n, 1), np.float32)
+    starts: np.ndarray = np.zeros((n, 1), np.float32)
     starts[0] = 1.0
     return Fragment(obs=obs, actions=actions, log_probs=_column(log_probs), values=_column(values),
                     rewards=_column(rewards), terminated=_column(terminated), truncated=_column(truncated),
@@ -494,7 +503,7 @@ def play_option_episodes(collector: OptionCollector, episodes: int, deterministi
             break
         res = collector.step(deterministic)
         success = dict(res.successes)
-        for i in np.flatnonzero(res.done):
+        for i in map(int, np.flatnonzero(res.done)):
             if quota[i] > 0:
                 quota[i] -= 1
                 returns.append(float(collector.ep_ret_done[i]))

@@ -12,36 +12,10 @@ import torch
 
 from polar.config.agent import BuiltinAgentConfig
 from polar.errors import ConfigError
-from polar.models.policy import Policy
 from polar.models.loader import build_agent
+from polar.models.policy import Policy
 from polar.rollout.options import OptionCollector, Skill, manager_observation_space, play_option_episodes
-
-
-class Tick(gym.Env[np.ndarray, int]):
-    """obs = [t / 100]; the subgoal 'tick' holds at every multiple of 5 steps; 'never' never holds; episodes end
-    truncated after ``length`` steps. Reward 1 per step. Whatever the actions, the timing is fixed."""
-
-    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, length: int = 50, report: bool = True) -> None:
-        self.length, self.report, self.t = length, report, 0
-
-    def _info(self) -> dict[str, Any]:
-        return {"subgoal_tick": self.t % 5 == 0, "subgoal_never": False} if self.report else {}
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.t = 0
-        return np.array([0.0], np.float32), self._info()
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self.t += 1
-        trunc = self.t >= self.length
-        info = self._info()
-        if trunc:
-            info["success"] = True
-        return np.array([self.t / 100], np.float32), 1.0, False, trunc, info
+from tests.hierarchy.envs import Tick
 
 
 def _policy(obs_space: gym.Space[Any], act_space: gym.Space[Any]) -> Policy:
@@ -75,6 +49,7 @@ def test_an_option_ends_after_option_steps_when_its_subgoal_never_holds():
     s = batch.data.skills["never"].buffer
     assert s.truncated[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0] * 10 and s.terminated.sum() == 0
     assert s.rewards.sum() == 0.0  # a subgoal skill earns only at its subgoal
+    assert batch.data.stats["options/reached/never"] == 0.0 and batch.data.stats["options/length_mean"] == 4.0
     assert batch.env_steps == 40
 
 
@@ -89,6 +64,7 @@ def test_an_option_ends_when_its_subgoal_holds_before_k_steps():
     s = batch.data.skills["tick"].buffer
     assert s.terminated[:, 0].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0] * 4
     assert s.rewards[:, 0].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0] * 4  # subgoal_reward when it came to hold
+    assert batch.data.stats["options/reached/tick"] == 1.0
 
 
 def test_k_and_the_subgoal_together_and_decisions_cover_every_step():
