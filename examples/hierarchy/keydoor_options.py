@@ -5,6 +5,10 @@
 hierarchical agent. Every step's ``info`` also says which subgoals hold (``subgoal_key``: the key is held,
 ``subgoal_door``: the door is open): a hierarchical run ends a skill when its subgoal holds and pays the skill
 its subgoal reward; a flat run ignores these keys.
+
+``observation``: ``grid`` (the default: a wall/key/door plane and the agent's plane, flattened, plus the key held)
+or ``coords`` (8 numbers: the agent's, the key's and the door's row and column, the gap's row, the key held; each
+position divided by the grid's side), the same for both agents.
 """
 
 from __future__ import annotations
@@ -21,20 +25,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "keydoor"))
 from keydoor_game import DOOR, KEY, WALL, KeyDoorGame
 
 
-class KeyDoorSubgoals(gym.Env[dict[str, Any], int]):
-    """Dict obs: ``grid`` (walls -1, key 0.5, door 1; then the agent's plane) and ``inventory`` (key held); 4 moves."""
+class KeyDoorSubgoals(gym.Env[Any, int]):
+    """``grid`` or ``coords`` observations (module docstring), 4 moves."""
 
     action_space = spaces.Discrete(4)
 
-    def __init__(self, level: int = 3, max_steps: int | None = None) -> None:
+    def __init__(self, level: int = 3, max_steps: int | None = None, observation: str = "grid") -> None:
+        if observation not in ("grid", "coords"):
+            raise ValueError(f"observation must be 'grid' or 'coords', got {observation!r}")
         self.game = KeyDoorGame(level=level)
         self.max_steps = int(max_steps or self.game.level.max_steps)
+        self.observation = observation
         h, w = self.game.shape
-        self.observation_space = spaces.Dict({"grid": spaces.Box(-1.0, 1.0, (2 * h * w,), np.float32),
-                                              "inventory": spaces.Box(0.0, 1.0, (1,), np.float32)})
+        if observation == "coords":
+            self.observation_space = spaces.Box(0.0, 1.0, (8,), np.float32)
+        else:
+            self.observation_space = spaces.Dict({"grid": spaces.Box(-1.0, 1.0, (2 * h * w,), np.float32),
+                                                  "inventory": spaces.Box(0.0, 1.0, (1,), np.float32)})
         self.t = 0
+        self.key = (0, 0)
 
-    def _obs(self) -> dict[str, Any]:
+    def _coords(self) -> np.ndarray:
+        g, n = self.game.grid, float(self.game.shape[0])
+        col = g.shape[1] // 2
+        gaps = [r for r in range(1, g.shape[0] - 1) if g[r, col] != WALL] if self.game.level.split_wall else [0]
+        held = float(min(self.game.keys_held, 1))
+        return np.array([*self.game.agent, *self.key, *self.game.door, gaps[0], 0.0], np.float32) / n + np.array(
+            [0, 0, 0, 0, 0, 0, 0, held], np.float32)
+
+    def _obs(self) -> Any:
+        if self.observation == "coords":
+            return self._coords()
         g = self.game.grid
         objects = np.where(g == WALL, -1.0, np.where(g == KEY, 0.5, np.where(g == DOOR, 1.0, 0.0))).astype(np.float32)
         agent = np.zeros(g.shape, np.float32)
@@ -46,13 +67,15 @@ class KeyDoorSubgoals(gym.Env[dict[str, Any], int]):
         return {"subgoal_key": self.game.keys_held > 0, "subgoal_door": self.game.won}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+              ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self.game.new_game(None if seed is None else int(seed))
         self.t = 0
+        found = np.argwhere(self.game.grid == KEY)
+        self.key = (int(found[0][0]), int(found[0][1])) if len(found) else self.game.agent
         return self._obs(), self._subgoals()
 
-    def step(self, action: int) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+    def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         over, reward = self.game.step(int(action))
         self.t += 1
         truncated = not over and self.t >= self.max_steps

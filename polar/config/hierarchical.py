@@ -24,13 +24,16 @@ class SkillConfig(StrictModel):
       runs, 0 otherwise (intrinsic); ``extrinsic``: the env's reward over the steps it ran.
     - ``checkpoint``: start from these weights: a run directory or a ``ckpt_*.pt`` of a flat PPO run on the same
       env (its ``policy``) or of a hierarchical run (its skill of the same name).
-    - ``train``: false keeps the skill frozen (it then needs ``checkpoint``)."""
+    - ``train``: false keeps the skill frozen (it then needs ``checkpoint``).
+    - ``requires``: subgoals (of other skills) that must hold for the manager to pick this skill, with
+      ``initiation_sets`` (the door skill of key-door requires the key)."""
 
     name: str = Field(min_length=1)
     subgoal: str | None = None
     reward: Literal["subgoal", "extrinsic"] = "subgoal"
     checkpoint: str | None = None
     train: bool = True
+    requires: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> SkillConfig:
@@ -61,6 +64,15 @@ class HierarchicalKwargs(StrictModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"skills: the name {dup[0]!r} is used twice; give each skill its own name")
+        subgoals = {s.subgoal for s in self.skills if s.subgoal is not None}
+        for i, s in enumerate(self.skills):
+            unknown = [r for r in s.requires if r not in subgoals]
+            if unknown:
+                raise ValueError(f"skills[{i}].requires: {unknown[0]!r} is no skill's subgoal (subgoals: "
+                                 f"{', '.join(sorted(subgoals)) or 'none'}); name one of them")
+            if s.requires and not self.initiation_sets:
+                raise ValueError(f"skills[{i}].requires: needs initiation_sets: true (it restricts where the "
+                                 "manager may pick the skill)")
         for kw, key in ((self.ppo, "ppo"), (self.manager_ppo, "manager_ppo")):
             if kw is not None and (kw.normalize_obs or kw.normalize_reward):
                 raise ValueError(f"{key}.normalize_obs / normalize_reward: not supported in hierarchical runs "

@@ -57,6 +57,7 @@ class Skill:
     subgoal: str | None  # the info key subgoal_<subgoal> ends it; None: only option_steps and episode ends
     reward: str  # "subgoal" | "extrinsic"
     where: str  # the config key, for errors: policy.kwargs.skills[i]
+    requires: tuple[str, ...] = ()  # subgoals that must hold for the manager to pick it (initiation sets)
 
 
 @dataclass
@@ -173,6 +174,8 @@ class OptionCollector:
         self.obs_space = env.single_observation_space
         self.action_space = env.single_action_space
         self.option_space = gym.spaces.Discrete(len(self.skills))
+        self.subgoal_names = sorted({s.subgoal for s in self.skills if s.subgoal is not None}
+                                    | {r for s in self.skills for r in s.requires})
         self.manager_space = manager_observation_space(self.obs_space, len(self.skills), initiation_sets)
         n = self.num_envs
         self.active = np.full(n, -1, np.int64)  # the running skill per copy; -1: the manager picks before its next step
@@ -248,10 +251,9 @@ class OptionCollector:
     # ------------------------------------------------------------------ acting
     def _subgoals(self, infos: Mapping[str, Any], i: int) -> dict[str, bool]:
         out = {}
-        for s in self.skills:
-            if s.subgoal is not None:
-                v = _info_value(infos, f"subgoal_{s.subgoal}", i)
-                out[s.subgoal] = bool(v) if v is not None else False
+        for name in self.subgoal_names:
+            v = _info_value(infos, f"subgoal_{name}", i)
+            out[name] = bool(v) if v is not None else False
         return out
 
     def _check_reported(self, infos: Mapping[str, Any]) -> None:
@@ -267,9 +269,11 @@ class OptionCollector:
             self.checked_subgoals.add(s.subgoal)
 
     def available(self, i: int) -> np.ndarray:
-        """The skills copy ``i``'s manager may pick now: those whose subgoal does not hold yet (all of them when
-        every subgoal holds, or without initiation sets)."""
-        ok = np.array([s.subgoal is None or not self.held[i].get(s.subgoal, False) for s in self.skills], np.int8)
+        """The skills copy ``i``'s manager may pick now: those whose subgoal does not hold yet and whose
+        ``requires`` all hold (all of them when none qualifies, or without initiation sets)."""
+        held = self.held[i]
+        ok = np.array([(s.subgoal is None or not held.get(s.subgoal, False)) and all(held.get(r, False) for r in s.requires)
+                       for s in self.skills], np.int8)
         return ok if ok.any() and self.initiation_sets else np.ones(len(self.skills), np.int8)
 
     def manager_obs(self, idx: np.ndarray) -> Any:

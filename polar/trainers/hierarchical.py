@@ -174,7 +174,7 @@ def option_collector(cfg: EnvRunConfig, manager: Policy, skills: dict[str, Polic
                      seed: int | None, record: bool) -> OptionCollector:
     kw = hierarchical_kwargs(cfg)
     env = make_vector_env(cfg.harness, num_envs, seed=seed, config_dir=cfg.config_dir)
-    specs = [Skill(s.name, skills[s.name], s.subgoal, s.reward, f"policy.kwargs.skills[{i}]")
+    specs = [Skill(s.name, skills[s.name], s.subgoal, s.reward, f"policy.kwargs.skills[{i}]", tuple(s.requires))
              for i, s in enumerate(kw.skills)]
     return OptionCollector(env, manager, specs, kw.option_steps, kw.manager.gamma, kw.subgoal_reward,
                            kw.steps_per_env(num_envs), seed, harness_name(cfg.harness), kw.initiation_sets,

@@ -23,13 +23,15 @@ def _policy(obs_space: gym.Space[Any], act_space: gym.Space[Any]) -> Policy:
 
 
 def _collector(skills: list[tuple[str, str | None]], option_steps: int, steps: int = 20, num_envs: int = 2,
-               length: int = 50, report: bool = True, initiation_sets: bool = True) -> OptionCollector:
+               length: int = 50, report: bool = True, initiation_sets: bool = True,
+               requires: dict[str, tuple[str, ...]] | None = None) -> OptionCollector:
     torch.manual_seed(0)
     env = gym.vector.SyncVectorEnv([lambda: Tick(length, report) for _ in range(num_envs)],
                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs, act = env.single_observation_space, env.single_action_space
     manager = _policy(manager_observation_space(obs, len(skills), initiation_sets), gym.spaces.Discrete(len(skills)))
-    specs = [Skill(name, _policy(obs, act), subgoal, "subgoal" if subgoal else "extrinsic", f"policy.kwargs.skills[{i}]")
+    specs = [Skill(name, _policy(obs, act), subgoal, "subgoal" if subgoal else "extrinsic", f"policy.kwargs.skills[{i}]",
+                   (requires or {}).get(name, ()))
              for i, (name, subgoal) in enumerate(skills)]
     return OptionCollector(env, manager, specs, option_steps, 0.9, 1.0, steps, seed=0, env_name="env Tick",
                            initiation_sets=initiation_sets)
@@ -114,6 +116,15 @@ def test_initiation_sets_mask_a_skill_whose_subgoal_holds():
     off.start({}, 0)
     assert off.available(0).tolist() == [1, 1]
     assert not isinstance(off.manager_obs(np.array([0])), dict)  # no mask in the manager's observation
+
+
+def test_a_skill_that_requires_a_subgoal_is_picked_only_where_it_holds():
+    c = _collector([("tick", "tick"), ("never", "never")], option_steps=8, steps=1, num_envs=1,
+                   requires={"never": ("tick",)})
+    c.start({}, 0)  # t = 0: 'tick' holds: 'tick' is masked (its subgoal holds), 'never' may start (it requires tick)
+    assert c.available(0).tolist() == [0, 1]
+    c.held[0]["tick"] = False  # between multiples of 5: 'never' lacks its requirement, 'tick' may start
+    assert c.available(0).tolist() == [1, 0]
 
 
 def test_the_collector_state_names_the_active_skill_and_loads_back():

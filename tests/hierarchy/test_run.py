@@ -140,6 +140,7 @@ def test_a_skill_checkpoint_of_another_env_is_an_error_naming_the_key(tmp_path):
     ([{"name": "a", "reward": "extrinsic", "train": False}], "skill 'a': train: false freezes the skill, so it needs a checkpoint"),
     ([{"name": "a", "subgoal": "x"}, {"name": "a", "subgoal": "y"}], "skills: the name 'a' is used twice"),
     ([], "skills"),
+    ([{"name": "a", "subgoal": "x", "requires": ["y"]}], r"skills\[0\]\.requires: 'y' is no skill's subgoal \(subgoals: x\)"),
 ])
 def test_bad_skill_settings_are_refused_naming_the_key(skills, message):
     with pytest.raises(ConfigError, match=message):
