@@ -6,7 +6,8 @@ hierarchical agent. Every step's ``info`` also says which subgoals hold (``subgo
 ``subgoal_door``: the door is open): a hierarchical run ends a skill when its subgoal holds and pays the skill
 its subgoal reward; a flat run ignores these keys.
 
-``observation``: ``grid`` (the default: a wall/key/door plane and the agent's plane, flattened, plus the key held)
+``key_reward``: what picking up the key pays (the game's 0.2 by default; 0 leaves the door as the only reward, so
+the key is a subgoal the env does not pay for). ``observation``: ``grid`` (the default: a wall/key/door plane and the agent's plane, flattened, plus the key held)
 or ``coords`` (8 numbers: the agent's, the key's and the door's row and column, the gap's row, the key held; each
 position divided by the grid's side), the same for both agents.
 """
@@ -22,7 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "keydoor"))
-from keydoor_game import DOOR, KEY, WALL, KeyDoorGame
+from keydoor_game import DOOR, KEY, KEY_REWARD, WALL, KeyDoorGame
 
 
 class KeyDoorSubgoals(gym.Env[Any, int]):
@@ -30,12 +31,14 @@ class KeyDoorSubgoals(gym.Env[Any, int]):
 
     action_space = spaces.Discrete(4)
 
-    def __init__(self, level: int = 3, max_steps: int | None = None, observation: str = "grid") -> None:
+    def __init__(self, level: int = 3, max_steps: int | None = None, observation: str = "grid",
+                 key_reward: float = KEY_REWARD) -> None:
         if observation not in ("grid", "coords"):
             raise ValueError(f"observation must be 'grid' or 'coords', got {observation!r}")
         self.game = KeyDoorGame(level=level)
         self.max_steps = int(max_steps or self.game.level.max_steps)
         self.observation = observation
+        self.key_reward = float(key_reward)
         h, w = self.game.shape
         if observation == "coords":
             self.observation_space = spaces.Box(0.0, 1.0, (8,), np.float32)
@@ -76,7 +79,10 @@ class KeyDoorSubgoals(gym.Env[Any, int]):
         return self._obs(), self._subgoals()
 
     def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        had_key = self.game.keys_held > 0
         over, reward = self.game.step(int(action))
+        if self.game.keys_held > 0 and not had_key:  # the game paid KEY_REWARD for this pick-up
+            reward += self.key_reward - KEY_REWARD
         self.t += 1
         truncated = not over and self.t >= self.max_steps
         info: dict[str, Any] = self._subgoals()
