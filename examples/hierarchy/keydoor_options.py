@@ -3,7 +3,7 @@
 ``KeyDoorSubgoals-v0`` is the task of the hierarchy example (docs/hierarchy.md). Its reward is the game's own
 (-0.01 a step, +0.2 for the first key pick-up, +1 for opening the door) and it is the same for the flat and the
 hierarchical agent. Every step's ``info`` also says which subgoals hold (``subgoal_key``: the key is held,
-``subgoal_door``: the door is open): a hierarchical run ends a skill when its subgoal holds and pays the skill
+``subgoal_door``: the door is open, ``subgoal_gap``: the agent stands in the gap of the middle wall): a hierarchical run ends a skill when its subgoal holds and pays the skill
 its subgoal reward; a flat run ignores these keys.
 
 ``key_reward``: what picking up the key pays (the game's 0.2 by default; 0 leaves the door as the only reward, so
@@ -47,14 +47,13 @@ class KeyDoorSubgoals(gym.Env[Any, int]):
                                                   "inventory": spaces.Box(0.0, 1.0, (1,), np.float32)})
         self.t = 0
         self.key = (0, 0)
+        self.gap = (-1, -1)
 
     def _coords(self) -> np.ndarray:
-        g, n = self.game.grid, float(self.game.shape[0])
-        col = g.shape[1] // 2
-        gaps = [r for r in range(1, g.shape[0] - 1) if g[r, col] != WALL] if self.game.level.split_wall else [0]
+        n = float(self.game.shape[0])
         held = float(min(self.game.keys_held, 1))
-        return np.array([*self.game.agent, *self.key, *self.game.door, gaps[0], 0.0], np.float32) / n + np.array(
-            [0, 0, 0, 0, 0, 0, 0, held], np.float32)
+        return np.array([*self.game.agent, *self.key, *self.game.door, max(self.gap[0], 0), 0.0], np.float32) / n + \
+            np.array([0, 0, 0, 0, 0, 0, 0, held], np.float32)
 
     def _obs(self) -> Any:
         if self.observation == "coords":
@@ -67,13 +66,18 @@ class KeyDoorSubgoals(gym.Env[Any, int]):
                 "inventory": np.array([min(self.game.keys_held, 1)], np.float32)}
 
     def _subgoals(self) -> dict[str, bool]:
-        return {"subgoal_key": self.game.keys_held > 0, "subgoal_door": self.game.won}
+        return {"subgoal_key": self.game.keys_held > 0, "subgoal_door": self.game.won,
+                "subgoal_gap": tuple(self.game.agent) == self.gap}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self.game.new_game(None if seed is None else int(seed))
         self.t = 0
+        g = self.game.grid
+        col = g.shape[1] // 2
+        rows = [r for r in range(1, g.shape[0] - 1) if g[r, col] != WALL] if self.game.level.split_wall else []
+        self.gap = (rows[0], col) if rows else (-1, -1)  # the one opening in the middle wall (level 3)
         found = np.argwhere(self.game.grid == KEY)
         self.key = (int(found[0][0]), int(found[0][1])) if len(found) else self.game.agent
         return self._obs(), self._subgoals()
