@@ -172,3 +172,15 @@ def test_a_skill_learns_from_its_subgoal_reward_alone(tmp_path):
     _, _, rows = _train(cfg, tmp_path)
     assert rows[0]["skill/press/entropy"] > 1.3 and rows[0]["options/length_mean"] > 2.5
     assert rows[-1]["skill/press/entropy"] < 1.0 and rows[-1]["options/length_mean"] < 2.3
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"initiation_sets": False, "skills": [{"name": "a", "subgoal": "x"}, {"name": "b", "subgoal": "y", "requires": ["x"]}]},
+     r"skills\[1\]\.requires: needs initiation_sets: true"),
+    ({"skills": [{"name": "a", "subgoal": "x"}], "ppo": {"normalize_obs": True}},
+     r"ppo\.normalize_obs / normalize_reward: not supported in hierarchical runs"),
+])
+def test_settings_a_hierarchical_run_cannot_honour_are_refused_naming_the_key(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(RunConfig, {"harness": {"type": "gymnasium", "id": TICK},
+                             "policy": {"type": "hierarchical", "kwargs": kwargs}})
