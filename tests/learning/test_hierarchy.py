@@ -1,6 +1,6 @@
 """A manager and three skills learn key-door level 3 (examples/hierarchy/keydoor_hierarchical.yaml) through
 `polar run`, and `polar eval` plays the checkpoint with both levels (docs/hierarchy.md;
-/work/notes/hier-benchmarks.md compares it with flat PPO, 3 seeds each)."""
+docs/benchmarks.md compares it with flat PPO, 3 seeds each)."""
 
 from __future__ import annotations
 
