@@ -31,6 +31,7 @@ from polar.config.gail import AIRLPolicyConfig, GAILPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.hierarchical import HierarchicalPolicyConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.policy import (
@@ -81,6 +82,7 @@ class _RunBase(StrictModel):
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
     | GAILPolicyConfig | AIRLPolicyConfig
+    | HierarchicalPolicyConfig
     | CQLPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
