@@ -20,6 +20,8 @@ at temperature > 0 anyway. The gateway builds it for serving (``gateway.action_c
 Bounded: least recently used entries go first once ``max_entries`` or ``max_bytes`` (prompt ids at 4 bytes
 a token, sampled tokens at 16 bytes, top logprobs at 16 bytes per alternative) is passed. Invalidated: a
 request under a new ``policy_version`` (a weight sync, however it arrived) empties the cache first.
+Coalesced: a request identical to one being answered right now waits for that answer instead of computing
+it again (an evaluation starts its episodes together, all at the same first prompt).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class ActionCache:
             self.nbytes -= gone.nbytes
             self.evictions += 1
 
-    def coalesced(self, events: tuple[TokenEvent, ...]) -> None:
+    def coalesced(self) -> None:
         """A lookup that missed, then got its answer from an identical request in flight: a hit after all."""
         self.misses -= 1
         self.hits += 1
@@ -146,6 +148,9 @@ class ActionCacheEngine:
     """
 
     _own = frozenset({"inner", "cache", "pending"})
+    inner: Any
+    cache: ActionCache
+    pending: dict[tuple[int, tuple[Any, ...]], asyncio.Future[tuple[TokenEvent, ...] | None]]
 
     def __init__(self, inner: Any, cache: ActionCache) -> None:
         object.__setattr__(self, "inner", inner)
@@ -176,7 +181,7 @@ class ActionCacheEngine:
             # for that answer rather than compute it twice; a failed or cut-short one leaves us to generate
             cached = await asyncio.shield(self.pending[(version, key)])
             if cached is not None:
-                self.cache.coalesced(cached)
+                self.cache.coalesced()
         if cached is not None:
             for ev in cached:
                 yield _copy(ev)
