@@ -233,6 +233,14 @@ class AgentRunConfig(_RunBase):
         return self
 
     @model_validator(mode="after")
+    def _no_action_cache(self) -> AgentRunConfig:
+        if self.gateway.action_cache is not None:
+            raise ValueError("gateway.action_cache is for serving (polar gateway --config) and evaluation (polar eval RUN "
+                             "--action-cache N --greedy); a training run samples fresh answers and changes its weights "
+                             "every step, so remove gateway.action_cache from the run's config")
+        return self
+
+    @model_validator(mode="after")
     def _step_advantage_needs_turns(self) -> AgentRunConfig:
         kwargs = getattr(self.policy, "kwargs", None)
         if getattr(kwargs, "step_advantage", None) is not None and self.agent is None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
+from polar.config.gateway import ActionCacheConfig
 from polar.config.grpo import GRPOKwargs
 from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
@@ -170,11 +171,15 @@ def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
 
 
 def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
-                training: bool = False) -> LocalStack:
+                training: bool = False, greedy: bool = False, action_cache: ActionCacheConfig | None = None) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
     (default: the run's ``gateway/sessions/``). ``training``: a run's own stack, whose every model call
     samples with the run's ``policy.kwargs.temperature`` and ``max_tokens`` (``rollout_sampling``); other
-    users (``polar generate``, evaluation suites) keep what the agent, or their own engine wrapper, asks."""
+    users (``polar generate``, evaluation suites) keep what the agent, or their own engine wrapper, asks.
+    ``greedy``: every call at temperature 0 (``polar eval --greedy``); ``action_cache``: the gateway's action
+    cache (``polar eval --action-cache``; never in training)."""
+    if training and action_cache is not None:
+        raise ConfigError("the action cache is for evaluation and serving; a training run samples fresh answers")
     from polar.inference import load_engine
     from polar.inference.rollout_sampling import with_rollout_sampling
 
@@ -197,7 +202,10 @@ def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, rec
             engine = embedded_engine_factory(cfg)()
     if training:
         engine = with_rollout_sampling(engine, *rollout_sampling(cfg))
-    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None})  # the run's own records: resume, eval continue
+    elif greedy:
+        engine = with_rollout_sampling(engine, 0.0, None)
+    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None,  # the run's own records: resume, eval continue
+                                                 "action_cache": action_cache})
     try:
         return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
                           gateway_config=gateway_cfg, results_dir=run_dir_path / "sessions")
@@ -278,9 +286,11 @@ def heldout_success(stack: SessionStack, eval_tasks: list[dict[str, Any]], sampl
 
 
 def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | None = None, samples: int | None = None,
-                       engine: Any = None) -> dict[str, Any]:
+                       engine: Any = None, greedy: bool = False, action_cache: ActionCacheConfig | None = None) -> dict[str, Any]:
     """``polar eval`` for an agent run: its ``eval_tasks`` with the weights of ``checkpoint`` (default: the
-    latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``."""
+    latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``.
+    ``greedy``: every call at temperature 0; ``action_cache``: replay repeated greedy prompts (the result's
+    ``action_cache`` holds the hit rate); without ``greedy`` the LLM agent's own temperature must be 0."""
     from polar.errors import RunDirError
     from polar.models.llm_policy import LLMPolicy
     from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
@@ -290,6 +300,9 @@ def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | 
             f"{run_dir.path} has no eval_tasks, so nothing is held out to evaluate; add 'eval_tasks: FILE.jsonl' "
             f"to {run_dir.config_path} and run `polar eval {run_dir.path}` again"
         )
+    if action_cache is not None and not greedy and cfg.agent is not None and cfg.agent.temperature != 0:
+        raise ConfigError(f"--action-cache replays greedy answers only, and {run_dir.config_path} sets agent.temperature: "
+                          f"{cfg.agent.temperature:g}; add --greedy (every call at temperature 0) or drop --action-cache")
     eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir)
     ckpt = checkpoint or CheckpointManager(run_dir.checkpoints_dir).latest()
     if ckpt is None:
@@ -306,11 +319,20 @@ def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | 
     while records.exists():
         n += 1
         records = run_dir.eval_dir / "sessions" / f"{tag}-{n}"
-    with build_stack(cfg, run_dir.path, engine, records_dir=records) as stack:
+    t0 = time.monotonic()
+    with build_stack(cfg, run_dir.path, engine, records_dir=records, greedy=greedy, action_cache=action_cache) as stack:
         policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
         policy.load_state_dict(state["model"])
         stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
+        t_sessions = time.monotonic()
         res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
+        res["sessions_s"] = time.monotonic() - t_sessions
+        if action_cache is not None:
+            res["action_cache"] = stack.gateway.app.engine.stats()
+            log.info("%s: action cache hit rate %.3f (%d hits, %d misses)", tag, res["action_cache"]["hit_rate"] or 0.0,
+                     res["action_cache"]["hits"], res["action_cache"]["misses"])
+    res["wall_s"] = time.monotonic() - t0
+    res["greedy"] = greedy or (cfg.agent is not None and cfg.agent.temperature == 0)
     res.update(checkpoint=str(ckpt), step=int(state.get("iteration", state.get("step", 0))), samples_per_task=samples,
                policy_version=int(state.get("policy_version", 0)), records=str(records))
     return res

@@ -33,6 +33,7 @@ from polar.types import Metrics
 if TYPE_CHECKING:
     import gymnasium as gym
 
+    from polar.config.gateway import ActionCacheConfig
     from polar.datasets.minari import Transitions
     from polar.models.policy import Policy
     from polar.trainers.observe import RunLogs
@@ -255,7 +256,8 @@ def progress_total(cfg: RunConfig) -> int:
 
 
 def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | None = None,
-                 stochastic: bool = False, engine: Any = None) -> tuple[RunDir, RunConfig, dict[str, Any]]:
+                 stochastic: bool = False, engine: Any = None, greedy: bool = False,
+                 action_cache: ActionCacheConfig | None = None) -> tuple[RunDir, RunConfig, dict[str, Any]]:
     """``polar eval``: a run directory's latest checkpoint (or the checkpoint file ``target``), evaluated and
     written to ``eval/eval_<checkpoint>_<time>.json``. Env runs: deterministic episodes on fresh env instances;
     agent runs: the held-out ``eval_tasks`` (``episodes`` sessions per task) through the run's own stack."""
@@ -269,7 +271,7 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
     if run_kind(cfg) == "agent":
         from polar.trainers.agentic_run import evaluate_agent_run
 
-        res = evaluate_agent_run(run_dir, cfg, ckpt, episodes, engine=engine)
+        res = evaluate_agent_run(run_dir, cfg, ckpt, episodes, engine=engine, greedy=greedy, action_cache=action_cache)
         name = Path(res["checkpoint"]).stem
     elif cfg.harness.type == "pettingzoo":  # per-agent returns, win/draw/loss, against random and the pool
         from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
