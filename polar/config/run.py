@@ -26,6 +26,7 @@ from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
+from polar.config.curriculum import CurriculumConfig, stage_harness
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
@@ -149,6 +150,8 @@ class EnvRunConfig(_RunBase):
         "count it (nonfinite_skipped_fragments); a non-finite loss always fails")
     init: InitConfig | None = Field(None, description="start from an earlier run's weights (docs/offline.md, Continual)")
     replay_mix: ReplayMixConfig | None = Field(None, description="DQN/SAC: a share of every batch from an old dataset")
+    curriculum: CurriculumConfig | None = Field(None, description="env variants trained in order, advanced on the "
+                                                "training success rate (docs/exploration.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -159,6 +162,19 @@ class EnvRunConfig(_RunBase):
     @model_validator(mode="after")
     def _continual(self) -> EnvRunConfig:
         check_continual(self, ON_POLICY + OFF_POLICY, OFF_POLICY)
+        return self
+
+    @model_validator(mode="after")
+    def _curriculum(self) -> EnvRunConfig:
+        if self.curriculum is not None:
+            if self.policy.type not in ON_POLICY + OFF_POLICY:
+                raise ValueError(f"curriculum: policy {self.policy.type!r} trains from a dataset, not an env; remove "
+                                 "the curriculum section")
+            if self.distribution.backend != "local":
+                raise ValueError("curriculum needs distribution.backend: local (the Ray backend does not rebuild its "
+                                 "actors' envs between stages yet)")
+            for i, stage in enumerate(self.curriculum.stages):
+                stage_harness(self.harness, stage, i)
         return self
 
     @model_validator(mode="after")
