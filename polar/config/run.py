@@ -157,6 +157,7 @@ class EnvRunConfig(_RunBase):
     @classmethod
     def _only_env_sections(cls, data: Any) -> Any:
         _refuse_other_kind(data, "env")
+        _refuse_off_policy_intrinsic(data)
         return data
 
     @model_validator(mode="after")
@@ -270,6 +271,18 @@ def run_kind_of(data: Any) -> RunKind | None:
     if _type_of(data, "harness") == "agent" or _type_of(data, "agent") == "llm":
         return "agent"
     return "env"
+
+
+def _refuse_off_policy_intrinsic(data: Any) -> None:
+    """``policy.kwargs.intrinsic`` on an algorithm that has no reward module: one line saying why (the kwargs
+    model would only call it an unknown key)."""
+    policy = data.get("policy") if isinstance(data, dict) else None
+    kwargs = policy.get("kwargs") if isinstance(policy, dict) else None
+    algo = policy.get("type") if isinstance(policy, dict) else None
+    if isinstance(kwargs, dict) and "intrinsic" in kwargs and algo != "ppo":
+        raise PydanticCustomError(
+            "run_section", "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO; policy "
+            "'{algo}' does not take one; remove policy.kwargs.intrinsic or use policy.type: ppo", {"algo": algo})
 
 
 def _refuse_other_kind(data: Any, kind: RunKind) -> None:

@@ -26,12 +26,15 @@ EXPECTED = {
     "continual/cartpole_dqn_from_iql.yaml": ("env", "gymnasium", "dqn"),
     "continual/cartpole_iql.yaml": ("env", "gymnasium", "iql"),
     "continual/cartpole_ppo_from_iql.yaml": ("env", "gymnasium", "ppo"),
+    "keydoor/curriculum.yaml": ("env", "custom", "ppo"),  # levels 1 -> 3 (docs/exploration.md)
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
     "llm_planner/controller_ppo.yaml": ("env", "gymnasium", "ppo"),  # the planner's goal-conditioned controller
     "llm_reasoning_gym.yaml": ("agent", "agent", "grpo"),
     "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
+    "minigrid/doorkey_ppo.yaml": ("env", "gymnasium", "ppo"),
+    "minigrid/doorkey_rnd.yaml": ("env", "gymnasium", "ppo"),  # PPO + RND (docs/exploration.md)
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
     "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),
