@@ -20,19 +20,18 @@ are part of the learner's checkpoint.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
 from polar.algorithms.advantages import compute_gae
 from polar.algorithms.optim import Adam
 from polar.config.intrinsic import RNDConfig
-from polar.models.encoders import Flatten, flat_dim
-from polar.models.normalization import RunningNorm
 
-ObsBatch = torch.Tensor | dict[str, torch.Tensor]
+ObsBatch: TypeAlias = "torch.Tensor | dict[str, torch.Tensor]"
 
 
 def _mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
@@ -44,22 +43,63 @@ def _mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class RunningMoments(nn.Module):
+    """Running mean/variance (Chan et al.'s parallel update, as ``polar.models.normalization.RunningNorm``, which
+    this layer may not import); ``forward`` normalizes and clips."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float) -> None:
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    def update(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, batch_count: float) -> None:
+        delta = batch_mean.double() - self.mean
+        total = self.count + batch_count
+        m2 = self.var * self.count + batch_var.double() * batch_count + delta.pow(2) * self.count * batch_count / total
+        self.mean += delta * batch_count / total
+        self.var.copy_(m2 / total)
+        self.count.fill_(float(total))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean.float()) / (self.var.float() + 1e-8).sqrt()).clamp(-self.clip, self.clip)
+
+
+def _width(space: gym.Space[Any]) -> int:
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(np.sum(space.nvec))
+    return int(np.prod(space.shape or (1,)))
+
+
 class ObsFlattener(nn.Module):
-    """Any observation space as float vectors ``[B, D]`` (a Dict's keys in order, Discrete one-hot)."""
+    """Any observation space as float vectors ``[B, D]``: a Dict's keys in order, Discrete and MultiDiscrete
+    one-hot, Box and MultiBinary flattened."""
 
     def __init__(self, space: gym.Space[Any]) -> None:
         super().__init__()
         self.keys = list(space.spaces) if isinstance(space, gym.spaces.Dict) else None
-        subspaces = [space.spaces[k] for k in self.keys] if self.keys is not None else [space]
-        self.parts = nn.ModuleList(Flatten(s) for s in subspaces)
-        self.dim = sum(flat_dim(s) for s in subspaces)
+        self.subspaces = [space.spaces[k] for k in self.keys] if self.keys is not None else [space]
+        self.dim = sum(_width(s) for s in self.subspaces)
+
+    @staticmethod
+    def _one(space: gym.Space[Any], x: torch.Tensor) -> torch.Tensor:
+        if isinstance(space, gym.spaces.Discrete):
+            return nn.functional.one_hot(x.long().reshape(-1) - int(space.start), int(space.n)).float()
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            cols = x.long().reshape(x.shape[0], -1)
+            return torch.cat([nn.functional.one_hot(cols[:, i], int(n)).float()
+                              for i, n in enumerate(np.asarray(space.nvec).reshape(-1))], -1)
+        return x.reshape(x.shape[0], -1).float()
 
     def forward(self, obs: ObsBatch) -> torch.Tensor:
         if self.keys is None:
             assert isinstance(obs, torch.Tensor)
-            return self.parts[0](obs)
+            return self._one(self.subspaces[0], obs)
         assert isinstance(obs, dict)
-        return torch.cat([part(obs[k]) for k, part in zip(self.keys, self.parts, strict=True)], -1)
+        return torch.cat([self._one(s, obs[k]) for k, s in zip(self.keys, self.subspaces, strict=True)], -1)
 
 
 def _flat_rows(obs: ObsBatch, rows: int) -> ObsBatch:
@@ -79,13 +119,14 @@ class RND(nn.Module):
         self.cfg = cfg
         self.flatten = ObsFlattener(space)
         d = self.flatten.dim
-        self.obs_norm = RunningNorm((d,), cfg.obs_clip)
+        self.obs_norm = RunningMoments((d,), cfg.obs_clip)
         self.target = _mlp(d, cfg.hidden_sizes, cfg.embedding_dim)
         self.predictor = _mlp(d, cfg.hidden_sizes, cfg.embedding_dim)
         self.critic = _mlp(d, cfg.hidden_sizes, 1)
         for p in self.target.parameters():
             p.requires_grad_(False)
-        self.return_norm = RunningNorm((), 10.0)  # running std of the discounted intrinsic return
+        self.return_norm = RunningMoments((), 10.0)  # running std of the discounted intrinsic return
+        self.return_filter: torch.Tensor
         self.register_buffer("return_filter", torch.zeros(0, dtype=torch.float64))  # per env column
         self.to(device or torch.device("cpu"))
         self.optimizer = Adam([*self.predictor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate)
@@ -199,4 +240,4 @@ def combine(extrinsic: torch.Tensor, intrinsic: torch.Tensor, cfg: RNDConfig) ->
     return cfg.ext_coef * extrinsic + cfg.coef * intrinsic.to(extrinsic.device)
 
 
-__all__ = ["RND", "ObsFlattener", "combine", "make_intrinsic"]
+__all__ = ["RND", "ObsFlattener", "RunningMoments", "combine", "make_intrinsic"]

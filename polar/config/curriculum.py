@@ -27,7 +27,7 @@ class CurriculumConfig(StrictModel):
     @classmethod
     def _in_unit_interval(cls, v: float) -> float:
         if not 0.0 < v <= 1.0:
-            raise ValueError(f"curriculum.threshold is a success rate in (0, 1]; got {v}")
+            raise ValueError("a success rate in (0, 1] is needed")
         return v
 
 

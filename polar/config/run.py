@@ -175,7 +175,10 @@ class EnvRunConfig(_RunBase):
                 raise ValueError("curriculum needs distribution.backend: local (the Ray backend does not rebuild its "
                                  "actors' envs between stages yet)")
             for i, stage in enumerate(self.curriculum.stages):
-                stage_harness(self.harness, stage, i)
+                try:
+                    stage_harness(self.harness, stage, i)
+                except ValueError as e:  # one line naming the stage's key, without the whole config echoed
+                    raise PydanticCustomError("run_section", "{problem}", {"problem": str(e)}) from None
         return self
 
     @model_validator(mode="after")

@@ -223,7 +223,9 @@ def _curriculum(cfg: EnvRunConfig, parts: EnvParts, collector: Collector[Any], s
 
     def backend_of(stage: int) -> RolloutBackend:
         seed = parts.seed + 1_000_003 * stage
-        return backend_factory(_stage_cfg(cfg, None, stage), steps_per_env, seed, config_dir=cfg.config_dir)
+        backend: RolloutBackend = backend_factory(_stage_cfg(cfg, None, stage), steps_per_env, seed,
+                                                  config_dir=cfg.config_dir)
+        return backend
 
     def use_backend(stage: int, backend: RolloutBackend) -> None:
         assert env_collector is not None

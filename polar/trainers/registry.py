@@ -127,8 +127,8 @@ def _ppo_learner(parts: EnvParts) -> Learner[Any]:
     if kw.intrinsic is not None and d.num_learners > 1:
         raise ConfigError("policy.kwargs.intrinsic needs distribution.num_learners: 1 (the reward module is not "
                           "shared across learner ranks yet); drop one of them")
-    algorithm = PPOLearner(parts.train_agent, kw, total,
-                           make_intrinsic(parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
+    algorithm: AlgorithmLearner[Rollout] = PPOLearner(
+        parts.train_agent, kw, total, make_intrinsic(parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
     if d.num_learners > 1:  # N data-parallel ranks; this copy acts, publishes and checkpoints rank 0's weights
         rank_agent = copy.deepcopy(parts.train_agent).cpu()
         # a rank's minibatch is its share of one, so the optimizer steps per epoch stay those of one learner

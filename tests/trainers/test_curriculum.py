@@ -78,5 +78,5 @@ def test_a_stage_naming_an_unknown_key_or_level_fails_at_start_naming_it(tmp_pat
 
 @pytest.mark.parametrize("threshold", [0.0, 1.5, -0.2])
 def test_a_threshold_outside_the_unit_interval_is_refused(threshold):
-    with pytest.raises(Exception, match=r"curriculum.threshold is a success rate in \(0, 1\]"):
+    with pytest.raises(Exception, match=r"'curriculum.threshold': .*a success rate in \(0, 1\] is needed"):
         validate(RunConfig, _cfg(stuck_at=99, total=32, threshold=threshold))
