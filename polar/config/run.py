@@ -167,18 +167,21 @@ class EnvRunConfig(_RunBase):
 
     @model_validator(mode="after")
     def _curriculum(self) -> EnvRunConfig:
-        if self.curriculum is not None:
-            if self.policy.type not in ON_POLICY + OFF_POLICY:
-                raise ValueError(f"curriculum: policy {self.policy.type!r} trains from a dataset, not an env; remove "
-                                 "the curriculum section")
-            if self.distribution.backend != "local":
-                raise ValueError("curriculum needs distribution.backend: local (the Ray backend does not rebuild its "
-                                 "actors' envs between stages yet)")
-            for i, stage in enumerate(self.curriculum.stages):
-                try:
-                    stage_harness(self.harness, stage, i)
-                except ValueError as e:  # one line naming the stage's key, without the whole config echoed
-                    raise PydanticCustomError("run_section", "{problem}", {"problem": str(e)}) from None
+        if self.curriculum is None:
+            return self
+        problem = None
+        if self.policy.type not in ON_POLICY + OFF_POLICY:
+            problem = f"curriculum: policy {self.policy.type!r} trains from a dataset, not an env; remove the section"
+        elif self.distribution.backend != "local":
+            problem = ("curriculum needs distribution.backend: local (the Ray backend does not rebuild its actors' "
+                       "envs between stages yet)")
+        for i, stage in enumerate(self.curriculum.stages):
+            try:
+                stage_harness(self.harness, stage, i)
+            except ValueError as e:
+                problem = problem or str(e)
+        if problem is not None:  # one line naming the key, without the whole config echoed
+            raise PydanticCustomError("run_section", "{problem}", {"problem": problem})
         return self
 
     @model_validator(mode="after")
