@@ -31,7 +31,7 @@ from polar.agents import AgentBase
 from polar.algorithms.advantages import normalize, rollout_gae
 from polar.algorithms.optim import Adam, module_device
 from polar.algorithms.ppo_fused import fused_ppo_grads, pinned_changes, supports_fused
-from polar.algorithms.rnd import RND, combine
+from polar.algorithms.rnd import RND, combine, restore_intrinsic
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.distributions import GaussianDist
 from polar.errors import ConfigError
@@ -270,10 +270,7 @@ class PPOLearner:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.intrinsic is not None:
-            if "intrinsic" not in state:
-                raise ValueError("policy.kwargs.intrinsic is set but the checkpoint has no intrinsic reward module "
-                                 "(it was saved by a run without one); resume with the config it was trained with")
-            self.intrinsic.restore(state["intrinsic"])
+            restore_intrinsic(self.intrinsic, state)
 
 
 __all__ = ["PPOLearner", "PPOMinibatch", "autograd_step", "clip_fraction", "clipped_surrogate", "fused_path",

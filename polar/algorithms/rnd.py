@@ -235,9 +235,17 @@ def make_intrinsic(space: gym.Space[Any], cfg: RNDConfig | None, device: torch.d
     return None if cfg is None else RND(space, cfg, device)
 
 
+def restore_intrinsic(module: RND, learner_state: Mapping[str, Any]) -> None:
+    """Load a learner checkpoint's ``intrinsic`` share into ``module``; one line when the checkpoint has none."""
+    if "intrinsic" not in learner_state:
+        raise ValueError("policy.kwargs.intrinsic is set but the checkpoint has no intrinsic reward module (it was "
+                         "saved by a run without one); resume with the config it was trained with")
+    module.restore(learner_state["intrinsic"])
+
+
 def combine(extrinsic: torch.Tensor, intrinsic: torch.Tensor, cfg: RNDConfig) -> torch.Tensor:
     """The policy's advantage: ``ext_coef * A_ext + coef * A_int``."""
     return cfg.ext_coef * extrinsic + cfg.coef * intrinsic.to(extrinsic.device)
 
 
-__all__ = ["RND", "ObsFlattener", "RunningMoments", "combine", "make_intrinsic"]
+__all__ = ["RND", "ObsFlattener", "RunningMoments", "combine", "make_intrinsic", "restore_intrinsic"]

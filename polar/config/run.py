@@ -285,9 +285,9 @@ def _refuse_off_policy_intrinsic(data: Any) -> None:
     policy = data.get("policy") if isinstance(data, dict) else None
     kwargs = policy.get("kwargs") if isinstance(policy, dict) else None
     algo = policy.get("type") if isinstance(policy, dict) else None
-    if isinstance(kwargs, dict) and "intrinsic" in kwargs and algo != "ppo":
+    if isinstance(kwargs, dict) and "intrinsic" in kwargs and algo not in ON_POLICY:
         raise PydanticCustomError(
-            "run_section", "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO; policy "
+            "run_section", "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO or APPO; policy "
             "'{algo}' does not take one; remove policy.kwargs.intrinsic or use policy.type: ppo", {"algo": algo})
 
 

@@ -153,7 +153,9 @@ def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
 
 
 def _appo_learner(parts: EnvParts) -> Learner[Any]:
-    return PolicyLearner(parts, APPOLearner(parts.train_agent, parts.cfg.policy.kwargs))
+    kw = cast(APPOKwargs, parts.cfg.policy.kwargs)
+    return PolicyLearner(parts, APPOLearner(parts.train_agent, kw, make_intrinsic(
+        parts.observation_space, kw.intrinsic, module_device(parts.train_agent))))
 
 
 def _appo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:

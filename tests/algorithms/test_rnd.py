@@ -58,28 +58,29 @@ def test_the_bonus_falls_on_revisited_states_and_stays_high_on_new_ones():
     assert rnd.novelty(unseen).mean() > 3 * after
 
 
-def _ppo_cfg(**kw) -> dict:
-    kwargs = {"n_steps": 16, "n_epochs": 2, "num_minibatches": 2,
+def _ppo_cfg(algo: str = "ppo", **kw) -> dict:
+    kwargs = {"n_steps": 16, "n_epochs": 2, **({"num_minibatches": 2} if algo == "ppo" else {}),
               "intrinsic": {"type": "rnd", "hidden_sizes": [16], "embedding_dim": 8}, **kw}
     return {"name": "rnd", "harness": {"type": "gymnasium", "id": "CartPole-v1"}, "seed": 3,
-            "policy": {"type": "ppo", "kwargs": kwargs},
+            "policy": {"type": algo, "kwargs": kwargs},
             "distribution": {"backend": "local", "rollout_workers": 0, "envs_per_worker": 2},
             "total_env_steps": 64, "eval": {"at_end": False}, "logging": {"checkpoint_freq": 1, "tensorboard": False}}
 
 
-def test_its_networks_and_normalizers_are_checkpointed_restored_on_resume_and_its_metrics_logged(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_its_networks_and_normalizers_are_checkpointed_restored_on_resume_and_its_metrics_logged(tmp_path, algo):
     import json
 
     from polar.trainers.build import compose
     from polar.trainers.checkpoint import CheckpointManager
 
-    _, trainer = train_in_process(tmp_path, _ppo_cfg())
+    _, trainer = train_in_process(tmp_path, _ppo_cfg(algo))
     rnd = trainer.learner.algorithm.intrinsic
     state = CheckpointManager(trainer.run_dir.checkpoints_dir).load_latest()
     saved = state["learner"]["intrinsic"]["modules"]
     assert {"predictor.0.weight", "target.0.weight", "critic.0.weight", "obs_norm.mean", "return_norm.var",
             "return_filter"} <= set(saved)
-    assert float(saved["obs_norm.count"]) > 60  # 4 batches of 32 steps, the last step's obs included
+    assert float(saved["obs_norm.count"]) >= 64  # every observation of the run's 64 env steps
     again = compose(trainer.cfg.model_copy(update={"total_env_steps": 96}), trainer.run_dir, resume=True)
     again.restore()
     restored = again.learner.algorithm.intrinsic
@@ -126,12 +127,12 @@ def test_the_fused_path_trains_on_the_same_combined_advantages_as_autograd():
         assert torch.allclose(after["auto"][key], after["off"][key], atol=1e-5), key
 
 
-@pytest.mark.parametrize("algo", ["dqn", "sac", "appo", "bc"])
+@pytest.mark.parametrize("algo", ["dqn", "sac", "bc"])
 def test_an_intrinsic_reward_on_another_algorithm_is_one_line_naming_the_key(algo):
     data = _ppo_cfg()
     data["policy"] = {"type": algo, "kwargs": {"intrinsic": {"type": "rnd"}}}
     with pytest.raises(ConfigError) as e:
         validate(RunConfig, data)
     msg = str(e.value)
-    assert "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO" in msg
+    assert "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO or APPO" in msg
     assert f"policy '{algo}'" in msg and "\n" not in msg
