@@ -345,7 +345,8 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
 
         run_dir, cfg, policy, path, state = load_policy_for_eval(Path(target))
         ev = cfg.eval
-        res = evaluate_policy(policy, cfg.harness, episodes or ev.episodes, ev.seed if seed is None else seed,
+        harness = _stage_cfg(cfg, state).harness  # a curriculum run: the stage its checkpoint was training
+        res = evaluate_policy(policy, harness, episodes or ev.episodes, ev.seed if seed is None else seed,
                               not stochastic and ev.deterministic, ev.num_envs, cfg.config_dir)
         res.update(checkpoint=str(path), env_steps=int(state["env_steps"]), iteration=int(state["iteration"]))
         name = path.stem

@@ -64,6 +64,11 @@ def test_a_resumed_run_continues_at_the_stage_it_was_checkpointed_in(tmp_path):
     resumed = [r for r in _rows(trainer.run_dir.path) if r["env_steps"] > 64]
     assert resumed and all(r["curriculum/stage"] == 1 for r in resumed)
     assert result["eval"]["return_mean"] == 2.0  # level 2's env, rebuilt at resume
+    # polar eval of the run plays the stage its checkpoint was training, not the config's stage 0
+    from polar.trainers.build import evaluate_run
+
+    shutil.copy(CONNECTORS / "level_connector.py", trainer.run_dir.path / "level_connector.py")  # the run's config dir
+    assert evaluate_run(trainer.run_dir.path, episodes=4)[2]["return_mean"] == 2.0
 
 
 def test_a_stage_naming_an_unknown_key_or_level_fails_at_start_naming_it(tmp_path):
