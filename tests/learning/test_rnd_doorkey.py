@@ -1,7 +1,8 @@
-"""RND on MiniGrid DoorKey-5x5 (reward only at the goal): PPO + RND reaches the goal in >= 80% of 100 evaluation
-episodes at the budget of examples/minigrid/doorkey_rnd.yaml; plain PPO with the same settings and env steps
-(doorkey_ppo.yaml) stays below 20%. A MiniGrid episode reached the goal when its return is > 0 (the env pays
-``1 - 0.9 * steps / max_steps`` there and nothing elsewhere). docs/exploration.md; docs/benchmarks.md for 3 seeds."""
+"""RND on MiniGrid DoorKey-5x5 (reward only at the goal): PPO + RND reaches the goal in >= 80% of 100 sampled
+evaluation episodes at the budget of examples/minigrid/doorkey_rnd.yaml (100k env steps), on each of 3 seeds. A
+MiniGrid episode reached the goal when its return is > 0 (the env pays ``1 - 0.9 * steps / max_steps`` there and
+nothing elsewhere). Plain PPO at the same budget solved 2 of 3 seeds as well (docs/benchmarks.md, "RND on MiniGrid
+DoorKey"), so the issue's "plain PPO < 20%" is not asserted: it does not hold on this task (docs/exploration.md)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,11 @@ def _goal_rate(tmp_path: Path, config: str, seed: int) -> float:
                        capture_output=True, text=True, timeout=3000)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads((run / "eval" / "final.json").read_text())
-    assert result["episodes"] == 100
+    assert result["episodes"] == 100 and not result["deterministic"]
     return sum(r > 0 for r in result["returns"]) / len(result["returns"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_ppo_with_rnd_reaches_the_doorkey_goal_where_plain_ppo_does_not(tmp_path, seed):
+def test_ppo_with_rnd_reaches_the_doorkey_goal(tmp_path, seed):
     assert _goal_rate(tmp_path, "doorkey_rnd", seed) >= 0.8
-    assert _goal_rate(tmp_path, "doorkey_ppo", seed) < 0.2
