@@ -27,6 +27,7 @@ EXPECTED = {
     "continual/cartpole_iql.yaml": ("env", "gymnasium", "iql"),
     "continual/cartpole_ppo_from_iql.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/curriculum.yaml": ("env", "custom", "ppo"),  # levels 1 -> 3 (docs/exploration.md)
+    "keydoor/curriculum_wide.yaml": ("env", "custom", "ppo"),
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
