@@ -34,6 +34,12 @@ class MyGameConnector:
         self.max_steps = int(config.get("max_steps", self.game.level.max_steps))
         self.pixels = bool(config.get("pixels", False))  # also send an RGB image (multimodal obs)
         h, w = self.game.shape
+        # grid_size: pad the room with walls to grid_size x grid_size cells (a curriculum over levels of different
+        # sizes keeps one observation shape); default: the level's own size
+        self.grid_size = int(config.get("grid_size") or h)
+        if self.grid_size < h:
+            raise ValueError(f"grid_size {self.grid_size} is smaller than level {config.get('level', 1)}'s {h}x{w} grid")
+        h = w = self.grid_size
         obs_spaces = {
             # two h*w planes: static objects (wall -1, key 0.5, door 1) and where the agent is
             "visual": spaces.Box(-1.0, 1.0, shape=(2 * h * w,), dtype=np.float32),
@@ -62,7 +68,8 @@ class MyGameConnector:
 
     def _observe(self) -> dict:
         raw = self.game.get_observation()
-        grid = raw["grid"]
+        pad = self.grid_size - raw["grid"].shape[0]
+        grid = np.pad(raw["grid"], ((0, pad), (0, pad)), constant_values=WALL)  # grid_size: walls beyond the room
         objects = np.zeros(grid.shape, dtype=np.float32)
         for code, value in OBJECT_VALUES.items():
             objects[grid == code] = value

@@ -22,6 +22,7 @@ import torch
 
 from polar.algorithms.optim import module_device
 from polar.algorithms.ppo import clip_fraction, clipped_surrogate, ppo_value_loss
+from polar.algorithms.rnd import RND, combine, restore_intrinsic
 from polar.errors import ConfigError
 from polar.types import Batch, Rollout
 
@@ -138,7 +139,8 @@ def _as_tensor(x, device: torch.device | None = None):
 
 
 def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
-                reward_scale: float = 1.0, reward_clip: float | None = None) -> dict[str, float]:
+                reward_scale: float = 1.0, reward_clip: float | None = None,
+                intrinsic_advantages: torch.Tensor | None = None) -> dict[str, float]:
     """One learner step on one rollout fragment (feed-forward agents): V-trace targets, then clipped updates.
 
     ``agent`` is the learner's agent (an ``AgentBase``); ``fragment`` a ``polar.rollout.Fragment``
@@ -174,7 +176,10 @@ def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
             behaviour_logp, target_logp.reshape(T, N), rewards, values.reshape(T, N), bootstrap, discounts,
             clip_rho=kw.vtrace_clip_rho, clip_c=kw.vtrace_clip_c,
         )
-        adv = vt.pg_advantages.reshape(n)
+        adv = vt.pg_advantages
+        if intrinsic_advantages is not None:  # policy.kwargs.intrinsic: ext_coef * A_vtrace + coef * A_int
+            adv = combine(adv, intrinsic_advantages, kw.intrinsic)
+        adv = adv.reshape(n)
         if kw.normalize_advantage and n > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         vs = vt.vs.reshape(n)
@@ -210,9 +215,12 @@ class APPOLearner:
     Same shape as ``PPOLearner`` (``state_dict``/``load_state_dict``) so the trainer checkpoints it alike.
     """
 
-    def __init__(self, agent, kwargs) -> None:
+    def __init__(self, agent, kwargs, intrinsic: RND | None = None) -> None:
         self.agent = agent
         self.kw = kwargs
+        # the reward module of policy.kwargs.intrinsic (polar.algorithms.rnd): its advantages (GAE with its own
+        # critic, not V-trace corrected) join each epoch's V-trace advantages
+        self.intrinsic = intrinsic
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=kwargs.learning_rate, eps=kwargs.adam_eps)
         self.stale_dropped = 0
 
@@ -227,15 +235,27 @@ class APPOLearner:
         if self.kw.max_policy_lag and lag > self.kw.max_policy_lag:
             self.stale_dropped += 1
             return {"update_skipped": 1.0, "stale_dropped": float(self.stale_dropped)}
+        intrinsic = None
+        if self.intrinsic is not None:
+            obs = fragment.obs
+            obs = {k: torch.as_tensor(v) for k, v in obs.items()} if isinstance(obs, dict) else torch.as_tensor(obs)
+            intrinsic = self.intrinsic.advantages(obs, fragment.num_steps, fragment.num_envs)
         stats = appo_update(self.agent, self.optimizer, fragment, self.kw, learner_version, rollout.reward_scale,
-                            rollout.reward_clip)
+                            rollout.reward_clip, intrinsic)
+        if self.intrinsic is not None:
+            stats.update(self.intrinsic.train_on_batch())
         stats["stale_dropped"] = float(self.stale_dropped)
         stats["update_skipped"] = 0.0
         return stats
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "stale_dropped": self.stale_dropped}
+        out = {"optimizer": self.optimizer.state_dict(), "stale_dropped": self.stale_dropped}
+        if self.intrinsic is not None:
+            out["intrinsic"] = self.intrinsic.checkpoint()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.stale_dropped = int(state.get("stale_dropped", 0))
+        if self.intrinsic is not None:
+            restore_intrinsic(self.intrinsic, state)

@@ -31,8 +31,10 @@ from polar.agents import AgentBase
 from polar.algorithms.advantages import normalize, rollout_gae
 from polar.algorithms.optim import Adam, module_device
 from polar.algorithms.ppo_fused import fused_ppo_grads, pinned_changes, supports_fused
+from polar.algorithms.rnd import RND, combine, restore_intrinsic
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.distributions import GaussianDist
+from polar.errors import ConfigError
 from polar.types import Batch, Rollout
 
 log = logging.getLogger(__name__)
@@ -168,8 +170,14 @@ def fused_path(agent: nn.Module, fused: FusedSetting) -> tuple[bool, str]:
 class PPOLearner:
     """Owns the optimizer; ``update(rollout, progress)`` computes GAE and runs the PPO epochs on one batch."""
 
-    def __init__(self, agent: nn.Module, kwargs: PPOKwargs, total_env_steps: int) -> None:
+    def __init__(self, agent: nn.Module, kwargs: PPOKwargs, total_env_steps: int, intrinsic: RND | None = None) -> None:
         self.agent = agent
+        # the reward module of policy.kwargs.intrinsic (polar.algorithms.rnd): its advantages join the extrinsic
+        # ones before the epochs, so both gradient paths (autograd_step, fused_step) train on the same sum
+        self.intrinsic = intrinsic
+        if kwargs.intrinsic is not None and intrinsic is None:
+            raise ConfigError("policy.kwargs.intrinsic is set, but this kind of run builds no reward module for it "
+                              "(single-agent env runs do; PettingZoo runs do not yet); remove policy.kwargs.intrinsic")
         self.kw = kwargs
         self.total_env_steps = total_env_steps
         self.params = [p for p in agent.parameters() if p.requires_grad]
@@ -203,6 +211,9 @@ class PPOLearner:
         progress = min(1.0, rollout.run_env_steps / max(1, self.total_env_steps))
         kw = self.kw
         buf.advantages, buf.returns = rollout_gae(buf, kw.gamma, kw.gae_lambda, reward_scale, reward_clip)
+        if self.intrinsic is not None and kw.intrinsic is not None:
+            intrinsic = self.intrinsic.advantages(buf.obs, buf.num_steps, buf.num_envs)
+            buf.advantages = combine(buf.advantages, intrinsic, kw.intrinsic)
         buf.to(self.device)  # GAE runs on CPU (numpy); the epochs on the learner's device
         lr = schedule_value(kw.learning_rate, kw.lr_schedule, progress)
         clip = schedule_value(kw.clip_range, kw.clip_range_schedule, progress)
@@ -246,13 +257,20 @@ class PPOLearner:
             var_y = buf.returns.var()
             stats["explained_variance"] = float("nan") if var_y == 0 else float(1 - (buf.returns - buf.values).var() / var_y)
         stats.update(learning_rate=lr, clip_range=clip, n_updates=n_updates, epochs=epochs)
+        if self.intrinsic is not None:
+            stats.update(self.intrinsic.train_on_batch())
         return stats
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict()}
+        out = {"optimizer": self.optimizer.state_dict()}
+        if self.intrinsic is not None:
+            out["intrinsic"] = self.intrinsic.checkpoint()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.intrinsic is not None:
+            restore_intrinsic(self.intrinsic, state)
 
 
 __all__ = ["PPOLearner", "PPOMinibatch", "autograd_step", "clip_fraction", "clipped_surrogate", "fused_path",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from polar.config.base import StrictModel
+from polar.config.intrinsic import IntrinsicConfig
 
 
 class APPOKwargs(StrictModel):
@@ -35,3 +36,5 @@ class APPOKwargs(StrictModel):
     clip_obs: float = Field(10.0, gt=0)
     clip_reward: float = Field(10.0, gt=0)
     max_policy_lag: int = Field(20, ge=0, description="drop fragments more than this many updates behind (0 = never)")
+    intrinsic: IntrinsicConfig | None = Field(
+        None, description="an intrinsic reward module ({type: rnd, ...}), as PPO's (docs/exploration.md)")

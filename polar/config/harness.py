@@ -32,6 +32,9 @@ class GymnasiumHarnessConfig(StrictModel):
     id: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     preset: Literal["atari"] | None = Field(None, description="standard wrappers: atari (polar.harness.atari)")
+    wrappers: list[str] = Field(default_factory=list, description="'module:Wrapper' classes (Gymnasium wrappers "
+                                "taking only the env), applied in order around the made env, e.g. "
+                                "minigrid.wrappers:ImgObsWrapper; they name code (--trust-code to reopen the run)")
     atari: AtariPresetConfig = Field(default_factory=AtariPresetConfig, description="options of preset: atari")
 
 

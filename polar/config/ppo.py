@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
+from polar.config.intrinsic import IntrinsicConfig
 
 Schedule = Literal["constant", "linear"]
 DEFAULT_BATCH_SIZE = 64  # minibatch samples when neither batch_size nor num_minibatches is set
@@ -60,6 +61,11 @@ class PPOKwargs(StrictModel):
         "act's numpy twin, both only while autograd_step, the agent's act and evaluate_actions and what they call "
         "are the pinned stock code; an edit there, other agents, and off train by autograd and act through act. "
         "The run log says which runs."
+    )
+
+    intrinsic: IntrinsicConfig | None = Field(
+        None, description="an intrinsic reward module ({type: rnd, ...}): novelty bonus with its own critic and "
+        "normalizers (docs/exploration.md); None = extrinsic reward only"
     )
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
+from polar.config.curriculum import CurriculumConfig, stage_harness
 from polar.config.gail import AIRLPolicyConfig, GAILPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
@@ -154,16 +155,38 @@ class EnvRunConfig(_RunBase):
         "count it (nonfinite_skipped_fragments); a non-finite loss always fails")
     init: InitConfig | None = Field(None, description="start from an earlier run's weights (docs/offline.md, Continual)")
     replay_mix: ReplayMixConfig | None = Field(None, description="DQN/SAC: a share of every batch from an old dataset")
+    curriculum: CurriculumConfig | None = Field(None, description="env variants trained in order, advanced on the "
+                                                "training success rate (docs/exploration.md)")
 
     @model_validator(mode="before")
     @classmethod
     def _only_env_sections(cls, data: Any) -> Any:
         _refuse_other_kind(data, "env")
+        _refuse_off_policy_intrinsic(data)
         return data
 
     @model_validator(mode="after")
     def _continual(self) -> EnvRunConfig:
         check_continual(self, ON_POLICY + OFF_POLICY, OFF_POLICY)
+        return self
+
+    @model_validator(mode="after")
+    def _curriculum(self) -> EnvRunConfig:
+        if self.curriculum is None:
+            return self
+        problem = None
+        if self.policy.type not in ON_POLICY + OFF_POLICY:
+            problem = f"curriculum: policy {self.policy.type!r} trains from a dataset, not an env; remove the section"
+        elif self.distribution.backend != "local":
+            problem = ("curriculum needs distribution.backend: local (the Ray backend does not rebuild its actors' "
+                       "envs between stages yet)")
+        for i, stage in enumerate(self.curriculum.stages):
+            try:
+                stage_harness(self.harness, stage, i)
+            except ValueError as e:
+                problem = problem or str(e)
+        if problem is not None:  # one line naming the key, without the whole config echoed
+            raise PydanticCustomError("run_section", "{problem}", {"problem": problem})
         return self
 
     @model_validator(mode="after")
@@ -267,6 +290,18 @@ def run_kind_of(data: Any) -> RunKind | None:
     if _type_of(data, "harness") == "agent" or _type_of(data, "agent") == "llm":
         return "agent"
     return "env"
+
+
+def _refuse_off_policy_intrinsic(data: Any) -> None:
+    """``policy.kwargs.intrinsic`` on an algorithm that has no reward module: one line saying why (the kwargs
+    model would only call it an unknown key)."""
+    policy = data.get("policy") if isinstance(data, dict) else None
+    kwargs = policy.get("kwargs") if isinstance(policy, dict) else None
+    algo = policy.get("type") if isinstance(policy, dict) else None
+    if isinstance(kwargs, dict) and "intrinsic" in kwargs and algo not in ON_POLICY:
+        raise PydanticCustomError(
+            "run_section", "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO or APPO; policy "
+            "'{algo}' does not take one; remove policy.kwargs.intrinsic or use policy.type: ppo", {"algo": algo})
 
 
 def _refuse_other_kind(data: Any, kind: RunKind) -> None:

@@ -17,6 +17,7 @@ from polar.errors import ConfigError
 CODE_FIELDS: dict[tuple[str, str], str] = {
     ("CustomAgentConfig", "module"): "always",
     ("GymnasiumHarnessConfig", "id"): "colon",  # 'my_pkg.envs:MyEnv-v0' imports my_pkg.envs
+    ("GymnasiumHarnessConfig", "wrappers"): "always",  # 'minigrid.wrappers:ImgObsWrapper' imports minigrid.wrappers
     ("ConnectorSpec", "module"): "always",
     ("ConnectorSpec", "command"): "always",
     ("ConnectorSpec", "python"): "always",

@@ -8,6 +8,7 @@ are registered here as ``TextArena/<game>`` (``polar.harness.textarena_env``).
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import gymnasium as gym
 
@@ -39,13 +40,41 @@ def check_id(env_id: str) -> None:
         )
 
 
+def wrapper_class(name: str, index: int) -> type[gym.Wrapper[Any, Any, Any, Any]]:
+    """The Gymnasium wrapper class ``harness.wrappers[index]`` names (``'module:Class'``), or one ``ConfigError``."""
+    module, sep, attr = name.partition(":")
+    where = f"harness.wrappers[{index}] {name!r}"
+    if not sep or not module or not attr:
+        raise ConfigError(f"{where}: write 'module:Class', e.g. 'minigrid.wrappers:ImgObsWrapper'")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise ConfigError(f"{where}: cannot import {module!r} ({e}); install it or fix the name") from None
+    except AttributeError:
+        raise ConfigError(f"{where}: {module!r} has no {attr!r}; fix the name") from None
+    if not (isinstance(cls, type) and issubclass(cls, gym.Wrapper)):
+        raise ConfigError(f"{where} is not a gymnasium.Wrapper subclass; name a wrapper class")
+    return cls
+
+
+def check_wrappers(names: list[str]) -> None:
+    """Every name in ``harness.wrappers`` is a wrapper class (``polar run`` checks before it creates anything)."""
+    for i, name in enumerate(names):
+        wrapper_class(name, i)
+
+
 def _make(cfg: GymnasiumHarnessConfig) -> gym.Env:
-    """One env; ``preset: atari`` wraps it in the standard Atari preprocessing (polar.harness.atari)."""
+    """One env; ``preset: atari`` wraps it in the standard Atari preprocessing (polar.harness.atari), then
+    ``wrappers`` in order."""
     if cfg.preset == "atari":
         from polar.harness.atari import atari_base_kwargs, wrap_atari
 
-        return wrap_atari(gym.make(cfg.id, **atari_base_kwargs(cfg.id, cfg.kwargs)), cfg.atari)
-    return with_action_masks(gym.make(cfg.id, **cfg.kwargs), f"harness {cfg.id}")
+        env: gym.Env = wrap_atari(gym.make(cfg.id, **atari_base_kwargs(cfg.id, cfg.kwargs)), cfg.atari)
+    else:
+        env = gym.make(cfg.id, **cfg.kwargs)
+    for i, name in enumerate(cfg.wrappers):
+        env = wrapper_class(name, i)(env)
+    return env if cfg.preset == "atari" else with_action_masks(env, f"harness {cfg.id}")
 
 
 def make_gymnasium_env(cfg: GymnasiumHarnessConfig) -> gym.Env:

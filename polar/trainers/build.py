@@ -28,7 +28,7 @@ from polar.errors import ConfigError
 from polar.trainers.loop import OnIteration, TrainingLoop
 from polar.trainers.preflight import check_agent_distribution
 from polar.trainers.run_dir import RunDir
-from polar.types import Metrics
+from polar.types import Collector, Metrics
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from polar.config.gateway import ActionCacheConfig
     from polar.datasets.minari import Transitions
     from polar.models.policy import Policy
+    from polar.rollout.backends.base import RolloutBackend
+    from polar.trainers.env_run import EnvParts
     from polar.trainers.observe import RunLogs
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,8 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         if device.type != "cpu":
             log.info("distribution.num_gpus=%s: the %s learner trains on %s; rollouts and evaluation act with a "
                      "CPU copy of the policy", cfg.distribution.num_gpus, cfg.policy.type, device)
-        backend = (backend_factory or make_backend)(cfg, row.steps_per_env(cfg), seed, config_dir=cfg.config_dir)
+        backend = (backend_factory or make_backend)(_stage_cfg(cfg, state), row.steps_per_env(cfg), seed,
+                                                    config_dir=cfg.config_dir)
         obs_space, act_space = backend.observation_space, backend.action_space
     else:
         device = torch.device("cpu")
@@ -149,7 +152,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
             from polar.rollout.dataset import set_dataset_statistics
 
             set_dataset_statistics(policy.obs_norm, extra["dataset"], obs_space, cfg.policy.type)
-        parts = EnvParts(cfg, run_dir, seed, device, obs_space, act_space, policy,
+        parts = EnvParts(_stage_cfg(cfg, state), run_dir, seed, device, obs_space, act_space, policy,
                          learner_copy(policy.agent, device), backend, state, extra=extra)
 
         def acting() -> Policy:
@@ -159,6 +162,9 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         parts.continual = Continual.create(cfg, acting)  # init, eval.old_tasks (polar.trainers.continual)
         learner = row.make_learner(parts)
         collector = row.make_collector(parts, learner)
+        if cfg.curriculum is not None:
+            assert row.steps_per_env is not None  # the config refuses a curriculum for dataset runs
+            collector = _curriculum(cfg, parts, collector, row.steps_per_env(cfg), backend_factory or make_backend)
         if state is None and parts.continual is not None:  # before the collector starts with its weights
             parts.continual.apply(learner)
         attach = getattr(backend, "attach_run_dir", None)
@@ -180,6 +186,60 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         if backend is not None:
             backend.close()
         raise
+
+
+def _stage_cfg(cfg: EnvRunConfig, state: Mapping[str, Any] | None, stage: int | None = None) -> EnvRunConfig:
+    """``cfg`` with the harness of curriculum stage ``stage`` (default: the checkpoint's, 0 for a fresh run)."""
+    if cfg.curriculum is None:
+        return cfg
+    from polar.config.curriculum import stage_harness
+    from polar.rollout.curriculum import checkpoint_stage
+
+    index = checkpoint_stage(state, cfg.curriculum) if stage is None else stage
+    return cfg.model_copy(update={"harness": stage_harness(cfg.harness, cfg.curriculum.stages[index], index)})
+
+
+def _curriculum(cfg: EnvRunConfig, parts: EnvParts, collector: Collector[Any], steps_per_env: int,
+                backend_factory: BackendFactory) -> Collector[Any]:
+    """The run's collector inside a ``CurriculumCollector``; every stage's env is made once first, so a stage that
+    cannot start or whose spaces differ fails the run now, naming the stage."""
+    from polar.harness import make_vector_env
+    from polar.rollout.backends.collector import EnvCollector
+    from polar.rollout.curriculum import CurriculumCollector, checkpoint_stage
+
+    assert cfg.curriculum is not None
+    for i in range(len(cfg.curriculum.stages)):
+        where = f"curriculum.stages[{i}] ({cfg.curriculum.stages[i].kwargs})"
+        try:
+            probe = make_vector_env(_stage_cfg(cfg, None, i).harness, 1, seed=cfg.seed, config_dir=cfg.config_dir)
+        except Exception as e:  # the env's own complaint (an unknown kwarg or level), named by the stage
+            raise ConfigError(f"{where}: the env does not start: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        try:
+            spaces = (probe.single_observation_space, probe.single_action_space)
+        finally:
+            probe.close()
+        if spaces != (parts.observation_space, parts.action_space):
+            raise ConfigError(f"{where}: its spaces {spaces[0]}, {spaces[1]} differ from the first stage's "
+                              f"{parts.observation_space}, {parts.action_space}; every stage must keep the spaces "
+                              "(pad observations to the largest stage)")
+    env_collector = collector if isinstance(collector, EnvCollector) else getattr(collector, "env", None)
+    if not isinstance(env_collector, EnvCollector):
+        raise ConfigError(f"curriculum: policy {cfg.policy.type!r} collects no env fragments to switch")
+
+    def backend_of(stage: int) -> RolloutBackend:
+        seed = parts.seed + 1_000_003 * stage
+        backend: RolloutBackend = backend_factory(_stage_cfg(cfg, None, stage), steps_per_env, seed,
+                                                  config_dir=cfg.config_dir)
+        return backend
+
+    def use_backend(stage: int, backend: RolloutBackend) -> None:
+        assert env_collector is not None
+        env_collector.backend = backend
+        parts.backend = backend
+        parts.cfg = _stage_cfg(cfg, None, stage)  # the evaluator evaluates the stage being trained
+
+    return CurriculumCollector(collector, cfg.curriculum, checkpoint_stage(parts.state, cfg.curriculum), backend_of,
+                               use_backend)
 
 
 def _dataset(cfg: EnvRunConfig) -> tuple[gym.Space[Any], gym.Space[Any], Transitions]:
@@ -304,7 +364,8 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
 
         run_dir, cfg, policy, path, state = load_policy_for_eval(Path(target))
         ev = cfg.eval
-        res = evaluate_policy(policy, cfg.harness, episodes or ev.episodes, ev.seed if seed is None else seed,
+        harness = _stage_cfg(cfg, state).harness  # a curriculum run: the stage its checkpoint was training
+        res = evaluate_policy(policy, harness, episodes or ev.episodes, ev.seed if seed is None else seed,
                               not stochastic and ev.deterministic, ev.num_envs, cfg.config_dir)
         res.update(checkpoint=str(path), env_steps=int(state["env_steps"]), iteration=int(state["iteration"]))
         name = path.stem

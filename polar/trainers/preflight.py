@@ -25,9 +25,10 @@ def check_before_start(cfg: RunConfig) -> None:
     config_dir = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
     h = cfg.harness
     if h.type == "gymnasium":
-        from polar.harness.gymnasium_adapter import check_id
+        from polar.harness.gymnasium_adapter import check_id, check_wrappers
 
         check_id(h.id)
+        check_wrappers(h.wrappers)
     elif h.type == "custom":
         _check_connector(h.connector_spec, config_dir)
     elif isinstance(h, AgentHarnessConfig) and isinstance(cfg, AgentRunConfig):

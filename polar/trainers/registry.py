@@ -38,7 +38,9 @@ from polar.algorithms.gail import (
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.hierarchical import HierarchicalLearner
 from polar.algorithms.iql import IQLLearner
+from polar.algorithms.optim import module_device
 from polar.algorithms.ppo import PPOLearner
+from polar.algorithms.rnd import make_intrinsic
 from polar.algorithms.sac import SACLearner
 from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
 from polar.buffers.nstep import NStepTransitions
@@ -148,8 +150,12 @@ def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> 
 
 def _ppo_learner(parts: EnvParts) -> Learner[Any]:
     kw, total = _ppo_kw(parts), parts.cfg.total_env_steps
-    algorithm = ppo_learner(parts.train_agent, kw, total)
     d = parts.cfg.distribution
+    if kw.intrinsic is not None and d.num_learners > 1:
+        raise ConfigError("policy.kwargs.intrinsic needs distribution.num_learners: 1 (the reward module is not "
+                          "shared across learner ranks yet); drop one of them")
+    algorithm: AlgorithmLearner[Rollout] = PPOLearner(
+        parts.train_agent, kw, total, make_intrinsic(parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
     if d.num_learners > 1:  # N data-parallel ranks; this copy acts, publishes and checkpoints rank 0's weights
         rank_agent = copy.deepcopy(parts.train_agent).cpu()
         # a rank's minibatch is its share of one, so the optimizer steps per epoch stay those of one learner
@@ -174,7 +180,9 @@ def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
 
 
 def _appo_learner(parts: EnvParts) -> Learner[Any]:
-    return PolicyLearner(parts, APPOLearner(parts.train_agent, parts.cfg.policy.kwargs))
+    kw = cast(APPOKwargs, parts.cfg.policy.kwargs)
+    return PolicyLearner(parts, APPOLearner(parts.train_agent, kw, make_intrinsic(
+        parts.observation_space, kw.intrinsic, module_device(parts.train_agent))))
 
 
 def _appo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:

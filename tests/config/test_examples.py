@@ -29,6 +29,8 @@ EXPECTED = {
     "imitation/cartpole_gail.yaml": ("env", "gymnasium", "gail"),  # docs/imitation.md
     "imitation/inverted_pendulum_gail.yaml": ("env", "gymnasium", "gail"),
     "imitation/inverted_pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),  # its expert
+    "keydoor/curriculum.yaml": ("env", "custom", "ppo"),  # levels 1 -> 3 (docs/exploration.md)
+    "keydoor/curriculum_wide.yaml": ("env", "custom", "ppo"),
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "hierarchy/keydoor_flat_ppo.yaml": ("env", "gymnasium", "ppo"),  # the flat baseline of docs/hierarchy.md
     "hierarchy/keydoor_hierarchical.yaml": ("env", "gymnasium", "hierarchical"),  # manager + skills (docs/hierarchy.md)
@@ -38,6 +40,8 @@ EXPECTED = {
     "llm_planner/controller_ppo.yaml": ("env", "gymnasium", "ppo"),  # the planner's goal-conditioned controller
     "llm_reasoning_gym.yaml": ("agent", "agent", "grpo"),
     "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
+    "minigrid/doorkey_ppo.yaml": ("env", "gymnasium", "ppo"),
+    "minigrid/doorkey_rnd.yaml": ("env", "gymnasium", "ppo"),  # PPO + RND (docs/exploration.md)
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
     "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),

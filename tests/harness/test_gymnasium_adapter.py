@@ -99,3 +99,45 @@ def test_module_prefixed_id_imports_the_registering_module(tmp_path):
     env.close()
     with pytest.raises(ConfigError, match="cannot import 'no_such_pkg'"):
         make_env(cfg(tmp_path, "{type: gymnasium, id: 'no_such_pkg:Thing-v0'}"))
+
+
+def test_harness_wrappers_wrap_the_env_in_order_and_name_code():
+    """MiniGrid's Dict observation (with a text mission) becomes its 7x7x3 view, then a flat vector the MLP reads."""
+    from polar.config.harness import GymnasiumHarnessConfig
+    from polar.config.trust import code_references
+
+    cfg = GymnasiumHarnessConfig(id="minigrid:MiniGrid-DoorKey-5x5-v0",
+                                 wrappers=["minigrid.wrappers:ImgObsWrapper", "gymnasium.wrappers:FlattenObservation"])
+    envs = make_vector_env(cfg, 2, seed=0)
+    try:
+        assert envs.single_observation_space == gym.spaces.Box(0, 255, (147,), np.uint8)
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 147)
+    finally:
+        envs.close()
+    assert ("wrappers", "minigrid.wrappers:ImgObsWrapper gymnasium.wrappers:FlattenObservation") in code_references(cfg)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("minigrid.wrappers.ImgObsWrapper", r"harness.wrappers\[0\] 'minigrid.wrappers.ImgObsWrapper': write 'module:Class'"),
+    ("nosuchpkg:W", r"harness.wrappers\[0\] 'nosuchpkg:W': cannot import 'nosuchpkg'"),
+    ("minigrid.wrappers:NoSuch", r"'minigrid.wrappers' has no 'NoSuch'; fix the name"),
+    ("gymnasium:make", r"'gymnasium:make' is not a gymnasium.Wrapper subclass"),
+])
+def test_a_bad_wrapper_name_is_one_line_naming_the_entry(name, message):
+    from polar.config.harness import GymnasiumHarnessConfig
+    from polar.trainers.preflight import check_before_start
+
+    with pytest.raises(ConfigError, match=message):
+        make_env(GymnasiumHarnessConfig(id="minigrid:MiniGrid-DoorKey-5x5-v0", wrappers=[name]))
+    cfg = load_config_dict({"name": "w", "harness": {"type": "gymnasium", "id": "CartPole-v1", "wrappers": [name]},
+                            "policy": {"type": "ppo"}})
+    with pytest.raises(ConfigError, match=message):
+        check_before_start(cfg)  # polar run refuses before it creates anything
+
+
+def load_config_dict(data: dict):
+    from polar.config.base import validate
+    from polar.config.run import RunConfig
+
+    return validate(RunConfig, data)

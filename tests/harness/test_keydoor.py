@@ -109,3 +109,21 @@ def test_ppo_learns_level_1():
                 wins += info["success"]
                 break
     assert wins >= 90
+
+
+def test_grid_size_pads_every_level_to_one_observation_shape():
+    """The curriculum example's ``grid_size: 9``: levels 1 (7x7 grid) and 3 (9x9) share one observation space; the
+    padding reads as wall, and the room itself is unchanged."""
+    from my_game_connector import MyGameConnector
+
+    small = MyGameConnector({"level": 1, "seed": 3})
+    padded = MyGameConnector({"level": 1, "seed": 3, "grid_size": 9})
+    big = MyGameConnector({"level": 3, "seed": 3, "grid_size": 9})
+    assert padded.observation_space == big.observation_space != small.observation_space
+    a, b = small.reset(seed=3), padded.reset(seed=3)
+    objects_small, objects_padded = a["visual"][:49].reshape(7, 7), b["visual"][:81].reshape(9, 9)
+    assert np.array_equal(objects_padded[:7, :7], objects_small)
+    assert (objects_padded[7:, :] == -1.0).all() and (objects_padded[:, 7:] == -1.0).all()
+    assert np.array_equal(b["visual"][81:].reshape(9, 9)[:7, :7], a["visual"][49:].reshape(7, 7))
+    with pytest.raises(ValueError, match="grid_size 5 is smaller than level 1's 7x7 grid"):
+        MyGameConnector({"level": 1, "grid_size": 5})

@@ -1,0 +1,138 @@
+"""RND (policy.kwargs.intrinsic): the normalizers' maths, the bonus falling on revisited states, the checkpoint
+round trip, the fused PPO path training on the same advantages, and the off-policy refusal."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from polar.algorithms.rnd import RND
+from polar.config.base import validate
+from polar.config.intrinsic import RNDConfig
+from polar.config.run import RunConfig
+from polar.errors import ConfigError
+from tests.learning.conftest import train_in_process
+
+SPACE = gym.spaces.Box(-10.0, 10.0, shape=(4,), dtype=np.float32)
+
+
+def _rnd(**kw) -> RND:
+    torch.manual_seed(0)
+    return RND(SPACE, RNDConfig(hidden_sizes=[32], embedding_dim=16, **kw))
+
+
+def test_the_observation_normalizer_holds_the_batch_moments_and_the_return_std_follows_a_non_episodic_filter():
+    rnd = _rnd(gamma=0.9)
+    T, N = 6, 3
+    obs = torch.randn(T, N, 4) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 5.0
+    rnd.advantages(obs, T, N)
+    flat = obs.reshape(-1, 4).double()
+    assert torch.allclose(rnd.obs_norm.mean, flat.mean(0), atol=1e-6)
+    assert torch.allclose(rnd.obs_norm.var, flat.var(0, unbiased=False), rtol=1e-3)
+    # the forward filter: discounted sums of the bonuses of obs[1:], per env column, never reset
+    raw = rnd.novelty(obs.reshape(-1, 4)).reshape(T, N)[1:].double()
+    running, rets = torch.zeros(N, dtype=torch.float64), []
+    for t in range(T - 1):
+        running = 0.9 * running + raw[t]
+        rets.append(running)
+    assert torch.allclose(rnd.return_filter, running, rtol=1e-4)
+    expected_var = torch.stack(rets).var(unbiased=False)
+    assert float(rnd.return_norm.var) == pytest.approx(float(expected_var), rel=1e-3)
+    assert rnd.metrics["intrinsic/reward_mean"] == pytest.approx(float(raw.mean() / expected_var.sqrt()), rel=1e-3)
+
+
+def test_the_bonus_falls_on_revisited_states_and_stays_high_on_new_ones():
+    rnd = _rnd(update_proportion=1.0, n_epochs=20, batch_size=64, learning_rate=1e-3)
+    torch.manual_seed(1)
+    seen = torch.randn(16, 8, 4)
+    unseen = torch.randn(128, 4) * 3.0 + 6.0
+    rnd.advantages(seen, 16, 8)
+    before = rnd.novelty(seen.reshape(-1, 4)).mean()
+    for _ in range(5):
+        rnd.advantages(seen, 16, 8)
+        rnd.train_on_batch()
+    after = rnd.novelty(seen.reshape(-1, 4)).mean()
+    assert after < 0.3 * before
+    assert rnd.novelty(unseen).mean() > 3 * after
+
+
+def _ppo_cfg(algo: str = "ppo", **kw) -> dict:
+    kwargs = {"n_steps": 16, "n_epochs": 2, **({"num_minibatches": 2} if algo == "ppo" else {}),
+              "intrinsic": {"type": "rnd", "hidden_sizes": [16], "embedding_dim": 8}, **kw}
+    return {"name": "rnd", "harness": {"type": "gymnasium", "id": "CartPole-v1"}, "seed": 3,
+            "policy": {"type": algo, "kwargs": kwargs},
+            "distribution": {"backend": "local", "rollout_workers": 0, "envs_per_worker": 2},
+            "total_env_steps": 64, "eval": {"at_end": False}, "logging": {"checkpoint_freq": 1, "tensorboard": False}}
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_its_networks_and_normalizers_are_checkpointed_restored_on_resume_and_its_metrics_logged(tmp_path, algo):
+    import json
+
+    from polar.trainers.build import compose
+    from polar.trainers.checkpoint import CheckpointManager
+
+    _, trainer = train_in_process(tmp_path, _ppo_cfg(algo))
+    rnd = trainer.learner.algorithm.intrinsic
+    state = CheckpointManager(trainer.run_dir.checkpoints_dir).load_latest()
+    saved = state["learner"]["intrinsic"]["modules"]
+    assert {"predictor.0.weight", "target.0.weight", "critic.0.weight", "obs_norm.mean", "return_norm.var",
+            "return_filter"} <= set(saved)
+    assert float(saved["obs_norm.count"]) >= 64  # every observation of the run's 64 env steps
+    again = compose(trainer.cfg.model_copy(update={"total_env_steps": 96}), trainer.run_dir, resume=True)
+    again.restore()
+    restored = again.learner.algorithm.intrinsic
+    for key, value in rnd.state_dict().items():
+        assert torch.equal(restored.state_dict()[key], value), key
+    assert restored.optimizer.state_dict()["step"] == rnd.optimizer.state_dict()["step"] > 0
+    row = json.loads((trainer.run_dir.path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["intrinsic/reward_mean"] > 0 and row["intrinsic/predictor_loss"] > 0
+    assert {"intrinsic/value_loss", "intrinsic/return_std"} <= set(row)
+
+
+def test_the_fused_path_trains_on_the_same_combined_advantages_as_autograd():
+    """``fused: auto`` keeps the hand-derived gradient with RND on (the bonus enters the advantages before the
+    epochs, which both paths read): one update from the same rollout and the same RND gives the same weights."""
+    from polar.algorithms.ppo import PPOLearner
+    from polar.buffers.rollout_buffer import RolloutBuffer
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.base import make_backend
+    from polar.types import Batch, Rollout
+
+    cfg = validate(RunConfig, _ppo_cfg())
+    torch.manual_seed(0)
+    backend = make_backend(cfg, 16, seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    try:
+        backend.start(policy.state_dict(), 0, policy=policy)
+        frag = backend.next_fragment()
+    finally:
+        backend.close()
+    initial = {k: v.clone() for k, v in policy.state_dict().items()}
+    after = {}
+    for fused in ("auto", "off"):
+        policy.load_state_dict(initial)
+        torch.manual_seed(1)  # the same RND networks and the same minibatch order
+        intrinsic = RND(backend.observation_space, cfg.policy.kwargs.intrinsic)
+        learner = PPOLearner(policy.agent, cfg.policy.kwargs.model_copy(update={"fused": fused}), 1000, intrinsic)
+        assert learner.fused == (fused == "auto")
+        stats = learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))
+        assert stats["intrinsic/reward_mean"] > 0
+        after[fused] = {k: v.clone() for k, v in policy.state_dict().items()}
+    moved = [k for k in initial if not torch.equal(initial[k], after["off"][k])]
+    assert moved
+    for key in moved:
+        assert torch.allclose(after["auto"][key], after["off"][key], atol=1e-5), key
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac", "bc"])
+def test_an_intrinsic_reward_on_another_algorithm_is_one_line_naming_the_key(algo):
+    data = _ppo_cfg()
+    data["policy"] = {"type": algo, "kwargs": {"intrinsic": {"type": "rnd"}}}
+    with pytest.raises(ConfigError) as e:
+        validate(RunConfig, data)
+    msg = str(e.value)
+    assert "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO or APPO" in msg
+    assert f"policy '{algo}'" in msg and "\n" not in msg
