@@ -26,6 +26,7 @@ from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
+from polar.config.distill import DistillPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
@@ -78,7 +79,7 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
-    | CQLPolicyConfig,
+    | CQLPolicyConfig | DistillPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,

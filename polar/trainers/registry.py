@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from polar.algorithms.appo import APPOLearner
 from polar.algorithms.bc import BCLearner
 from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
+from polar.algorithms.distill import DistillLearner
 from polar.algorithms.dqn import DQNLearner
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.iql import IQLLearner
@@ -36,6 +37,7 @@ from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
 from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
+from polar.config.distill import DistillKwargs
 from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
@@ -204,6 +206,15 @@ def _sac_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
                                                 seed=parts.cfg.seed))
 
 
+# ---------------------------------------------------------------------- policy distillation
+def _distill_learner(parts: EnvParts) -> Learner[Any]:
+    from polar.trainers.loading import load_teacher
+
+    kw = cast(DistillKwargs, parts.cfg.policy.kwargs)
+    teacher = load_teacher(kw.teacher, parts.cfg.config_dir, parts.observation_space, parts.action_space)
+    return PolicyLearner(parts, DistillLearner(parts.train_agent, teacher.to(parts.device), kw, parts.cfg.seed))
+
+
 # ---------------------------------------------------------------------- BC, IQL, CQL (from a dataset)
 def _offline_learner(make: Callable[[EnvParts], AlgorithmLearner[Any]]) -> Callable[[EnvParts], Learner[Any]]:
     return lambda parts: PolicyLearner(parts, make(parts), publish=False)
@@ -251,6 +262,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                                       p.observation_space, p.action_space)),
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
+    "distill": Algorithm(DistillKwargs, _distill_learner, lambda parts, _: env_collector(parts, lambda: 1),
+                         steps_per_env=lambda cfg: cast(DistillKwargs, cfg.policy.kwargs).n_steps),
 }
 
 

@@ -26,6 +26,7 @@ EXPECTED = {
     "continual/cartpole_dqn_from_iql.yaml": ("env", "gymnasium", "dqn"),
     "continual/cartpole_iql.yaml": ("env", "gymnasium", "iql"),
     "continual/cartpole_ppo_from_iql.yaml": ("env", "gymnasium", "ppo"),
+    "distill/cartpole_student.yaml": ("env", "gymnasium", "distill"),
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
