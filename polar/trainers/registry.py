@@ -39,7 +39,7 @@ from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.distill import DistillKwargs
 from polar.config.dqn import DQNKwargs
-from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.grpo import GRPOKwargs, SFTKwargs, TeacherConfig
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
@@ -296,6 +296,27 @@ def check_sft(cfg: AgentRunConfig) -> None:
                           f"generate dataset), not {cfg.tasks!r}")
 
 
+def llm_teacher(teacher: TeacherConfig, policy: LLMPolicy) -> torch.nn.Module:
+    """The frozen model of ``policy.kwargs.teacher``, loaded by the embedded engine, on the student's device; its
+    tokenizer must be the student's (it scores the student's token ids)."""
+    from polar.inference.loading import load_engine
+
+    key = f"policy.kwargs.teacher.name_or_path {teacher.name_or_path!r}"
+    engine = load_engine(teacher.name_or_path, config_key="policy.kwargs.teacher.name_or_path")
+    model = getattr(engine, "model", None)
+    if model is None:
+        raise ConfigError(f"{key}: the teacher scores tokens with a forward pass, so it must be a preset or a local "
+                          "HF folder the embedded engine loads, not an upstream server")
+    if engine.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
+        raise ConfigError(f"{key}: its tokenizer ({len(engine.tokenizer.get_vocab())} tokens) is not the student's "
+                          f"({len(policy.tokenizer.get_vocab())} tokens); the teacher scores the student's token ids, "
+                          "so both need the same tokenizer")
+    model = copy.deepcopy(model).float().to(policy.device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return cast(torch.nn.Module, model)
+
+
 def grpo_parts(ctx: AgentContext) -> AgentParts:
     """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
     held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
@@ -305,11 +326,11 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     warm_up = []
     if cfg.sft_warmup is not None and ctx.state is None:
         warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
-    grpo = GRPOLearner(ctx.policy, kw)
+    grpo = GRPOLearner(ctx.policy, kw, llm_teacher(kw.teacher, ctx.policy) if kw.teacher is not None else None)
     learner: Learner[Any] = grpo
     d = cfg.distribution
     if d.num_learners > 1:  # N data-parallel ranks, each on whole groups; this copy publishes rank 0's weights
-        learner = LearnerGroup(grpo, partial(GRPOLearner, copy.deepcopy(ctx.policy), kw),
+        learner = LearnerGroup(grpo, partial(GRPOLearner, copy.deepcopy(ctx.policy), kw, grpo.teacher),
                                attrgetter("policy.model"),
                                partial(shard_groups, signal=partial(has_signal, overlong_filter=bool(kw.overlong_filter))),
                                group_spec(d))
@@ -318,7 +339,8 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum
     curriculum = Curriculum(source) if isinstance(source, ReasoningGymTasks) and source.advance is not None else None
     # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
-    dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
+    # (nor does a teacher, which grades every token)
+    dynamic = kw.advantage != "value_head" and kw.teacher is None and kw.dynamic_sampling.max_extra_rounds > 0
     overlong_filter = bool(kw.overlong_filter)
     signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
     collector = SessionCollector(
