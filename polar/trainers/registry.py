@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
@@ -296,13 +297,15 @@ def check_sft(cfg: AgentRunConfig) -> None:
                           f"generate dataset), not {cfg.tasks!r}")
 
 
-def llm_teacher(teacher: TeacherConfig, policy: LLMPolicy) -> torch.nn.Module:
+def llm_teacher(teacher: TeacherConfig, policy: LLMPolicy, config_dir: Path) -> torch.nn.Module:
     """The frozen model of ``policy.kwargs.teacher``, loaded by the embedded engine, on the student's device; its
-    tokenizer must be the student's (it scores the student's token ids)."""
+    tokenizer must be the student's (it scores the student's token ids). A relative folder is the config file's."""
     from polar.inference.loading import load_engine
 
     key = f"policy.kwargs.teacher.name_or_path {teacher.name_or_path!r}"
-    engine = load_engine(teacher.name_or_path, config_key="policy.kwargs.teacher.name_or_path")
+    folder = config_dir / teacher.name_or_path
+    spec = str(folder) if folder.is_dir() else teacher.name_or_path
+    engine = load_engine(spec, config_key="policy.kwargs.teacher.name_or_path")
     model = getattr(engine, "model", None)
     if model is None:
         raise ConfigError(f"{key}: the teacher scores tokens with a forward pass, so it must be a preset or a local "
@@ -326,7 +329,7 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     warm_up = []
     if cfg.sft_warmup is not None and ctx.state is None:
         warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
-    grpo = GRPOLearner(ctx.policy, kw, llm_teacher(kw.teacher, ctx.policy) if kw.teacher is not None else None)
+    grpo = GRPOLearner(ctx.policy, kw, llm_teacher(kw.teacher, ctx.policy, cfg.config_dir) if kw.teacher is not None else None)
     learner: Learner[Any] = grpo
     d = cfg.distribution
     if d.num_learners > 1:  # N data-parallel ranks, each on whole groups; this copy publishes rank 0's weights

@@ -19,6 +19,7 @@ EXPECTED = {
     "agentic/calculator_command.yaml": ("agent", "agent", "grpo"),
     "agentic/calculator_grpo.yaml": ("agent", "agent", "grpo"),
     "agentic/real_model_grpo.yaml": ("agent", "agent", "grpo"),
+    "agentic/sums_distill.yaml": ("agent", "agent", "grpo"),  # GRPO with policy.kwargs.teacher: on-policy distillation
     "atari/breakout_ppo.yaml": ("env", "gymnasium", "ppo"),
     "cartpole_appo_ray.yaml": ("env", "gymnasium", "appo"),
     "cartpole_dqn.yaml": ("env", "gymnasium", "dqn"),
