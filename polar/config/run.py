@@ -79,7 +79,8 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
-    | CQLPolicyConfig | DistillPolicyConfig,
+    | DistillPolicyConfig
+    | CQLPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
