@@ -191,6 +191,40 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
     return samples, advs, dict(stats)
 
 
+def distill_batch(groups: Groups, current_version: int, max_off_policy_steps: int, overlong_filter: bool = False
+                  ) -> tuple[list[TrajectorySample], dict[str, float]]:
+    """On-policy distillation's samples: every trainable sample of every fresh group's usable sessions. The
+    teacher grades each token, so a group needs neither two sessions nor rewards that differ."""
+    stats: defaultdict[str, float] = defaultdict(float)
+    samples = [s for usable in _fresh_groups(groups, current_version, max_off_policy_steps, overlong_filter, stats)
+               for r in usable for s in _trainable(r)]
+    stats["groups"] = len(groups)
+    return samples, dict(stats)
+
+
+def teacher_advantages(policy: TokenPolicy, teacher: Any, samples: list[TrajectorySample], micro_batch_size: int
+                       ) -> tuple[list[float | list[float]], dict[str, float]]:
+    """Per-token advantages ``log p_teacher(token) - log p_student(token)`` at each sample's sampled tokens (the
+    student's logprob is the one its engine recorded while sampling; 0 elsewhere), and the step's mean reverse
+    KL estimate over those tokens (Agarwal et al. 2024; Thinking Machines' on-policy distillation). The teacher's
+    logprobs are kept in ``sample.metadata["teacher_logprobs"]``, aligned with ``token_ids``."""
+    advs: list[float | list[float]] = []
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(samples), micro_batch_size):
+            chunk = samples[start:start + micro_batch_size]
+            rows = policy.token_logprobs(policy.collate(chunk), teacher).float().cpu().tolist()
+            for s, row in zip(chunk, rows, strict=True):
+                teacher_lp = [lp if m else 0.0 for lp, m in zip(row[:len(s.token_ids)], s.loss_mask, strict=True)]
+                s.metadata["teacher_logprobs"] = teacher_lp
+                adv = [t - b if m else 0.0 for t, b, m in zip(teacher_lp, s.logprobs, s.loss_mask, strict=True)]
+                advs.append(adv)
+                sampled = [a for a, m in zip(adv[1:], s.loss_mask[1:], strict=True) if m]
+                total -= sum(sampled)
+                count += len(sampled)
+    return advs, {"teacher_reverse_kl": total / max(1, count), "teacher_tokens": float(count)}
+
+
 def reward_range(groups: Groups, seen: tuple[float, float] | None) -> tuple[float, float] | None:
     """The lowest and highest reward of any usable session so far: ``seen`` widened by this step's ``groups``
     (None while neither has one)."""
@@ -490,9 +524,11 @@ class GRPOLearner:
     clipped policy loss (the value gradient reaches the trained LLM weights too: one trunk). With
     ``value_head.freeze_llm`` only the head trains, on the hidden states of that first pass."""
 
-    def __init__(self, policy: TokenPolicy, kwargs: GRPOKwargs) -> None:
+    def __init__(self, policy: TokenPolicy, kwargs: GRPOKwargs, teacher: Any = None) -> None:
         self.policy = policy
         self.kw = kwargs
+        # on-policy distillation (kwargs.teacher): the teacher's model, frozen, on the policy's device
+        self.teacher = teacher
         self.reward_range: tuple[float, float] | None = None  # of any usable session so far (best_reward)
         self.reward_means: list[float] = []  # per step of this process (the run's summary: first and last)
         self._low_signal_steps = 0
@@ -579,7 +615,12 @@ class GRPOLearner:
             # the reference is the policy GRPO starts from: after an SFT warm-up stage, its weights
             self.reference.load_state_dict(self.policy.model.state_dict())
         upd: dict[str, float]
-        if kw.advantage == "value_head":  # the critic gives the baseline: each sample's return
+        if self.teacher is not None:  # on-policy distillation: the teacher grades every sampled token
+            samples, counts = distill_batch(batch.data, batch.version, kw.max_off_policy_steps, kw.overlong_filter)
+            advs, graded = teacher_advantages(self.policy, self.teacher, samples, kw.micro_batch_size)
+            counts |= graded
+            upd = self.optimize(samples, advs) if samples or self.grad_sync is not None else {}
+        elif kw.advantage == "value_head":  # the critic gives the baseline: each sample's return
             samples, returns, counts = return_batch(batch.data, batch.version, kw.max_off_policy_steps,
                                                     kw.overlong_filter)
             upd = self.optimize(samples, returns=returns) if samples or self.grad_sync is not None else {}
@@ -597,7 +638,8 @@ class GRPOLearner:
         if not samples and not stepped:  # a step with no usable group changed no weight: no swap, no new version
             log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", batch.iteration,
                      ", ".join(f"{k} {v:g}" for k, v in counts.items() if k.startswith("groups_")))
-        self.warn_on_low_signal(counts, batch.iteration)
+        if self.teacher is None:  # a teacher grades every token: no group is without signal
+            self.warn_on_low_signal(counts, batch.iteration)
         stats: Metrics = dict(upd)
         if "policy_loss" in stats:
             stats["pg_loss"] = stats.pop("policy_loss")

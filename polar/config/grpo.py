@@ -86,6 +86,14 @@ class DifficultyFilterConfig(StrictModel):
         return self
 
 
+class TeacherConfig(StrictModel):
+    """On-policy distillation's teacher: a model the embedded engine loads, which scores the student's sampled
+    tokens (its logprob of each, given everything before it, from one forward pass)."""
+
+    name_or_path: str = Field(..., min_length=1, description="a preset (tiny, smollm2-135m) or a local HF folder with "
+                              "the student's tokenizer (the embedded engine loads it; nothing is downloaded)")
+
+
 class GRPOKwargs(StrictModel):
     group_size: int = Field(
         8, ge=1, description="samples per task (one GRPO group); 1 only with advantage: value_head")
@@ -118,6 +126,9 @@ class GRPOKwargs(StrictModel):
         None, description="GiGPO's per-turn credit for multi-step LLM env episodes (null: one advantage per episode)")
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weight each token by min(exp(learner_lp - rollout_lp), tis_cap)")
+    teacher: TeacherConfig | None = Field(
+        None, description="on-policy distillation: each sampled token's advantage is log p_teacher(token) - "
+                          "log p_student(token), the per-token reverse KL, instead of the group's reward (null: GRPO)")
     epochs_per_step: int = Field(1, ge=1, description="passes over each collected batch")
     num_minibatches: int = Field(
         1, ge=1, description="optimizer steps per pass: the shuffled batch is cut into this many mini-batches "
@@ -149,7 +160,11 @@ class GRPOKwargs(StrictModel):
         if self.step_advantage is not None and self.advantage == "value_head":
             raise ValueError("step_advantage compares turns within a group, and advantage: value_head has a critic "
                              "instead of the group; use one of them")
-        if self.group_size < 2 and self.advantage != "value_head":
+        if self.teacher is not None and (self.advantage == "value_head" or self.step_advantage is not None
+                                         or self.loss_aggregation == "gspo"):
+            raise ValueError("teacher gives every sampled token its own advantage (the reverse KL to the teacher), so "
+                             "it replaces advantage: value_head, step_advantage and loss_aggregation gspo; drop those")
+        if self.group_size < 2 and self.advantage != "value_head" and self.teacher is None:
             raise ValueError(f"group_size 1: advantage {self.advantage!r} compares the samples of one task, so it needs "
                              "group_size >= 2; or set advantage: value_head (a learned baseline needs no group)")
         if self.loss_aggregation == "gspo" and (self.step_advantage is not None or self.advantage == "value_head"):

@@ -28,6 +28,7 @@ from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, 
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
 from polar.config.curriculum import CurriculumConfig, stage_harness
+from polar.config.distill import DistillPolicyConfig
 from polar.config.gail import AIRLPolicyConfig, GAILPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
@@ -82,9 +83,7 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
-    | GAILPolicyConfig | AIRLPolicyConfig
-    | HierarchicalPolicyConfig
-    | CQLPolicyConfig,
+    | CQLPolicyConfig | GAILPolicyConfig | AIRLPolicyConfig | HierarchicalPolicyConfig | DistillPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,

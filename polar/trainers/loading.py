@@ -64,3 +64,50 @@ def load_policy_for_eval(target: Path):
     policy.load_state_dict(state["policy"])
     policy.eval()
     return run_dir, cfg, policy, ckpt, state
+
+
+def env_spaces(cfg, seed: int | None = None):
+    """(observation space, action space) of an env run's harness, from a one-env probe."""
+    from polar.harness import make_vector_env
+
+    probe = make_vector_env(cfg.harness, 1, seed=seed, config_dir=cfg.config_dir)
+    try:
+        return probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
+
+
+def load_teacher(target: str, config_dir: Path, observation_space, action_space):
+    """The frozen policy of the env run (folder: its latest checkpoint) or checkpoint ``target`` names, for
+    ``policy.kwargs.teacher``. Its run must name no code (a run folder is data, as for ``polar eval`` without
+    ``--trust-code``), and its env's spaces must be this run's: ``ConfigError`` in one line otherwise."""
+    from polar.config.trust import code_references
+    from polar.errors import ConfigError
+    from polar.models.policy import build_policy
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+
+    path = Path(target).expanduser()
+    path = path if path.is_absolute() else config_dir / path
+    key = f"policy.kwargs.teacher {target!r}"
+    if not path.exists():
+        raise ConfigError(f"{key}: {path} does not exist; give a polar env run folder or a checkpoint file in one")
+    run_dir, cfg, ckpt = resolve_target(path)
+    if not hasattr(cfg, "agent") or getattr(cfg.agent, "type", None) == "llm" or cfg.harness.type == "agent":
+        raise ConfigError(f"{key}: {run_dir.path} is an LLM agent run; env distillation takes an env run's policy")
+    refs = code_references(cfg)
+    if refs:
+        raise ConfigError(f"{key}: its run names code that loading it would run ({refs[0][0]} = {refs[0][1]!r}); "
+                          "a teacher must be a run of built-in harnesses and agents")
+    if ckpt is None:
+        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
+        if ckpt is None:
+            raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet")
+    teacher_obs, teacher_act = env_spaces(cfg, cfg.seed)
+    if teacher_obs != observation_space or teacher_act != action_space:
+        raise ConfigError(f"{key}: its spaces (observation {teacher_obs}, action {teacher_act}) differ from this "
+                          f"run's (observation {observation_space}, action {action_space}); distil on the teacher's env")
+    policy = build_policy(cfg, teacher_obs, teacher_act, cfg.config_dir)
+    policy.load_state_dict(load_checkpoint(ckpt)["policy"])
+    policy.eval()
+    policy.requires_grad_(False)
+    return policy

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 from polar.algorithms.appo import APPOLearner
 from polar.algorithms.bc import BCLearner
 from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
+from polar.algorithms.distill import DistillLearner
 from polar.algorithms.dqn import DQNLearner
 from polar.algorithms.gail import (
     AIRLDiscriminator,
@@ -48,9 +50,10 @@ from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
 from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
+from polar.config.distill import DistillKwargs
 from polar.config.dqn import DQNKwargs
 from polar.config.gail import AIRLKwargs, GAILKwargs
-from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.grpo import GRPOKwargs, SFTKwargs, TeacherConfig
 from polar.config.hierarchical import HierarchicalKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
@@ -239,6 +242,15 @@ def _sac_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
                                                 seed=parts.cfg.seed))
 
 
+# ---------------------------------------------------------------------- policy distillation
+def _distill_learner(parts: EnvParts) -> Learner[Any]:
+    from polar.trainers.loading import load_teacher
+
+    kw = cast(DistillKwargs, parts.cfg.policy.kwargs)
+    teacher = load_teacher(kw.teacher, parts.cfg.config_dir, parts.observation_space, parts.action_space)
+    return PolicyLearner(parts, DistillLearner(parts.train_agent, teacher.to(parts.device), kw, parts.cfg.seed))
+
+
 # ---------------------------------------------------------------------- BC, IQL, CQL (from a dataset)
 def _offline_learner(make: Callable[[EnvParts], AlgorithmLearner[Any]]) -> Callable[[EnvParts], Learner[Any]]:
     return lambda parts: PolicyLearner(parts, make(parts), publish=False)
@@ -345,6 +357,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                                                 _hierarchical_evaluate),
                               steps_per_env=lambda cfg: cast(HierarchicalKwargs, cfg.policy.kwargs).steps_per_env(
                                   cfg.distribution.num_envs)),
+    "distill": Algorithm(DistillKwargs, _distill_learner, lambda parts, _: env_collector(parts, lambda: 1),
+                         steps_per_env=lambda cfg: cast(DistillKwargs, cfg.policy.kwargs).n_steps),
 }
 
 
@@ -377,6 +391,29 @@ def check_sft(cfg: AgentRunConfig) -> None:
                           f"generate dataset), not {cfg.tasks!r}")
 
 
+def llm_teacher(teacher: TeacherConfig, policy: LLMPolicy, config_dir: Path) -> torch.nn.Module:
+    """The frozen model of ``policy.kwargs.teacher``, loaded by the embedded engine, on the student's device; its
+    tokenizer must be the student's (it scores the student's token ids). A relative folder is the config file's."""
+    from polar.inference.loading import load_engine
+
+    key = f"policy.kwargs.teacher.name_or_path {teacher.name_or_path!r}"
+    folder = config_dir / teacher.name_or_path
+    spec = str(folder) if folder.is_dir() else teacher.name_or_path
+    engine = load_engine(spec, config_key="policy.kwargs.teacher.name_or_path")
+    model = getattr(engine, "model", None)
+    if model is None:
+        raise ConfigError(f"{key}: the teacher scores tokens with a forward pass, so it must be a preset or a local "
+                          "HF folder the embedded engine loads, not an upstream server")
+    if engine.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
+        raise ConfigError(f"{key}: its tokenizer ({len(engine.tokenizer.get_vocab())} tokens) is not the student's "
+                          f"({len(policy.tokenizer.get_vocab())} tokens); the teacher scores the student's token ids, "
+                          "so both need the same tokenizer")
+    model = copy.deepcopy(model).float().to(policy.device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return cast(torch.nn.Module, model)
+
+
 def grpo_parts(ctx: AgentContext) -> AgentParts:
     """GRPO: the session collector (dynamic sampling, difficulty filter, curriculum), ``GRPOLearner``, the
     held-out evaluator before / every ``eval_every`` / after, ``total_steps`` iterations; the SFT warm-up
@@ -386,11 +423,11 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     warm_up = []
     if cfg.sft_warmup is not None and ctx.state is None:
         warm_up.append(_sft_stage(cfg, ctx.policy, cfg.sft_warmup.demonstrations, cfg.sft_warmup.kwargs)[0])
-    grpo = GRPOLearner(ctx.policy, kw)
+    grpo = GRPOLearner(ctx.policy, kw, llm_teacher(kw.teacher, ctx.policy, cfg.config_dir) if kw.teacher is not None else None)
     learner: Learner[Any] = grpo
     d = cfg.distribution
     if d.num_learners > 1:  # N data-parallel ranks, each on whole groups; this copy publishes rank 0's weights
-        learner = LearnerGroup(grpo, partial(GRPOLearner, copy.deepcopy(ctx.policy), kw),
+        learner = LearnerGroup(grpo, partial(GRPOLearner, copy.deepcopy(ctx.policy), kw, grpo.teacher),
                                attrgetter("policy.model"),
                                partial(shard_groups, signal=partial(has_signal, overlong_filter=bool(kw.overlong_filter))),
                                group_spec(d))
@@ -399,7 +436,8 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     source = cfg.tasks  # a reasoning-gym source whose levels advance: a curriculum
     curriculum = Curriculum(source) if isinstance(source, ReasoningGymTasks) and source.advance is not None else None
     # dynamic sampling fills a step with groups whose rewards differ; the critic's baseline needs none
-    dynamic = kw.advantage != "value_head" and kw.dynamic_sampling.max_extra_rounds > 0
+    # (nor does a teacher, which grades every token)
+    dynamic = kw.advantage != "value_head" and kw.teacher is None and kw.dynamic_sampling.max_extra_rounds > 0
     overlong_filter = bool(kw.overlong_filter)
     signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
     collector = SessionCollector(

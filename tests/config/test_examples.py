@@ -19,6 +19,7 @@ EXPECTED = {
     "agentic/calculator_command.yaml": ("agent", "agent", "grpo"),
     "agentic/calculator_grpo.yaml": ("agent", "agent", "grpo"),
     "agentic/real_model_grpo.yaml": ("agent", "agent", "grpo"),
+    "agentic/sums_distill.yaml": ("agent", "agent", "grpo"),  # GRPO with policy.kwargs.teacher: on-policy distillation
     "atari/breakout_ppo.yaml": ("env", "gymnasium", "ppo"),
     "cartpole_appo_ray.yaml": ("env", "gymnasium", "appo"),
     "cartpole_dqn.yaml": ("env", "gymnasium", "dqn"),
@@ -31,6 +32,7 @@ EXPECTED = {
     "imitation/inverted_pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),  # its expert
     "keydoor/curriculum.yaml": ("env", "custom", "ppo"),  # levels 1 -> 3 (docs/exploration.md)
     "keydoor/curriculum_wide.yaml": ("env", "custom", "ppo"),
+    "distill/cartpole_student.yaml": ("env", "gymnasium", "distill"),
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "hierarchy/keydoor_flat_ppo.yaml": ("env", "gymnasium", "ppo"),  # the flat baseline of docs/hierarchy.md
     "hierarchy/keydoor_hierarchical.yaml": ("env", "gymnasium", "hierarchical"),  # manager + skills (docs/hierarchy.md)
