@@ -2,7 +2,7 @@
 
 ``RunConfig`` is a union of two kinds of run, each with only its own sections:
 
-- ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | custom``) driven by a
+- ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | envpool | custom``) driven by a
   network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments.
 - ``AgentRunConfig`` (``kind == "agent"``): an LLM behind the gateway, trained with GRPO or SFT on sessions.
   Either a black-box agent harness (``harness.type: agent``), or an env harness whose policy is the built-in
@@ -28,7 +28,12 @@ from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
-from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.harness import (
+    AgentHarnessConfig,
+    CustomHarnessConfig,
+    EnvPoolHarnessConfig,
+    GymnasiumHarnessConfig,
+)
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.policy import (
@@ -81,11 +86,11 @@ EnvPolicyConfig = Annotated[
     | CQLPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
-EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
+EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | EnvPoolHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
                              Field(discriminator="type")]
 NetworkAgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]
 AnyHarnessConfig = Annotated[
-    GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig | AgentHarnessConfig,
+    GymnasiumHarnessConfig | EnvPoolHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig | AgentHarnessConfig,
     Field(discriminator="type")]
 
 
