@@ -18,7 +18,10 @@ Measured:
   time on a shared machine: it does not count time spent waiting for a core);
 - training env steps/s: env steps at that point / time since training started;
 - rollout throughput: env steps/s of the untrained policy through each framework's collector,
-  as a fraction of raw ``gymnasium.vector.SyncVectorEnv`` steps/s with random actions (same N).
+  as a fraction of raw ``gymnasium.vector.SyncVectorEnv`` steps/s with random actions (same N);
+  and on EnvPool (when installed): polar's collector on ``harness: {type: envpool}`` and a CleanRL-style
+  rollout (``benchmarks/cleanrl_ppo_envpool.py``), as fractions of raw EnvPool steps/s with random
+  actions (same N, one synchronous pool, EnvPool's default threads).
 
     .venv/bin/pip install -e '.[bench]'
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ppo_vs_sb3.py --seeds 3
@@ -109,12 +112,27 @@ if which == "raw":
     t = time.perf_counter()
     for i in range(steps): env.step(acts[i])
     dt = time.perf_counter() - t
-elif which == "polar":
+elif which == "raw_envpool":
+    import envpool
+    env = envpool.make_gymnasium("CartPole-v1", num_envs=n, batch_size=n, seed=0)
+    env.reset()
+    acts = np.random.default_rng(0).integers(0, 2, size=(steps, n))
+    for i in range(200): env.step(acts[i])
+    t = time.perf_counter()
+    for i in range(steps): env.step(acts[i])
+    dt = time.perf_counter() - t
+elif which == "cleanrl_envpool":
+    sys.path.insert(0, "benchmarks")
+    from cleanrl_ppo_envpool import rollout_throughput
+    steps = (steps // 250) * 250
+    dt = rollout_throughput(n, steps, 250)
+elif which in ("polar", "polar_envpool"):
     from polar.config import RunConfig, validate
     from polar.harness import make_vector_env
     from polar.models import build_policy
     from polar.rollout.runner import EnvRunner
-    cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
+    harness = "envpool" if which == "polar_envpool" else "gymnasium"
+    cfg = validate(RunConfig, {"harness": {"type": harness, "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
     env = make_vector_env(cfg.harness, n, seed=0)
     runner = EnvRunner(env, build_policy(cfg, env.single_observation_space, env.single_action_space), seed=0)
     runner.collect(200)
@@ -196,8 +214,13 @@ def main() -> None:
                       f"(load {r['load']:.1f})", file=sys.stderr, flush=True)
                 if args.out:  # a cut-short run keeps its trials
                     args.out.write_text(json.dumps(results, indent=2, default=str))
+    try:
+        import envpool  # noqa: F401
+        kinds = ["raw", "polar", "sb3", "raw_envpool", "polar_envpool", "cleanrl_envpool"]
+    except ImportError:
+        kinds = ["raw", "polar", "sb3"]
     for n in [] if args.skip_throughput else args.envs:
-        rows = {"raw": [], "polar": [], "sb3": []}
+        rows: dict[str, list[float]] = {k: [] for k in kinds}
         for _ in range(args.repeats):
             for which in rows:
                 rows[which].append(_run(THROUGHPUT, [which, n, args.steps])[0]["sps"])
@@ -237,6 +260,13 @@ def main() -> None:
     for n, rows in results["throughput"].items():
         raw, po, sb = med(rows["raw"]), med(rows["polar"]), med(rows["sb3"])
         print(f"{n:>7d}{raw:>19,.0f}{po:>10,.0f}{po / raw:>11.2f}{sb:>10,.0f}{sb / raw:>9.2f}")
+    if "raw_envpool" in kinds:
+        print("\nOn EnvPool (env steps/s, median of repeats)")
+        print(f"{'N envs':>7s}{'raw EnvPool':>13s}{'polar':>10s}{'polar/raw':>11s}{'CleanRL-style':>15s}"
+              f"{'CleanRL/raw':>13s}{'polar/SyncVectorEnv':>21s}")
+        for n, rows in results["throughput"].items():
+            raw, po, cr, sync = (med(rows[k]) for k in ("raw_envpool", "polar_envpool", "cleanrl_envpool", "raw"))
+            print(f"{n:>7d}{raw:>13,.0f}{po:>10,.0f}{po / raw:>11.2f}{cr:>15,.0f}{cr / raw:>13.2f}{po / sync:>21.2f}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str))
 
