@@ -4,11 +4,14 @@ Used in the learner process (``rollout_workers: 0``) and inside every worker pro
 avoids per-step allocations where it can: one ``torch.from_numpy`` view per step and preallocated
 fragment arrays. Actions come from the agent's ``act``; the built-in MLP actor-critic acts through
 ``act_numpy`` (its numpy twin, a fraction of torch's per-call cost) only on the fused path
-(``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``).
+(``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``). On that path
+each step runs only the actor; the critic's values of a fragment come from one batched ``values_numpy``
+call at its end (the weights do not move while a fragment is collected).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -88,6 +91,12 @@ class EnvRunner:
         self.env_steps = 0
         self._process_restarts_seen = 0  # connector process restarts already reported in a fragment
         self.fast_act = self._numpy_act(fused)
+        # an agent whose numpy critic can run once per fragment acts without it each step (act_numpy's with_values)
+        values_numpy = getattr(self.policy.agent, "values_numpy", None)
+        self.fast_values: Callable[[np.ndarray], np.ndarray] | None = (
+            values_numpy if self.fast_act is not None and values_numpy is not None else None)
+        if self.fast_values is not None:
+            self.fast_act = functools.partial(self.fast_act, with_values=False)
 
     def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
         """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
@@ -185,7 +194,8 @@ class EnvRunner:
                 obs_buf[t] = obs
                 actions[t] = act_np
                 log_probs[t] = lp_np
-                values[t] = v_np
+                if v_np is not None:
+                    values[t] = v_np
                 new_state = None
             else:
                 first, obs_buf, actions, log_probs, act_np, new_state = self._policy_step(
@@ -233,6 +243,8 @@ class EnvRunner:
             self.state = state
             self.starts = done.astype(np.float32)
             self.obs = next_obs
+        if self.fast_values is not None and isinstance(obs_buf, np.ndarray):  # the whole fragment's values at once
+            values[...] = self.fast_values(obs_buf.reshape(T * N, -1)).reshape(T, N)
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
         last_values = self._values(last_info, N).copy()
         self.env_steps += T * N
