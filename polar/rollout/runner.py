@@ -172,6 +172,7 @@ class EnvRunner:
         terminated = np.empty((T, N), np.float32)
         truncated = np.empty((T, N), np.float32)
         starts = np.empty((T, N), np.float32)
+        dones = np.empty((T, N), np.bool_)  # episode ends: starts[t + 1] = dones[t], filled in after the loop
         trunc_values = np.zeros((T, N), np.float32)
         initial_state = map_state(lambda s: s.numpy().copy(), self.state)
         ep_returns, ep_lengths, ep_successes = [], [], []
@@ -200,7 +201,6 @@ class EnvRunner:
             else:
                 first, obs_buf, actions, log_probs, act_np, new_state = self._policy_step(
                     t, T, N, obs, first, obs_buf, actions, log_probs, values)
-            starts[t] = self.starts
             env_act = np.clip(act_np, self.action_space.low, self.action_space.high) if self.clip_actions else act_np
             next_obs, rew, term, trunc, infos = self.env.step(env_act)
             rewards[t] = rew
@@ -211,7 +211,7 @@ class EnvRunner:
             if disc_rets is not None:
                 self.disc_ret = self.disc_ret * self.gamma + rew
                 disc_rets[t] = self.disc_ret
-            done = np.logical_or(term, trunc)
+            done = np.logical_or(term, trunc, out=dones[t])
             state = new_state
             if self.keep_next_obs:
                 next_buf = self._record_next_obs(next_buf, t, T, next_obs, done, infos)
@@ -241,8 +241,10 @@ class EnvRunner:
                 if state is not None:
                     state = reset_state(state, self.initial, torch.from_numpy(done))
             self.state = state
-            self.starts = done.astype(np.float32)
             self.obs = next_obs
+        starts[0] = self.starts
+        starts[1:] = dones[:-1]
+        self.starts = dones[-1].astype(np.float32)
         if self.fast_values is not None and isinstance(obs_buf, np.ndarray):  # the whole fragment's values at once
             values[...] = self.fast_values(obs_buf.reshape(T * N, -1)).reshape(T, N)
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
