@@ -34,7 +34,8 @@ from polar.types import Fragment
 
 log = logging.getLogger(__name__)
 
-NumpyAct = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+NumpyAct = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+"""``act_numpy(obs, deterministic=False[, with_values=True]) -> (actions, log_probs, values or None)``."""
 
 
 def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
@@ -90,13 +91,13 @@ class EnvRunner:
         self.disc_ret = np.zeros(self.num_envs, dtype=np.float64)
         self.env_steps = 0
         self._process_restarts_seen = 0  # connector process restarts already reported in a fragment
-        self.fast_act = self._numpy_act(fused)
+        act_numpy = self._numpy_act(fused)
         # an agent whose numpy critic can run once per fragment acts without it each step (act_numpy's with_values)
         values_numpy = getattr(self.policy.agent, "values_numpy", None)
         self.fast_values: Callable[[np.ndarray], np.ndarray] | None = (
-            values_numpy if self.fast_act is not None and values_numpy is not None else None)
-        if self.fast_values is not None:
-            self.fast_act = functools.partial(self.fast_act, with_values=False)
+            values_numpy if act_numpy is not None and values_numpy is not None else None)
+        self.fast_act: NumpyAct | None = (functools.partial(act_numpy, with_values=False)
+                                          if act_numpy is not None and self.fast_values is not None else act_numpy)
 
     def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
         """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
