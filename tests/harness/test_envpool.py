@@ -141,6 +141,20 @@ def test_atari_and_mujoco_ids(env_id, shape, dtype):
     envs.close()
 
 
+def test_atari_id_trains_with_the_cnn_agent(tmp_path):
+    """EnvPool's Atari preprocessing (4 stacked 84x84 grey frames, uint8) feeds polar's CNN agent as it is."""
+    from polar.trainers.build import compose
+    from polar.trainers.run_dir import RunDir
+
+    cfg = run_cfg({"type": "envpool", "id": "Pong-v5", "kwargs": {"episodic_life": True, "reward_clip": True}},
+                  name="pong", agent={"type": "cnn"}, total_env_steps=64,
+                  distribution={"rollout_workers": 0, "envs_per_worker": 2},
+                  logging={"tensorboard": False, "checkpoint_freq": 0}, eval={"at_end": False},
+                  policy={"type": "ppo", "kwargs": {"n_steps": 16, "batch_size": 32, "n_epochs": 1}})
+    cfg._config_dir = tmp_path
+    assert compose(cfg, RunDir.create(cfg.name, tmp_path / "run")).train()["env_steps"] == 64
+
+
 @pytest.mark.parametrize(("harness", "message"), [
     ({"type": "envpool", "id": "CartPol-v1"},
      "harness.id: unknown EnvPool id 'CartPol-v1' (did you mean: CartPole-v1, CartPole-v0"),
