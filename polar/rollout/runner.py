@@ -243,9 +243,10 @@ class EnvRunner:
                     state = reset_state(state, self.initial, torch.from_numpy(done))
             self.state = state
             self.obs = next_obs
-        starts[0] = self.starts
-        starts[1:] = dones[:-1]
-        self.starts = dones[-1].astype(np.float32)
+        if T:
+            starts[0] = self.starts
+            starts[1:] = dones[:-1]
+            self.starts = dones[-1].astype(np.float32)
         if self.fast_values is not None and isinstance(obs_buf, np.ndarray):  # the whole fragment's values at once
             values[...] = self.fast_values(obs_buf.reshape(T * N, -1)).reshape(T, N)
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
