@@ -140,10 +140,16 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):  # type: ignore[misc]  # gymnasium
         if done.any():
             ids = np.flatnonzero(done)
             final_obs: np.ndarray = np.full(self.num_envs, None, dtype=object)
-            for i in ids:
-                final_obs[i] = obs[i].copy()
             reset_obs, _ = self._pool.reset(ids.astype(np.int32))
-            obs[ids] = reset_obs
+            if isinstance(obs, dict):  # a Dict observation space: one array per key
+                for i in ids:
+                    final_obs[i] = {k: v[i].copy() for k, v in obs.items()}
+                for k, v in obs.items():
+                    v[ids] = reset_obs[k]
+            else:
+                for i in ids:
+                    final_obs[i] = obs[i].copy()
+                obs[ids] = reset_obs
             self._elapsed[ids] = 0
             infos = {"final_obs": final_obs, "_final_obs": done.copy(), "final_info": {}, "_final_info": done.copy()}
         return obs, reward, terminated, truncated, infos

@@ -141,6 +141,20 @@ def test_atari_and_mujoco_ids(env_id, shape, dtype):
     envs.close()
 
 
+def test_dict_observations_keep_the_same_step_contract():
+    envs = make_vector_env(run_cfg({"type": "envpool", "id": "MiniGrid-Empty-5x5-v0",
+                                    "kwargs": {"max_episode_steps": 3}}).harness, 2, seed=0)
+    first, _ = envs.reset()
+    assert isinstance(envs.single_observation_space, gym.spaces.Dict) and first["image"].shape == (2, 7, 7, 3)
+    for _ in range(3):
+        obs, _, term, trunc, info = envs.step(np.array([2, 2]))  # forward: the agent moves off its start
+    assert trunc.all() and not term.any()
+    np.testing.assert_array_equal(obs["direction"], first["direction"])  # already the next episode's start
+    np.testing.assert_array_equal(obs["image"], first["image"])
+    assert set(info["final_obs"][0]) == set(first) and not np.array_equal(info["final_obs"][0]["image"], first["image"][0])
+    envs.close()
+
+
 def test_atari_id_trains_with_the_cnn_agent(tmp_path):
     """EnvPool's Atari preprocessing (4 stacked 84x84 grey frames, uint8) feeds polar's CNN agent as it is."""
     from polar.trainers.build import compose
