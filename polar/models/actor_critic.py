@@ -168,8 +168,12 @@ class ActorCriticAgent(AgentBase):
         return a, logp.astype(np.float32, copy=False), self.values_numpy(obs) if with_values else None
 
     def values_numpy(self, obs: np.ndarray) -> np.ndarray:
-        """The critic of ``act_numpy`` over a float32 batch ``[B, obs_dim]``: values ``[B]``."""
-        return run_numpy(self._numpy_layers()[2], obs)[:, 0]  # type: ignore[no-any-return]
+        """The critic of ``act_numpy`` over float32 observations ``[..., obs_dim]``: values ``[...]``.
+
+        A fragment's ``[T, N, obs_dim]`` goes through numpy's stacked matmul, one ``[N, obs_dim]`` product per
+        step in C: bit for bit the values ``act_numpy`` gives step by step (one ``[T * N, obs_dim]`` product
+        would round differently)."""
+        return run_numpy(self._numpy_layers()[2], obs)[..., 0]  # type: ignore[no-any-return]
 
     def get_initial_state(self, batch_size: int = 1):
         if not self.recurrent:

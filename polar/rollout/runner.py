@@ -248,7 +248,7 @@ class EnvRunner:
             starts[1:] = dones[:-1]
             self.starts = dones[-1].astype(np.float32)
         if self.fast_values is not None and isinstance(obs_buf, np.ndarray):  # the whole fragment's values at once
-            values[...] = self.fast_values(obs_buf.reshape(T * N, -1)).reshape(T, N)
+            values[...] = self.fast_values(obs_buf)  # [T, N, obs]: per step in C, bit for bit act_numpy's values
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
         last_values = self._values(last_info, N).copy()
         self.env_steps += T * N

@@ -63,12 +63,13 @@ def _scripted(runner: EnvRunner, actions: np.ndarray):
 
 
 def _collect(vec_env, actions):
-    torch.manual_seed(0)
-    cfg = run_cfg({"type": "gymnasium", "id": "CartPole-v1"})
-    policy = build_policy(cfg, vec_env.single_observation_space, vec_env.single_action_space)
-    runner = EnvRunner(vec_env, policy, seed=SEED, keep_next_obs=True)
-    runner.fast_act = _scripted(runner, actions)
-    return runner.collect(T)
+    with torch.random.fork_rng():  # the same weights on both sides, and later tests see the RNG as it was
+        torch.manual_seed(0)
+        cfg = run_cfg({"type": "gymnasium", "id": "CartPole-v1"})
+        policy = build_policy(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+        runner = EnvRunner(vec_env, policy, seed=SEED, keep_next_obs=True)
+        runner.fast_act = _scripted(runner, actions)
+        return runner.collect(T)
 
 
 def test_envpool_transitions_match_gymnasium_vector_env():
