@@ -248,7 +248,9 @@ class EnvRunner:
             starts[1:] = dones[:-1]
             self.starts = dones[-1].astype(np.float32)
         if self.fast_values is not None and isinstance(obs_buf, np.ndarray):  # the whole fragment's values at once
-            values[...] = self.fast_values(obs_buf)  # [T, N, obs]: per step in C, bit for bit act_numpy's values
+            chunk = max(1, 512 // N)  # steps per call: [chunk, N, 64] temporaries stay in cache
+            for t0 in range(0, T, chunk):  # [chunk, N, obs]: per step in C, bit for bit act_numpy's values
+                values[t0:t0 + chunk] = self.fast_values(obs_buf[t0:t0 + chunk])
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
         last_values = self._values(last_info, N).copy()
         self.env_steps += T * N
