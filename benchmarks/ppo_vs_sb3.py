@@ -18,7 +18,11 @@ Measured:
   time on a shared machine: it does not count time spent waiting for a core);
 - training env steps/s: env steps at that point / time since training started;
 - rollout throughput: env steps/s of the untrained policy through each framework's collector,
-  as a fraction of raw ``gymnasium.vector.SyncVectorEnv`` steps/s with random actions (same N).
+  as a fraction of raw ``gymnasium.vector.SyncVectorEnv`` steps/s with random actions (same N), by wall
+  clock and by CPU time (steps per CPU second of the process: steadier on a shared box);
+  and on EnvPool (when installed): polar's collector on ``harness: {type: envpool}`` and a CleanRL-style
+  rollout (``benchmarks/cleanrl_ppo_envpool.py``), as fractions of raw EnvPool steps/s with random
+  actions (same N, one synchronous pool, EnvPool's default threads).
 
     .venv/bin/pip install -e '.[bench]'
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ppo_vs_sb3.py --seeds 3
@@ -106,21 +110,36 @@ if which == "raw":
     env.reset(seed=0)
     acts = np.random.default_rng(0).integers(0, 2, size=(steps, n))
     for i in range(200): env.step(acts[i])
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for i in range(steps): env.step(acts[i])
-    dt = time.perf_counter() - t
-elif which == "polar":
+    dt, dc = time.perf_counter() - t, time.process_time() - c
+elif which == "raw_envpool":
+    import envpool
+    env = envpool.make_gymnasium("CartPole-v1", num_envs=n, batch_size=n, seed=0)
+    env.reset()
+    acts = np.random.default_rng(0).integers(0, 2, size=(steps, n))
+    for i in range(200): env.step(acts[i])
+    t, c = time.perf_counter(), time.process_time()
+    for i in range(steps): env.step(acts[i])
+    dt, dc = time.perf_counter() - t, time.process_time() - c
+elif which == "cleanrl_envpool":
+    sys.path.insert(0, "benchmarks")
+    from cleanrl_ppo_envpool import rollout_throughput
+    steps = (steps // 250) * 250
+    dt, dc = rollout_throughput(n, steps, 250)
+elif which in ("polar", "polar_envpool"):
     from polar.config import RunConfig, validate
     from polar.harness import make_vector_env
     from polar.models import build_policy
     from polar.rollout.runner import EnvRunner
-    cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
+    harness = "envpool" if which == "polar_envpool" else "gymnasium"
+    cfg = validate(RunConfig, {"harness": {"type": harness, "id": "CartPole-v1"}, "policy": {"type": "ppo"}})
     env = make_vector_env(cfg.harness, n, seed=0)
     runner = EnvRunner(env, build_policy(cfg, env.single_observation_space, env.single_action_space), seed=0)
     runner.collect(200)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for _ in range(steps // 250): runner.collect(250)
-    dt = time.perf_counter() - t
+    dt, dc = time.perf_counter() - t, time.process_time() - c
     steps = (steps // 250) * 250
 else:
     from stable_baselines3 import PPO
@@ -130,11 +149,11 @@ else:
     model._setup_learn(total_timesteps=10**9)
     cb = CallbackList([]); cb.init_callback(model)
     model.collect_rollouts(model.env, cb, model.rollout_buffer, n_rollout_steps=250)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for _ in range(steps // 250): model.collect_rollouts(model.env, cb, model.rollout_buffer, n_rollout_steps=250)
-    dt = time.perf_counter() - t
+    dt, dc = time.perf_counter() - t, time.process_time() - c
     steps = (steps // 250) * 250
-print(json.dumps({"sps": steps * n / dt}))
+print(json.dumps({"sps": steps * n / dt, "cpu_sps": steps * n / dc}))  # CPU: robust to waiting for a core
 """
 
 
@@ -196,11 +215,20 @@ def main() -> None:
                       f"(load {r['load']:.1f})", file=sys.stderr, flush=True)
                 if args.out:  # a cut-short run keeps its trials
                     args.out.write_text(json.dumps(results, indent=2, default=str))
+    try:
+        import envpool  # noqa: F401
+        kinds = ["raw", "polar", "sb3", "raw_envpool", "polar_envpool", "cleanrl_envpool"]
+    except ImportError:
+        kinds = ["raw", "polar", "sb3"]
     for n in [] if args.skip_throughput else args.envs:
-        rows = {"raw": [], "polar": [], "sb3": []}
+        rows: dict[str, list[float]] = {k: [] for k in kinds}
+        cpu_rows: dict[str, list[float]] = {k: [] for k in kinds}
         for _ in range(args.repeats):
             for which in rows:
-                rows[which].append(_run(THROUGHPUT, [which, n, args.steps])[0]["sps"])
+                out = _run(THROUGHPUT, [which, n, args.steps])[0]
+                rows[which].append(out["sps"])
+                cpu_rows[which].append(out["cpu_sps"])
+        results.setdefault("cpu_throughput", {})[n] = cpu_rows
         results["throughput"][n] = rows
         print(f"  throughput N={n}: " + ", ".join(f"{k} {med(v):,.0f}" for k, v in rows.items()), file=sys.stderr)
 
@@ -233,10 +261,20 @@ def main() -> None:
     if args.skip_throughput:
         return
     print("Rollout throughput, untrained policy (env steps/s, median of repeats)")
-    print(f"{'N envs':>7s}{'raw SyncVectorEnv':>19s}{'polar':>10s}{'polar/raw':>11s}{'SB3':>10s}{'SB3/raw':>9s}")
+    print(f"{'N envs':>7s}{'raw SyncVectorEnv':>19s}{'polar':>10s}{'polar/raw':>11s}{'SB3':>10s}{'SB3/raw':>9s}"
+          f"{'polar/raw CPU':>15s}")
     for n, rows in results["throughput"].items():
         raw, po, sb = med(rows["raw"]), med(rows["polar"]), med(rows["sb3"])
-        print(f"{n:>7d}{raw:>19,.0f}{po:>10,.0f}{po / raw:>11.2f}{sb:>10,.0f}{sb / raw:>9.2f}")
+        cpu = results["cpu_throughput"][n]  # steps per CPU second: what waiting for a core does not change
+        print(f"{n:>7d}{raw:>19,.0f}{po:>10,.0f}{po / raw:>11.2f}{sb:>10,.0f}{sb / raw:>9.2f}"
+              f"{med(cpu['polar']) / med(cpu['raw']):>15.2f}")
+    if "raw_envpool" in kinds:
+        print("\nOn EnvPool (env steps/s, median of repeats)")
+        print(f"{'N envs':>7s}{'raw EnvPool':>13s}{'polar':>10s}{'polar/raw':>11s}{'CleanRL-style':>15s}"
+              f"{'CleanRL/raw':>13s}{'polar/SyncVectorEnv':>21s}")
+        for n, rows in results["throughput"].items():
+            raw, po, cr, sync = (med(rows[k]) for k in ("raw_envpool", "polar_envpool", "cleanrl_envpool", "raw"))
+            print(f"{n:>7d}{raw:>13,.0f}{po:>10,.0f}{po / raw:>11.2f}{cr:>15,.0f}{cr / raw:>13.2f}{po / sync:>21.2f}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str))
 

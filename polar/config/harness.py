@@ -1,6 +1,7 @@
 """``harness:`` section. A discriminated union on ``type``.
 
 - ``gymnasium``: any registered Gymnasium id, no code.
+- ``envpool``: an EnvPool id (C++ vector envs: classic control, Atari, MuJoCo), no code.
 - ``custom``: a user's connector class (or any-language connector command) in its own process.
 - ``agent``: a black-box LLM agent harness (command, Python callable or preset) behind the gateway.
 """
@@ -36,6 +37,16 @@ class GymnasiumHarnessConfig(StrictModel):
                                 "taking only the env), applied in order around the made env, e.g. "
                                 "minigrid.wrappers:ImgObsWrapper; they name code (--trust-code to reopen the run)")
     atari: AtariPresetConfig = Field(default_factory=AtariPresetConfig, description="options of preset: atari")
+
+
+class EnvPoolHarnessConfig(StrictModel):
+    """An EnvPool id, stepped as one C++ vector env per rollout worker (``polar.harness.envpool_adapter``)."""
+
+    type: Literal["envpool"] = "envpool"
+    id: str = Field(description="an id of envpool.list_all_envs(), e.g. CartPole-v1, Pong-v5, Hopper-v4")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="EnvPool's own options of that id (max_episode_steps, episodic_life, "
+        "num_threads, ...); num_envs and seed come from distribution and seed")
 
 
 class ConnectorSpec(StrictModel):
@@ -155,6 +166,6 @@ class AgentHarnessConfig(StrictModel):
 
 
 HarnessConfig = Annotated[
-    GymnasiumHarnessConfig | CustomHarnessConfig | AgentHarnessConfig,
+    GymnasiumHarnessConfig | EnvPoolHarnessConfig | CustomHarnessConfig | AgentHarnessConfig,
     Field(discriminator="type"),
 ]

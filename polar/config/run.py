@@ -2,9 +2,10 @@
 
 ``RunConfig`` is a union of two kinds of run, each with only its own sections:
 
-- ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | custom``) driven by a
+- ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | envpool | custom``) driven by a
   network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments
-  (GAIL and AIRL: PPO on a discriminator's reward), or with BC, IQL or CQL from a dataset.
+  (GAIL and AIRL: PPO on a discriminator's reward; distill: KL to a teacher; hierarchical: a manager over skills),
+  or with BC, IQL or CQL from a dataset.
 - ``AgentRunConfig`` (``kind == "agent"``): an LLM behind the gateway, trained with GRPO or SFT on sessions.
   Either a black-box agent harness (``harness.type: agent``), or an env harness whose policy is the built-in
   LLM agent (``agent: {type: llm}``).
@@ -32,7 +33,12 @@ from polar.config.distill import DistillPolicyConfig
 from polar.config.gail import AIRLPolicyConfig, GAILPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
-from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.harness import (
+    AgentHarnessConfig,
+    CustomHarnessConfig,
+    EnvPoolHarnessConfig,
+    GymnasiumHarnessConfig,
+)
 from polar.config.hierarchical import HierarchicalPolicyConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.multi_agent import PettingZooHarnessConfig
@@ -86,11 +92,11 @@ EnvPolicyConfig = Annotated[
     | CQLPolicyConfig | GAILPolicyConfig | AIRLPolicyConfig | HierarchicalPolicyConfig | DistillPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
-EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
+EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | EnvPoolHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
                              Field(discriminator="type")]
 NetworkAgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]
 AnyHarnessConfig = Annotated[
-    GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig | AgentHarnessConfig,
+    GymnasiumHarnessConfig | EnvPoolHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig | AgentHarnessConfig,
     Field(discriminator="type")]
 
 

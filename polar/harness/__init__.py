@@ -6,6 +6,9 @@ already the first observation of its next episode, and the true final observatio
 ``infos["final_obs"][i]`` (with ``infos["_final_obs"][i] == True``); ``infos["final_info"]`` holds
 the final step's info. Learners bootstrap truncated episodes from ``final_obs``.
 
+``type: envpool`` harnesses are EnvPool's C++ vector envs, converted to this contract
+(``polar.harness.envpool_adapter``).
+
 ``type: custom`` harnesses run in connector processes (``polar.harness.connector``): a restarted
 connector ends each interrupted episode as truncated with ``info["polar/connector_restart"] = True``.
 """
@@ -37,6 +40,10 @@ def make_vector_env(harness_cfg: AnyHarnessConfig, num_envs: int, seed: int | No
             envs.reset(seed=seed)
             envs.action_space.seed(seed)
         return envs
+    if harness_cfg.type == "envpool":  # C++ vector envs, NEXT_STEP autoreset turned SAME_STEP
+        from polar.harness.envpool_adapter import make_envpool_vector_env
+
+        return make_envpool_vector_env(harness_cfg.id, num_envs, harness_cfg.kwargs, seed)
     if harness_cfg.type == "custom":
         from polar.harness.connector.vector_env import ConnectorVectorEnv
 
@@ -51,6 +58,10 @@ def make_env(harness_cfg: AnyHarnessConfig, config_dir: Path | None = None) -> g
         from polar.harness.gymnasium_adapter import make_gymnasium_env
 
         return make_gymnasium_env(harness_cfg)
+    if harness_cfg.type == "envpool":
+        from polar.harness.envpool_adapter import make_envpool_env
+
+        return make_envpool_env(harness_cfg.id, harness_cfg.kwargs)
     if harness_cfg.type == "custom":
         from polar.harness.connector.vector_env import ConnectorEnv
 

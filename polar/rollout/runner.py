@@ -4,11 +4,14 @@ Used in the learner process (``rollout_workers: 0``) and inside every worker pro
 avoids per-step allocations where it can: one ``torch.from_numpy`` view per step and preallocated
 fragment arrays. Actions come from the agent's ``act``; the built-in MLP actor-critic acts through
 ``act_numpy`` (its numpy twin, a fraction of torch's per-call cost) only on the fused path
-(``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``).
+(``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``). On that path
+each step runs only the actor; the critic's values of a fragment come from one batched ``values_numpy``
+call at its end (the weights do not move while a fragment is collected).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -31,7 +34,8 @@ from polar.types import Fragment
 
 log = logging.getLogger(__name__)
 
-NumpyAct = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+NumpyAct = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+"""``act_numpy(obs, deterministic=False[, with_values=True]) -> (actions, log_probs, values or None)``."""
 
 
 def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
@@ -87,7 +91,13 @@ class EnvRunner:
         self.disc_ret = np.zeros(self.num_envs, dtype=np.float64)
         self.env_steps = 0
         self._process_restarts_seen = 0  # connector process restarts already reported in a fragment
-        self.fast_act = self._numpy_act(fused)
+        act_numpy = self._numpy_act(fused)
+        # an agent whose numpy critic can run once per fragment acts without it each step (act_numpy's with_values)
+        values_numpy = getattr(self.policy.agent, "values_numpy", None)
+        self.fast_values: Callable[[np.ndarray], np.ndarray] | None = (
+            values_numpy if act_numpy is not None and values_numpy is not None else None)
+        self.fast_act: NumpyAct | None = (functools.partial(act_numpy, with_values=False)
+                                          if act_numpy is not None and self.fast_values is not None else act_numpy)
 
     def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
         """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
@@ -169,6 +179,7 @@ class EnvRunner:
         terminated = np.empty((T, N), np.float32)
         truncated = np.empty((T, N), np.float32)
         starts = np.empty((T, N), np.float32)
+        dones = np.empty((T, N), np.bool_)  # episode ends: starts[t + 1] = dones[t], filled in after the loop
         trunc_values = np.zeros((T, N), np.float32)
         initial_state = map_state(lambda s: s.numpy().copy(), self.state)
         ep_returns, ep_lengths, ep_successes = [], [], []
@@ -191,12 +202,12 @@ class EnvRunner:
                 obs_buf[t] = obs
                 actions[t] = act_np
                 log_probs[t] = lp_np
-                values[t] = v_np
+                if v_np is not None:
+                    values[t] = v_np
                 new_state = None
             else:
                 first, obs_buf, actions, log_probs, act_np, new_state = self._policy_step(
                     t, T, N, obs, first, obs_buf, actions, log_probs, values)
-            starts[t] = self.starts
             env_act = np.clip(act_np, self.action_space.low, self.action_space.high) if self.clip_actions else act_np
             next_obs, rew, term, trunc, infos = self.env.step(env_act)
             rewards[t] = rew
@@ -207,7 +218,7 @@ class EnvRunner:
             if disc_rets is not None:
                 self.disc_ret = self.disc_ret * self.gamma + rew
                 disc_rets[t] = self.disc_ret
-            done = np.logical_or(term, trunc)
+            done = np.logical_or(term, trunc, out=dones[t])
             state = new_state
             if self.keep_next_obs:
                 next_buf = self._record_next_obs(next_buf, t, T, next_obs, done, infos)
@@ -237,8 +248,15 @@ class EnvRunner:
                 if state is not None:
                     state = reset_state(state, self.initial, torch.from_numpy(done))
             self.state = state
-            self.starts = done.astype(np.float32)
             self.obs = next_obs
+        if T:
+            starts[0] = self.starts
+            starts[1:] = dones[:-1]
+            self.starts = dones[-1].astype(np.float32)
+        if self.fast_values is not None and isinstance(obs_buf, np.ndarray):  # the whole fragment's values at once
+            chunk = max(1, 512 // N)  # steps per call: [chunk, N, 64] temporaries stay in cache
+            for t0 in range(0, T, chunk):  # [chunk, N, obs]: per step in C, bit for bit act_numpy's values
+                values[t0:t0 + chunk] = self.fast_values(obs_buf[t0:t0 + chunk])
         _, _, _, last_info = self._act(self.obs, self.state, deterministic=True)
         last_values = self._values(last_info, N).copy()
         self.env_steps += T * N

@@ -29,6 +29,10 @@ def check_before_start(cfg: RunConfig) -> None:
 
         check_id(h.id)
         check_wrappers(h.wrappers)
+    elif h.type == "envpool":
+        from polar.harness.envpool_adapter import check_id as check_envpool_id
+
+        check_envpool_id(h.id, h.kwargs)
     elif h.type == "custom":
         _check_connector(h.connector_spec, config_dir)
     elif isinstance(h, AgentHarnessConfig) and isinstance(cfg, AgentRunConfig):

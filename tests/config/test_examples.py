@@ -24,6 +24,7 @@ EXPECTED = {
     "cartpole_appo_ray.yaml": ("env", "gymnasium", "appo"),
     "cartpole_dqn.yaml": ("env", "gymnasium", "dqn"),
     "cartpole_ppo.yaml": ("env", "gymnasium", "ppo"),
+    "cartpole_ppo_envpool.yaml": ("env", "envpool", "ppo"),  # the same run, EnvPool stepping the envs
     "continual/cartpole_dqn_from_iql.yaml": ("env", "gymnasium", "dqn"),
     "continual/cartpole_iql.yaml": ("env", "gymnasium", "iql"),
     "continual/cartpole_ppo_from_iql.yaml": ("env", "gymnasium", "ppo"),

@@ -53,7 +53,7 @@ def test_a_validated_config_revalidates_from_its_dump():
     ({"harness": AGENT, "agent": {"type": "mlp"}, "policy": {"type": "grpo"}},
      "'agent': an agent harness (harness.type: agent) brings its own agent; remove the agent section"),
     ({"harness": {"type": "gymnasum", "id": "CartPole-v1"}, "policy": {"type": "ppo"}},
-     "'harness.type': unknown type 'gymnasum' (did you mean: gymnasium?); use one of gymnasium, custom, pettingzoo, agent."),
+     "'harness.type': unknown type 'gymnasum' (did you mean: gymnasium?); use one of gymnasium, envpool, custom, pettingzoo, agent."),
     ({"harness": GYM, "agent": {"type": "lmm"}, "policy": {"type": "ppo"}},
      "'agent.type': unknown type 'lmm' (did you mean: llm, lstm?); use one of mlp, cnn, lstm, custom, llm."),
 ])

@@ -86,3 +86,17 @@ def test_a_dead_worker_is_reported_not_waited_for():
                 backend.next_fragment(timeout_s=60)
     finally:
         backend.close()
+
+
+def test_fused_path_fragment_values_are_the_critic_of_each_steps_observation():
+    """On the numpy acting path each step runs only the actor; the fragment's values, taken in one batch at
+    its end, must still be V(obs[t]) of every step and env, as ``act`` gives them."""
+    cfg = cfg_for()
+    env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    policy = build_policy(cfg, env.single_observation_space, env.single_action_space)
+    runner = EnvRunner(env, policy, seed=0)
+    assert runner.fast_act is not None and runner.fast_values is not None
+    frag = runner.collect(40)
+    _, _, info = policy.agent.act(torch.from_numpy(frag.obs.reshape(-1, 4)), None, True)
+    np.testing.assert_allclose(frag.values, info["values"].detach().reshape(40, 3).numpy(), rtol=1e-5, atol=1e-6)
+    assert frag.obs[0].tolist() != frag.obs[1].tolist()  # the observations move, so a misaligned value would show
