@@ -227,13 +227,30 @@ def test_a_run_folder_naming_an_env_module_of_its_own_needs_trust_code_to_reopen
         require_trust(_cfg({"id": env_id}), "run R", trust_code=True)
 
 
-def test_polar_export_of_a_multi_agent_run_says_it_is_not_supported(tmp_path):
+def test_polar_export_writes_one_servable_export_per_policy_of_a_multi_agent_run(tmp_path):
     from polar.deploy.export import export_run
-    from polar.errors import DeployError
+    from tests.deploy.serving import LiveServer
 
-    trainer, _, _ = _train(_cfg({"id": TTT}, steps=300, eval={"at_end": False}), tmp_path)
-    with pytest.raises(DeployError, match=r"is a multi-agent run .* polar export does not export its policies yet"):
-        export_run(trainer.run_dir.path, tmp_path / "out")
+    cfg = _cfg({"id": TTT, "policy_mapping": {"player_1": "x", "player_2": "o"}}, steps=600, eval={"at_end": False})
+    trainer, _, _ = _train(cfg, tmp_path)
+    out = tmp_path / "export"
+    m = export_run(trainer.run_dir.path, out, samples=64)
+    assert set(m["policies"]) == {"x", "o"}
+    assert sorted(p.name for p in out.iterdir()) == ["o", "x"]
+    board = np.zeros((3, 3, 2), np.int8)
+    board[0, 0, 1] = 1  # the opponent took the corner
+    mask = np.ones(9, np.int8)
+    mask[0] = 0
+    obs = {"observation": torch.as_tensor(board[None]), "action_mask": torch.as_tensor(mask[None])}
+    for pid, agent in (("x", "player_1"), ("o", "player_2")):
+        man = json.loads((out / pid / "manifest.json").read_text())
+        assert man["policy_id"] == pid and man["agents"] == [agent] and man["parity"]["samples"] == 64
+        want = int(trainer.learner.policies[pid].act(obs, None, True)[0].reshape(-1)[0])
+        with LiveServer(out / pid, poll_s=0) as s:
+            got = s.client.post("/v1/act", json={"observation": {"observation": board.tolist(),
+                                                                 "action_mask": mask.tolist()}}).json()
+        assert got["action"] == want and got["action"] != 0  # the policy's own move, and a legal one
+    export_run(trainer.run_dir.path, out, samples=16)  # a second export replaces the first
 
 
 @pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),

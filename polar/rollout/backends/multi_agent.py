@@ -423,3 +423,38 @@ def play_games(cfg: PettingZooHarnessConfig, seats: Callable[[int], dict[str, Se
     finally:
         slot.close()
     return GameReport(games, dict(returns), dict(results))
+
+
+@torch.inference_mode()
+def record_policy_observations(cfg: PettingZooHarnessConfig, policies: dict[str, Any], mapping: dict[str, str],
+                               samples: int, seed: int) -> dict[str, Any]:
+    """Policy id -> ``samples`` observations (stacked, as the policy's observation space) its agents met in games
+    where every agent samples from its own policy: what ``polar export`` checks each exported graph on."""
+    slot = EnvSlot(make_pettingzoo_env(cfg), env_name(cfg), seed)
+    spaces = agent_spaces(slot.env)
+    seen: dict[str, list[Any]] = {pid: [] for pid in policies}
+    try:
+        for _ in range(samples):  # every game gives at least one observation
+            if all(len(v) >= samples for v in seen.values()):
+                break
+            slot.reset()
+            while True:
+                _, requests = slot.poll()
+                if slot.episode_over:
+                    break
+                acts: dict[str, Any] = {}
+                for agent, obs in requests:
+                    seen[mapping[agent]].append(obs)
+                    a, _, _ = act_batch(policies[mapping[agent]], [obs], spaces[agent][0], False)
+                    acts[agent] = a[0]
+                slot.act(acts)
+    finally:
+        slot.close()
+    out: dict[str, Any] = {}
+    for pid, obs in seen.items():
+        if not obs:
+            raise ConfigError(f"{env_name(cfg)}: no agent of policy {pid!r} acted in {samples} games; nothing to "
+                              "check its export on")
+        agent = next(a for a, p in mapping.items() if p == pid)
+        out[pid] = stack_obs(obs[:samples], spaces[agent][0])
+    return out
