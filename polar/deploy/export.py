@@ -474,7 +474,7 @@ def export_multi_agent(run_dir: RunDir, cfg: EnvRunConfig, ckpt: Path | None, ou
     state = load_checkpoint(ckpt)
     policies, mapping, _pool = load_multi_agent_policies(cfg, state)
     assert isinstance(cfg.harness, PettingZooHarnessConfig)
-    observed = record_policy_observations(cfg.harness, policies, mapping, samples, seed)
+    observed = record_policy_observations(cfg.harness, policies, mapping, samples, seed, cfg.config_dir)
     manifests: dict[str, Any] = {}
     for pid, policy in policies.items():
         graph = PolicyGraph(policy).eval()
