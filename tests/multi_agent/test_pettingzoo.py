@@ -328,3 +328,27 @@ def test_self_play_random_share_seats_a_random_player_in_that_share_of_training_
     cfg = _cfg({"id": TTT, "self_play": {"random_share": 0.0}}, steps=800, eval={"at_end": False})
     _, _, rows = _train(cfg, tmp_path, "none")
     assert all(r["self_play/train_games_vs_random"] == 0 for r in rows)
+
+
+def test_a_parallel_env_that_observes_only_the_mover_pays_a_waiting_agent_when_it_acts_again_or_ends(tmp_path):
+    """Turn-based over the Parallel API (what the multi-agent connector protocol allows): "b" waits while "a"
+    moves; its rewards meanwhile add up on its last decision, and the last mover's win or loss reaches "b"'s."""
+    from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.multi_agent import MultiAgentCollector
+
+    cfg = _cfg({"id": "tests.multi_agent.envs:turn_taking", "env_kwargs": {"moves": 3}})
+    spaces = agent_spaces(make_pettingzoo_env(cfg.harness))
+    policy = build_policy(cfg, *spaces["a"])
+    collector = MultiAgentCollector(cfg.harness, {"a": policy, "b": policy}, {"a": "a", "b": "b"}, 8, 2, 0)
+    try:
+        data = collector.collect().data
+    finally:
+        collector.close()
+    a, b = data["a"], data["b"]
+    # "a" moves at t=0 and t=2: its first move earns 0.1 then waits (0.01 while "b" moves): 0.11; its last decides
+    assert np.allclose(a.rewards[~a.terminated.astype(bool)], 0.11)
+    assert set(np.unique(a.rewards[a.terminated.astype(bool)])) <= {-1.0, 1.0}
+    # "b"'s one move earns 0.1, then the game ends on "a"'s move: its return is 0.1 -/+ 1, and it is terminal
+    assert b.terminated.all()
+    assert np.allclose(np.abs(b.rewards - 0.1), 1.0)
