@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 from pettingzoo.classic import tictactoe_v3
 from pettingzoo.utils import BaseWrapper
 
+ROOT = Path(__file__).resolve().parents[2]
 PLAYED: list[tuple[str, int, bool]] = []  # (agent, action, legal) of every move counting_tictactoe saw
 
 

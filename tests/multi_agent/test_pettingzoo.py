@@ -352,3 +352,16 @@ def test_a_parallel_env_that_observes_only_the_mover_pays_a_waiting_agent_when_i
     # "b"'s one move earns 0.1, then the game ends on "a"'s move: its return is 0.1 -/+ 1, and it is terminal
     assert b.terminated.all()
     assert np.allclose(np.abs(b.rewards - 0.1), 1.0)
+
+
+def test_the_cooperative_example_runs_with_one_shared_policy_for_its_three_agents(tmp_path):
+    """The fast path of tests/learning/test_simple_spread.py: examples/simple_spread.yaml (MPE2, Parallel API)."""
+    from polar.config import load_config
+
+    cfg = load_config(envs.ROOT / "examples" / "simple_spread.yaml",
+                      overrides=["total_env_steps=400", "eval.episodes=3", "logging.progress_bar=false",
+                                 "logging.checkpoint_freq=0"])
+    trainer, res, rows = _train(cfg, tmp_path)
+    assert set(trainer.learner.policies) == {"shared"}
+    assert set(res["eval"]["per_agent"]["return_mean"]) == {"agent_0", "agent_1", "agent_2"}
+    assert rows[-1]["env_steps"] >= 400 and np.isfinite(rows[-1]["pg_loss"])
