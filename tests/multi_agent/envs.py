@@ -96,9 +96,10 @@ class TurnTaking(ParallelEnv):
 
     metadata = {"name": "turn_taking_v0"}
 
-    def __init__(self, moves: int = 3):
+    def __init__(self, moves: int = 3, silent_at: int = -1):
         self.possible_agents = ["a", "b"]
         self.moves = moves
+        self.silent_at = silent_at  # the step after which nobody is observed (the bad-input test)
 
     def observation_space(self, agent):
         return spaces.Box(0.0, 1.0, (self.moves,), np.float32)
@@ -121,7 +122,8 @@ class TurnTaking(ParallelEnv):
         other = "b" if mover == "a" else "a"
         self.t += 1
         if self.t < self.moves:
-            return self._obs(), {mover: 0.1, other: 0.01}, {mover: False}, {mover: False}, {}
+            obs = {} if self.t == self.silent_at else self._obs()
+            return obs, {mover: 0.1, other: 0.01}, {mover: False}, {mover: False}, {}
         sign = 1.0 if int(action) == 1 else -1.0
         self.agents = []
         done = {"a": True, "b": True}

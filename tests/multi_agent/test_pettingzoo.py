@@ -365,3 +365,12 @@ def test_the_cooperative_example_runs_with_one_shared_policy_for_its_three_agent
     assert set(trainer.learner.policies) == {"shared"}
     assert set(res["eval"]["per_agent"]["return_mean"]) == {"agent_0", "agent_1", "agent_2"}
     assert rows[-1]["env_steps"] >= 400 and np.isfinite(rows[-1]["pg_loss"])
+
+
+def test_a_parallel_step_that_observes_no_live_agent_is_an_error_naming_the_step(tmp_path):
+    from polar.rollout.backends.multi_agent import Seat, play_games
+
+    cfg = _cfg({"id": "tests.multi_agent.envs:turn_taking", "env_kwargs": {"moves": 4, "silent_at": 2}})
+    with pytest.raises(HarnessError, match=r"at step 2 of episode 1 no live agent \('a', 'b'\) is observed, so none "
+                                           r"can act; a step must observe at least one live agent"):
+        play_games(cfg.harness, lambda g: {"a": Seat("random"), "b": Seat("random")}, {}, {"a": "s", "b": "s"}, 1, 0)
