@@ -251,6 +251,16 @@ def test_polar_export_writes_one_servable_export_per_policy_of_a_multi_agent_run
                                                                  "action_mask": mask.tolist()}}).json()
         assert got["action"] == want and got["action"] != 0  # the policy's own move, and a legal one
     export_run(trainer.run_dir.path, out, samples=16)  # a second export replaces the first
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(envs.ROOT), "COLUMNS": "200"}
+    p = subprocess.run([sys.executable, "-m", "polar.cli.main", "export", str(trainer.run_dir.path), "--out",
+                        str(tmp_path / "cli"), "--samples", "16"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    for pid in ("x", "o"):
+        assert f"to {tmp_path / 'cli' / pid}" in " ".join((p.stdout + p.stderr).split()), p.stderr
 
 
 @pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),
