@@ -384,3 +384,30 @@ def test_a_parallel_step_that_observes_no_live_agent_is_an_error_naming_the_step
     with pytest.raises(HarnessError, match=r"at step 2 of episode 1 no live agent \('a', 'b'\) is observed, so none "
                                            r"can act; a step must observe at least one live agent"):
         play_games(cfg.harness, lambda g: {"a": Seat("random"), "b": Seat("random")}, {}, {"a": "s", "b": "s"}, 1, 0)
+
+
+def test_tictactoe_batches_carry_the_learning_signal_the_loss_needs(tmp_path):
+    """The checks behind docs/benchmarks.md's TicTacToe reading: the masked log-probs the loss computes equal those
+    stored when acting (the mask is in the loss), and every terminal decision's GAE return is its own reward
+    (nothing bootstraps past an agent's episode end)."""
+    from polar.algorithms.advantages import rollout_gae
+    from polar.buffers.rollout_buffer import RolloutBuffer
+    from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.multi_agent import MultiAgentCollector, resolve_mapping
+
+    cfg = _cfg({"id": TTT})
+    spaces = agent_spaces(make_pettingzoo_env(cfg.harness))
+    policy = build_policy(cfg, *spaces["player_1"])
+    collector = MultiAgentCollector(cfg.harness, {"shared": policy}, resolve_mapping(cfg.harness, list(spaces)), 32, 4, 0)
+    try:
+        frag = collector.collect().data["shared"]
+    finally:
+        collector.close()
+    obs = {k: torch.as_tensor(v.reshape(-1, *v.shape[2:])) for k, v in frag.obs.items()}
+    log_prob = policy.agent.evaluate_actions(obs, torch.as_tensor(frag.actions.reshape(-1)))[0]
+    assert np.allclose(log_prob.detach().numpy().reshape(frag.log_probs.shape), frag.log_probs, atol=1e-6)
+    _, returns = rollout_gae(RolloutBuffer([frag]), 0.99, 0.95)
+    ended = frag.terminated.astype(bool)
+    assert ended.sum() > 10
+    assert np.allclose(returns.numpy()[ended], frag.rewards[ended], atol=1e-5)
