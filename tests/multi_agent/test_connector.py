@@ -115,3 +115,13 @@ def test_the_connector_config_is_one_of_id_and_connector_spec():
     with pytest.raises(ConfigError, match=r"harness\.env_kwargs: a connector takes its settings in connector_spec\.config"):
         validate(RunConfig, {"harness": {"type": "pettingzoo", "connector_spec": {"command": ["node", "nim.js"]},
                                          "env_kwargs": {"a": 1}}, "policy": {"type": "ppo"}})
+
+
+def test_a_run_folder_naming_a_multi_agent_connector_needs_trust_code_to_reopen():
+    from polar.config import load_config
+    from polar.config.trust import require_trust
+
+    cfg = load_config(NODE / "nim_selfplay.yaml")
+    with pytest.raises(ConfigError, match=r"names code that would run here: harness\.connector_spec\.command = 'node nim\.js'"):
+        require_trust(cfg, "run R", trust_code=False)
+    require_trust(cfg, "run R", trust_code=True)
