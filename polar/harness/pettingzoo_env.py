@@ -4,8 +4,8 @@
 every live agent the last step observed) and which agents' last actions have an outcome (their reward since they
 acted, and whether their episode ended); ``act({agent: action})`` steps the env. A Parallel env may leave live
 agents out of a step's observations (a turn-based game: only the mover is observed, as the multi-agent connector
-protocol allows): such an agent waits, and its rewards add up until it acts again or its episode ends. AEC envs' dead-agent steps (``step(None)``) are
-taken here. Each agent's ``action_mask`` is checked as in single-agent runs
+protocol allows): such an agent waits, and its rewards add up until it acts again or its episode ends. AEC envs'
+dead-agent steps (``step(None)``) are taken here. Each agent's ``action_mask`` is checked as in single-agent runs
 (``polar.harness.action_mask``; multi-agent masks come in the observation Dict, as PettingZoo's classic games
 put them): an empty mask or a forbidden action is an error naming the env and the step.
 """
