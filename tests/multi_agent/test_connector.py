@@ -99,8 +99,9 @@ def test_polar_trains_the_javascript_game_by_self_play_through_the_connector(tmp
     from polar.trainers.build import build_trainer
     from polar.trainers.run_dir import RunDir
 
-    cfg = load_config(NODE / "nim_selfplay.yaml", overrides=["total_env_steps=300", "harness.self_play.eval_games=10",
-                                                             "logging.progress_bar=false"])
+    cfg = load_config(NODE / "nim_selfplay.yaml", overrides=[
+        "total_env_steps=100", "harness.self_play.eval_games=10", "distribution.envs_per_worker=2",
+        "logging.progress_bar=false"])
     run = RunDir.create(cfg.name, tmp_path / "run", config_dir=cfg.config_dir)
     res = build_trainer(cfg, run).train()
     vs_random = res["eval"]["vs_random"]
