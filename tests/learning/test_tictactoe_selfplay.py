@@ -1,6 +1,6 @@
 """Does self-play PPO learn TicTacToe? The shipped example, then 500 games against a uniformly random legal player
 (the learner's seat alternating): at least 95% won or drawn (issue 36, "Done when: TicTacToe"). Not met yet:
-94.8% (seed 0, 2026-12-06), 93.8% and 93.6% (seeds 1 and 2, 2026-12-07); the points missing are player_2's
+94.8%, 93.8% and 93.6% (seeds 0-2; at 400k env steps 95.6%, 94.6%, 94.0%); the points missing are player_2's
 (docs/benchmarks.md, TicTacToe self-play), so this slow test fails until it is."""
 
 from __future__ import annotations
