@@ -1,9 +1,15 @@
-// polar connector protocol v1 for Node.js, self-contained (no npm packages).
+// polar connector protocol for Node.js, self-contained (no npm packages).
 //
 // Implements docs/connector-protocol.md: length-prefixed msgpack frames over the socket named in
-// POLAR_CONNECTOR_ADDRESS, numpy arrays as msgpack ext type 1. A game supplies a class with
-//   constructor(config), reset(seed) -> obs, step(action) -> [obs, reward, terminated, truncated, info]
-// plus static observationSpace / actionSpace maps, and calls serve(TheClass).
+// POLAR_CONNECTOR_ADDRESS, numpy arrays as msgpack ext type 1.
+// - One agent (protocol 1): a game supplies a class with
+//     constructor(config), reset(seed) -> obs, step(action) -> [obs, reward, terminated, truncated, info]
+//   plus static observationSpace / actionSpace maps, and calls serve(TheClass).
+// - Several agents (protocol 2, section 7): a game supplies a class with static possibleAgents (a list of ids),
+//   observationSpaces / actionSpaces (maps from agent id to space), actionMasks (true when it sends masks), and
+//     constructor(config), reset(seed) -> {obs, masks}, step({agent: action}) -> {obs, rewards, terminated, truncated, masks}
+//   where each field is a map from agent id (obs and masks: only the agents that act next), and calls
+//   serveMultiAgent(TheClass).
 'use strict';
 
 const net = require('net');
@@ -25,6 +31,9 @@ class NDArray {
     const buf = Buffer.alloc(values.length * 8);
     values.forEach((v, i) => buf.writeDoubleLE(v, i * 8));
     return new NDArray('<f8', [values.length], buf);
+  }
+  static int8(values) {
+    return new NDArray('|i1', [values.length], Buffer.from(Int8Array.from(values).buffer));
   }
   static bool(values) {
     return new NDArray('|b1', [values.length], Buffer.from(values.map((v) => (v ? 1 : 0))));
@@ -179,23 +188,56 @@ function stackObs(list) {
 }
 
 function serve(EnvClass) {
-  const address = process.env.POLAR_CONNECTOR_ADDRESS;
-  if (!address) { process.stderr.write('POLAR_CONNECTOR_ADDRESS is not set; polar starts this process\n'); process.exit(2); }
-  const [kind, ...rest] = address.split(':');
-  const sock = kind === 'unix' ? net.createConnection({ path: rest.join(':') })
-    : net.createConnection({ host: rest.slice(0, -1).join(':'), port: Number(rest[rest.length - 1]) });
-  sock.setNoDelay(true);
-  let maxFrame = 64 * 1024 * 1024;
-  const send = (msg) => {
-    const body = pack(msg);
-    const head = Buffer.alloc(4); head.writeUInt32BE(body.length, 0);
-    sock.write(Buffer.concat([head, body]));
-  };
-  let envs = [];
-  const handle = (msg) => {
+  connect(EnvClass, 1, singleAgentHandler(EnvClass));
+}
+
+function serveMultiAgent(GameClass) {
+  connect(GameClass, 2, multiAgentHandler(GameClass));
+}
+
+// Protocol 2's messages (docs/connector-protocol.md section 7): one map per copy, keyed by agent id. A copy
+// whose agents have all ended waits for a reset that names it (no auto-reset).
+function multiAgentHandler(GameClass) {
+  let games = [];
+  const masks = (m) => Object.fromEntries(Object.entries(m || {}).map(([a, v]) => [a, NDArray.int8(v)]));
+  return (msg) => {
     switch (msg.op) {
       case 'init': {
-        if (msg.options && msg.options.max_frame_bytes) maxFrame = msg.options.max_frame_bytes;
+        const copies = Array.isArray(msg.copies) ? msg.copies : [];
+        games = Array.from({ length: msg.num_envs }, (_, i) => {
+          const copy = copies[i] || {};
+          return new GameClass(Object.assign({}, msg.config || {}, 'seed' in copy ? { seed: copy.seed } : {}), copy);
+        });
+        return { class_name: GameClass.name, multi_agent: true, possible_agents: GameClass.possibleAgents,
+          observation_spaces: GameClass.observationSpaces, action_spaces: GameClass.actionSpaces,
+          action_masks: Boolean(GameClass.actionMasks), reset_accepts_seed: true };
+      }
+      case 'ping': return {};
+      case 'reset': {
+        const ids = msg.env_ids || games.map((_, i) => i);
+        const seeds = msg.seeds || ids.map(() => null);
+        const outs = ids.map((i, j) => games[i].reset(seeds[j]));
+        return { obs: outs.map((o) => o.obs), action_masks: outs.map((o) => masks(o.masks)), infos: ids.map(() => ({})) };
+      }
+      case 'step': {
+        const outs = games.map((g, i) => {
+          const acts = {};
+          for (const [agent, a] of Object.entries(msg.actions[i] || {})) acts[agent] = a instanceof NDArray ? a.toArray()[0] : a;
+          return g.step(acts);
+        });
+        return { obs: outs.map((o) => o.obs), rewards: outs.map((o) => o.rewards), terminated: outs.map((o) => o.terminated),
+          truncated: outs.map((o) => o.truncated), action_masks: outs.map((o) => masks(o.masks)) };
+      }
+      default: throw new Error(`unknown op ${msg.op}`);
+    }
+  };
+}
+
+function singleAgentHandler(EnvClass) {
+  let envs = [];
+  return (msg) => {
+    switch (msg.op) {
+      case 'init': {
         // copy i's config: the shared one, with copy i's own seed when polar sent one; its place
         // (worker_index, vector_index, restarts) is the second argument (docs/connector-protocol.md, 4.1)
         const copies = Array.isArray(msg.copies) ? msg.copies : [];
@@ -232,7 +274,22 @@ function serve(EnvClass) {
       default: throw new Error(`unknown op ${msg.op}`);
     }
   };
-  sock.on('connect', () => send({ type: 'hello', protocol: 1, token: process.env.POLAR_CONNECTOR_TOKEN || '',
+}
+
+function connect(EnvClass, protocol, handle) {
+  const address = process.env.POLAR_CONNECTOR_ADDRESS;
+  if (!address) { process.stderr.write('POLAR_CONNECTOR_ADDRESS is not set; polar starts this process\n'); process.exit(2); }
+  const [kind, ...rest] = address.split(':');
+  const sock = kind === 'unix' ? net.createConnection({ path: rest.join(':') })
+    : net.createConnection({ host: rest.slice(0, -1).join(':'), port: Number(rest[rest.length - 1]) });
+  sock.setNoDelay(true);
+  let maxFrame = 64 * 1024 * 1024;
+  const send = (msg) => {
+    const body = pack(msg);
+    const head = Buffer.alloc(4); head.writeUInt32BE(body.length, 0);
+    sock.write(Buffer.concat([head, body]));
+  };
+  sock.on('connect', () => send({ type: 'hello', protocol, token: process.env.POLAR_CONNECTOR_TOKEN || '',
     pid: process.pid, language: 'javascript', name: EnvClass.name }));
   let pending = Buffer.alloc(0);
   sock.on('data', (chunk) => {
@@ -259,4 +316,4 @@ function serve(EnvClass) {
   sock.on('error', (e) => { process.stderr.write(`connector socket error: ${e.message}\n`); process.exit(1); });
 }
 
-module.exports = { NDArray, pack, unpack, serve };
+module.exports = { NDArray, pack, unpack, serve, serveMultiAgent };

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 HELP = "export a run's policy as ONNX or TorchScript (normalisation and action post-processing baked in)"
 
@@ -29,13 +31,19 @@ def main(args: argparse.Namespace) -> int:
     m = export_run(args.target, args.out, args.format, args.checkpoint, args.quantize, args.samples, args.seed,
                    trust_code=args.trust_code)
     console = cli_console()
+    for pid, one in m.get("policies", {"": m}).items():  # a multi-agent run: one export per policy id
+        _report(console, one, str(Path(args.out) / pid) if pid else args.out)
+    return 0
+
+
+def _report(console: Any, m: dict[str, Any], out: str) -> None:
     parity = m["parity"]
     rows = [r for part in ("vs_policy_act", "deterministic", "sampled") if part in parity
             for r in parity[part].values()]
     worst = max((r.get("max_abs", 0.0) for r in rows), default=0.0)
     worst_rel = max((r.get("max_rel", 0.0) for r in rows), default=0.0)
     console.print(f"exported {m['run']['checkpoint']} of {m['name']} as {m['format']} (version {m['version']}) "
-                  f"to {args.out}", markup=False, highlight=False)
+                  f"to {out}", markup=False, highlight=False)
     discrete = m["graph"]["kind"] in ("categorical", "multi_categorical", "q_greedy")
     # the check is relative: |delta| / max(1, |eager|) <= tolerance, so an absolute delta above it can pass
     console.print(f"parity on {parity['samples']} recorded observations: max |delta| {worst:.2e}, max "
@@ -47,4 +55,3 @@ def main(args: argparse.Namespace) -> int:
         what = (f"action agreement {q['action_agreement']:.2%}" if "action_agreement" in q
                 else f"max |action delta| {q['action_max_abs_delta']:.3g}")
         console.print(f"int8 ({m['file']}): {what} against the eager policy", markup=False, highlight=False)
-    return 0

@@ -2,6 +2,8 @@
 
 - ``id``: a PettingZoo module (``pettingzoo.classic.tictactoe_v3``: its ``env()`` is called) or ``module:function``
   returning an AEC or Parallel env; ``env_kwargs`` are passed to it.
+- or ``connector_spec``: a multi-agent connector, a game in any language speaking the connector protocol's
+  multi-agent messages (docs/connector-protocol.md section 7).
 - ``policy_mapping``: agent id -> policy name. Empty: every agent plays one shared policy (parameter sharing).
   Agents mapped to one name share its parameters and are batched together when acting.
 - ``self_play``: the learning policy plays against frozen past copies of itself (docs/multi-agent.md).
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
+from polar.config.harness import ConnectorSpec
 
 SHARED_POLICY = "shared"
 
@@ -36,8 +39,19 @@ class SelfPlayConfig(StrictModel):
 
 class PettingZooHarnessConfig(StrictModel):
     type: Literal["pettingzoo"] = "pettingzoo"
-    id: str = Field(description="a PettingZoo module (pettingzoo.classic.tictactoe_v3) or module:function")
+    id: str | None = Field(None, description="a PettingZoo module (pettingzoo.classic.tictactoe_v3) or module:function")
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    connector_spec: ConnectorSpec | None = Field(
+        None, description="instead of id: a multi-agent connector (docs/connector-protocol.md section 7)")
     policy_mapping: dict[str, str] = Field(
         default_factory=dict, description=f"agent id -> policy name; empty: all agents share one policy ({SHARED_POLICY!r})")
     self_play: SelfPlayConfig | None = Field(None, description="train against a pool of frozen past snapshots")
+
+    @model_validator(mode="after")
+    def _one_env(self) -> PettingZooHarnessConfig:
+        if (self.id is None) == (self.connector_spec is None):
+            raise ValueError("harness: give id (a PettingZoo env) or connector_spec (a multi-agent connector), one "
+                             "of them")
+        if self.connector_spec is not None and self.env_kwargs:
+            raise ValueError("harness.env_kwargs: a connector takes its settings in connector_spec.config")
+        return self

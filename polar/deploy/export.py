@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.deploy.graph import GraphSpec, PolicyGraph
 from polar.deploy.runtime import (
     MANIFEST,
@@ -59,24 +60,20 @@ OPSET = 17
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_code: bool = False) -> LoadedRun:
-    """(run_dir, cfg, policy, checkpoint_path, state) for a run directory (its latest checkpoint, or
-    ``ckpt_<checkpoint>``) or a checkpoint file inside one. A run whose config names code (a custom agent, env
-    or connector) is refused unless ``trust_code``."""
+def _resolve(target: str | Path, checkpoint: int | None, trust_code: bool) -> tuple[RunDir, EnvRunConfig, Path | None]:
+    """(run_dir, cfg, checkpoint file or None for the latest) of an env run; agent runs and untrusted code are
+    refused."""
+    from polar.config.run import EnvRunConfig
     from polar.config.trust import require_trust
     from polar.trainers.checkpoint import CheckpointManager
-    from polar.trainers.loading import load_policy_for_eval, resolve_target
+    from polar.trainers.loading import resolve_target
 
-    target = Path(target)
-    run_dir, cfg, ckpt = resolve_target(target)
+    run_dir, cfg, ckpt = resolve_target(Path(target))
     require_trust(cfg, f"run {run_dir.path}", trust_code)
-    if cfg.kind == "agent":
+    if not isinstance(cfg, EnvRunConfig):
         raise DeployError(f"{run_dir.path} is an LLM agent run (policy.type {cfg.policy.type}); polar export exports "
                           "env policies (ppo, appo, dqn, sac). Its checkpoint holds Hugging Face weights: serve them "
                           "with `polar gateway` or vLLM")
-    if cfg.harness.type == "pettingzoo":
-        raise DeployError(f"{run_dir.path} is a multi-agent run (harness.type pettingzoo); polar export does not export "
-                          "its policies yet (docs/multi-agent.md); evaluate it with polar eval")
     if checkpoint is not None:
         if ckpt is not None:
             raise DeployError("--checkpoint: give a run directory with --checkpoint N, or a checkpoint file, not both")
@@ -86,10 +83,21 @@ def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_cod
             have = ", ".join(p.stem.removeprefix("ckpt_").lstrip("0") or "0" for p in manager.all()) or "none"
             raise CheckpointError(f"--checkpoint {checkpoint}: {run_dir.path} has no {ckpt.name} (iterations "
                                   f"checkpointed: {have})")
-        target = ckpt
-    elif ckpt is not None:
-        target = ckpt
-    loaded: LoadedRun = load_policy_for_eval(Path(target))  # an env run: agent and multi-agent runs were refused
+    return run_dir, cfg, ckpt
+
+
+def load_run_policy(target: str | Path, checkpoint: int | None = None, trust_code: bool = False) -> LoadedRun:
+    """(run_dir, cfg, policy, checkpoint_path, state) for a single-policy run directory (its latest checkpoint, or
+    ``ckpt_<checkpoint>``) or a checkpoint file inside one. A run whose config names code (a custom agent, env
+    or connector) is refused unless ``trust_code``; a multi-agent run has one policy per id
+    (``export_multi_agent``)."""
+    from polar.trainers.loading import load_policy_for_eval
+
+    run_dir, cfg, ckpt = _resolve(target, checkpoint, trust_code)
+    if cfg.harness.type == "pettingzoo":
+        raise DeployError(f"{run_dir.path} is a multi-agent run (harness.type pettingzoo): it has one policy per "
+                          "policy id; export them all with polar export (one folder each)")
+    loaded: LoadedRun = load_policy_for_eval(Path(target) if ckpt is None else ckpt)
     return loaded
 
 
@@ -362,8 +370,6 @@ def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoin
                tolerance: float = PARITY_TOL, trust_code: bool = False) -> dict[str, Any]:
     """Export a run's checkpoint into ``out`` (see the module docstring); returns the manifest written.
     ``trust_code``: the run's config may name code (a custom agent or env), which exporting imports."""
-    from polar import __version__
-
     if fmt not in FORMATS:
         raise DeployError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if quantize not in (None, "int8"):
@@ -373,13 +379,44 @@ def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoin
     if samples < 1:
         raise DeployError(f"--samples must be at least 1 (got {samples})")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
+    if out.exists() and not _replaceable(out):
         raise DeployError(f"--out {out} already holds files that are not a polar export; choose a new directory")
+    run_dir, cfg, ckpt = _resolve(target, checkpoint, trust_code)
+    if isinstance(cfg.harness, PettingZooHarnessConfig):
+        return export_multi_agent(run_dir, cfg, ckpt, out, fmt, quantize, samples, seed, tolerance)
     run_dir, cfg, policy, ckpt, state = load_run_policy(target, checkpoint, trust_code)
     policy.eval()
     graph = PolicyGraph(policy).eval()
     feeds = record_observations(policy, graph, cfg, samples, seed)
+    manifest = write_export(policy, graph, feeds, out, fmt, quantize, seed, tolerance,
+                            _manifest_head(run_dir, cfg, ckpt, state, fmt, quantize, cfg.name))
+    log.info("exported %s (%s) to %s", ckpt.name, fmt, out)
+    return manifest
 
+
+def _manifest_head(run_dir: RunDir, cfg: EnvRunConfig, ckpt: Path, state: dict[str, Any], fmt: str,
+                   quantize: str | None, name: str) -> dict[str, Any]:
+    from polar import __version__
+
+    return {
+        "manifest_format": MANIFEST_FORMAT,
+        "name": name,
+        "version": str(int(state.get("iteration", 0))),
+        "format": fmt,
+        "file": FILES[fmt],
+        "quantize": quantize,
+        "polar_version": __version__,
+        "created": time.time(),
+        "run": {"path": str(run_dir.path.resolve()), "config_hash": config_hash(run_dir), "checkpoint": ckpt.name,
+                "iteration": int(state.get("iteration", 0)), "env_steps": int(state.get("env_steps", 0)),
+                "policy_version": int(state.get("policy_version", 0)), "algorithm": cfg.policy.type},
+    }
+
+
+def write_export(policy: Policy, graph: PolicyGraph, feeds: dict[str, np.ndarray], out: Path, fmt: str,
+                 quantize: str | None, seed: int, tolerance: float, head: dict[str, Any]) -> dict[str, Any]:
+    """Trace ``graph`` into a temporary folder beside ``out``, check it against ``policy`` on ``feeds``, and move
+    it into place only when every output matches; returns the manifest written."""
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -390,18 +427,8 @@ def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoin
         else:
             trace_torchscript(graph, model)
         manifest: dict[str, Any] = {
-            "manifest_format": MANIFEST_FORMAT,
-            "name": cfg.name,
-            "version": str(int(state.get("iteration", 0))),
-            "format": fmt,
-            "file": FILES[fmt],
-            "quantize": quantize,
-            "polar_version": __version__,
-            "created": time.time(),
-            "run": {"path": str(run_dir.path.resolve()), "config_hash": config_hash(run_dir), "checkpoint": ckpt.name,
-                    "iteration": int(state.get("iteration", 0)), "env_steps": int(state.get("env_steps", 0)),
-                    "policy_version": int(state.get("policy_version", 0)), "algorithm": cfg.policy.type,
-                    "agent": type(policy.agent).__name__},
+            **head,
+            "run": {**head["run"], "agent": type(policy.agent).__name__},
             "observation_space": space_json(policy.agent.observation_space),
             "action_space": space_json(policy.agent.action_space),
             "recurrent_state": [{"input": s["input"], "output": s["output"], "shape": s["shape"], "dtype": "float32"}
@@ -429,8 +456,43 @@ def export_run(target: str | Path, out: str | Path, fmt: str = "onnx", checkpoin
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("exported %s (%s) to %s", ckpt.name, fmt, out)
     return manifest
+
+
+def export_multi_agent(run_dir: RunDir, cfg: EnvRunConfig, ckpt: Path | None, out: Path, fmt: str,
+                       quantize: str | None, samples: int, seed: int, tolerance: float) -> dict[str, Any]:
+    """A PettingZoo run: one export per policy id, ``out/<policy id>/`` (each one servable by ``polar serve``),
+    checked on observations its agents met in games of the run's policies; returns ``{"policies": {id: manifest}}``."""
+    from polar.rollout.backends.multi_agent import record_policy_observations
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+    from polar.trainers.multi_agent import load_multi_agent_policies
+
+    if ckpt is None:
+        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
+        if ckpt is None:
+            raise CheckpointError(f"{run_dir.path} has no checkpoint yet; nothing to export")
+    state = load_checkpoint(ckpt)
+    policies, mapping, _pool = load_multi_agent_policies(cfg, state)
+    assert isinstance(cfg.harness, PettingZooHarnessConfig)
+    observed = record_policy_observations(cfg.harness, policies, mapping, samples, seed, cfg.config_dir)
+    manifests: dict[str, Any] = {}
+    for pid, policy in policies.items():
+        graph = PolicyGraph(policy).eval()
+        feeds = graph_obs_feeds(graph.spec, observed[pid])
+        head = _manifest_head(run_dir, cfg, ckpt, state, fmt, quantize, f"{cfg.name}.{pid}")
+        head["policy_id"] = pid
+        head["agents"] = sorted(a for a, p in mapping.items() if p == pid)
+        manifests[pid] = write_export(policy, graph, feeds, out / pid, fmt, quantize, seed, tolerance, head)
+        log.info("exported policy %s of %s (%s) to %s", pid, ckpt.name, fmt, out / pid)
+    return {"name": cfg.name, "format": fmt, "policies": manifests}
+
+
+def _replaceable(out: Path) -> bool:
+    """``out`` may be written over: an empty folder, a polar export, or a multi-agent export (export folders)."""
+    if not out.is_dir():
+        return False
+    entries = [e for e in out.iterdir() if not e.name.startswith(".")]
+    return (out / MANIFEST).is_file() or all(e.is_dir() and (e / MANIFEST).is_file() for e in entries)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:

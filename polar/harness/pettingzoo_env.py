@@ -1,9 +1,11 @@
 """PettingZoo AEC and Parallel envs (``harness: {type: pettingzoo}``) behind one stepping interface.
 
 ``EnvSlot`` drives one env copy: ``poll()`` says which agents must act now (AEC: the selected agent; Parallel:
-every live agent) and which agents' last actions have an outcome (their reward since they acted, and whether
-their episode ended); ``act({agent: action})`` steps the env. AEC envs' dead-agent steps (``step(None)``) are
-taken here. Each agent's ``action_mask`` is checked as in single-agent runs
+every live agent the last step observed) and which agents' last actions have an outcome (their reward since they
+acted, and whether their episode ended); ``act({agent: action})`` steps the env. A Parallel env may leave live
+agents out of a step's observations (a turn-based game: only the mover is observed, as the multi-agent connector
+protocol allows): such an agent waits, and its rewards add up until it acts again or its episode ends. AEC envs'
+dead-agent steps (``step(None)``) are taken here. Each agent's ``action_mask`` is checked as in single-agent runs
 (``polar.harness.action_mask``; multi-agent masks come in the observation Dict, as PettingZoo's classic games
 put them): an empty mask or a forbidden action is an error naming the env and the step.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -31,9 +34,17 @@ def _import_pettingzoo() -> Any:
     return pettingzoo
 
 
-def make_pettingzoo_env(cfg: PettingZooHarnessConfig) -> Any:  # a PettingZoo AEC or Parallel env (untyped)
-    """The AEC or Parallel env ``cfg.id`` names (``package.module`` calls its ``env()``; ``module:function`` the function)."""
+def make_pettingzoo_env(cfg: PettingZooHarnessConfig, config_dir: Path | None = None, seed: int | None = None,
+                        index: int = 0) -> Any:  # a PettingZoo AEC or Parallel env (untyped)
+    """The AEC or Parallel env ``cfg.id`` names (``package.module`` calls its ``env()``; ``module:function`` the
+    function), or one copy of the multi-agent connector ``cfg.connector_spec`` (its process started in
+    ``config_dir``, its config seed derived from ``seed``; ``index`` names it in messages)."""
     pz = _import_pettingzoo()
+    if cfg.connector_spec is not None:
+        from polar.harness.connector.multi_agent import ConnectorParallelEnv
+
+        return ConnectorParallelEnv(cfg.connector_spec, config_dir, seed, index)
+    assert cfg.id is not None  # the config has one of id and connector_spec
     module_name, _, fn_name = cfg.id.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -82,12 +93,14 @@ class EnvSlot:
         self.episode_over = True
         self._outcomes: list[Outcome] = []
         self._obs: dict[str, Any] = {}
+        self._pending: dict[str, float] = {}  # Parallel: reward since each agent's last action, not yet reported
 
     def reset(self) -> None:
         self.episode += 1
         self.step_count = 0
         self.legal = {}
         self._outcomes = []
+        self._pending = {}
         seed = self.seed + self.episode
         if self.parallel:
             obs, _ = self.env.reset(seed=seed)
@@ -115,7 +128,15 @@ class EnvSlot:
             if not self.env.agents:
                 self.episode_over = True
                 return outcomes, []
-            return outcomes, [self._request(a, self._obs[a]) for a in self.env.agents]
+            acting = [a for a in self.env.agents if a in self._obs]
+            for a in acting:  # the outcome of an agent's last action comes when it acts again (or its episode ends)
+                if a in self._pending:
+                    outcomes.append(Outcome(a, self._pending.pop(a), False, False, self._obs[a]))
+            if not acting:
+                raise HarnessError(f"{self.name}: at step {self.step_count} of episode {self.episode} no live agent "
+                                   f"({', '.join(map(repr, self.env.agents))}) is observed, so none can act; a step must "
+                                   "observe at least one live agent")
+            return outcomes, [self._request(a, self._obs[a]) for a in acting]
         while True:
             if not self.env.agents:
                 self.episode_over = True
@@ -140,8 +161,17 @@ class EnvSlot:
             return
         obs, rewards, terms, truncs, _ = self.env.step(actions)
         self._obs = dict(obs)
-        self._outcomes = [Outcome(a, float(rewards.get(a, 0.0)), bool(terms.get(a, False)), bool(truncs.get(a, False)),
-                                  self._obs.get(a)) for a in actions]
+        for a in (*self._obs, *rewards, *terms, *truncs):
+            self._check_agent(a)
+        for a in actions:
+            self._pending.setdefault(a, 0.0)
+        for a, r in rewards.items():
+            self._pending[a] = self._pending.get(a, 0.0) + float(r)
+        self._outcomes = []
+        for a in list(self._pending):
+            term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
+            if term or trunc or a not in self.env.agents:  # one that left unflagged is cut: truncated
+                self._outcomes.append(Outcome(a, self._pending.pop(a), term, not term, self._obs.get(a)))
         for a in self.env.agents:
             self._check_agent(a)
 

@@ -79,9 +79,12 @@ def evaluate_multi_agent(cfg: EnvRunConfig, policies: dict[str, Policy], mapping
         learner = agents[g % len(agents)]
         return {a: Seat("learn", mapping[a]) if a == learner else Seat("random") for a in agents}
 
-    res: dict[str, Any] = {"per_agent": play_games(h, own, policies, mapping, games, seed, deterministic).summary(),
+    where = cfg.config_dir
+    res: dict[str, Any] = {"per_agent": play_games(h, own, policies, mapping, games, seed, deterministic,
+                                                   config_dir=where).summary(),
                            "vs_random": play_games(h, vs_random, policies, mapping, games, seed + 1, deterministic,
-                                                   scored=lambda g: agents[g % len(agents)]).summary()}
+                                                   scored=lambda g: agents[g % len(agents)],
+                                                   config_dir=where).summary()}
     if pool is not None and pool.snapshots:
         snaps = pool.snapshots
 
@@ -90,7 +93,7 @@ def evaluate_multi_agent(cfg: EnvRunConfig, policies: dict[str, Policy], mapping
             return {a: Seat("learn", mapping[a]) if a == learner else Seat("pool", snapshot=snap) for a in agents}
 
         res["vs_pool"] = play_games(h, vs_pool, policies, mapping, games, seed + 2, deterministic,
-                                    scored=lambda g: agents[g % len(agents)]).summary()
+                                    scored=lambda g: agents[g % len(agents)], config_dir=where).summary()
     return res
 
 
@@ -196,7 +199,7 @@ def compose_multi_agent(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = Fa
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    probe = make_pettingzoo_env(h)
+    probe = make_pettingzoo_env(h, cfg.config_dir, cfg.seed)
     try:
         agents = list(probe.possible_agents)
         spaces = agent_spaces(probe)
@@ -214,7 +217,7 @@ def compose_multi_agent(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool = Fa
     seed = cfg.seed if state is None else cfg.seed + 104_729 * (int(state["iteration"]) + 1)
     num_envs = cfg.distribution.num_envs
     collector = MultiAgentCollector(h, policies, mapping, int(kw.steps_per_env(num_envs * len(agents))), num_envs,
-                                    seed, pool)
+                                    seed, pool, config_dir=cfg.config_dir)
     return TrainingLoop(cfg, run_dir, collector, learner, MultiAgentEvaluator(cfg, run_dir, learner, mapping),
                         budget=env_steps_budget(cfg.total_env_steps), state=state,
                         on_iteration=on_iteration, extra_metrics=extra_metrics)
@@ -224,7 +227,7 @@ def load_multi_agent_policies(cfg: EnvRunConfig, state: dict[str, Any]) -> tuple
                                                                                  OpponentPool | None]:
     """A checkpoint's policies (eval mode), the agent -> policy mapping and the opponent pool (``polar eval``)."""
     h = check_multi_agent_config(cfg)
-    probe = make_pettingzoo_env(h)
+    probe = make_pettingzoo_env(h, cfg.config_dir, cfg.seed)
     try:
         agents, spaces = list(probe.possible_agents), agent_spaces(probe)
     finally:

@@ -49,10 +49,12 @@ EXPECTED = {
     "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),
     "node_connector/line_walk.yaml": ("env", "custom", "ppo"),
+    "node_connector/nim_selfplay.yaml": ("env", "pettingzoo", "ppo"),  # a JavaScript 2-player game (protocol 2)
     "pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),
     "pendulum_sac.yaml": ("env", "gymnasium", "sac"),
     "swe_mini/grpo.yaml": ("agent", "agent", "grpo"),
     "tictactoe_selfplay.yaml": ("env", "pettingzoo", "ppo"),  # multi-agent self-play (docs/multi-agent.md)
+    "simple_spread.yaml": ("env", "pettingzoo", "ppo"),  # cooperative, parameter sharing (docs/multi-agent.md)
 }
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 from pettingzoo.classic import tictactoe_v3
 from pettingzoo.utils import BaseWrapper
 
+ROOT = Path(__file__).resolve().parents[2]
 PLAYED: list[tuple[str, int, bool]] = []  # (agent, action, legal) of every move counting_tictactoe saw
 
 
@@ -84,3 +87,48 @@ class Coop(ParallelEnv):
 
 def coop(**kwargs):
     return Coop(**kwargs)
+
+
+class TurnTaking(ParallelEnv):
+    """A turn-based Parallel env that observes only the mover (as a multi-agent connector may): "a" and "b" move in
+    turn, ``moves`` moves in all, "a" first. The last move decides: action 1 pays its mover +1 and the other -1,
+    action 0 the reverse. Every other step pays the mover 0.1 and the waiting agent 0.01."""
+
+    metadata = {"name": "turn_taking_v0"}
+
+    def __init__(self, moves: int = 3, silent_at: int = -1):
+        self.possible_agents = ["a", "b"]
+        self.moves = moves
+        self.silent_at = silent_at  # the step after which nobody is observed (the bad-input test)
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (self.moves,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _obs(self):
+        o = np.zeros(self.moves, np.float32)
+        o[self.t] = 1.0
+        return {self.possible_agents[self.t % 2]: o}
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return self._obs(), {}
+
+    def step(self, actions):
+        (mover, action), = actions.items()
+        other = "b" if mover == "a" else "a"
+        self.t += 1
+        if self.t < self.moves:
+            obs = {} if self.t == self.silent_at else self._obs()
+            return obs, {mover: 0.1, other: 0.01}, {mover: False}, {mover: False}, {}
+        sign = 1.0 if int(action) == 1 else -1.0
+        self.agents = []
+        done = {"a": True, "b": True}
+        return {}, {mover: sign, other: -sign}, done, {"a": False, "b": False}, {}
+
+
+def turn_taking(**kwargs):
+    return TurnTaking(**kwargs)

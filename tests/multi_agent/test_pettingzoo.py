@@ -227,13 +227,40 @@ def test_a_run_folder_naming_an_env_module_of_its_own_needs_trust_code_to_reopen
         require_trust(_cfg({"id": env_id}), "run R", trust_code=True)
 
 
-def test_polar_export_of_a_multi_agent_run_says_it_is_not_supported(tmp_path):
+def test_polar_export_writes_one_servable_export_per_policy_of_a_multi_agent_run(tmp_path):
     from polar.deploy.export import export_run
-    from polar.errors import DeployError
+    from tests.deploy.serving import LiveServer
 
-    trainer, _, _ = _train(_cfg({"id": TTT}, steps=300, eval={"at_end": False}), tmp_path)
-    with pytest.raises(DeployError, match=r"is a multi-agent run .* polar export does not export its policies yet"):
-        export_run(trainer.run_dir.path, tmp_path / "out")
+    cfg = _cfg({"id": TTT, "policy_mapping": {"player_1": "x", "player_2": "o"}}, steps=600, eval={"at_end": False})
+    trainer, _, _ = _train(cfg, tmp_path)
+    out = tmp_path / "export"
+    m = export_run(trainer.run_dir.path, out, samples=64)
+    assert set(m["policies"]) == {"x", "o"}
+    assert sorted(p.name for p in out.iterdir()) == ["o", "x"]
+    board = np.zeros((3, 3, 2), np.int8)
+    board[0, 0, 1] = 1  # the opponent took the corner
+    mask = np.ones(9, np.int8)
+    mask[0] = 0
+    obs = {"observation": torch.as_tensor(board[None]), "action_mask": torch.as_tensor(mask[None])}
+    for pid, agent in (("x", "player_1"), ("o", "player_2")):
+        man = json.loads((out / pid / "manifest.json").read_text())
+        assert man["policy_id"] == pid and man["agents"] == [agent] and man["parity"]["samples"] == 64
+        want = int(trainer.learner.policies[pid].act(obs, None, True)[0].reshape(-1)[0])
+        with LiveServer(out / pid, poll_s=0) as s:
+            got = s.client.post("/v1/act", json={"observation": {"observation": board.tolist(),
+                                                                 "action_mask": mask.tolist()}}).json()
+        assert got["action"] == want and got["action"] != 0  # the policy's own move, and a legal one
+    export_run(trainer.run_dir.path, out, samples=16)  # a second export replaces the first
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(envs.ROOT), "COLUMNS": "200"}
+    p = subprocess.run([sys.executable, "-m", "polar.cli.main", "export", str(trainer.run_dir.path), "--out",
+                        str(tmp_path / "cli"), "--samples", "16"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    for pid in ("x", "o"):
+        assert f"to {tmp_path / 'cli' / pid}" in " ".join((p.stdout + p.stderr).split()), p.stderr
 
 
 @pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),
@@ -311,3 +338,76 @@ def test_self_play_random_share_seats_a_random_player_in_that_share_of_training_
     cfg = _cfg({"id": TTT, "self_play": {"random_share": 0.0}}, steps=800, eval={"at_end": False})
     _, _, rows = _train(cfg, tmp_path, "none")
     assert all(r["self_play/train_games_vs_random"] == 0 for r in rows)
+
+
+def test_a_parallel_env_that_observes_only_the_mover_pays_a_waiting_agent_when_it_acts_again_or_ends(tmp_path):
+    """Turn-based over the Parallel API (what the multi-agent connector protocol allows): "b" waits while "a"
+    moves; its rewards meanwhile add up on its last decision, and the last mover's win or loss reaches "b"'s."""
+    from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.multi_agent import MultiAgentCollector
+
+    cfg = _cfg({"id": "tests.multi_agent.envs:turn_taking", "env_kwargs": {"moves": 3}})
+    spaces = agent_spaces(make_pettingzoo_env(cfg.harness))
+    policy = build_policy(cfg, *spaces["a"])
+    collector = MultiAgentCollector(cfg.harness, {"a": policy, "b": policy}, {"a": "a", "b": "b"}, 8, 2, 0)
+    try:
+        data = collector.collect().data
+    finally:
+        collector.close()
+    a, b = data["a"], data["b"]
+    # "a" moves at t=0 and t=2: its first move earns 0.1 then waits (0.01 while "b" moves): 0.11; its last decides
+    assert np.allclose(a.rewards[~a.terminated.astype(bool)], 0.11)
+    assert set(np.unique(a.rewards[a.terminated.astype(bool)])) <= {-1.0, 1.0}
+    # "b"'s one move earns 0.1, then the game ends on "a"'s move: its return is 0.1 -/+ 1, and it is terminal
+    assert b.terminated.all()
+    assert np.allclose(np.abs(b.rewards - 0.1), 1.0)
+
+
+def test_the_cooperative_example_runs_with_one_shared_policy_for_its_three_agents(tmp_path):
+    """The fast path of tests/learning/test_simple_spread.py: examples/simple_spread.yaml (MPE2, Parallel API)."""
+    from polar.config import load_config
+
+    cfg = load_config(envs.ROOT / "examples" / "simple_spread.yaml",
+                      overrides=["total_env_steps=400", "eval.episodes=3", "logging.progress_bar=false",
+                                 "logging.checkpoint_freq=0"])
+    trainer, res, rows = _train(cfg, tmp_path)
+    assert set(trainer.learner.policies) == {"shared"}
+    assert set(res["eval"]["per_agent"]["return_mean"]) == {"agent_0", "agent_1", "agent_2"}
+    assert rows[-1]["env_steps"] >= 400 and np.isfinite(rows[-1]["pg_loss"])
+
+
+def test_a_parallel_step_that_observes_no_live_agent_is_an_error_naming_the_step(tmp_path):
+    from polar.rollout.backends.multi_agent import Seat, play_games
+
+    cfg = _cfg({"id": "tests.multi_agent.envs:turn_taking", "env_kwargs": {"moves": 4, "silent_at": 2}})
+    with pytest.raises(HarnessError, match=r"at step 2 of episode 1 no live agent \('a', 'b'\) is observed, so none "
+                                           r"can act; a step must observe at least one live agent"):
+        play_games(cfg.harness, lambda g: {"a": Seat("random"), "b": Seat("random")}, {}, {"a": "s", "b": "s"}, 1, 0)
+
+
+def test_tictactoe_batches_carry_the_learning_signal_the_loss_needs(tmp_path):
+    """The checks behind docs/benchmarks.md's TicTacToe reading: the masked log-probs the loss computes equal those
+    stored when acting (the mask is in the loss), and every terminal decision's GAE return is its own reward
+    (nothing bootstraps past an agent's episode end)."""
+    from polar.algorithms.advantages import rollout_gae
+    from polar.buffers.rollout_buffer import RolloutBuffer
+    from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.multi_agent import MultiAgentCollector, resolve_mapping
+
+    cfg = _cfg({"id": TTT})
+    spaces = agent_spaces(make_pettingzoo_env(cfg.harness))
+    policy = build_policy(cfg, *spaces["player_1"])
+    collector = MultiAgentCollector(cfg.harness, {"shared": policy}, resolve_mapping(cfg.harness, list(spaces)), 32, 4, 0)
+    try:
+        frag = collector.collect().data["shared"]
+    finally:
+        collector.close()
+    obs = {k: torch.as_tensor(v.reshape(-1, *v.shape[2:])) for k, v in frag.obs.items()}
+    log_prob = policy.agent.evaluate_actions(obs, torch.as_tensor(frag.actions.reshape(-1)))[0]
+    assert np.allclose(log_prob.detach().numpy().reshape(frag.log_probs.shape), frag.log_probs, atol=1e-6)
+    _, returns = rollout_gae(RolloutBuffer([frag]), 0.99, 0.95)
+    ended = frag.terminated.astype(bool)
+    assert ended.sum() > 10
+    assert np.allclose(returns.numpy()[ended], frag.rewards[ended], atol=1e-5)

@@ -41,7 +41,7 @@ from polar.errors import (
 )
 from polar.harness.connector import supervisor
 from polar.harness.connector.spaces import wire_space_bytes
-from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket
+from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSIONS, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ KILL_WAIT_S = 5.0  # how long the supervisor gets to kill and reap a connector's
 PID_WAIT_S = 5.0  # how long `pid` waits for the supervisor to report the connector's pid
 SEED_KEY = "seed"
 REPLY_KEYS = {"init": ("action_space",), "reset": ("obs",), "step": ("obs", "rewards", "terminated", "truncated")}
+MULTI_AGENT_INIT_KEYS = ("possible_agents", "action_spaces", "observation_spaces")  # protocol 2's init reply
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -167,6 +168,7 @@ class ConnectorProcess:
         self.consecutive_failures = 0
         self.steps_since_start = 0
         self.describe: dict = {}
+        self.protocol = 0  # the version the connector's hello says, once connected
         self._op: str | None = None
         self.dead_reason: str | None = None
         self.last_io = time.monotonic()
@@ -353,8 +355,10 @@ class ConnectorProcess:
             raise ConnectorStartError(f"{self.name}: a connector connected with a wrong token; check connector_spec.token")
         if isinstance(hello.get("name"), str) and hello["name"]:
             self.name = declared_name(hello["name"])  # optional in the hello: lets errors before init name the connector
-        if hello.get("protocol") != PROTOCOL_VERSION:
-            raise ConnectorStartError(f"{self.name}: speaks protocol {hello.get('protocol')!r}; polar speaks {PROTOCOL_VERSION}")
+        if hello.get("protocol") not in PROTOCOL_VERSIONS:
+            raise ConnectorStartError(f"{self.name}: speaks protocol {hello.get('protocol')!r}; polar speaks "
+                                      f"{' and '.join(map(str, PROTOCOL_VERSIONS))}")
+        self.protocol = int(hello["protocol"])
         options = {
             "compression": self.spec.compression,
             "compress_min_bytes": self.spec.compress_min_bytes,
@@ -506,7 +510,10 @@ class ConnectorProcess:
                 raise EnvContractError(message)
             text = f"{message} (in connector class {self.name}; traceback from the connector process below)\n{tb}" if tb else message
             raise ConnectorRemoteError(text, remote_traceback=tb)
-        missing = [k for k in REPLY_KEYS.get(self._op, ()) if k not in reply] if self._op is not None else []
+        want = REPLY_KEYS.get(self._op or "", ())
+        if self._op == "init" and reply.get("multi_agent"):
+            want = MULTI_AGENT_INIT_KEYS
+        missing = [k for k in want if k not in reply]
         if missing:
             raise ProtocolError(f"{self.name}: its reply to {self._op!r} lacks {missing} (see docs/connector-protocol.md)")
         return reply

@@ -104,6 +104,11 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------------------- spaces
     def _init_spaces(self, desc: dict) -> None:
         name = self.procs[0].name  # the declared class name, made printable
+        if desc.get("multi_agent"):
+            from polar.errors import ConfigError
+
+            raise ConfigError(f"{name} is a multi-agent connector (its init reply says multi_agent: true); run it with "
+                              "harness: {type: pettingzoo, connector_spec: ...} (docs/multi-agent.md)")
         self.single_action_space = space_from_wire(desc.get("action_space"), f"{name}.action_space")
         if desc.get("observation_space") is not None:
             self.single_observation_space = space_from_wire(desc["observation_space"], f"{name}.observation_space")

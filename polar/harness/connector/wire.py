@@ -24,7 +24,9 @@ import numpy as np
 
 from polar.errors import ConnectorTimeout, ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # what polar's own (single-agent) Python host says in its hello
+PROTOCOL_MULTI_AGENT = 2  # protocol 1 plus the multi-agent messages (docs/connector-protocol.md section 7)
+PROTOCOL_VERSIONS = (PROTOCOL_VERSION, PROTOCOL_MULTI_AGENT)
 EXT_NDARRAY = 1
 EXT_COMPRESSED = 2
 CODECS = {"zstd": 1, "lz4": 2, "png": 3, "jpeg": 4}

@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -42,6 +43,9 @@ Column = tuple[int, str]  # (env copy, agent id)
 
 
 def env_name(cfg: PettingZooHarnessConfig) -> str:
+    if cfg.connector_spec is not None:
+        spec = cfg.connector_spec
+        return f"multi-agent connector {spec.class_name or ' '.join(spec.command or [])}"
     return f"pettingzoo env {cfg.id}"
 
 
@@ -146,7 +150,8 @@ class MultiAgentCollector:
     """``collect() -> Batch`` whose ``data`` is ``{policy name: Fragment}`` (see the module docstring)."""
 
     def __init__(self, cfg: PettingZooHarnessConfig, policies: dict[str, Any], mapping: dict[str, str],
-                 fragment_steps: int, num_envs: int, seed: int, pool: OpponentPool | None = None) -> None:
+                 fragment_steps: int, num_envs: int, seed: int, pool: OpponentPool | None = None,
+                 config_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.name = env_name(cfg)
         self.policies = policies
@@ -157,7 +162,8 @@ class MultiAgentCollector:
         self.slots: list[EnvSlot] = []
         try:
             for i in range(num_envs):
-                self.slots.append(EnvSlot(make_pettingzoo_env(cfg), self.name, seed + 7919 * i))
+                self.slots.append(EnvSlot(make_pettingzoo_env(cfg, config_dir, seed + 7919 * i, i), self.name,
+                                          seed + 7919 * i))
         except BaseException:
             self.close()
             raise
@@ -259,7 +265,9 @@ class MultiAgentCollector:
             return
         step.reward += o.reward
         step.terminated, step.truncated = o.terminated, o.truncated and not o.terminated
-        if step.truncated:
+        if step.truncated and o.obs is None:  # no final observation: bootstrap from the decision's own value
+            step.trunc_value = step.value
+        elif step.truncated:
             trunc.append((self.mapping[o.agent], step, o.obs))
         self.done[col].append(step)
         self.pending[col] = None
@@ -381,11 +389,11 @@ class GameReport:
 @torch.inference_mode()
 def play_games(cfg: PettingZooHarnessConfig, seats: Callable[[int], dict[str, Seat]], policies: dict[str, Any],
                mapping: dict[str, str], games: int, seed: int, deterministic: bool = True,
-               scored: Callable[[int], str | None] = lambda g: None) -> GameReport:
+               scored: Callable[[int], str | None] = lambda g: None, config_dir: Path | None = None) -> GameReport:
     """Play ``games`` games on one env copy; ``seats(g)`` seats game g; ``scored(g)`` names the agent whose
     win/draw/loss game g counts for (None: every agent's own). Every action is checked against its mask."""
     name = env_name(cfg)
-    slot = EnvSlot(make_pettingzoo_env(cfg), name, seed)
+    slot = EnvSlot(make_pettingzoo_env(cfg, config_dir, seed), name, seed)
     rng = np.random.default_rng(seed)
     spaces = agent_spaces(slot.env)
     returns: dict[str, list[float]] = defaultdict(list)
@@ -423,3 +431,38 @@ def play_games(cfg: PettingZooHarnessConfig, seats: Callable[[int], dict[str, Se
     finally:
         slot.close()
     return GameReport(games, dict(returns), dict(results))
+
+
+@torch.inference_mode()
+def record_policy_observations(cfg: PettingZooHarnessConfig, policies: dict[str, Any], mapping: dict[str, str],
+                               samples: int, seed: int, config_dir: Path | None = None) -> dict[str, Any]:
+    """Policy id -> ``samples`` observations (stacked, as the policy's observation space) its agents met in games
+    where every agent samples from its own policy: what ``polar export`` checks each exported graph on."""
+    slot = EnvSlot(make_pettingzoo_env(cfg, config_dir, seed), env_name(cfg), seed)
+    spaces = agent_spaces(slot.env)
+    seen: dict[str, list[Any]] = {pid: [] for pid in policies}
+    try:
+        for _ in range(samples):  # every game gives at least one observation
+            if all(len(v) >= samples for v in seen.values()):
+                break
+            slot.reset()
+            while True:
+                _, requests = slot.poll()
+                if slot.episode_over:
+                    break
+                acts: dict[str, Any] = {}
+                for agent, obs in requests:
+                    seen[mapping[agent]].append(obs)
+                    a, _, _ = act_batch(policies[mapping[agent]], [obs], spaces[agent][0], False)
+                    acts[agent] = a[0]
+                slot.act(acts)
+    finally:
+        slot.close()
+    out: dict[str, Any] = {}
+    for pid, obs in seen.items():
+        if not obs:
+            raise ConfigError(f"{env_name(cfg)}: no agent of policy {pid!r} acted in {samples} games; nothing to "
+                              "check its export on")
+        agent = next(a for a, p in mapping.items() if p == pid)
+        out[pid] = stack_obs(obs[:samples], spaces[agent][0])
+    return out
