@@ -30,6 +30,7 @@ from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
+from polar.config.mbpo import MBPOPolicyConfig
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.policy import (
     OFF_POLICY,
@@ -78,7 +79,7 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
-    | CQLPolicyConfig,
+    | CQLPolicyConfig | MBPOPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,

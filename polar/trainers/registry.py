@@ -28,9 +28,11 @@ from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
 from polar.algorithms.dqn import DQNLearner
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.iql import IQLLearner
+from polar.algorithms.mbpo import MBPOLearner
 from polar.algorithms.ppo import PPOLearner
 from polar.algorithms.sac import SACLearner
 from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
+from polar.buffers.mixed import MixedReplay
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
@@ -40,6 +42,7 @@ from polar.config.dqn import DQNKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
+from polar.config.mbpo import MBPOKwargs
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.config.sac import SACKwargs
@@ -52,7 +55,7 @@ from polar.rollout.backends.replay import ReplayCollector
 from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector
 from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
-from polar.trainers.continual import MixedReplay, old_replay
+from polar.trainers.continual import old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
 from polar.trainers.learner_group import LearnerGroup, group_spec, shard_groups, shard_rollout
 from polar.trainers.loop import Stage, iterations_budget
@@ -172,6 +175,15 @@ def _sac_learner(parts: EnvParts) -> Learner[Any]:
     return PolicyLearner(parts, learner)
 
 
+def _mbpo_learner(parts: EnvParts) -> Learner[Any]:
+    obs, act, network, harness = parts.observation_space, parts.action_space, network_settings(parts.cfg), parts.cfg.harness
+    learner = MBPOLearner(parts.train_agent, cast(MBPOKwargs, parts.cfg.policy.kwargs), lambda: QCritic(obs, act, *network),
+                          obs, act, parts.cfg.total_env_steps, parts.checkpoint_dir, parts.cfg.seed,
+                          getattr(harness, "id", None), getattr(harness, "kwargs", {}))
+    learner.set_exploration(0)
+    return PolicyLearner(parts, learner)
+
+
 def replay_collector(parts: EnvParts, replay: ReplayBuffer) -> ReplayCollector:
     """The env collector feeding ``replay`` (n-step windows when ``n_step_return`` > 1; ``replay_mix``: gradient
     steps sample a share from an old dataset too)."""
@@ -251,6 +263,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                                       p.observation_space, p.action_space)),
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
+    "mbpo": Algorithm(MBPOKwargs, _mbpo_learner, _sac_collector, iteration_env_steps=ITERATION_ENV_STEPS,
+                      steps_per_env=lambda cfg: cast(MBPOKwargs, cfg.policy.kwargs).train_freq),
 }
 
 
