@@ -242,6 +242,7 @@ class MBPOLearner:
         self.last_fit: int | None = None  # run env steps at the last fit
         self.fits = 0
         self.model_stats: Metrics = {}
+        self.mixed: MixedReplay | None = None  # SAC's sampler: real_ratio from the real buffer, the rest model data
 
     def set_exploration(self, env_steps: int) -> None:
         self.sac.set_exploration(env_steps)
@@ -318,7 +319,7 @@ class MBPOLearner:
         positives = float(terminated.sum())
         pos_weight = torch.tensor((len(terminated) - positives) / positives if positives else 1.0, device=self.device)
         n, B = len(next_obs), self.kw.model_batch_size
-        for _ in range(max(1, min(self.kw.model_max_epochs, 5))):
+        for _ in range(self.kw.model_max_epochs):
             perm = torch.randperm(n, device=self.device)
             for i in range(0, n, B):
                 idx = perm[i:i + B]
@@ -382,7 +383,11 @@ class MBPOLearner:
             self.last_fit = env_steps
         steps = due_gradient_steps(kw, len(real), env_steps, batch.env_steps)
         if steps:
-            stats.update(self.sac.train(MixedReplay(real, self.model_replay, kw.real_ratio), steps, env_steps))
+            if self.mixed is None or self.mixed.old is not real:
+                self.mixed = MixedReplay(real, self.model_replay, kw.real_ratio)
+            stats.update(self.sac.train(self.mixed, steps, env_steps))
+            sampled = self.mixed.sampled_old + self.mixed.sampled_new
+            stats["real_fraction"] = self.mixed.sampled_old / sampled  # of SAC's transitions since this start
         self.sac.set_exploration(env_steps)
         return {**stats, **self.model_stats}
 

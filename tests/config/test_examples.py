@@ -32,6 +32,8 @@ EXPECTED = {
     "llm_planner/controller_ppo.yaml": ("env", "gymnasium", "ppo"),  # the planner's goal-conditioned controller
     "llm_reasoning_gym.yaml": ("agent", "agent", "grpo"),
     "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
+    "mbpo/inverted_pendulum_mbpo.yaml": ("env", "gymnasium", "mbpo"),  # docs/model-based.md
+    "mbpo/pendulum_mbpo.yaml": ("env", "gymnasium", "mbpo"),
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
     "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),
