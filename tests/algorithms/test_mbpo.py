@@ -259,3 +259,15 @@ def test_spaces_mbpo_cannot_model_are_config_errors(tmp_path):
         check_mbpo_spaces(dict_obs, ACT)
     with pytest.raises(ConfigError, match="flat"):
         check_mbpo_spaces(gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), ACT)
+
+
+@pytest.mark.parametrize("section, words", [
+    ({"replay_mix": {"dataset": "d-v0"}}, "replay_mix: mixes an old dataset into the batches of dqn or sac; "
+                                          "policy.type 'mbpo' is neither"),
+    ({"init": {"source": "runs/old"}}, "init: starts an online run (ppo, appo, dqn, sac) from earlier weights; "
+                                    "policy.type 'mbpo' is none of those"),
+])
+def test_continual_sections_are_refused_naming_mbpo(section, words):
+    with pytest.raises((ConfigError, ValueError)) as err:
+        validate(RunConfig, {**run_config(), **section})
+    assert words in str(err.value)
