@@ -38,7 +38,7 @@ class MBPOKwargs(SACKwargs):
     gradient_steps: int | None = Field(
         10, ge=-1, description="SAC gradient steps per training phase (per env step with one env: MBPO's G, 20 in "
         "the paper); None = one per train_freq transitions, -1 = one per transition collected")
-    n_step_return: int = Field(1, ge=1, le=1, description="1: the model learns and rolls out one-step transitions")
+    n_step_return: int = Field(1, ge=1, description="1 only: the model learns and rolls out one-step transitions")
 
     # the dynamics model: an ensemble of Gaussians over (next_obs - obs, reward)
     ensemble_size: int = Field(5, ge=1, description="networks in the dynamics ensemble (the paper: 7)")
@@ -72,6 +72,9 @@ class MBPOKwargs(SACKwargs):
 
     @model_validator(mode="after")
     def _consistent(self) -> MBPOKwargs:
+        if self.n_step_return != 1:
+            raise ValueError(f"n_step_return {self.n_step_return}: mbpo's model learns one-step transitions and SAC "
+                             "trains on them; set n_step_return: 1 (or train with policy.type: sac for n-step returns)")
         if self.num_elites > self.ensemble_size:
             raise ValueError(f"num_elites ({self.num_elites}) must be at most ensemble_size ({self.ensemble_size})")
         if any(h < 1 for h in self.model_hidden_sizes):

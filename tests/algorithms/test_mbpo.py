@@ -271,3 +271,14 @@ def test_continual_sections_are_refused_naming_mbpo(section, words):
     with pytest.raises((ConfigError, ValueError)) as err:
         validate(RunConfig, {**run_config(), **section})
     assert words in str(err.value)
+
+
+def test_resume_refuses_a_missing_model_buffer_or_classifier_naming_them(tmp_path):
+    from polar.errors import CheckpointError
+
+    saved = learner(tmp_path)  # termination never: no classifier
+    state = {**saved.state_dict(), "model_replay_file": "model_replay_00000002.npz"}
+    with pytest.raises(CheckpointError, match=r"model_replay_00000002\.npz, which is missing"):
+        learner(tmp_path).load_state_dict(state)
+    with pytest.raises(CheckpointError, match="no termination classifier"):
+        learner(tmp_path, termination="learned").load_state_dict(state)
