@@ -394,7 +394,7 @@ class MBPOLearner:
     def state_dict(self) -> dict[str, Any]:
         buffer = SideFile("model_replay", "npz", self.model_replay.save) if self.kw.save_replay_buffer else None
         return {
-            "sac": self.sac.state_dict(),
+            "sac_learner": self.sac.state_dict(),
             "model": self.model.state_dict(),
             "model_optimizer": self.model_optimizer.state_dict(),
             "elites": self.elites.clone(),
@@ -406,7 +406,7 @@ class MBPOLearner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sac.load_state_dict(state["sac"])
+        self.sac.load_state_dict(state["sac_learner"])
         self.model.load_state_dict(state["model"])
         self.model_optimizer.load_state_dict(state["model_optimizer"])
         self.elites = state["elites"].clone()
