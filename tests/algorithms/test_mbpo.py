@@ -282,3 +282,22 @@ def test_resume_refuses_a_missing_model_buffer_or_classifier_naming_them(tmp_pat
         learner(tmp_path).load_state_dict(state)
     with pytest.raises(CheckpointError, match="no termination classifier"):
         learner(tmp_path, termination="learned").load_state_dict(state)
+
+
+def test_a_side_file_one_section_down_is_written_beside_its_checkpoint_and_pruned_with_it(tmp_path):
+    from polar.trainers.checkpoint import CheckpointManager
+    from polar.types import SideFile
+
+    written: list[str] = []
+
+    def write(path: Path) -> None:
+        path.write_bytes(b"buffer")
+        written.append(path.name)
+
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save(1, {"learner": {"model_replay_file": SideFile("model_replay", "npz", write), "fits": 1}})
+    state = load_checkpoint(tmp_path / "ckpt_00000001.pt")
+    assert state["learner"] == {"model_replay_file": "model_replay_00000001.npz", "fits": 1} and written == [
+        "model_replay_00000001.npz"]
+    manager.save(2, {"learner": {"model_replay_file": SideFile("model_replay", "npz", write)}})
+    assert sorted(p.name for p in tmp_path.glob("*.npz")) == ["model_replay_00000002.npz"]
