@@ -264,7 +264,7 @@ class MBPOLearner:
         hold, train = perm[:n_holdout], perm[n_holdout:]
         model.fit_scaler(inputs[train])
         E, B = kw.ensemble_size, kw.model_batch_size
-        best = self._holdout_mse(inputs[hold], targets[hold]) if n_holdout else torch.full((E,), math.inf)
+        best = torch.full((E,), math.inf)  # every member takes its first epoch (the scaler just changed)
         members = [k for k in model.state_dict() if k.startswith(("layers.", "head."))]  # first axis: the member
         best_state = {k: v.detach().clone() for k, v in model.state_dict().items() if k in members}
         since_gain, epochs, nll = 0, 0, float("nan")
@@ -283,7 +283,7 @@ class MBPOLearner:
             if not n_holdout:
                 continue
             mse = self._holdout_mse(inputs[hold], targets[hold])
-            gained = (best - mse) / best.abs().clamp_min(1e-12) > MIN_GAIN
+            gained = torch.isinf(best) | ((best - mse) / best.clamp_min(1e-12) > MIN_GAIN)
             if bool(gained.any()):
                 state = model.state_dict()
                 for key in members:  # each member keeps its best epoch's weights
