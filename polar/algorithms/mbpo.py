@@ -7,7 +7,8 @@ env steps the fit is renewed (early-stopped on a holdout, each member keeping it
 ``num_elites`` members with the lowest holdout error are kept, and ``rollout_batch_size`` real states are
 branched into ``rollout_length``-step model rollouts under the current policy, each step by a random elite, into
 a model buffer. SAC (``polar.algorithms.sac.SACLearner``, unchanged) then trains on batches that draw
-``real_ratio`` from the real buffer and the rest from the model buffer (``polar.buffers.mixed.MixedReplay``).
+``real_ratio`` from the real buffer and the rest from the model buffer (``polar.buffers.mixed.MixedReplay``; the
+registry row hands in the model buffer and the mix, since buffers sit beside algorithms).
 
 When a model rollout ends (``termination``): ``learned`` fits a classifier of terminal next states on the real
 buffer (general, and learns "never" where nothing terminates); ``env`` uses the env's own rule, copied here for
@@ -27,7 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import gymnasium as gym
 import numpy as np
@@ -36,16 +37,39 @@ from torch import nn
 
 from polar.algorithms.dqn import due_gradient_steps
 from polar.algorithms.sac import SACLearner
-from polar.buffers.mixed import MixedReplay
-from polar.buffers.replay_buffer import ReplayBuffer
 from polar.config.mbpo import MBPOKwargs, Termination
 from polar.errors import CheckpointError, ConfigError
-from polar.types import Batch, Metrics, Replay, SideFile
+from polar.types import Batch, Metrics, Replay, ReplaySampler, SideFile
 
 log = logging.getLogger(__name__)
 
 MAX_HOLDOUT = 5000  # the paper's cap on held-out transitions
 MIN_GAIN = 0.01  # a member improved when its holdout error fell by more than 1%
+
+
+# ---------------------------------------------------------------------- what the registry hands in
+class Transitions(ReplaySampler, Protocol):
+    """A replay buffer (``polar.buffers.ReplayBuffer``: buffers sit beside algorithms, so the registry row hands
+    the model buffer in, and the real one arrives in each batch)."""
+
+    def take(self, indices: np.ndarray) -> Any: ...
+
+    def add(self, obs: Any, actions: Any, rewards: Any, next_obs: Any, terminated: Any) -> None: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+class MixedSampler(ReplaySampler, Protocol):
+    """Batches from two buffers in a ratio (``polar.buffers.mixed.MixedReplay``), counting what it drew."""
+
+    old: Any
+    sampled_old: int
+    sampled_new: int
+
+
+Mix = Callable[[Transitions, Transitions, float], MixedSampler]
 
 
 # ---------------------------------------------------------------------- the dynamics ensemble
@@ -211,8 +235,10 @@ class MBPOLearner:
 
     def __init__(self, agent: nn.Module, kwargs: MBPOKwargs, make_critic: Callable[[], nn.Module],
                  observation_space: gym.Space[Any], action_space: gym.Space[Any], total_env_steps: int,
-                 checkpoint_dir: Path, seed: int = 0, env_id: str | None = None,
+                 model_replay: Transitions, mix: Mix, checkpoint_dir: Path, env_id: str | None = None,
                  env_kwargs: dict[str, Any] | None = None) -> None:
+        """``model_replay``: the model buffer (``kwargs.model_buffer_size`` transitions); ``mix(real, model,
+        real_ratio)``: SAC's sampler over both."""
         obs_dim, act_dim = check_mbpo_spaces(observation_space, action_space)
         self.kw = kwargs
         self.agent = agent
@@ -238,17 +264,18 @@ class MBPOLearner:
         else:
             self.classifier = TerminationClassifier(obs_dim).to(self.device)
             self.classifier_optimizer = torch.optim.Adam(self.classifier.parameters(), lr=kwargs.model_learning_rate)
-        self.model_replay = ReplayBuffer(kwargs.model_buffer_size, observation_space, action_space, seed=seed + 1)
+        self.model_replay = model_replay
+        self.mix = mix
         self.last_fit: int | None = None  # run env steps at the last fit
         self.fits = 0
         self.model_stats: Metrics = {}
-        self.mixed: MixedReplay | None = None  # SAC's sampler: real_ratio from the real buffer, the rest model data
+        self.mixed: MixedSampler | None = None  # SAC's sampler: real_ratio from the real buffer, the rest model data
 
     def set_exploration(self, env_steps: int) -> None:
         self.sac.set_exploration(env_steps)
 
     # ---- the model -------------------------------------------------------------------------------------
-    def fit_model(self, real: ReplayBuffer) -> Metrics:
+    def fit_model(self, real: Transitions) -> Metrics:
         """Refit the ensemble (and the termination classifier) on every real transition; pick the elites."""
         kw, model = self.kw, self.model
         start = time.perf_counter()
@@ -347,7 +374,7 @@ class MBPOLearner:
         return obs + sample[:, :-1], sample[:, -1]
 
     @torch.no_grad()
-    def rollout(self, real: ReplayBuffer, length: int) -> Metrics:
+    def rollout(self, real: Transitions, length: int) -> Metrics:
         """Branch ``rollout_batch_size`` real states into ``length``-step model rollouts under the current policy
         (sampled actions, as it acts while training); each step's transitions go to the model buffer."""
         obs = real.sample(self.kw.rollout_batch_size).obs
@@ -372,9 +399,9 @@ class MBPOLearner:
         """A model fit and a rollout round every ``model_train_freq`` env steps from ``learning_starts`` on, then
         SAC's gradient steps (``due_gradient_steps``) on batches of ``real_ratio`` real and the rest model data."""
         kw, env_steps = self.kw, batch.run_env_steps
-        real = batch.data.sampler
-        if not isinstance(real, ReplayBuffer):
+        if not hasattr(batch.data.sampler, "take"):  # replay_mix's sampler (the config refuses it)
             raise ConfigError("policy.type mbpo samples the run's own replay buffer; replay_mix is not supported")
+        real = cast(Transitions, batch.data.sampler)
         stats: Metrics = {}
         due = self.last_fit is None or env_steps - self.last_fit >= kw.model_train_freq
         if env_steps >= kw.learning_starts and len(real) > 0 and due:
@@ -384,7 +411,7 @@ class MBPOLearner:
         steps = due_gradient_steps(kw, len(real), env_steps, batch.env_steps)
         if steps:
             if self.mixed is None or self.mixed.old is not real:
-                self.mixed = MixedReplay(real, self.model_replay, kw.real_ratio)
+                self.mixed = self.mix(real, self.model_replay, kw.real_ratio)
             stats.update(self.sac.train(self.mixed, steps, env_steps))
             sampled = self.mixed.sampled_old + self.mixed.sampled_new
             stats["real_fraction"] = self.mixed.sampled_old / sampled  # of SAC's transitions since this start

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
+from polar.buffers.replay_buffer import ReplayBatch
+from polar.types import ReplaySampler
 
 
 class MixedReplay:
@@ -17,7 +18,7 @@ class MixedReplay:
     DQN/SAC with ``replay_mix`` (old: the dataset, new: the run's own buffer, so ``learning_starts`` counts new
     data); MBPO (old: the real buffer, new: the model buffer)."""
 
-    def __init__(self, old: ReplayBuffer, new: ReplayBuffer, ratio: float) -> None:
+    def __init__(self, old: ReplaySampler, new: ReplaySampler, ratio: float) -> None:
         self.old = old
         self.new = new
         self.ratio = ratio

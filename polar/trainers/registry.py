@@ -177,8 +177,10 @@ def _sac_learner(parts: EnvParts) -> Learner[Any]:
 
 def _mbpo_learner(parts: EnvParts) -> Learner[Any]:
     obs, act, network, harness = parts.observation_space, parts.action_space, network_settings(parts.cfg), parts.cfg.harness
-    learner = MBPOLearner(parts.train_agent, cast(MBPOKwargs, parts.cfg.policy.kwargs), lambda: QCritic(obs, act, *network),
-                          obs, act, parts.cfg.total_env_steps, parts.checkpoint_dir, parts.cfg.seed,
+    kw = cast(MBPOKwargs, parts.cfg.policy.kwargs)
+    model_replay = ReplayBuffer(kw.model_buffer_size, obs, act, seed=parts.cfg.seed + 1)
+    learner = MBPOLearner(parts.train_agent, kw, lambda: QCritic(obs, act, *network), obs, act,
+                          parts.cfg.total_env_steps, model_replay, MixedReplay, parts.checkpoint_dir,
                           getattr(harness, "id", None), getattr(harness, "kwargs", {}))
     learner.set_exploration(0)
     return PolicyLearner(parts, learner)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from polar.algorithms.mbpo import MBPOLearner, check_mbpo_spaces, termination_rule
+from polar.buffers.mixed import MixedReplay
 from polar.buffers.replay_buffer import ReplayBuffer
 from polar.config.base import validate
 from polar.config.mbpo import MBPOKwargs
@@ -49,7 +50,8 @@ def learner(tmp_path: Path, **kw) -> MBPOLearner:
                            "model_max_epochs": 30, "rollout_batch_size": 64, "batch_size": 32, "learning_starts": 0,
                            "termination": "never", **kw})
     agent = SquashedGaussianAgent(OBS, ACT, [32, 32], "relu", [])
-    return MBPOLearner(agent, kwargs, lambda: QCritic(OBS, ACT, [32, 32], "relu", []), OBS, ACT, 10_000, tmp_path)
+    return MBPOLearner(agent, kwargs, lambda: QCritic(OBS, ACT, [32, 32], "relu", []), OBS, ACT, 10_000,
+                       ReplayBuffer(kwargs.model_buffer_size, OBS, ACT, seed=1), MixedReplay, tmp_path)
 
 
 def holdout_nll(lrn: MBPOLearner, buf: ReplayBuffer) -> float:
