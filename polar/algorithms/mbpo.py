@@ -73,7 +73,7 @@ Mix = Callable[[Transitions, Transitions, float], MixedSampler]
 
 
 # ---------------------------------------------------------------------- the dynamics ensemble
-class EnsembleLinear(nn.Module):
+class EnsembleLinear(nn.Module):  # type: ignore[misc]  # torch is read as Any (pyproject's mypy overrides)
     """E independent linear layers applied in one batched matmul: ``[E, B, in] -> [E, B, out]``."""
 
     def __init__(self, ensemble_size: int, in_features: int, out_features: int) -> None:
@@ -88,7 +88,7 @@ class EnsembleLinear(nn.Module):
         return torch.baddbmm(self.bias, x, self.weight)
 
 
-class GaussianEnsemble(nn.Module):
+class GaussianEnsemble(nn.Module):  # type: ignore[misc]  # torch is read as Any
     """``ensemble_size`` MLPs (SiLU, as the paper's swish) predicting a diagonal Gaussian over ``out_dim`` targets.
 
     Inputs are standardized with the moments of the last fit's training data (``fit_scaler``); the log std is
@@ -142,34 +142,38 @@ def model_loss(model: GaussianEnsemble, inputs: torch.Tensor, targets: torch.Ten
 # ---------------------------------------------------------------------- termination
 def _hopper(o: np.ndarray) -> np.ndarray:
     z, angle = o[:, 0], o[:, 1]
-    healthy = np.isfinite(o).all(-1) & (np.abs(o[:, 1:]) < 100).all(-1) & (z > 0.7) & (np.abs(angle) < 0.2)
+    healthy: np.ndarray = np.isfinite(o).all(-1) & (np.abs(o[:, 1:]) < 100).all(-1) & (z > 0.7) & (np.abs(angle) < 0.2)
     return ~healthy
 
 
 def _walker2d(o: np.ndarray) -> np.ndarray:
     z, angle = o[:, 0], o[:, 1]
-    return ~((z > 0.8) & (z < 2.0) & (angle > -1.0) & (angle < 1.0))
+    healthy: np.ndarray = (z > 0.8) & (z < 2.0) & (angle > -1.0) & (angle < 1.0)
+    return ~healthy
 
 
 def _ant(o: np.ndarray) -> np.ndarray:
     z = o[:, 0]
-    return ~(np.isfinite(o).all(-1) & (z >= 0.2) & (z <= 1.0))
+    healthy: np.ndarray = np.isfinite(o).all(-1) & (z >= 0.2) & (z <= 1.0)
+    return ~healthy
 
 
 def _inverted_pendulum(o: np.ndarray) -> np.ndarray:
-    return ~(np.isfinite(o).all(-1) & (np.abs(o[:, 1]) <= 0.2))
+    upright: np.ndarray = np.isfinite(o).all(-1) & (np.abs(o[:, 1]) <= 0.2)
+    return ~upright
 
 
 def _inverted_double_pendulum(o: np.ndarray) -> np.ndarray:
     # obs[0] is the cart x, obs[1:3] sin of the two angles, obs[3:5] their cos: the tip's y is
     # 0.6 * cos(a1) + 0.6 * cos(a1 + a2) (gymnasium's y <= 1 rule; its site sits 0.6 above each hinge)
     s1, s2, c1, c2 = o[:, 1], o[:, 2], o[:, 3], o[:, 4]
-    y = 0.6 * c1 + 0.6 * (c1 * c2 - s1 * s2)
-    return y <= 1.0
+    fallen: np.ndarray = 0.6 * c1 + 0.6 * (c1 * c2 - s1 * s2) <= 1.0
+    return fallen
 
 
 def _mountain_car_continuous(o: np.ndarray) -> np.ndarray:
-    return (o[:, 0] >= 0.45) & (o[:, 1] >= 0.0)
+    at_goal: np.ndarray = (o[:, 0] >= 0.45) & (o[:, 1] >= 0.0)
+    return at_goal
 
 
 def _never(o: np.ndarray) -> np.ndarray:
@@ -203,7 +207,7 @@ def termination_rule(env_id: str | None, env_kwargs: dict[str, Any]) -> Callable
     return rule
 
 
-class TerminationClassifier(nn.Module):
+class TerminationClassifier(nn.Module):  # type: ignore[misc]  # torch is read as Any
     """P(terminated | next_obs): an MLP on standardized next observations, fit with the model (``learned``)."""
 
     def __init__(self, obs_dim: int, hidden: int = 64) -> None:
@@ -332,10 +336,10 @@ class MBPOLearner:
                 "model/epochs": epochs, "model/fit_s": time.perf_counter() - start, "model/fits": self.fits,
                 "model/train_transitions": len(train)}
 
-    @torch.no_grad()
     def _holdout_mse(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        mean, _ = self.model(inputs)
-        return ((mean - targets) ** 2).mean(dim=(1, 2)).cpu()
+        with torch.no_grad():
+            mean, _ = self.model(inputs)
+            return ((mean - targets) ** 2).mean(dim=(1, 2)).cpu()
 
     def _fit_classifier(self, next_obs: torch.Tensor, terminated: torch.Tensor) -> None:
         """BCE on every real next state, terminal ones weighted up to balance the classes (they are rare)."""
@@ -356,43 +360,43 @@ class MBPOLearner:
                 loss.backward()
                 opt.step()
 
-    @torch.no_grad()
     def terminated(self, next_obs: torch.Tensor) -> torch.Tensor:
         """Which model next states end their rollout (``termination``)."""
-        if self.classifier is not None:
-            return self.classifier(next_obs) > 0.0  # P > 0.5
-        assert self.rule is not None
-        return torch.as_tensor(self.rule(next_obs.cpu().numpy()), device=next_obs.device)
+        with torch.no_grad():
+            if self.classifier is not None:
+                return self.classifier(next_obs) > 0.0  # P > 0.5
+            assert self.rule is not None
+            return torch.as_tensor(self.rule(next_obs.cpu().numpy()), device=next_obs.device)
 
-    @torch.no_grad()
     def predict(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One model step: a random elite per row samples (next_obs, reward) from its Gaussian."""
-        mean, log_std = self.model(torch.cat([obs, actions.reshape(len(obs), -1)], -1))
-        pick = self.elites[torch.randint(len(self.elites), (len(obs),))].to(self.device)
-        rows = torch.arange(len(obs), device=self.device)
-        sample = mean[pick, rows] + log_std[pick, rows].exp() * torch.randn_like(mean[0])
-        return obs + sample[:, :-1], sample[:, -1]
+        with torch.no_grad():
+            mean, log_std = self.model(torch.cat([obs, actions.reshape(len(obs), -1)], -1))
+            pick = self.elites[torch.randint(len(self.elites), (len(obs),))].to(self.device)
+            rows = torch.arange(len(obs), device=self.device)
+            sample = mean[pick, rows] + log_std[pick, rows].exp() * torch.randn_like(mean[0])
+            return obs + sample[:, :-1], sample[:, -1]
 
-    @torch.no_grad()
     def rollout(self, real: Transitions, length: int) -> Metrics:
         """Branch ``rollout_batch_size`` real states into ``length``-step model rollouts under the current policy
         (sampled actions, as it acts while training); each step's transitions go to the model buffer."""
-        obs = real.sample(self.kw.rollout_batch_size).obs
-        assert isinstance(obs, torch.Tensor)
-        obs = obs.float().to(self.device)
-        added, steps, ended = 0, 0, 0
-        for _ in range(length):
-            actions, _ = self.agent.sample(obs)
-            next_obs, rewards = self.predict(obs, actions)
-            done = self.terminated(next_obs)
-            self.model_replay.add(obs.cpu().numpy(), actions.cpu().numpy(), rewards.cpu().numpy(),
-                                  next_obs.cpu().numpy(), done.float().cpu().numpy())
-            added, steps, ended = added + len(obs), steps + 1, ended + int(done.sum())
-            obs = next_obs[~done]
-            if not len(obs):
-                break
-        return {"rollout/length": length, "rollout/steps": steps, "rollout/added": added,
-                "rollout/terminated": ended, "model_replay_size": len(self.model_replay)}
+        with torch.no_grad():
+            obs = real.sample(self.kw.rollout_batch_size).obs
+            assert isinstance(obs, torch.Tensor)
+            obs = obs.float().to(self.device)
+            added, steps, ended = 0, 0, 0
+            for _ in range(length):
+                actions, _ = self.agent.sample(obs)
+                next_obs, rewards = self.predict(obs, actions)
+                done = self.terminated(next_obs)
+                self.model_replay.add(obs.cpu().numpy(), actions.cpu().numpy(), rewards.cpu().numpy(),
+                                      next_obs.cpu().numpy(), done.float().cpu().numpy())
+                added, steps, ended = added + len(obs), steps + 1, ended + int(done.sum())
+                obs = next_obs[~done]
+                if not len(obs):
+                    break
+            return {"rollout/length": length, "rollout/steps": steps, "rollout/added": added,
+                    "rollout/terminated": ended, "model_replay_size": len(self.model_replay)}
 
     # ---- the Learner -----------------------------------------------------------------------------------
     def update(self, batch: Batch[Replay]) -> Metrics:
