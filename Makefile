@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy trl system-deps
+.PHONY: setup demo test test-all harnesses bench lint clean vllm d3rlpy trl imitation system-deps
 
 setup: $(VENV)/.installed
 
@@ -83,6 +83,20 @@ $(TRL_VENV)/.installed:
 	$(TRL_VENV)/bin/pip install -q torch==2.13.0
 	$(TRL_VENV)/bin/pip install -q trl==1.16.0 transformers==5.24.0 peft==0.21.2 torch==2.13.0
 	$(TRL_VENV)/bin/python -c "import torch, trl, peft; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
+	touch $@
+
+# imitation (HumanCompatibleAI), in its own venv (it pins gymnasium~=0.29 and stable-baselines3~=2.2; polar's
+# gymnasium is newer), for benchmarks/gail_vs_imitation.py only: polar never imports it. torch first, exactly ours.
+IMITATION_VENV ?= .imitation-venv
+
+imitation: $(IMITATION_VENV)/.installed
+
+$(IMITATION_VENV)/.installed:
+	test -d $(IMITATION_VENV) || $(PYTHON) -m venv $(IMITATION_VENV)
+	$(IMITATION_VENV)/bin/pip install -q --upgrade pip
+	$(IMITATION_VENV)/bin/pip install -q torch==2.13.0
+	$(IMITATION_VENV)/bin/pip install -q imitation==1.0.1 torch==2.13.0 mujoco==4.0.1 imageio==2.38.2 h5py==3.16.0  # MuJoCo (its InvertedPendulum-v4), HDF5 (reads polar collect's dataset)
+	$(IMITATION_VENV)/bin/python -c "import torch, imitation; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	touch $@
 
 harnesses:

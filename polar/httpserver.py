@@ -216,12 +216,14 @@ class ThreadedUvicorn:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            config = self._config() if callable(self._config) else self._config
-            self.server = uvicorn.Server(config)
-            self._built.set()
-            self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
-            if self._after is not None:
-                self.loop.run_until_complete(self._after())
+            try:
+                config = self._config() if callable(self._config) else self._config
+                self.server = uvicorn.Server(config)
+                self._built.set()
+                self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+            finally:  # also after a crash of uvicorn: what ``after`` closes (an engine) is open either way
+                if self._after is not None:
+                    self.loop.run_until_complete(self._after())
         except Exception:
             log.exception("%s stopped with an error", self.name)
         except BaseException:  # uvloop raises Ctrl-C in this thread too; the owner's stop() cleans up
@@ -285,7 +287,7 @@ def is_loopback(host: str) -> bool:
     machine only."""
     import ipaddress
 
-    if host == "localhost":
+    if host.lower() in ("localhost", "localhost."):
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

@@ -107,9 +107,6 @@ class TrajectorySample:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-# per-step arrays, shape [T, N, ...]; ``obs`` may be a dict of arrays
-STEP_FIELDS = ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts", "trunc_values")
-
 
 @dataclass
 class Fragment:
@@ -151,6 +148,9 @@ class Fragment:
     # follows the fragment across processes (worker logs, learner logs, traces): "w<worker>-<n>-<random hex>"
     trace_id: str | None = None
     collect_s: float = 0.0  # wall-clock seconds the worker spent collecting it (finds one slow connector copy)
+    # [T, N] env steps each step lasted, when a step is an option (a hierarchical manager's decision): GAE
+    # discounts it by gamma ** duration (SMDP); None: every step is one env step
+    durations: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -14,6 +12,7 @@ from polar.harness.agent.sandbox import bwrap_unusable
 from polar.inference.chat import chat_function
 from polar.inference.scripted import ScriptedEngine
 from polar.llm_roles.codegen import CodegenResult, generate_connector
+from tests.sandbox_attacks import HANG, connect_to, home_secret, host_listener, read_from, write_to
 
 pytestmark = pytest.mark.skipif(bool(bwrap_unusable()), reason="needs bubblewrap")
 
@@ -78,47 +77,26 @@ def test_codegen_is_bounded(tmp_path: Path) -> None:
 
 def test_generated_connector_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     target = tmp_path.parent / f"{tmp_path.name}-pwned.txt"
-    _, result = _run([connector(init=f"open({str(target)!r}, 'w').write('pwned')")], tmp_path, max_attempts=1)
+    _, result = _run([connector(init=write_to(target))], tmp_path, max_attempts=1)
     assert not target.exists()
     assert result.passed is None  # the write raised inside the sandbox: a failed attempt
 
 
 def test_generated_connector_cannot_reach_the_network(tmp_path: Path) -> None:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    srv.settimeout(60.0)
-    port = srv.getsockname()[1]
-    got: list[object] = []
-
-    def accept() -> None:
-        try:
-            got.append(srv.accept())
-        except OSError:
-            pass
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    init = f"__import__('socket').create_connection(('127.0.0.1', {port}), timeout=2).close()"
-    _run([connector(init=init)], tmp_path, max_attempts=1)
-    srv.close()
-    t.join(5)
-    assert not got, "the generated connector connected to a host port"
+    with host_listener() as (port, connected):
+        _run([connector(init=connect_to(port))], tmp_path, max_attempts=1)
+        assert not connected(), "the generated connector connected to a host port"
 
 
 def test_generated_connector_cannot_read_the_hosts_home(tmp_path: Path) -> None:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", dir=Path.home(), prefix=".polar-test-secret-") as secret:
-        secret.write("hunter2")
-        secret.flush()
-        _, result = _run([connector(init=f"open({secret.name!r}).read()")], tmp_path, max_attempts=1)
+    with home_secret() as secret:
+        _, result = _run([connector(init=read_from(secret))], tmp_path, max_attempts=1)
     assert result.passed is None
     assert "No such file or directory" in result.attempts[0].output or "Permission denied" in result.attempts[0].output
 
 
 def test_generated_connector_that_hangs_fails_within_its_time_limit(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    _, result = _run([connector(init="while True: pass")], tmp_path, max_attempts=1, timeout_s=20.0)
+    _, result = _run([connector(init=HANG)], tmp_path, max_attempts=1, timeout_s=20.0)
     assert result.passed is None
     assert time.monotonic() - t0 < 90

@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from polar.inference.chat import chat_function
 from polar.inference.scripted import ScriptedEngine
 from polar.llm_roles.reward_design import RewardDesignConfig, design_reward, extract_code
 from polar.llm_roles.sandboxed_reward import CandidateFailed, SandboxedReward
+from tests.sandbox_attacks import HANG, connect_to, home_secret, host_listener, read_from, write_to
 
 pytestmark = pytest.mark.skipif(bool(bwrap_unusable()), reason="needs bubblewrap")
 
@@ -44,56 +42,37 @@ def test_reward_candidate_answers_from_its_sandbox(tmp_path: Path) -> None:
     assert _ask(_candidate(tmp_path, HEAD + "    return next_obs[0] + action\n")) == 1.5
 
 
-def test_reward_candidate_cannot_reach_the_network(tmp_path: Path) -> None:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    srv.settimeout(4.0)
-    port = srv.getsockname()[1]
-    got: list[object] = []
-    def accept() -> None:
-        try:
-            got.append(srv.accept())
-        except OSError:
-            pass
+def _guarded(*statements: str) -> str:
+    """A candidate that runs each attack statement and returns how many of them got through."""
+    body = HEAD + "    n = 0.0\n"
+    for s in statements:
+        body += f"    try:\n        {s}\n        n += 1.0\n    except OSError:\n        pass\n"
+    return body + "    return n\n"
 
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    body = ("import socket\n" + HEAD + "    try:\n"
-            f"        socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
-            "        return 1.0\n    except OSError:\n        return 0.0\n")
-    assert _ask(_candidate(tmp_path, body)) == 0.0
-    t.join(5)
-    srv.close()
-    assert not got, "the sandboxed candidate connected to a host port"
+
+def test_reward_candidate_cannot_reach_the_network(tmp_path: Path) -> None:
+    with host_listener() as (port, connected):
+        assert _ask(_candidate(tmp_path, _guarded(connect_to(port)))) == 0.0
+        assert not connected(), "the sandboxed candidate connected to a host port"
 
 
 def test_reward_candidate_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     target = tmp_path / "outside.txt"
-    body = (HEAD + "    try:\n"
-            f"        open({str(target)!r}, 'w').write('pwned')\n        return 1.0\n"
-            "    except OSError:\n        return 0.0\n")
-    assert _ask(_candidate(tmp_path, body)) == 0.0
+    assert _ask(_candidate(tmp_path, _guarded(write_to(target)))) == 0.0
     assert not target.exists()
 
 
 def test_reward_candidate_cannot_read_the_hosts_home(tmp_path: Path) -> None:
     """A file in the host's home (like ~/.ssh/id_rsa) and one beside the candidate's folder stay unreadable;
     the home may exist in the sandbox only as the empty path down to the interpreter."""
-    with tempfile.NamedTemporaryFile("w", dir=Path.home(), prefix=".polar-test-secret-") as home_secret:
-        home_secret.write("hunter2")
-        home_secret.flush()
+    with home_secret() as secret:
         beside = tmp_path / "secret.txt"
         beside.write_text("hunter2")
-        body = (HEAD + "    n = 0.0\n"
-                f"    for p in ({home_secret.name!r}, {str(beside)!r}):\n"
-                "        try:\n            open(p).read()\n            n += 1.0\n        except OSError:\n            pass\n"
-                "    return n\n")
-        assert _ask(_candidate(tmp_path, body)) == 0.0
+        assert _ask(_candidate(tmp_path, _guarded(read_from(secret), read_from(beside)))) == 0.0
 
 
 def test_reward_candidate_that_hangs_fails_within_its_time_limit(tmp_path: Path) -> None:
-    reward = _candidate(tmp_path, HEAD + "    while True:\n        pass\n")
+    reward = _candidate(tmp_path, HEAD + f"    {HANG}\n")
     t0 = time.monotonic()
     with pytest.raises(CandidateFailed, match="did not answer within"):
         reward.start_timeout_s = 0.0

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +118,24 @@ def _stale(usable: list[SessionResult], current_version: int, max_off_policy_ste
     return current_version - oldest > max_off_policy_steps
 
 
+def _fresh_groups(groups: Groups, current_version: int, max_off_policy_steps: int, overlong_filter: bool,
+                  stats: defaultdict[str, float]) -> Iterator[list[SessionResult]]:
+    """Each group's usable sessions, counted into ``stats``; a stale group is counted and left out (the filter
+    ``group_batch`` and ``return_batch`` share)."""
+    for group in groups:
+        usable = _usable(group, overlong_filter, stats)
+        _count_sessions(group, stats)
+        if _stale(usable, current_version, max_off_policy_steps):
+            stats["groups_stale"] += 1
+            continue
+        yield usable
+
+
+def _trainable(r: SessionResult) -> list[TrajectorySample]:
+    """The samples of ``r`` with a trained token (a sample whose loss mask is all 0 carries no gradient)."""
+    return [s for s in r.samples if any(s.loss_mask)]
+
+
 def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int, advantage: str,
                 step: StepAdvantageConfig | None = None, best: float | None = None, keep_tied: bool = False,
                 overlong_filter: bool = False
@@ -138,12 +156,7 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
     samples: list[TrajectorySample] = []
     advs: list[float | list[float]] = []
     stats: defaultdict[str, float] = defaultdict(float)
-    for group in groups:
-        usable = _usable(group, overlong_filter, stats)
-        _count_sessions(group, stats)
-        if _stale(usable, current_version, max_off_policy_steps):
-            stats["groups_stale"] += 1
-            continue
+    for usable in _fresh_groups(groups, current_version, max_off_policy_steps, overlong_filter, stats):
         if len(usable) < 2:
             stats["groups_too_small"] += 1
             continue
@@ -161,15 +174,14 @@ def group_batch(groups: Groups, current_version: int, max_off_policy_steps: int,
         else:
             stats["groups_used"] += 1
         for i, (r, a) in enumerate(zip(usable, adv.tolist(), strict=True)):
-            for s in r.samples:
-                if any(s.loss_mask):
-                    samples.append(s)
-                    if by_call is None:
-                        advs.append(a)
-                    else:
-                        calls = by_call[i]
-                        advs.append([a + calls.get(c, 0.0) if m else 0.0 for c, m in zip(s.call_indices, s.loss_mask,
-                                                                                        strict=True)])
+            for s in _trainable(r):
+                samples.append(s)
+                if by_call is None:
+                    advs.append(a)
+                else:
+                    calls = by_call[i]
+                    advs.append([a + calls.get(c, 0.0) if m else 0.0 for c, m in zip(s.call_indices, s.loss_mask,
+                                                                                    strict=True)])
     # the share of groups whose rewards differ (GRPO learns only from those): low means most of the step's
     # sessions taught nothing; a larger group, partial-credit rewards or an SFT warm-up help
     stats["groups"] = len(groups)
@@ -221,19 +233,13 @@ def return_batch(groups: Groups, current_version: int, max_off_policy_steps: int
     samples: list[TrajectorySample] = []
     returns: list[float] = []
     stats: defaultdict[str, float] = defaultdict(float)
-    for group in groups:
-        usable = _usable(group, overlong_filter, stats)
-        _count_sessions(group, stats)
-        if _stale(usable, current_version, max_off_policy_steps):
-            stats["groups_stale"] += 1
-            continue
+    for usable in _fresh_groups(groups, current_version, max_off_policy_steps, overlong_filter, stats):
         stats["groups_used"] += bool(usable)
         for r in usable:
             assert r.reward is not None
-            for s in r.samples:
-                if any(s.loss_mask):
-                    samples.append(s)
-                    returns.append(float(r.reward))
+            for s in _trainable(r):
+                samples.append(s)
+                returns.append(float(r.reward))
     return samples, returns, dict(stats)
 
 
@@ -507,7 +513,7 @@ class GRPOLearner:
         self.optimizer = torch.optim.AdamW(groups, lr=kwargs.learning_rate, weight_decay=0.0)
         # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
         # each optimizer step, weighted by what each learner's loss divided by; None = one learner
-        self.grad_sync: Callable[[Sequence[torch.nn.Parameter], float], None] | None = None
+        self.grad_sync: Callable[[Sequence[torch.nn.Parameter], float], float] | None = None
         self.reference: Any = None
         self.reference_kind = "none"
         if kwargs.kl_coef > 0 and policy.lora is not None:
@@ -576,7 +582,7 @@ class GRPOLearner:
         if kw.advantage == "value_head":  # the critic gives the baseline: each sample's return
             samples, returns, counts = return_batch(batch.data, batch.version, kw.max_off_policy_steps,
                                                     kw.overlong_filter)
-            upd = self.optimize(samples, returns=returns) if samples else {}
+            upd = self.optimize(samples, returns=returns) if samples or self.grad_sync is not None else {}
         else:
             self.reward_range = reward_range(batch.data, self.reward_range)
             # Dr.GRPO drops the std as well as the length normalisation
@@ -584,10 +590,11 @@ class GRPOLearner:
             samples, advs, counts = group_batch(batch.data, batch.version, kw.max_off_policy_steps, method,
                                                 kw.step_advantage, best=best_reward(self.reward_range),
                                                 keep_tied=kw.kl_coef > 0, overlong_filter=kw.overlong_filter)
-            upd = self.optimize(samples, advs) if samples else {}
+            upd = self.optimize(samples, advs) if samples or self.grad_sync is not None else {}
         # value_head.freeze_llm trains the head only: the served policy is unchanged, so nothing is published
         frozen = kw.value_head is not None and kw.value_head.freeze_llm
-        if not samples:  # a step with no usable group changed no weight: no swap, no new version
+        stepped = upd.get("optimizer_steps", 0) > 0  # a learner group's rank may step on its peers' gradient
+        if not samples and not stepped:  # a step with no usable group changed no weight: no swap, no new version
             log.info("GRPO step %d: no usable group (%s); the weights and policy version stay", batch.iteration,
                      ", ".join(f"{k} {v:g}" for k, v in counts.items() if k.startswith("groups_")))
         self.warn_on_low_signal(counts, batch.iteration)
@@ -598,7 +605,7 @@ class GRPOLearner:
         reward_mean = sum(rewards) / max(1, len(rewards))
         self.reward_means.append(reward_mean)
         # ``step`` and ``reward_mean``: the names the tools that read agent runs know
-        return {"step": batch.iteration, "samples": len(samples), "update_skipped": int(not samples or frozen),
+        return {"step": batch.iteration, "samples": len(samples), "update_skipped": int(not stepped or frozen),
                 "reward_mean": reward_mean, "learn_s": round(time.monotonic() - t_learn, 3), **counts, **stats}
 
     def warn_on_low_signal(self, counts: Mapping[str, float], step: int) -> None:
@@ -633,6 +640,8 @@ class GRPOLearner:
         kw = self.kw
         pol = self.policy
         pol.model.train()
+        if not samples:
+            return self._zero_weight_steps()
         targets: CriticTargets | None = None
         if self.critic is not None:
             if returns is None:
@@ -645,9 +654,12 @@ class GRPOLearner:
         stats: defaultdict[str, float] = defaultdict(float)
         n_batch_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples)) or 1.0
         order = list(range(len(samples)))
-        n_mini = max(1, min(kw.num_minibatches, len(samples)))
+        # in a learner group every rank takes the same number of optimizer steps (each is one all-reduce), so a
+        # shard smaller than num_minibatches has empty mini-batches there, which take part with weight 0
+        n_mini = kw.num_minibatches if self.grad_sync is not None else max(1, min(kw.num_minibatches, len(samples)))
         steps = float(kw.epochs_per_step * n_mini)  # the sums below are means over the optimizer steps
         grad_norm = 0.0
+        taken = 0
         for _ in range(kw.epochs_per_step):
             random.shuffle(order)
             for m in range(n_mini):
@@ -692,14 +704,34 @@ class GRPOLearner:
                     stats["logprob_gap_max"] = max(stats["logprob_gap_max"], out.logprob_gap_max * steps)
                     stats["tis_weight_mean"] += out.tis_weight_mean * w
                 if self.grad_sync is not None:  # data-parallel: weighted by what this shard's loss divided by
-                    self.grad_sync(self.params, norm)
+                    if self.grad_sync(self.params, norm if minibatch else 0.0) <= 0:
+                        continue  # no rank had data in this mini-batch: no step anywhere
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, kw.max_grad_norm))
                 self.optimizer.step()
+                taken += 1
         out_stats = {k: v / steps for k, v in stats.items() if k != "micro_batches_split"}
-        out_stats |= {"grad_norm": grad_norm, "trained_tokens": n_batch_tokens, "optimizer_steps": steps}
+        out_stats |= {"grad_norm": grad_norm, "trained_tokens": n_batch_tokens, "optimizer_steps": float(taken)}
         if "micro_batches_split" in stats:
             out_stats["micro_batches_split"] = stats["micro_batches_split"]
         return out_stats | (self._critic_stats(targets) if targets is not None else {})
+
+    def _zero_weight_steps(self) -> dict[str, float]:
+        """A learner group's rank whose shard has no usable sample: it joins each of the step's all-reduces with
+        weight 0 and applies the group's mean gradient like its peers, so their collectives complete (instead of
+        waiting until ``learner_timeout_s`` and restarting the group) and its weights stay theirs. One learner,
+        or ``value_head.freeze_llm`` (no collective): nothing to do."""
+        frozen = self.critic is not None and self.critic.freeze_llm
+        if self.grad_sync is None or frozen:
+            return {}
+        taken, grad_norm = 0, 0.0
+        for _ in range(self.kw.epochs_per_step * self.kw.num_minibatches):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.grad_sync(self.params, 0.0) <= 0:
+                continue
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.kw.max_grad_norm))
+            self.optimizer.step()
+            taken += 1
+        return {"grad_norm": grad_norm, "optimizer_steps": float(taken)}
 
     def micro_batches(self, order: list[int], samples: list[TrajectorySample], stats: defaultdict[str, float],
                       full_logits: bool = False) -> list[list[int]]:
@@ -759,17 +791,23 @@ class GRPOLearner:
                 "return_mean": float(r.mean()) if r.numel() else 0.0, "turns": float(targets.n_turns)}
 
     def state_dict(self) -> dict[str, Any]:
-        """The policy (``model``), the optimizer, the value head, and the reward range seen so far."""
+        """The policy (``model``), the optimizer, the value head, the reward range seen so far, and a full
+        fine-tune's frozen reference: it is the policy the first GRPO step started from (after an SFT warm-up,
+        not the base model), which a resumed run cannot rebuild from the config."""
         state: dict[str, Any] = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
                                  "reward_range": list(self.reward_range) if self.reward_range else None}
         if self.value_head is not None:
             state["value_head"] = self.value_head.state_dict()
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "model" in state:
             self.policy.load_state_dict(dict(state["model"]))
         seen = state.get("reward_range")  # None in checkpoints from before it was kept
+        if self.reference is not None and "reference" in state:  # absent before it was kept: the base stays
+            self.reference.load_state_dict(dict(state["reference"]))
         self.reward_range = (float(seen[0]), float(seen[1])) if seen else None
         if "optimizer" not in state:  # an optimizer-free checkpoint: the weights only
             return

@@ -178,7 +178,7 @@ class PPOLearner:
         self.fused, self.path = fused_path(agent, kwargs.fused)  # decided once, at the start of the run
         # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
         # each optimizer step, weighted by each learner's minibatch samples; None = one learner
-        self.grad_sync: Callable[[Sequence[nn.Parameter], float], None] | None = None
+        self.grad_sync: Callable[[Sequence[nn.Parameter], float], float] | None = None
         log.info("PPO update path: %s", self.path)
 
     def minibatch_size(self, batch_samples: int, num_columns: int, recurrent: bool) -> int:

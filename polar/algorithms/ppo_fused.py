@@ -87,6 +87,13 @@ def source_fingerprint(fn: Callable) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+def changed_methods(cls: type, derived_from: dict[str, str]) -> list[str]:
+    """The methods of ``cls`` named in ``derived_from`` whose source (``cls``'s own or inherited) is no longer
+    the one a numpy twin was derived from (``QNetworkAgent.act_numpy_derived_from``)."""
+    return [f"{cls.__name__}.{name}" for name, fingerprint in derived_from.items()
+            if not callable(method := getattr(cls, name, None)) or source_fingerprint(method) != fingerprint]
+
+
 def _global_names(code: CodeType) -> set[str]:
     """Every name ``code`` and the functions nested in it look up (globals among them)."""
     names = set(code.co_names)

@@ -64,6 +64,10 @@ class RolloutBuffer:
         self.episode_starts = _cat([f.episode_starts for f in fragments], 1)
         self.trunc_values = _cat([f.trunc_values for f in fragments], 1)
         self.last_values = _cat([f.last_values for f in fragments], 0)
+        # env steps per step when steps are options (SMDP discounting in polar.algorithms.advantages), else None
+        self.durations: torch.Tensor | None = None
+        if f0.durations is not None:
+            self.durations = _cat([np.asarray(f.durations, np.float32) for f in fragments], 1)
         self.initial_state: Any = None  # a tensor or a tuple of them (LSTM: h, c), or None
         if f0.initial_state is not None:
             def cat_state(*parts: np.ndarray) -> torch.Tensor:

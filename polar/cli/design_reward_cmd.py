@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError
@@ -35,6 +35,11 @@ class DesignRewardConfig(StrictModel):
     total_env_steps: int = Field(4096, ge=256, description="PPO env steps per candidate")
     score_episodes: int = Field(20, ge=1, description="score = mean task return of the last N training episodes")
     max_parallel: int = Field(1, ge=1, description="candidates that train at once (one process each)")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: candidates train in child processes here; ray: as Ray tasks on the cluster at "
+        "coordinator_address (each still one `polar run`, the candidate in bubblewrap on the node that runs it)")
+    coordinator_address: str | None = Field(
+        None, description="backend: ray: 'host:port' or 'auto' to join a cluster; null starts a local one")
     call_timeout_s: float = Field(5.0, gt=0, description="a compute_reward call slower than this fails the candidate")
     run_timeout_s: float = Field(600.0, gt=0)
     ppo_kwargs: dict[str, Any] = Field(default_factory=lambda: {
@@ -71,6 +76,9 @@ def main(args: argparse.Namespace) -> int:
     from polar.llm_roles.reward_design import RewardDesignConfig, design_reward
 
     cfg = load(Path(args.config))
+    if cfg.backend == "local" and cfg.coordinator_address is not None:
+        raise ConfigError(f"{args.config}: coordinator_address is for backend: ray (backend is local); set backend: ray "
+                          "or remove it")
     try:
         check_id(cfg.env_id)
     except ConfigError as e:
@@ -84,14 +92,23 @@ def main(args: argparse.Namespace) -> int:
         env_id=cfg.env_id, description=cfg.description, rounds=cfg.rounds,
         candidates_per_round=cfg.candidates_per_round, total_env_steps=cfg.total_env_steps,
         score_episodes=cfg.score_episodes, max_parallel=cfg.max_parallel, call_timeout_s=cfg.call_timeout_s,
-        run_timeout_s=cfg.run_timeout_s, ppo_kwargs=cfg.ppo_kwargs, seed=cfg.seed)
+        run_timeout_s=cfg.run_timeout_s, ppo_kwargs=cfg.ppo_kwargs, seed=cfg.seed, backend=cfg.backend)
+    cluster = None
+    if cfg.backend == "ray":
+        from polar.distributed.cluster import connect
+
+        cluster = connect(cfg.coordinator_address)
 
     def report(c: Any) -> None:
         verdict = f"score {c.score:.2f}" if c.score is not None else f"failed: {c.error}"
         log.info("round %d candidate %d: %s", c.round, c.index, verdict)
 
-    result = asyncio.run(design_reward(design, chat_function(engine, max_tokens=cfg.max_tokens),
-                                       Path(args.work_dir) if args.work_dir else None, on_candidate=report))
+    try:
+        result = asyncio.run(design_reward(design, chat_function(engine, max_tokens=cfg.max_tokens),
+                                           Path(args.work_dir) if args.work_dir else None, on_candidate=report))
+    finally:
+        if cluster is not None and cluster.started_local:
+            cluster.shutdown()
     Path(args.out).write_text(json.dumps(result.as_dict(), indent=2))
     if result.best is None:
         log.error("no candidate trained: every one failed (reasons in %s)", args.out)

@@ -25,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic ones")
     p.add_argument("--record", type=int, nargs="?", const=3, default=None, metavar="N",
                    help="also record N episodes (default 3) frame by frame into RUN/episodes/ for `polar dashboard`")
+    p.add_argument("--greedy", action="store_true",
+                   help="agent runs: every model call at temperature 0, whatever agent.temperature says")
+    p.add_argument("--action-cache", type=int, default=None, metavar="ENTRIES",
+                   help="agent runs: replay the answer to a greedy prompt already asked (at most ENTRIES kept, "
+                        "64 MiB); needs --greedy or agent.temperature: 0; the hit rate is in the result")
     p.add_argument("--trust-code", action="store_true",
                    help="evaluate runs whose config names code (a custom agent, env, connector, harness or "
                         "verifier), which evaluating imports or runs: only for runs you trust")
@@ -54,16 +59,31 @@ def main(args: argparse.Namespace) -> int:
     require_trust(cfg, f"run {run_dir.path}", args.trust_code)
     console = cli_console()
     console.print(status_line(run_dir.path), markup=False, highlight=False)  # e.g. a run that was killed
+    if (args.greedy or args.action_cache is not None) and run_kind(cfg) != "agent":
+        raise ConfigError(f"--{'greedy' if args.greedy else 'action-cache'} is for agent runs (an LLM policy); "
+                          f"{run_dir.path} is an env run, evaluated deterministically already")
+    if args.action_cache is not None and args.action_cache < 1:
+        raise ConfigError(f"--action-cache must keep at least 1 entry (got {args.action_cache})")
     if args.record and run_kind(cfg) == "agent":
         raise ConfigError("--record is for env harnesses; an agent run's sessions are recorded already "
                           "(RUN/sessions/, shown by `polar dashboard`)")
-    run_dir, cfg, res = evaluate_run(args.target, args.episodes, args.seed, args.stochastic)
+    cache = None
+    if args.action_cache is not None:
+        from polar.config.gateway import ActionCacheConfig
+
+        cache = ActionCacheConfig(max_entries=args.action_cache)
+    run_dir, cfg, res = evaluate_run(args.target, args.episodes, args.seed, args.stochastic, greedy=args.greedy,
+                                     action_cache=cache)
     name = Path(res["checkpoint"]).stem
     if run_kind(cfg) == "agent":
         from polar.trainers.agentic_run import heldout_table
 
         console.print(heldout_table(f"{cfg.name}: held-out success of {name} ({res['samples_per_task']} per task)",
                                     {name: res}))
+        if "action_cache" in res:
+            c = res["action_cache"]
+            console.print(f"action cache: {c['hits']} hits, {c['misses']} misses (hit rate {c['hit_rate'] or 0.0:.1%}); "
+                          f"sessions took {res['sessions_s']:.1f}s", markup=False, highlight=False)
     else:
         count = f"{res['episodes']} episodes" if "episodes" in res else f"{res['per_agent']['games']} games"
         print_eval(res, title=f"evaluation of {name}.pt ({count})")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from polar.config.gateway import GatewayConfig
 from polar.config.loader import read_yaml_file
 from polar.config.secrets import read_secret_file
 from polar.errors import ConfigError
+from polar.httpserver import is_loopback
 
 HELP = "serve the model-API gateway (OpenAI, Anthropic, Gemini) in front of an engine, recording token ids"
 
@@ -37,15 +37,6 @@ def admin_token(args: argparse.Namespace) -> str | None:
                       f"this machine sees it (ps, /proc); use {TOKEN_ENV} or --admin-token-file instead")
         return str(given)
     return os.environ.get(TOKEN_ENV) or None
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def bound_address(host: str, url: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -32,5 +32,3 @@ class CustomAgentConfig(StrictModel):
     class_name: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
-
-AgentConfig = Annotated[BuiltinAgentConfig | CustomAgentConfig, Field(discriminator="type")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar.errors import ConfigError
 
@@ -18,6 +18,20 @@ class StrictModel(BaseModel):
     """Base for every config section: unknown keys fail, values are validated on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+class NStepReturnKwargs(StrictModel):
+    """Base of the kwargs of a replay algorithm with an n-step return (DQN, SAC): ``n_steps`` means env steps per
+    env in one fragment (PPO, APPO), so an old config's ``n_steps`` is refused with the new name."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_n_steps(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "n_steps" in data:
+            algo = cls.__name__.removesuffix("Kwargs").lower()
+            raise ConfigError(f"policy.kwargs.n_steps: {algo} has no n_steps (PPO's and APPO's steps per env in a "
+                              "fragment); did you mean n_step_return (the n-step return's horizon)? Rename the key")
+        return data
 
 
 def did_you_mean(name: str, candidates: list[str] | set[str], n: int = 3) -> str:

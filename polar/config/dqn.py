@@ -9,29 +9,19 @@ total (8 per phase here), SB3's single-env ratio whatever the env count.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from polar.config.base import StrictModel
-from polar.errors import ConfigError
+from polar.config.base import NStepReturnKwargs
 
 
-class DQNKwargs(StrictModel):
+class DQNKwargs(NStepReturnKwargs):
     # replay (next_obs in fragments): polar.rollout.runner keeps each step's next observation
     keeps_next_obs: ClassVar[bool] = True
     network: ClassVar[str] = "off_policy"
     actions: ClassVar[str] = "discrete"  # the action space its networks take (polar.models.off_policy)
     default_hidden: ClassVar[list[int]] = [64, 64]  # SB3's default hidden sizes
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_n_steps(cls, data: Any) -> Any:
-        """``n_steps`` means env steps per env in one fragment (PPO, APPO); the n-step return is ``n_step_return``."""
-        if isinstance(data, dict) and "n_steps" in data:
-            raise ConfigError("policy.kwargs.n_steps: dqn has no n_steps (PPO's and APPO's steps per env in a "
-                              "fragment); did you mean n_step_return (the n-step return's horizon)? Rename the key")
-        return data
 
     learning_rate: float = Field(1e-4, gt=0)
     lr_schedule: Literal["constant", "linear"] = Field("constant", description="linear: decays to 0 at total_env_steps")

@@ -11,6 +11,13 @@ from polar.config.secrets import secret_field
 from polar.config.sync import WeightSyncConfig
 
 
+class ActionCacheConfig(StrictModel):
+    """The action cache (``polar.inference.action_cache``): greedy answers replayed per policy version."""
+
+    max_entries: int = Field(4096, ge=1, description="most answers kept; the least recently used go first")
+    max_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="most bytes kept (prompt ids, tokens, logprobs)")
+
+
 class GatewayConfig(StrictModel):
     """The model-API gateway: where it listens, which engine it fronts, and its limits."""
 
@@ -48,6 +55,9 @@ class GatewayConfig(StrictModel):
     allowed_hosts: list[str] = Field(
         default_factory=list, description="more Host names the gateway answers besides IP literals, loopback names "
         "and `host` (DNS-rebinding guard); ['*'] turns the check off")
+    action_cache: ActionCacheConfig | None = Field(
+        None, description="replay the answer to a greedy prompt seen before at the same policy version (serving and "
+        "polar eval --action-cache; refused in training runs): docs/inference.md, Action cache")
     sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="weight sync into the engine: in-flight calls, the "
         "weights folder, the logprob check (docs/agentic.md, Engines and weight sync)")

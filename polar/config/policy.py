@@ -1,12 +1,12 @@
 """``policy:`` section: ``{type: <algorithm>, kwargs: {...}}``, one typed kwargs model per algorithm.
 
-Each algorithm's kwargs live in their own module (``ppo.py``, ``grpo.py``, ...); this file only
-assembles the discriminated union.
+Each algorithm's kwargs live in their own module (``ppo.py``, ``grpo.py``, ...); this file pairs each with its
+``type`` name, and ``run.py`` joins them into the env-run and agent-run unions.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -68,10 +68,3 @@ class CQLPolicyConfig(StrictModel):
 
 ON_POLICY = ("ppo", "appo")  # env harnesses, learning from fresh fragments
 OFF_POLICY = ("dqn", "sac")  # env harnesses, from a replay buffer (next_obs in fragments)
-OFFLINE = ("bc", "iql", "cql")  # env harnesses, from a dataset (no env interaction but evaluation)
-
-PolicyConfig = Annotated[
-    PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | GRPOPolicyConfig | SFTPolicyConfig
-    | BCPolicyConfig | IQLPolicyConfig | CQLPolicyConfig,
-    Field(discriminator="type"),
-]

@@ -3,7 +3,8 @@
 ``RunConfig`` is a union of two kinds of run, each with only its own sections:
 
 - ``EnvRunConfig`` (``kind == "env"``): an env harness (``harness.type: gymnasium | custom``) driven by a
-  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments.
+  network (``agent.type: mlp | cnn | lstm | custom``) and trained with PPO, APPO, DQN or SAC on env fragments
+  (GAIL and AIRL: PPO on a discriminator's reward), or with BC, IQL or CQL from a dataset.
 - ``AgentRunConfig`` (``kind == "agent"``): an LLM behind the gateway, trained with GRPO or SFT on sessions.
   Either a black-box agent harness (``harness.type: agent``), or an env harness whose policy is the built-in
   LLM agent (``agent: {type: llm}``).
@@ -26,9 +27,11 @@ from polar.config.agent import BuiltinAgentConfig, CustomAgentConfig
 from polar.config.agentic import ModelConfig, SessionsConfig, TrajectoryConfig, VerifierConfig
 from polar.config.base import StrictModel, did_you_mean
 from polar.config.continual import InitConfig, ReplayMixConfig, old_task_names
+from polar.config.gail import AIRLPolicyConfig, GAILPolicyConfig
 from polar.config.gateway import GatewayConfig
 from polar.config.grpo import ROLLOUT_MAX_TOKENS, ROLLOUT_TEMPERATURE, SFTWarmupConfig
 from polar.config.harness import AgentHarnessConfig, CustomHarnessConfig, GymnasiumHarnessConfig
+from polar.config.hierarchical import HierarchicalPolicyConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.mbpo import MBPOPolicyConfig
 from polar.config.multi_agent import PettingZooHarnessConfig
@@ -79,6 +82,8 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
+    | GAILPolicyConfig | AIRLPolicyConfig
+    | HierarchicalPolicyConfig
     | CQLPolicyConfig | MBPOPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
@@ -229,6 +234,14 @@ class AgentRunConfig(_RunBase):
             object.__setattr__(kwargs, "temperature", self.agent.temperature if self.agent else ROLLOUT_TEMPERATURE)
         if kwargs.max_tokens is None:
             object.__setattr__(kwargs, "max_tokens", self.agent.max_tokens if self.agent else ROLLOUT_MAX_TOKENS)
+        return self
+
+    @model_validator(mode="after")
+    def _no_action_cache(self) -> AgentRunConfig:
+        if self.gateway.action_cache is not None:
+            raise ValueError("gateway.action_cache is for serving (polar gateway --config) and evaluation (polar eval RUN "
+                             "--action-cache N --greedy); a training run samples fresh answers and changes its weights "
+                             "every step, so remove gateway.action_cache from the run's config")
         return self
 
     @model_validator(mode="after")

@@ -7,31 +7,21 @@
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from polar.config.base import StrictModel
-from polar.errors import ConfigError
+from polar.config.base import NStepReturnKwargs
 
 _AUTO = re.compile(r"^auto(_\d*\.?\d+(e-?\d+)?)?$")
 
 
-class SACKwargs(StrictModel):
+class SACKwargs(NStepReturnKwargs):
     # replay (next_obs in fragments): polar.rollout.runner keeps each step's next observation
     keeps_next_obs: ClassVar[bool] = True
     network: ClassVar[str] = "off_policy"
     actions: ClassVar[str] = "box"  # the action space its networks take (polar.models.off_policy)
     default_hidden: ClassVar[list[int]] = [256, 256]  # SB3's default hidden sizes
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_n_steps(cls, data: Any) -> Any:
-        """``n_steps`` means env steps per env in one fragment (PPO, APPO); the n-step return is ``n_step_return``."""
-        if isinstance(data, dict) and "n_steps" in data:
-            raise ConfigError("policy.kwargs.n_steps: sac has no n_steps (PPO's and APPO's steps per env in a "
-                              "fragment); did you mean n_step_return (the n-step return's horizon)? Rename the key")
-        return data
 
     learning_rate: float = Field(3e-4, gt=0)
     lr_schedule: Literal["constant", "linear"] = Field("constant", description="linear: decays to 0 at total_env_steps")

@@ -28,9 +28,6 @@ PAGED_INDEX_BYTES = 4 << 20  # a bigger sessions/index.jsonl is paged without pa
 MAX_TOKENS_SHOWN = 20_000  # per sample: a huge session shows its first tokens and says how many it left out
 MAX_CALLS_SHOWN = 200
 MAX_TEXT = 4_000  # characters of one message or output shown
-SESSION_FIELDS = ("session_id", "task_id", "group_id", "sample_index", "status", "error", "reward", "num_calls",
-                  "attempts", "node_id", "step", "num_samples", "tokens", "trainable_tokens", "timings", "records",
-                  "trajectory", "written_at")
 
 
 class PathError(ValueError):

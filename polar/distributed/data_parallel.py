@@ -56,9 +56,10 @@ def leave_learner_group() -> None:
 
 class GradientAverager:
     """The ``grad_sync`` hook: after the local backward, before clipping and the optimizer step, every learner's
-    gradient becomes the weighted mean over the group (weights: what each learner's loss was normalized by)."""
+    gradient becomes the weighted mean over the group (weights: what each learner's loss was normalized by).
+    Returns the group's total weight: 0 when no learner had data, and then no learner steps."""
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], local_weight: float) -> None:
+    def __call__(self, params: Sequence[torch.nn.Parameter], local_weight: float) -> float:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         device = grads[0].device if grads else torch.device("cpu")
         dtype = torch.float64 if device.type == "cpu" else torch.float32
@@ -78,6 +79,7 @@ class GradientAverager:
                 if p.grad is None:
                     p.grad = g
                 off += k
+        return total
 
 
 def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:

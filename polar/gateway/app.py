@@ -32,6 +32,7 @@ from polar.gateway.drain import DrainGate, retry_after_header
 from polar.gateway.errors import ApiError, bad
 from polar.gateway.providers import anthropic, gemini, openai_chat, openai_responses, schemas
 from polar.gateway.sessions import SessionStore, key_hash, key_session_id, session_id_problem
+from polar.inference.action_cache import ActionCacheEngine
 from polar.types import SESSION_KEY_PREFIX
 
 log = logging.getLogger(__name__)
@@ -382,6 +383,8 @@ class GatewayApp:
             state = "unavailable"
         body = {"status": state, "model": self.engine.model_name, "policy_version": int(self.engine.policy_version),
                 **self.gate.status(), "engine": engine, "records_error": records_error}
+        if isinstance(self.engine, ActionCacheEngine):  # gateway.action_cache: its hit rate and size
+            body["action_cache"] = self.engine.stats()
         return self._json(body, 503 if state == "unavailable" else 200)
 
     # ---- session reads -------------------------------------------------------------------------

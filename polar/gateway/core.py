@@ -26,6 +26,7 @@ from polar.gateway.sessions import SessionStore
 from polar.gateway.textstream import IncrementalDetokenizer, TextStream
 from polar.gateway.tokencache import WouldBlock
 from polar.gateway.toolcalls import ParsedOutput, parse_hermes
+from polar.inference.action_cache import ActionCacheRefused
 from polar.inference.base import (
     ContextLengthExceeded,
     Engine,
@@ -54,6 +55,8 @@ def engine_error(e: BaseException) -> ApiError:
     if isinstance(e, ContextLengthExceeded):
         return ApiError("context_length", str(e), prompt_tokens=e.prompt_tokens, context_length=e.context_length,
                         prompt_tokens_at_least=e.at_least)
+    if isinstance(e, ActionCacheRefused):
+        return bad(str(e), e.param)
     if type(e).__name__ == "UpstreamRateLimited":  # an openai_compat endpoint still said 429 after its retries
         return ApiError("rate_limited", f"inference upstream rate limited: {e}", retry_after_s=1.0)
     if isinstance(e, UpstreamUnavailable):

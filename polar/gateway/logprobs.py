@@ -31,7 +31,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class TokenBytes:
-    """``bytes_of(id)`` and ``text_of(id)`` for one tokenizer."""
+    """``bytes_of(id)`` for one tokenizer."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -46,9 +46,6 @@ class TokenBytes:
         if cached is None:
             cached = self._cache[token_id] = self._bytes(token_id)
         return cached
-
-    def text_of(self, token_id: int) -> str:
-        return self.bytes_of(token_id).decode("utf-8", errors="replace")
 
     def _bytes(self, token_id: int) -> bytes:
         piece = self.tokenizer.convert_ids_to_tokens(int(token_id))

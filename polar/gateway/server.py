@@ -54,6 +54,10 @@ def build_app(config: GatewayConfig, engine: Any = None, records_dir: str | Path
         from polar.inference.templates import choose_chat_template
 
         choose_chat_template(engine, config.chat_template)
+    if config.action_cache is not None:
+        from polar.inference.action_cache import with_action_cache
+
+        engine = with_action_cache(engine, config.action_cache.max_entries, config.action_cache.max_bytes)
     return GatewayApp(engine, config, records_dir)
 
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # transformers is heavy; only engines import it at run time
     from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length", "abort"]
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
 
 class EngineError(GatewayError):

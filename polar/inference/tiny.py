@@ -20,7 +20,6 @@ from polar.inference.templates import hermes_tools_template
 
 TINY_VOCAB_SIZE = 1024
 TINY_CONTEXT_LENGTH = 4096
-TINY_MODEL_NAME = "tiny"
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added but not "special" (as in Qwen2.5): they survive decode(skip_special_tokens=True), so tool-call

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -36,7 +37,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from pydantic import Field, model_validator
@@ -61,6 +62,43 @@ class VllmLaunchError(EngineError):
     """A polar-launched vLLM replica could not be started (or restarted)."""
 
 
+class SpeculativeConfig(StrictModel):
+    """vLLM speculative decoding (``--speculative-config``): proposals checked by the served model in one pass.
+
+    ``ngram`` (prompt lookup) proposes the tokens that followed the last ``prompt_lookup_min`` to
+    ``prompt_lookup_max`` tokens where they appeared before in the prompt; ``draft_model`` runs ``model`` (a
+    preset or folder with the served model's tokenizer) ahead. vLLM's rejection sampler keeps the served
+    model's distribution, and the logprobs it returns are the served model's, so training records are
+    unchanged (``docs/inference.md``, Speculative decoding)."""
+
+    method: Literal["ngram", "draft_model"] = Field(description="ngram (prompt lookup) or draft_model")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="tokens proposed per step")
+    prompt_lookup_min: int = Field(1, ge=1, description="ngram: the shortest n-gram looked up in the prompt")
+    prompt_lookup_max: int = Field(3, ge=1, description="ngram: the longest n-gram looked up in the prompt")
+    model: str | None = Field(None, description="draft_model: the draft's preset or folder (same tokenizer)")
+
+    @model_validator(mode="after")
+    def _method_fields(self) -> SpeculativeConfig:
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative.method: draft_model needs speculative.model (a preset such as smollm2-135m "
+                             "or a model folder with the served model's tokenizer)")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("speculative.model is for method: draft_model; ngram looks tokens up in the prompt")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative.prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        return self
+
+    def vllm_json(self, draft_folder: Path | None) -> str:
+        """The ``--speculative-config`` value vLLM reads."""
+        spec: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "ngram":
+            spec.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+        else:
+            spec["model"] = str(draft_folder)
+        return json.dumps(spec, sort_keys=True)
+
+
 class VllmLaunchConfig(StrictModel):
     """``engine_kwargs`` of a launched vLLM (``model: {engine: vllm, engine_kwargs: {...}}``)."""
 
@@ -77,10 +115,19 @@ class VllmLaunchConfig(StrictModel):
                                       "--enable-lora --max-lora-rank, adapters loadable at run time): a LoRA run's "
                                       "weight syncs then send the adapters only; null: no LoRA support")
     max_loras: int = Field(2, ge=1, description="vLLM --max-loras: adapters in one batch (with max_lora_rank)")
+    speculative: SpeculativeConfig | None = Field(
+        None, description="vLLM speculative decoding: {method: ngram} (prompt lookup) or {method: draft_model, "
+        "model: PRESET_OR_FOLDER}, with num_speculative_tokens")
     extra_args: list[str] = Field(default_factory=list, description="more vLLM server arguments, verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables for vLLM")
     timeout_s: float = Field(600.0, gt=0, description="longest wait for one generation call")
 
+
+    @model_validator(mode="after")
+    def _one_speculative_config(self) -> VllmLaunchConfig:
+        if self.speculative is not None and any(a.startswith("--speculative-config") for a in self.extra_args):
+            raise ValueError("speculative and extra_args both set --speculative-config; keep one (speculative)")
+        return self
 
     @model_validator(mode="after")
     def _dtype_for_this_cpu(self) -> VllmLaunchConfig:
@@ -218,6 +265,9 @@ class VllmFleet:
         self.log_dir = Path(log_dir)
         self.python = python or vllm_python()
         self.served_model = config.served_model_name or self.folder.name
+        spec = config.speculative
+        self.draft_folder = (resolve_model_folder(spec.model, f"{self.section}.engine_kwargs.speculative.model")
+                             if spec is not None and spec.model else None)
         self._ports = [free_port() for _ in range(replicas)]
         self.replicas = [_Replica(i, p, self.log_dir / f"replica-{i}.log") for i, p in enumerate(self._ports)]
         self._cv = threading.Condition()
@@ -239,6 +289,8 @@ class VllmFleet:
             cmd.append("--enforce-eager")
         if c.max_lora_rank is not None:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
+        if c.speculative is not None:
+            cmd += ["--speculative-config", c.speculative.vllm_json(self.draft_folder)]
         return cmd + list(c.extra_args)
 
     def _env(self) -> dict[str, str]:
@@ -642,7 +694,7 @@ def resolve_model_folder(name_or_path: str, config_key: str = "model.name_or_pat
     )
 
 
-__all__ = ["LaunchedVllmEngine", "VllmFleet", "VllmLaunchConfig", "VllmLaunchError", "launch_vllm", "vllm_python"]
+__all__ = ["LaunchedVllmEngine", "SpeculativeConfig", "VllmFleet", "VllmLaunchConfig", "VllmLaunchError", "launch_vllm", "vllm_python"]
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit("use polar gateway --model FOLDER --engine vllm, or model: {engine: vllm} in a run config")

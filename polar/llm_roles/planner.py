@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, SupportsFloat
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -26,10 +26,6 @@ Ask = Callable[[list[dict[str, str]]], Awaitable[str]]
 
 class PlanError(ConfigError):
     """A plan the controller cannot follow."""
-
-
-class Reaches(Protocol):
-    def reached(self, subgoal: str) -> bool: ...
 
 
 def parse_plan(text: str, vocabulary: Sequence[str]) -> list[str]:

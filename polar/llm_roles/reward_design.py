@@ -8,6 +8,10 @@ itself runs in bubblewrap); its score is the task's own mean episode return over
 ``score_episodes`` training episodes, measured by the trusted wrapper. A reply without code, a
 candidate that raises, hangs or tries to leave its sandbox is a failed candidate with its reason, and
 the loop goes on. Rounds are bounded by ``rounds``.
+
+With ``backend: ray`` the candidates of a round train as Ray tasks on the connected cluster (up to
+``max_parallel`` at once), each running exactly the local path's ``polar run`` child, so the sandbox is
+the same and a candidate's score does not depend on where it trained.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -48,6 +53,8 @@ class Candidate:
     score: float | None = None
     error: str | None = None
     episodes: int = 0
+    # where and when it trained: backend, pid and node of the process that ran its `polar run`, start/end times
+    worker: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,6 +88,10 @@ class RewardDesignConfig:
         "n_steps": 64, "batch_size": 128, "n_epochs": 4, "learning_rate": 1e-3, "gamma": 0.99})
     envs: int = 4
     seed: int = 0
+    # local: each candidate's `polar run` is a child of this process; ray: a Ray task on the connected cluster
+    # (ray.init first: `polar design-reward` connects to `coordinator_address`) runs it, on any node
+    backend: Literal["local", "ray"] = "local"
+    ray_num_cpus: float = 1.0
 
 
 SYSTEM = ("You write reward functions for reinforcement learning. Reply with exactly one Python code block "
@@ -152,6 +163,41 @@ async def train_candidate(cfg: RewardDesignConfig, cand: Candidate, work: Path) 
     cand.score = sum(r["task_return"] for r in last) / len(last)
 
 
+async def _train_here(cfg: RewardDesignConfig, cand: Candidate, work: Path) -> None:
+    started = time.time()
+    await train_candidate(cfg, cand, work)
+    cand.worker = {"backend": "local", "pid": os.getpid(), "node": None, "started_at": started, "ended_at": time.time()}
+
+
+def _train_in_ray_task(cfg: RewardDesignConfig, cand: Candidate, work: str) -> Candidate:
+    """The body of the Ray task: the same ``train_candidate`` (a ``polar run`` child, the candidate in
+    bubblewrap inside it) on whichever node Ray chose; the candidate comes back with its result. On a
+    node without the work folder (no shared filesystem) it is created there, and the run stays there."""
+    import ray
+
+    started = time.time()
+    Path(work).mkdir(parents=True, exist_ok=True)
+    asyncio.run(train_candidate(cfg, cand, Path(work)))
+    cand.worker = {"backend": "ray", "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                   "started_at": started, "ended_at": time.time()}
+    return cand
+
+
+async def _train_on_ray(cfg: RewardDesignConfig, cand: Candidate, work: Path) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("backend: ray needs a connected Ray cluster (ray.init, or polar design-reward's "
+                           "coordinator_address)")
+    task = ray.remote(num_cpus=cfg.ray_num_cpus, max_retries=0)(_train_in_ray_task)
+    try:
+        done: Candidate = await task.remote(cfg, cand, str(work))
+    except Exception as e:  # a lost node or worker: this candidate failed, the round goes on
+        cand.error = f"its Ray task failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
+        return
+    cand.score, cand.error, cand.episodes, cand.worker = done.score, done.error, done.episodes, done.worker
+
+
 async def design_reward(cfg: RewardDesignConfig, ask: Ask, workdir: Path | None = None,
                         on_candidate: Callable[[Candidate], None] | None = None) -> DesignResult:
     """Bounded Eureka loop: ``rounds`` x ``candidates_per_round`` candidates; returns the best by score."""
@@ -161,9 +207,12 @@ async def design_reward(cfg: RewardDesignConfig, ask: Ask, workdir: Path | None 
     history: list[Candidate] = []
     gate = asyncio.Semaphore(max(1, cfg.max_parallel))
 
+    train = _train_on_ray if cfg.backend == "ray" else _train_here
+
     async def one(c: Candidate) -> None:
         async with gate:
-            await train_candidate(cfg, c, work)
+            if c.code is not None:
+                await train(cfg, c, work)
         if on_candidate:
             on_candidate(c)
 

@@ -13,23 +13,12 @@ import contextvars
 import json
 import logging
 import os
-import secrets
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 _trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("polar_trace_id", default=None)
-
-
-def new_trace_id(prefix: str = "") -> str:
-    """A fresh id: ``<prefix>-<12 hex>`` (unique across processes without coordination)."""
-    tail = secrets.token_hex(6)
-    return f"{prefix}-{tail}" if prefix else tail
-
-
-def current_trace_id() -> str | None:
-    return _trace.get()
 
 
 @contextlib.contextmanager

@@ -47,11 +47,6 @@ def register_process(pid: int, role: str) -> None:
         _registered[int(pid)] = role
 
 
-def unregister_process(pid: int) -> None:
-    with _lock:
-        _registered.pop(int(pid), None)
-
-
 def role_of(proc: psutil.Process) -> str:
     """The role of a ``psutil.Process``: registered, else ``POLAR_ROLE`` in its environment, else its command line."""
     with _lock:

@@ -20,7 +20,6 @@ class RunningNorm(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-        self._scale_cache: tuple | None = None
 
     def update(self, batch_mean, batch_var, batch_count: float) -> None:
         if batch_count <= 0:

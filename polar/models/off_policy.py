@@ -9,6 +9,8 @@ travel to workers with the weights.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -31,7 +33,15 @@ def _batch_size(obs) -> int:
 
 
 class QNetworkAgent(AgentBase):
-    """Q(s, .) over a Discrete action space; acts epsilon-greedily with the epsilon the learner publishes."""
+    """Q(s, .) over a Discrete action space; acts epsilon-greedily with the epsilon the learner publishes.
+
+    ``act_numpy`` is ``act``'s numpy twin, pinned to it as PPO's is (``polar.algorithms.ppo_fused``):
+    ``act_numpy_derived_from`` holds the source fingerprints of the methods it was derived from, and rollouts
+    act through it only while the agent's methods still have them; an edited (or overriding) ``act`` or
+    ``q_values`` is what rollouts then call. Whoever changes them on purpose re-derives ``act_numpy`` and the
+    fingerprints (``tests/algorithms/test_dqn.py`` prints the new values)."""
+
+    act_numpy_derived_from: ClassVar[dict[str, str]] = {"act": "30adc7ff24d1fffc", "q_values": "c60d9e98d6a104fd"}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden_sizes: list[int],
                  activation: str, cnn_channels: list[int]) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from polar.agents import check_act_output, map_state, reset_state
 from polar.algorithms.ppo import FusedSetting, fused_path
-from polar.algorithms.ppo_fused import supports_fused
+from polar.algorithms.ppo_fused import changed_methods, supports_fused
 from polar.config.appo import APPOKwargs
 from polar.config.ppo import PPOKwargs
 from polar.config.run import EnvRunConfig
@@ -92,7 +92,8 @@ class EnvRunner:
     def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
         """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
         vector observations without an obs normalizer; for the actor-critic also only on the fused path (its
-        ``act`` unchanged since ``act_numpy`` was derived from it). Else None: every step calls ``act``."""
+        ``act`` unchanged since ``act_numpy`` was derived from it), for an agent with ``act_numpy_derived_from``
+        (DQN's) only while those methods are unchanged. Else None: every step calls ``act``."""
         agent, space = self.policy.agent, self.obs_space
         act_numpy = getattr(agent, "act_numpy", None)
         supports = getattr(agent, "supports_act_numpy", None)
@@ -105,6 +106,11 @@ class EnvRunner:
             if not on:
                 log.debug("acting through %s.act: %s", self.agent_name, why)
                 return None
+        derived_from = getattr(agent, "act_numpy_derived_from", None)
+        if derived_from is not None and (changed := changed_methods(type(agent), derived_from)):
+            log.info("acting through %s.act: %s changed since act_numpy was derived from it", self.agent_name,
+                     ", ".join(changed))
+            return None
         return act_numpy  # type: ignore[no-any-return]
 
     def _act(self, obs_np, state, deterministic=False):

@@ -182,19 +182,27 @@ class _Standin:
         )
 
     # ---- vLLM dev-mode RL routes (vllm/entrypoints/rl/online/api_router.py, 0.32)
-    async def vllm_pause(self, request: Request) -> Response:
-        self.control.append("POST /pause")
-        mode = request.query_params.get("mode", "abort")
-        if mode not in ("abort", "wait", "keep"):
-            return JSONResponse({"error": f"Invalid pause mode: {mode}"}, 400)
+    async def _pause(self, route: str, mode: str) -> None:
+        """Both APIs' pause: in-flight requests aborted in ``abort`` mode; new ones held until the resume."""
+        self.control.append(route)
         if mode == "abort":
             await self.engine.abort_inflight()
         self._gate().clear()
+
+    def _resume(self, route: str) -> None:
+        self.control.append(route)
+        self._gate().set()
+
+    async def vllm_pause(self, request: Request) -> Response:
+        mode = request.query_params.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            self.control.append("POST /pause")
+            return JSONResponse({"error": f"Invalid pause mode: {mode}"}, 400)
+        await self._pause("POST /pause", mode)
         return JSONResponse({"status": "paused"})
 
     async def vllm_resume(self, request: Request) -> Response:
-        self.control.append("POST /resume")
-        self._gate().set()
+        self._resume("POST /resume")
         return JSONResponse({"status": "resumed"})
 
     async def vllm_is_paused(self, request: Request) -> Response:
@@ -332,21 +340,18 @@ class _Standin:
 
     # ---- SGLang weight updates (sglang/srt/entrypoints/http_server.py, managers/io_struct.py)
     async def sglang_pause(self, request: Request) -> Response:
-        self.control.append("POST /pause_generation")
         raw = await request.body()
         body = orjson.loads(raw) if raw.strip() else {}
         mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
         if mode not in ("abort", "retract", "in_place"):
+            self.control.append("POST /pause_generation")
             return JSONResponse({"object": "error", "message": f"Invalid mode: {mode!r}. Expected one of "
                                  "['abort', 'retract', 'in_place'].", "type": "Bad Request", "code": 400}, 400)
-        if mode == "abort":
-            await self.engine.abort_inflight()
-        self._gate().clear()
+        await self._pause("POST /pause_generation", mode)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     async def sglang_continue(self, request: Request) -> Response:
-        self.control.append("POST /continue_generation")
-        self._gate().set()
+        self._resume("POST /continue_generation")
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
     async def sglang_update_from_disk(self, request: Request) -> Response:

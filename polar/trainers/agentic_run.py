@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
+from polar.config.gateway import ActionCacheConfig
 from polar.config.grpo import GRPOKwargs
 from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
@@ -82,6 +83,28 @@ class EmbeddedEngineFactory:
         from polar.inference.rollout_sampling import with_rollout_sampling
 
         return with_rollout_sampling(load_engine(self.spec, **self.kwargs), *self.sampling)
+
+
+class LaunchedVllmFactory:
+    """Launches the run's vLLM replicas inside a Ray gateway node and returns an engine over them (picklable:
+    each node builds its own). Every node owns and supervises ``replicas`` servers, its logs under
+    ``<log_dir>/node-<pid>/``; weight syncs reach them through that node's gateway."""
+
+    def __init__(self, spec: str, replicas: int, engine_kwargs: dict[str, Any], log_dir: Path, config_key: str,
+                 chat_template: str | None, sampling: tuple[float | None, int | None] = (None, None)) -> None:
+        self.spec, self.replicas, self.engine_kwargs = spec, replicas, dict(engine_kwargs)
+        self.log_dir, self.config_key, self.chat_template, self.sampling = log_dir, config_key, chat_template, sampling
+
+    def __call__(self) -> Any:
+        import os
+
+        from polar.inference import load_engine
+        from polar.inference.rollout_sampling import with_rollout_sampling
+
+        engine = load_engine(self.spec, engine="vllm", replicas=self.replicas,
+                             log_dir=str(self.log_dir / f"node-{os.getpid()}"), config_key=self.config_key,
+                             chat_template=self.chat_template, **self.engine_kwargs)
+        return with_rollout_sampling(engine, *self.sampling)
 
 
 def rollout_sampling(cfg: AgentRunConfig) -> tuple[float | None, int | None]:
@@ -148,11 +171,15 @@ def attach_judge(verifier: Any, run_dir_path: Path) -> Any:
 
 
 def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, records_dir: Path | None = None,
-                training: bool = False) -> LocalStack:
+                training: bool = False, greedy: bool = False, action_cache: ActionCacheConfig | None = None) -> LocalStack:
     """Engine + gateway + rollout service for ``cfg`` (not started); calls are recorded in ``records_dir``
     (default: the run's ``gateway/sessions/``). ``training``: a run's own stack, whose every model call
     samples with the run's ``policy.kwargs.temperature`` and ``max_tokens`` (``rollout_sampling``); other
-    users (``polar generate``, evaluation suites) keep what the agent, or their own engine wrapper, asks."""
+    users (``polar generate``, evaluation suites) keep what the agent, or their own engine wrapper, asks.
+    ``greedy``: every call at temperature 0 (``polar eval --greedy``); ``action_cache``: the gateway's action
+    cache (``polar eval --action-cache``; never in training)."""
+    if training and action_cache is not None:
+        raise ConfigError("the action cache is for evaluation and serving; a training run samples fresh answers")
     from polar.inference import load_engine
     from polar.inference.rollout_sampling import with_rollout_sampling
 
@@ -175,7 +202,10 @@ def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, rec
             engine = embedded_engine_factory(cfg)()
     if training:
         engine = with_rollout_sampling(engine, *rollout_sampling(cfg))
-    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None})  # the run's own records: resume, eval continue
+    elif greedy:
+        engine = with_rollout_sampling(engine, 0.0, None)
+    gateway_cfg = cfg.gateway.model_copy(update={"resume_records": True, "chat_template": None,  # the run's own records: resume, eval continue
+                                                 "action_cache": action_cache})
     try:
         return LocalStack(engine, runner, verifier, settings, records_dir=records_dir or run_dir_path / "gateway" / "sessions",
                           gateway_config=gateway_cfg, results_dir=run_dir_path / "sessions")
@@ -201,17 +231,18 @@ def trained_engine_problem(cfg: RunConfig) -> str | None:
 
 
 def ray_engine_problem(cfg: AgentRunConfig) -> str | None:
-    """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds the embedded
-    engine itself; an engine polar launches (``engine: vllm``) or an external server URL is one shared
-    thing per run, which the nodes cannot each own."""
+    """Why ``cfg``'s engine cannot run on Ray gateway nodes (None: it can). Each node builds its own engine:
+    the embedded one, or (``engine: vllm``) its own launched vLLM replicas; an external server URL or a
+    chat endpoint is one shared thing per run, which the nodes cannot each own."""
     spec, key, launched = _model_spec(cfg)
     section = key.split(".")[0]
-    if launched.engine != "embedded":
+    if launched.engine not in ("embedded", "vllm"):
         return (f"{section}.engine is {launched.engine!r}, but with distribution.backend: ray every gateway node builds "
-                f"its own embedded engine; set {section}.engine: embedded, or distribution.backend: local")
+                f"its own engine (embedded, or vllm replicas it launches); set {section}.engine: embedded or vllm, "
+                "or distribution.backend: local")
     if isinstance(spec, str) and ":" in spec.split("/")[0] and spec.split(":", 1)[0] in ("vllm", "sglang"):
         return (f"{key} {spec!r} names external servers, but with distribution.backend: ray every gateway node "
-                f"builds its own embedded engine; name a model (preset or folder), or set distribution.backend: local")
+                f"builds its own engine; name a model (preset or folder), or set distribution.backend: local")
     return None
 
 
@@ -230,8 +261,14 @@ def build_ray_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None,
     runner = session_runner(cfg)
     verifier = attach_judge(session_verifier(cfg), run_dir_path)
     settings = pipeline_settings(cfg, run_dir_path / "workspaces")
-    factory = embedded_engine_factory(cfg, training)
-    local = engine if engine is not None else embedded_engine_factory(cfg)()  # same spec and seed as the nodes': the same weights
+    spec, key, launched = _model_spec(cfg)
+    factory: EmbeddedEngineFactory | LaunchedVllmFactory = embedded_engine_factory(cfg, training)
+    if launched.engine == "vllm":  # every node launches and supervises its own replicas
+        factory = LaunchedVllmFactory(spec, launched.replicas, dict(launched.engine_kwargs), run_dir_path / "vllm",
+                                      key, _chat_template(cfg), rollout_sampling(cfg) if training else (None, None))
+    # the learner's copy: the embedded engine of the same spec and seed as the nodes' (the same weights); with
+    # engine: vllm the same folder, loaded here rather than served
+    local = engine if engine is not None else embedded_engine_factory(cfg)()
     d = cfg.distribution
     res = d.gateway_resources
     gateway_cfg = cfg.gateway.model_dump(mode="json", exclude={"host", "port"})
@@ -249,9 +286,11 @@ def heldout_success(stack: SessionStack, eval_tasks: list[dict[str, Any]], sampl
 
 
 def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | None = None, samples: int | None = None,
-                       engine: Any = None) -> dict[str, Any]:
+                       engine: Any = None, greedy: bool = False, action_cache: ActionCacheConfig | None = None) -> dict[str, Any]:
     """``polar eval`` for an agent run: its ``eval_tasks`` with the weights of ``checkpoint`` (default: the
-    latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``."""
+    latest), through the same stack and success measure as the held-out evaluation that ends ``polar run``.
+    ``greedy``: every call at temperature 0; ``action_cache``: replay repeated greedy prompts (the result's
+    ``action_cache`` holds the hit rate); without ``greedy`` the LLM agent's own temperature must be 0."""
     from polar.errors import RunDirError
     from polar.models.llm_policy import LLMPolicy
     from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
@@ -261,6 +300,9 @@ def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | 
             f"{run_dir.path} has no eval_tasks, so nothing is held out to evaluate; add 'eval_tasks: FILE.jsonl' "
             f"to {run_dir.config_path} and run `polar eval {run_dir.path}` again"
         )
+    if action_cache is not None and not greedy and cfg.agent is not None and cfg.agent.temperature != 0:
+        raise ConfigError(f"--action-cache replays greedy answers only, and {run_dir.config_path} sets agent.temperature: "
+                          f"{cfg.agent.temperature:g}; add --greedy (every call at temperature 0) or drop --action-cache")
     eval_tasks = load_tasks(cfg.eval_tasks, cfg.config_dir)
     ckpt = checkpoint or CheckpointManager(run_dir.checkpoints_dir).latest()
     if ckpt is None:
@@ -277,11 +319,20 @@ def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | 
     while records.exists():
         n += 1
         records = run_dir.eval_dir / "sessions" / f"{tag}-{n}"
-    with build_stack(cfg, run_dir.path, engine, records_dir=records) as stack:
+    t0 = time.monotonic()
+    with build_stack(cfg, run_dir.path, engine, records_dir=records, greedy=greedy, action_cache=action_cache) as stack:
         policy = LLMPolicy.from_engine(stack.engine, kw.lora, **policy_options(cfg))
         policy.load_state_dict(state["model"])
         stack.update_weights(policy.serving_state_dict(), int(state.get("policy_version", 0)))
+        t_sessions = time.monotonic()
         res: dict[str, Any] = heldout_success(stack, eval_tasks, samples, tag)
+        res["sessions_s"] = time.monotonic() - t_sessions
+        if action_cache is not None:
+            res["action_cache"] = stack.gateway.app.engine.stats()
+            log.info("%s: action cache hit rate %.3f (%d hits, %d misses)", tag, res["action_cache"]["hit_rate"] or 0.0,
+                     res["action_cache"]["hits"], res["action_cache"]["misses"])
+    res["wall_s"] = time.monotonic() - t0
+    res["greedy"] = greedy or (cfg.agent is not None and cfg.agent.temperature == 0)
     res.update(checkpoint=str(ckpt), step=int(state.get("iteration", state.get("step", 0))), samples_per_task=samples,
                policy_version=int(state.get("policy_version", 0)), records=str(records))
     return res

@@ -33,6 +33,7 @@ from polar.types import Metrics
 if TYPE_CHECKING:
     import gymnasium as gym
 
+    from polar.config.gateway import ActionCacheConfig
     from polar.datasets.minari import Transitions
     from polar.models.policy import Policy
     from polar.trainers.observe import RunLogs
@@ -116,6 +117,10 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
     from polar.trainers.registry import algorithm, n_updates
 
     row = algorithm(cfg)
+    if row.own_loop is not None:  # several policies acting in this process (hierarchical)
+        return row.own_loop.compose(cfg, run_dir, resume=resume, on_iteration=on_iteration,
+                                    extra_metrics=extra_metrics, run_logs=run_logs)
+    assert row.make_learner is not None and row.make_collector is not None  # rows without own_loop have both
     from_dataset = row.steps_per_env is None
     if from_dataset and cfg.distribution.backend != "local":
         raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
@@ -224,8 +229,10 @@ def build_trainer(cfg: RunConfig, run_dir: RunDir, resume: bool = False, on_iter
     if cfg.distribution.backend == "ray":
         from polar.trainers.registry import algorithm
 
-        if algorithm(cfg).steps_per_env is None:
-            raise ConfigError(f"policy.type {cfg.policy.type!r} trains from a dataset in this process; set "
+        row = algorithm(cfg)
+        if row.steps_per_env is None or row.own_loop is not None:
+            what = "trains from a dataset" if row.own_loop is None else "steps its envs"
+            raise ConfigError(f"policy.type {cfg.policy.type!r} {what} in this process; set "
                               "distribution.backend: local")
         if cfg.harness.type != "pettingzoo":
             from polar.trainers.ray_driver import RayLearnerDriver
@@ -249,7 +256,8 @@ def progress_total(cfg: RunConfig) -> int:
 
 
 def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | None = None,
-                 stochastic: bool = False, engine: Any = None) -> tuple[RunDir, RunConfig, dict[str, Any]]:
+                 stochastic: bool = False, engine: Any = None, greedy: bool = False,
+                 action_cache: ActionCacheConfig | None = None) -> tuple[RunDir, RunConfig, dict[str, Any]]:
     """``polar eval``: a run directory's latest checkpoint (or the checkpoint file ``target``), evaluated and
     written to ``eval/eval_<checkpoint>_<time>.json``. Env runs: deterministic episodes on fresh env instances;
     agent runs: the held-out ``eval_tasks`` (``episodes`` sessions per task) through the run's own stack."""
@@ -263,7 +271,7 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
     if run_kind(cfg) == "agent":
         from polar.trainers.agentic_run import evaluate_agent_run
 
-        res = evaluate_agent_run(run_dir, cfg, ckpt, episodes, engine=engine)
+        res = evaluate_agent_run(run_dir, cfg, ckpt, episodes, engine=engine, greedy=greedy, action_cache=action_cache)
         name = Path(res["checkpoint"]).stem
     elif cfg.harness.type == "pettingzoo":  # per-agent returns, win/draw/loss, against random and the pool
         from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
@@ -280,6 +288,17 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
                                    not stochastic and cfg.eval.deterministic)
         res.update(checkpoint=str(path), env_steps=int(state["env_steps"]), iteration=int(state["iteration"]))
         name = path.stem
+    elif (own := _own_loop(cfg)) is not None:  # a hierarchical run: its manager and skills play together
+        from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+
+        assert isinstance(cfg, EnvRunConfig)
+        path = ckpt or CheckpointManager(run_dir.checkpoints_dir).latest()
+        if path is None:
+            raise ConfigError(f"{run_dir.path} has no checkpoint yet; nothing to evaluate.")
+        state = load_checkpoint(path)
+        res = own.evaluate(cfg, state, episodes, seed, not stochastic and cfg.eval.deterministic)
+        res.update(checkpoint=str(path), env_steps=int(state["env_steps"]), iteration=int(state["iteration"]))
+        name = path.stem
     else:
         from polar.trainers.evaluation import evaluate_policy
 
@@ -291,6 +310,15 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
         name = path.stem
     out = run_dir.write_json(f"eval/eval_{name}_{time.strftime('%Y%m%d-%H%M%S')}.json", res)
     return run_dir, cfg, {**res, "written": str(out)}
+
+
+def _own_loop(cfg: RunConfig) -> Any:
+    """The registry row's ``own_loop`` of an env run (hierarchical), else None."""
+    if not isinstance(cfg, EnvRunConfig):
+        return None
+    from polar.trainers.registry import algorithm
+
+    return algorithm(cfg).own_loop
 
 
 def build_session_stack(cfg: RunConfig, work_dir: str | Path, engine: Any = None, records_dir: Path | None = None) -> Any:

@@ -58,9 +58,3 @@ def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     dst_state = dst.state_dict()
     for name, value in src.state_dict().items():
         dst_state[name].copy_(value)
-
-
-def to_cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict with every tensor on CPU (what rollout workers and checkpoints receive); CPU tensors
-    are passed through as they are, so a CPU learner pays nothing."""
-    return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}

@@ -43,7 +43,7 @@ T = TypeVar("T")
 class SyncedLearner(Protocol):
     """An algorithm learner with the data-parallel hook (PPOLearner, GRPOLearner)."""
 
-    grad_sync: Callable[[Sequence[nn.Parameter], float], None] | None
+    grad_sync: Callable[[Sequence[nn.Parameter], float], float] | None
 
     def update(self, batch: Any, /) -> Any: ...
 
@@ -87,8 +87,8 @@ def shard_rollout(batch: Batch[Rollout], rank: int, world_size: int) -> Batch[Ro
 def shard_groups(batch: Batch[Any], rank: int, world_size: int,
                  signal: Callable[[Any], bool] = lambda group: True) -> Batch[Any]:
     """GRPO: this rank's whole session groups (a group's advantage needs all its sessions), dealt round-robin with
-    the groups that carry ``signal`` first (GRPO: ``has_signal``), so every rank gets its share of the groups it can learn from (a rank with
-    none skips its step and its peers wait until ``learner_timeout_s``)."""
+    the groups that carry ``signal`` first (GRPO: ``has_signal``), so every rank gets its share of the groups it can learn
+    from (a rank with none takes the group's steps with weight 0: ``GRPOLearner._zero_weight_steps``)."""
     groups = list(batch.data)
     order = sorted(range(len(groups)), key=lambda i: not signal(groups[i]))  # stable: signal first
     return replace(batch, data=[groups[i] for i in order[rank::world_size]])

@@ -50,6 +50,11 @@ def load_policy_for_eval(target: Path):
         if ckpt is None:
             raise RunDirError(f"{run_dir.path} has no checkpoint yet; nothing to evaluate.")
     state = load_checkpoint(ckpt)
+    policies = state.get("policies")
+    if "policy" not in state and isinstance(policies, dict) and "manager" in policies:  # a hierarchical run
+        raise RunDirError(f"{run_dir.path} is a {cfg.policy.type} run: its checkpoint holds a manager and skills, not "
+                          "one policy, so it cannot be exported, served or recorded; evaluate it with polar eval "
+                          "(docs/hierarchy.md)")
     probe = make_vector_env(cfg.harness, 1, seed=cfg.eval.seed, config_dir=cfg.config_dir)
     try:
         obs_space, act_space = probe.single_observation_space, probe.single_action_space

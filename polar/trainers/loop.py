@@ -1,7 +1,6 @@
 """The one training loop, for every kind of run: collect -> learn -> publish weights -> log -> checkpoint ->
 evaluate. PPO, APPO, DQN, SAC, BC, IQL, CQL and PettingZoo runs run through ``TrainingLoop.train``, and it
-serves GRPO's shape too (an SFT warm-up stage, ``total_steps`` as the budget); the agent trainer moves onto it
-from ``legacy_loop.py`` when the agent run is composed::
+serves GRPO's shape too (an SFT warm-up stage, ``total_steps`` as the budget)::
 
     for stage in warm_up:                                # fresh runs only (GRPO's SFT warm-up)
         until stage.budget: stage.learner.update(stage.collector.collect())
@@ -134,6 +133,30 @@ class TrainingLoop(Generic[T]):
         self._t0 = time.perf_counter()
         self._last_t, self._last_steps = 0.0, 0
         self._restored = False
+        self._closed = False
+
+    def close(self) -> None:
+        """Release what a loop that is not trained holds: the collector, ``close_after`` (an agent run's stack)
+        and the run's log lines (a handler on the ``polar`` logger). ``train`` releases them itself; calling this
+        again, or after ``train``, does nothing. ``with loop:`` calls it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.collector.close()
+        finally:
+            try:
+                for thing in self.close_after:
+                    thing.close()
+            finally:
+                if self.run_logs is not None:
+                    self.run_logs.close()
+
+    def __enter__(self) -> TrainingLoop[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def progress(self) -> Progress:
@@ -220,6 +243,7 @@ class TrainingLoop(Generic[T]):
                                       **self.window.summary(), **self.summary}
             result.update(self.evaluator.final(self.progress))
         finally:
+            self._closed = True
             for thing in self.close_after:
                 thing.close()
             self.logger.close()

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
+import numpy as np
 import torch
 from pydantic import BaseModel
 
@@ -26,7 +27,16 @@ from polar.algorithms.appo import APPOLearner
 from polar.algorithms.bc import BCLearner
 from polar.algorithms.cql import CQLLearner, DiscreteCQLLearner
 from polar.algorithms.dqn import DQNLearner
+from polar.algorithms.gail import (
+    AIRLDiscriminator,
+    Discriminator,
+    GAILDiscriminator,
+    GAILLearner,
+    Transitions,
+    check_spaces,
+)
 from polar.algorithms.grpo import GRPOLearner, has_signal
+from polar.algorithms.hierarchical import HierarchicalLearner
 from polar.algorithms.iql import IQLLearner
 from polar.algorithms.mbpo import MBPOLearner
 from polar.algorithms.ppo import PPOLearner
@@ -39,7 +49,9 @@ from polar.config.appo import APPOKwargs
 from polar.config.bc import BCKwargs, OfflineKwargs
 from polar.config.cql import CQLKwargs
 from polar.config.dqn import DQNKwargs
+from polar.config.gail import AIRLKwargs, GAILKwargs
 from polar.config.grpo import GRPOKwargs, SFTKwargs
+from polar.config.hierarchical import HierarchicalKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
 from polar.config.mbpo import MBPOKwargs
@@ -58,7 +70,8 @@ from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvalua
 from polar.trainers.continual import old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
 from polar.trainers.learner_group import LearnerGroup, group_spec, shard_groups, shard_rollout
-from polar.trainers.loop import Stage, iterations_budget
+from polar.trainers.loop import Stage, TrainingLoop, iterations_budget
+from polar.trainers.run_dir import RunDir
 from polar.types import Collector, Learner, Rollout, SessionResult
 
 if TYPE_CHECKING:
@@ -82,14 +95,28 @@ class Algorithm:
     - ``iteration_env_steps``: an iteration (a metrics row, the unit of checkpoint and eval intervals) ends once
       this many env steps arrived (0: after every batch);
     - ``gradient_steps``: for a dataset algorithm, the run's budget in learner updates (``None``: the env run's
-      ``total_env_steps``)."""
+      ``total_env_steps``);
+    - ``own_loop``: an algorithm that acts with more than one policy and steps its envs in the learner process
+      (hierarchical) composes its loop and evaluates its checkpoints itself; ``make_learner`` and
+      ``make_collector`` are then unused."""
 
     kwargs: type[BaseModel]
-    make_learner: Callable[[EnvParts], Learner[Any]]
-    make_collector: Callable[[EnvParts, Learner[Any]], Collector[Any]]
+    make_learner: Callable[[EnvParts], Learner[Any]] | None
+    make_collector: Callable[[EnvParts, Learner[Any]], Collector[Any]] | None
     steps_per_env: Callable[[EnvRunConfig], int] | None = None
     iteration_env_steps: int = 0
     gradient_steps: Callable[[EnvRunConfig], int] | None = None
+    own_loop: OwnLoop | None = None
+
+
+@dataclass(frozen=True)
+class OwnLoop:
+    """An algorithm's own composition (``polar.trainers.build`` calls it in place of the row's parts):
+    ``compose(cfg, run_dir, resume=, on_iteration=, extra_metrics=, run_logs=) -> TrainingLoop`` and
+    ``evaluate(cfg, checkpoint_state, episodes, seed, deterministic) -> result`` (``polar eval``)."""
+
+    compose: Callable[..., TrainingLoop[Any]]
+    evaluate: Callable[[EnvRunConfig, Mapping[str, Any], int | None, int | None, bool], dict[str, Any]]
 
 
 def env_collector(parts: EnvParts, fragments: Callable[[], int], buffered: bool = False) -> EnvCollector:
@@ -249,6 +276,59 @@ def _gradient_steps(cfg: EnvRunConfig) -> int:
     return cast(OfflineKwargs, cfg.policy.kwargs).gradient_steps
 
 
+# ---------------------------------------------------------------------- GAIL, AIRL (PPO on a discriminator's reward)
+def _imitation_learner(make: Callable[..., Discriminator]) -> Callable[[EnvParts], Learner[Any]]:
+    """PPO's learner on the rollouts, a ``make`` discriminator against ``policy.kwargs.dataset`` (read and checked
+    against the env's spaces here, before the first rollout)."""
+
+    def build(parts: EnvParts) -> Learner[Any]:
+        from polar.datasets.minari import load_dataset
+
+        kw = cast(GAILKwargs, parts.cfg.policy.kwargs)
+        obs_space, act_space = parts.observation_space, parts.action_space
+        check_spaces(obs_space, act_space, f"policy.type {parts.cfg.policy.type!r}")
+        data = load_dataset(kw.dataset, parts.cfg.config_dir, obs_space, act_space, where="policy.kwargs.dataset")
+        discrete = isinstance(act_space, gym.spaces.Discrete)
+        expert = Transitions(torch.as_tensor(data.obs).float(),
+                             torch.as_tensor(data.actions.astype(np.int64 if discrete else np.float32)),
+                             torch.as_tensor(data.next_obs).float(), torch.as_tensor(data.terminated))
+        log.info("expert %s: %d transitions, %d episodes (return mean %.4g)", data.dataset_id, len(data),
+                 len(data.episode_returns), float(np.mean(data.episode_returns)))
+        disc = make(obs_space, act_space, expert.obs, list(kw.disc_hidden), kw.gamma)
+        if disc.needs_log_pi and getattr(parts.train_agent, "recurrent", False):
+            raise ConfigError(f"policy.type {parts.cfg.policy.type!r} reads log pi(a|s) of single expert transitions, "
+                              "which a recurrent agent cannot give without its episode's history; use agent.type: mlp")
+        ppo = PPOLearner(parts.train_agent, kw, parts.cfg.total_env_steps)
+        return PolicyLearner(parts, GAILLearner(ppo, disc, expert, kw, seed=parts.seed))
+
+    return build
+
+
+def _ppo_steps_per_env(cfg: EnvRunConfig) -> int:
+    return cast(PPOKwargs, cfg.policy.kwargs).steps_per_env(cfg.distribution.num_envs)
+
+# ---------------------------------------------------------------------- hierarchical (manager + skills)
+def _hierarchical_learner(manager: torch.nn.Module, skills: dict[str, torch.nn.Module | None],
+                          kw: HierarchicalKwargs, total_env_steps: int) -> HierarchicalLearner:
+    """PPO for the manager (SMDP GAE: its fragments carry durations) and for every trained skill."""
+    return HierarchicalLearner(PPOLearner(manager, kw.manager, total_env_steps),
+                               {n: PPOLearner(a, kw.ppo, total_env_steps) if a is not None else None
+                                for n, a in skills.items()})
+
+
+def _hierarchical_compose(cfg: EnvRunConfig, run_dir: RunDir, **kwargs: Any) -> TrainingLoop[Any]:
+    from polar.trainers.hierarchical import compose_hierarchical
+
+    return compose_hierarchical(cfg, run_dir, _hierarchical_learner, **kwargs)
+
+
+def _hierarchical_evaluate(cfg: EnvRunConfig, state: Mapping[str, Any], episodes: int | None, seed: int | None,
+                           deterministic: bool) -> dict[str, Any]:
+    from polar.trainers.hierarchical import evaluate_hierarchical
+
+    return evaluate_hierarchical(cfg, state, episodes, seed, deterministic)
+
+
 # ---------------------------------------------------------------------- the table
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm(PPOKwargs, _ppo_learner, _ppo_collector,
@@ -267,6 +347,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
     "mbpo": Algorithm(MBPOKwargs, _mbpo_learner, _sac_collector, iteration_env_steps=ITERATION_ENV_STEPS,
                       steps_per_env=lambda cfg: cast(MBPOKwargs, cfg.policy.kwargs).train_freq),
+    "gail": Algorithm(GAILKwargs, _imitation_learner(GAILDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
+    "airl": Algorithm(AIRLKwargs, _imitation_learner(AIRLDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
+    "hierarchical": Algorithm(HierarchicalKwargs, None, None, own_loop=OwnLoop(_hierarchical_compose,
+                                                                                _hierarchical_evaluate),
+                              steps_per_env=lambda cfg: cast(HierarchicalKwargs, cfg.policy.kwargs).steps_per_env(
+                                  cfg.distribution.num_envs)),
 }
 
 

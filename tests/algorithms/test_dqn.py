@@ -307,3 +307,55 @@ def test_n_step_transitions_bootstrap_with_gamma_to_the_steps_they_span():
     td = target - np.array(ONLINE_Q)[batch.actions.numpy()]
     assert set(steps.tolist()) == {2.0, 3.0}
     assert stats["loss"] == pytest.approx(float(huber(td).mean()), rel=1e-5)
+
+
+# --- the numpy acting path is pinned to act -----------------------------------------------------------------
+
+
+def _dqn_rollout() -> tuple[QNetworkAgent, Fragment]:
+    """One real rollout of a default DQN run on CartPole (its envs stepped in this process), before
+    ``learning_starts``: ``act`` explores uniformly there."""
+    from polar.config import RunConfig, validate
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.base import make_backend
+
+    cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "dqn"}})
+    torch.manual_seed(0)
+    backend = make_backend(cfg, 64, seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    try:
+        backend.start(policy.state_dict(), 0, policy=policy)
+        frag = backend.next_fragment()
+    finally:
+        backend.close()
+    return policy.agent, frag
+
+
+def test_editing_qnetwork_act_changes_the_dqn_rollouts_actions(monkeypatch):
+    """A newcomer makes ``act`` greedy: the rollout's actions are then the argmax of Q at the observation each
+    saw, not ``act_numpy``'s uniform exploration (rollouts acted through the numpy twin whatever ``act`` said)."""
+    agent, frag = _dqn_rollout()
+    with torch.no_grad():
+        greedy = agent.q_net(torch.from_numpy(frag.obs.reshape(-1, frag.obs.shape[-1]))).argmax(-1).numpy()
+    assert (frag.actions.reshape(-1) != greedy).mean() > 0.2  # the unedited run explores uniformly
+
+    stock = QNetworkAgent.act
+
+    def act(self, observation, internal_state=None, deterministic: bool = False):
+        return stock(self, observation, internal_state, deterministic=True)
+
+    monkeypatch.setattr(QNetworkAgent, "act", act)
+    agent, frag = _dqn_rollout()
+    with torch.no_grad():
+        greedy = agent.q_net(torch.from_numpy(frag.obs.reshape(-1, frag.obs.shape[-1]))).argmax(-1).numpy()
+    np.testing.assert_array_equal(frag.actions.reshape(-1), greedy)
+
+
+def test_qnetwork_act_numpy_is_pinned_to_the_current_act():
+    """``act_numpy`` is derived from ``act`` and ``q_values`` as they are: when either changes on purpose,
+    re-derive ``act_numpy`` and set these values."""
+    from polar.algorithms.ppo_fused import source_fingerprint
+
+    now = {name: source_fingerprint(getattr(QNetworkAgent, name)) for name in QNetworkAgent.act_numpy_derived_from}
+    assert now == QNetworkAgent.act_numpy_derived_from, f"QNetworkAgent.act_numpy_derived_from = {now}"
+

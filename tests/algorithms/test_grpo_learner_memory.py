@@ -262,3 +262,25 @@ def test_logit_positions_count_trained_tokens_only():
     policy = LLMPolicy(model, tok, None)
     samples = _samples(3, 12)  # lengths 12, 11, 10; the first 4 tokens of each are prompt
     assert policy.logit_positions(samples) == 8 + 7 + 6
+
+
+def test_a_resumed_full_fine_tune_keeps_the_reference_its_first_step_took():
+    """The frozen reference is the policy the first GRPO step starts from: after an SFT warm-up, the warmed-up
+    weights. A resumed run builds its learner from the base model again, so the reference must come back from
+    the checkpoint, or the KL term pulls the resumed run toward the base instead."""
+    from polar.types import Batch
+
+    learner = _learner(0.1, lora=False)
+    with torch.no_grad():  # an SFT warm-up stage moved the policy
+        for p in learner.policy.model.parameters():
+            p.add_(0.01)
+    learner.update(Batch(data=[], env_steps=0, iteration=1))  # the first GRPO step: the reference is taken here
+    warmed = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}
+    state = learner.state_dict()
+
+    resumed = _learner(0.1, lora=False)  # built from the base model, as a resumed run's learner is
+    resumed.load_state_dict(state)
+    ref = resumed.reference.state_dict()
+    assert all(torch.equal(ref[k], warmed[k]) for k in warmed)
+    base = _learner(0.1, lora=False).policy.model.state_dict()
+    assert not all(torch.equal(ref[k], base[k]) for k in base)

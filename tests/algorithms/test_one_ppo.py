@@ -18,14 +18,9 @@ import polar.algorithms.ppo as ppo_mod
 from polar.algorithms import appo, grpo
 from polar.algorithms.ppo import PPOLearner, clipped_surrogate, fused_pins, ppo_value_loss
 from polar.algorithms.ppo_fused import DERIVED_FROM, pinned_fingerprints, source_fingerprint
-from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.errors import ConfigError
-from polar.models.policy import build_policy
-from polar.rollout.backends.base import make_backend
-from polar.types import Batch, Rollout
-
-DEFAULT = {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}}
+from tests.algorithms.ppo_support import DEFAULT, one_rollout, update_grads
 
 
 def _config(**kwargs):
@@ -36,34 +31,8 @@ def _config(**kwargs):
 def default_rollout():
     """One real rollout of the default config (8 CartPole envs in-process, 128 steps each) and its initial weights."""
     cfg = _config()
-    torch.manual_seed(0)
-    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
-    policy = build_policy(cfg, backend.observation_space, backend.action_space)
-    try:
-        backend.start(policy.state_dict(), 0, policy=policy)
-        frag = backend.next_fragment()
-    finally:
-        backend.close()
+    policy, frag = one_rollout(cfg)
     return cfg, policy, {k: v.clone() for k, v in policy.state_dict().items()}, frag
-
-
-def _update_grads(default_rollout, fused: str = "auto") -> tuple[PPOLearner, list[torch.Tensor]]:
-    """The gradient of every optimizer step of one default-config PPO update (160 steps)."""
-    cfg, policy, initial, frag = default_rollout
-    policy.load_state_dict(initial)
-    kw = cfg.policy.kwargs.model_copy(update={"fused": fused})
-    learner = PPOLearner(policy.agent, kw, cfg.total_env_steps)
-    grads: list[torch.Tensor] = []
-    step = learner.optimizer.step
-
-    def recording_step():
-        grads.append(torch.cat([p.grad.reshape(-1) for p in learner.params]).clone())
-        step()
-
-    learner.optimizer.step = recording_step
-    torch.manual_seed(1)  # the same minibatch order every time
-    learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))
-    return learner, grads
 
 
 def _doubled(log_ratio, advantages, clip_range, clip_range_high=None):
@@ -78,29 +47,29 @@ def _edited_body(log_ratio, advantages, clip_range, clip_range_high=None):
 
 
 def test_editing_the_surrogate_changes_the_default_runs_gradients(default_rollout, monkeypatch):
-    learner, base = _update_grads(default_rollout)
+    learner, base = update_grads(default_rollout)
     assert learner.fused, "the default config's built-in MLP should take the fused path"
     assert len(base) == 160 and base[0].abs().max() > 1e-4
-    _, again = _update_grads(default_rollout)
+    _, again = update_grads(default_rollout)
     assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))  # deterministic: a change is the edit's
 
     monkeypatch.setattr(ppo_mod, "clipped_surrogate", _doubled)  # replaced
-    learner, doubled = _update_grads(default_rollout)
+    learner, doubled = update_grads(default_rollout)
     assert not learner.fused and "clipped_surrogate changed" in learner.path
     assert not torch.allclose(doubled[0], base[0])  # from the very first step
 
     monkeypatch.undo()
     monkeypatch.setattr(clipped_surrogate, "__code__", _edited_body.__code__)  # edited in place, same function object
     assert ppo_mod.clipped_surrogate is clipped_surrogate
-    learner, tight = _update_grads(default_rollout)
+    learner, tight = update_grads(default_rollout)
     assert not learner.fused
     torch.testing.assert_close(tight[0], base[0])  # ratio 1 on the first step: the clip does not bind yet
     assert max((t - b).abs().max().item() for t, b in zip(tight, base, strict=True)) > 1e-3  # then it does
 
 
 def test_fused_and_autograd_paths_agree_on_the_default_run(default_rollout):
-    fused_learner, fused = _update_grads(default_rollout, "auto")
-    auto_learner, autograd = _update_grads(default_rollout, "off")
+    fused_learner, fused = update_grads(default_rollout, "auto")
+    auto_learner, autograd = update_grads(default_rollout, "off")
     assert fused_learner.fused and not auto_learner.fused
     for f, a in zip(fused[:20], autograd[:20], strict=True):  # later steps drift apart by float rounding
         torch.testing.assert_close(f, a, atol=1e-6, rtol=1e-4)

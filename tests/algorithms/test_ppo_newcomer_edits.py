@@ -30,13 +30,11 @@ import torch
 import polar.algorithms.ppo as ppo_mod
 import polar.models.actor_critic as ac_mod
 from polar.algorithms.ppo import PPOLearner
-from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.models.policy import build_policy
 from polar.rollout.backends.base import make_backend
 from polar.types import Fragment
-
-DEFAULT = {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"type": "ppo"}}
+from tests.algorithms.ppo_support import DEFAULT, one_rollout, update_grads
 
 
 def _default_config() -> RunConfig:
@@ -46,14 +44,7 @@ def _default_config() -> RunConfig:
 def _rollout() -> tuple[RunConfig, torch.nn.Module, Fragment]:
     """One real rollout of the default config (8 CartPole envs stepped in this process, 128 steps each)."""
     cfg = _default_config()
-    torch.manual_seed(0)
-    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
-    policy = build_policy(cfg, backend.observation_space, backend.action_space)
-    try:
-        backend.start(policy.state_dict(), 0, policy=policy)
-        frag = backend.next_fragment()
-    finally:
-        backend.close()
+    policy, frag = one_rollout(cfg)
     return cfg, policy, frag
 
 
@@ -61,34 +52,6 @@ def _rollout() -> tuple[RunConfig, torch.nn.Module, Fragment]:
 def default_rollout():
     cfg, policy, frag = _rollout()
     return cfg, policy, {k: v.clone() for k, v in policy.state_dict().items()}, frag
-
-
-def _update_grads(default_rollout, fused: str = "auto") -> tuple[PPOLearner, list[torch.Tensor]]:
-    """The gradient of every optimizer step of one default-config PPO update (160 steps)."""
-    cfg, policy, initial, frag = default_rollout
-    policy.load_state_dict(initial)
-    learner = PPOLearner(policy.agent, cfg.policy.kwargs.model_copy(update={"fused": fused}), cfg.total_env_steps)
-    grads: list[torch.Tensor] = []
-    step = learner.optimizer.step
-
-    def recording_step():
-        grads.append(torch.cat([p.grad.reshape(-1) for p in learner.params]).clone())
-        step()
-
-    learner.optimizer.step = recording_step
-    torch.manual_seed(1)  # the same minibatch order every time
-    _update(learner, frag)
-    return learner, grads
-
-
-def _update(learner: PPOLearner, frag: Fragment) -> None:
-    """One PPO update on ``frag`` at progress 0 (issue 34 moves the learner to ``update(batch)``; both shapes)."""
-    try:
-        from polar.types import Batch, Rollout  # type: ignore[attr-defined]
-    except ImportError:
-        learner.update(RolloutBuffer([frag]), progress=0.0)
-        return
-    learner.update(Batch(Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps))
 
 
 # --- editing a function's source, as a newcomer would -------------------------------------------------
@@ -178,8 +141,8 @@ def _edit(module: ModuleType, edit: Edit, tmp_path: Path, monkeypatch: pytest.Mo
 def _assert_the_edit_is_what_runs(default_rollout, changed: str) -> None:
     """The default run (fused: auto) leaves the fused path, names the edit, and takes exactly the gradients of
     the edited code under fused: off; those differ from the unedited code's."""
-    learner, edited = _update_grads(default_rollout, "auto")
-    _, edited_off = _update_grads(default_rollout, "off")
+    learner, edited = update_grads(default_rollout, "auto")
+    _, edited_off = update_grads(default_rollout, "off")
     assert len(edited) == len(edited_off) == 160
     assert all(torch.equal(a, b) for a, b in zip(edited, edited_off, strict=True)), (
         f"the default run did not run the edit: {_max_diff(edited, edited_off):.2g} off")
@@ -189,7 +152,7 @@ def _assert_the_edit_is_what_runs(default_rollout, changed: str) -> None:
 @pytest.fixture(scope="module")
 def unedited(default_rollout):
     """Every step's gradient of the unedited code (fused: off: no float drift between the two paths)."""
-    return _update_grads(default_rollout, "off")[1]
+    return update_grads(default_rollout, "off")[1]
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -200,7 +163,7 @@ def test_editing_the_clipped_surrogate_changes_the_default_runs_gradients(defaul
                                                                            monkeypatch):
     _edit(ppo_mod, at_top_of("clipped_surrogate", "clip_range = 0.5 * clip_range"), tmp_path, monkeypatch)
     _assert_the_edit_is_what_runs(default_rollout, "clipped_surrogate")
-    assert _max_diff(_update_grads(default_rollout)[1], unedited) > 1e-3
+    assert _max_diff(update_grads(default_rollout)[1], unedited) > 1e-3
 
 
 def test_a_term_added_after_the_loss_changes_the_default_runs_gradients(default_rollout, unedited, tmp_path,
@@ -208,7 +171,7 @@ def test_a_term_added_after_the_loss_changes_the_default_runs_gradients(default_
     where = _edit(ppo_mod, after_the_ppo_loss_call("0.5 * {values}.pow(2).mean()"), tmp_path, monkeypatch)
     _assert_the_edit_is_what_runs(default_rollout, where)
     assert where == "autograd_step"  # the one function the fused path replaces
-    assert _max_diff(_update_grads(default_rollout)[1], unedited) > 1e-3
+    assert _max_diff(update_grads(default_rollout)[1], unedited) > 1e-3
 
 
 def test_a_term_added_in_update_after_the_gradient_step_runs_on_the_fused_path(default_rollout, unedited, tmp_path,
@@ -223,9 +186,9 @@ def test_a_term_added_in_update_after_the_gradient_step_runs_on_the_fused_path(d
         return "PPOLearner.update", step_call.end_lineno, " " * step_call.col_offset + penalty + "\n"
 
     _edit(ppo_mod, edit, tmp_path, monkeypatch)
-    learner, fused = _update_grads(default_rollout, "auto")
+    learner, fused = update_grads(default_rollout, "auto")
     assert learner.fused  # update is not pinned: the fused path replaces autograd_step only
-    _, off = _update_grads(default_rollout, "off")
+    _, off = update_grads(default_rollout, "off")
     torch.testing.assert_close(fused[0], off[0], atol=1e-6, rtol=1e-4)  # the same edit on both paths
     assert _max_diff(fused, unedited) > 1e-3
 
@@ -235,14 +198,14 @@ def test_editing_evaluate_actions_changes_the_default_runs_gradients(default_rol
     _edit(ac_mod, at_top_of("ActorCriticAgent.evaluate_actions", "observation = observation * 1.5"), tmp_path,
           monkeypatch)
     _assert_the_edit_is_what_runs(default_rollout, "ActorCriticAgent.evaluate_actions")
-    assert _max_diff(_update_grads(default_rollout)[1], unedited) > 1e-3
+    assert _max_diff(update_grads(default_rollout)[1], unedited) > 1e-3
 
 
 def test_editing_a_helper_of_the_agent_changes_the_default_runs_gradients(default_rollout, unedited, tmp_path,
                                                                           monkeypatch):
     _edit(ac_mod, at_top_of("_run_layers", "x = 1.5 * x"), tmp_path, monkeypatch)
     _assert_the_edit_is_what_runs(default_rollout, "_run_layers")
-    assert _max_diff(_update_grads(default_rollout)[1], unedited) > 1e-3
+    assert _max_diff(update_grads(default_rollout)[1], unedited) > 1e-3
 
 
 def test_editing_act_changes_the_default_runs_actions(tmp_path, monkeypatch):

@@ -26,7 +26,13 @@ EXPECTED = {
     "continual/cartpole_dqn_from_iql.yaml": ("env", "gymnasium", "dqn"),
     "continual/cartpole_iql.yaml": ("env", "gymnasium", "iql"),
     "continual/cartpole_ppo_from_iql.yaml": ("env", "gymnasium", "ppo"),
+    "imitation/cartpole_gail.yaml": ("env", "gymnasium", "gail"),  # docs/imitation.md
+    "imitation/inverted_pendulum_gail.yaml": ("env", "gymnasium", "gail"),
+    "imitation/inverted_pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),  # its expert
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
+    "hierarchy/keydoor_flat_ppo.yaml": ("env", "gymnasium", "ppo"),  # the flat baseline of docs/hierarchy.md
+    "hierarchy/keydoor_hierarchical.yaml": ("env", "gymnasium", "hierarchical"),  # manager + skills (docs/hierarchy.md)
+    "hierarchy/keydoor_two_skills.yaml": ("env", "gymnasium", "hierarchical"),  # its two-skill variant
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
     "llm_planner/controller_ppo.yaml": ("env", "gymnasium", "ppo"),  # the planner's goal-conditioned controller

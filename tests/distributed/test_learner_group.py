@@ -14,16 +14,14 @@ import torch
 
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.ppo import PPOLearner
-from polar.buffers.rollout_buffer import RolloutBuffer
 from polar.config import RunConfig, validate
 from polar.config.grpo import GRPOKwargs
 from polar.errors import ConfigError, DistributedError
 from polar.inference.tiny import build_tiny
 from polar.models.llm_policy import LLMPolicy
-from polar.models.policy import build_policy
-from polar.rollout.backends.base import make_backend
 from polar.trainers.learner_group import GroupSpec, LearnerGroup, shard_groups, shard_rollout
 from polar.types import Batch, Rollout, SessionResult, SessionStatus, TrajectorySample
+from tests.algorithms.ppo_support import one_rollout, rollout_batch
 
 # float32 forward/backward summed in a different order on each shard, then averaged in float64. Adam divides by
 # sqrt(v): where a gradient is near its eps (1e-8) that rounding moves a parameter by a visible part of lr, so the
@@ -39,19 +37,12 @@ CARTPOLE = {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
 @pytest.fixture(scope="module")
 def ppo_rollout():
     cfg = validate(RunConfig, CARTPOLE)
-    torch.manual_seed(0)
-    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
-    policy = build_policy(cfg, backend.observation_space, backend.action_space)
-    try:
-        backend.start(policy.state_dict(), 0, policy=policy)
-        frag = backend.next_fragment()
-    finally:
-        backend.close()
+    policy, frag = one_rollout(cfg)
     return cfg, policy.agent, frag
 
 
 def _ppo_batch(frag) -> Batch[Rollout]:
-    return Batch(data=Rollout([frag], buffer=RolloutBuffer([frag])), env_steps=frag.env_steps, run_env_steps=frag.env_steps, iteration=1)
+    return rollout_batch(frag, first_iteration=True)
 
 
 def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -108,6 +99,13 @@ def _grpo_learner(seed: int = 0) -> GRPOLearner:
 
 
 def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ray_cluster):
+    """Step 1: four groups with signal, two per rank. Step 2 (one group start for both, which costs tens of
+    seconds): one group carries signal and one ties, so the rank dealt the tied group has no usable sample; it
+    joins the step's all-reduce with weight 0 and applies the group's gradient, so the step completes at once
+    (it used to wait in the collective until the timeout, then restart the group) and still equals one
+    learner's step."""
+    import ray
+
     groups = _groups()
     batch = Batch(data=groups, env_steps=16, iteration=1, version=0)
     one = _grpo_learner()
@@ -115,15 +113,26 @@ def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ra
     one.update(batch)
     local = _grpo_learner()
     group = LearnerGroup(local, _grpo_learner, operator.attrgetter("policy.model"), partial(shard_groups, signal=has_signal),
-                         GroupSpec(num_learners=2))
+                         GroupSpec(num_learners=2, max_restarts=0))  # a hung collective fails the test, not retried
+    tied = [SessionResult(session_id=f"t-{i}", task_id="t", group_id="tied", sample_index=i, status=SessionStatus.DONE,
+                          reward=1.0, samples=[_sample(90 + i, 8)]) for i in range(4)]
+    second = Batch(data=[groups[1], tied], env_steps=8, iteration=2, version=1)
+    assert [has_signal(shard_groups(second, r, 2, signal=has_signal).data[0]) for r in (0, 1)] == [True, False]
     try:
         stats = group.update(batch)
+        assert stats["samples"] == 8  # rank 0 trained on its half of the groups
+        moved = max(float((one.policy.model.state_dict()[k] - start[k]).abs().max()) for k in start)
+        assert moved > 0.5 * GRPO_LR
+        _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+
+        one.update(second)
+        stats = group.update(second)
+        empty_rank = ray.get(group.ranks[1].module_state.remote())  # the rank dealt the tied group
     finally:
         group.close()
-    assert stats["samples"] == 8  # rank 0 trained on its half of the groups
-    moved = max(float((one.policy.model.state_dict()[k] - start[k]).abs().max()) for k in start)
-    assert moved > 0.5 * GRPO_LR
+    assert stats["learner_group_restarts"] == 0 and stats["update_skipped"] == 0
     _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+    _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)  # it stepped with its peer
 
 
 def test_a_killed_learner_restarts_the_group_from_the_last_checkpoint(ray_cluster, ppo_rollout):
@@ -198,3 +207,53 @@ def test_ppo_with_two_learners_reaches_475_on_cartpole(ray_cluster, tmp_path):
     assert result["stopped_early"] and result["episode_reward_mean"] >= 475, result
     assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
 
+
+
+@pytest.mark.slow  # a Ray learner actor, two learner ranks and a gateway node of the tiny model: minutes on 2 cores
+def test_grpo_with_two_learners_learns_the_tiny_model_task(ray_cluster, tmp_path):
+    """The default suite's tiny-model task (tests/trainers/test_agent_learning.py: SFT teaches "done" or "hello",
+    the verifier rewards "hello", GRPO must move the choice), with ``num_learners: 2`` on Ray."""
+    import json
+
+    from polar.config import load_config
+    from polar.metrics.logger import read_metrics
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+    from tests.agent_support.helpers import HERE, write_jsonl
+
+    write_jsonl(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "prompt": f"Say something {i}."} for i in range(4)])
+    write_jsonl(tmp_path / "demos.jsonl", [{"messages": [{"role": "user", "content": "Say something."},
+                                                         {"role": "assistant", "content": ["done", "hello"][i % 2]}]}
+                                           for i in range(8)])
+    (tmp_path / "run.yaml").write_text(f"""
+name: trivial-2-learners
+harness: {{type: agent, callable: "agents_for_tests:one_token", timeout_s: 120}}
+tasks: {tmp_path / 'tasks.jsonl'}
+eval_tasks: {tmp_path / 'tasks.jsonl'}
+verifier: {{type: "agents_for_tests:says_hello"}}
+model: {{name_or_path: tiny}}
+sessions: {{max_run_workers: 64}}
+sft_warmup: {{demonstrations: {tmp_path / 'demos.jsonl'}, kwargs: {{learning_rate: 1.0e-2, epochs: 20, max_steps: 20,
+             batch_size: 4}}}}
+policy:
+  type: grpo
+  kwargs: {{group_size: 6, tasks_per_step: 4, total_steps: 6, learning_rate: 5.0e-2, micro_batch_size: 24,
+           max_off_policy_steps: 1, eval_samples: 12, kl_coef: 0.01}}
+distribution: {{backend: ray, coordinator_address: "{ray_cluster.address}", num_learners: 2,
+               learner_resources: {{num_cpus: 0.5}}, gateway_resources: {{num_cpus: 0.5}}, learner_timeout_s: 300}}
+logging: {{checkpoint_freq: 3, tensorboard: false, progress_bar: false}}
+""")
+    cfg = load_config(tmp_path / "run.yaml")
+    cfg._config_dir = HERE
+    run_dir = RunDir.create("trivial2", tmp_path / "run")
+    rows: list[dict] = []
+    summary = build_trainer(cfg, run_dir, on_iteration=rows.append).train()
+    metrics = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
+    assert len(metrics) == 6 and all(r["sessions_error"] == 0 for r in metrics)
+    assert any("learner_group_restarts" in k for r in rows for k in r), sorted(rows[-1])
+    final = json.loads((run_dir.path / "eval" / "summary.json").read_text())
+    before, after = final["eval_before"]["success"], final["eval_after"]["success"]
+    assert after >= before + 0.2, (before, after, [r["reward_mean"] for r in metrics], summary)
+    assert metrics[-1]["reward_mean"] > metrics[0]["reward_mean"]
+    print(f"two learners: held-out success {before:.2f} -> {after:.2f}; step rewards "
+          f"{[round(r['reward_mean'], 2) for r in metrics]}")

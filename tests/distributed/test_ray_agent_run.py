@@ -18,7 +18,7 @@ from polar.metrics.logger import read_metrics
 from polar.trainers.build import build_trainer
 from polar.trainers.run_dir import RunDir
 
-AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agentic"
+AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agent_support"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agentic"
 
 
@@ -52,7 +52,8 @@ def agent_cfg(tmp_path, dist, total_steps=2, hang_s=0.0, **policy):
     ({"backend": "ray", "autoscale": {"max_rollout_workers": 2}, "rollout_workers": 1}, None, "distribution.autoscale"),
     ({"backend": "local", "rollout_workers": 2}, None, "distribution.rollout_workers"),
     ({"backend": "local", "learner_resources": {"num_cpus": 2}}, None, "distribution.learner_resources"),
-    ({"backend": "ray"}, {"name_or_path": "tiny", "engine": "vllm"}, "model.engine"),
+    ({"backend": "ray"}, {"name_or_path": "tiny", "engine": "openai_compat", "base_url": "http://127.0.0.1:9/v1",
+                          "model": "m"}, "model.engine"),
     ({"backend": "ray"}, {"name_or_path": "vllm:http://127.0.0.1:9"}, "model.name_or_path"),
 ])
 def test_a_distribution_an_agent_run_cannot_honour_fails_at_start_naming_the_key(tmp_path, monkeypatch, dist, model,

@@ -15,7 +15,7 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # ~90 s: builds the tiny model in each gateway actor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agentic"
-AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agentic"
+AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agent_support"
 
 
 def oracle_engine_factory():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agentic"
+AGENTIC_TESTS = Path(__file__).resolve().parents[1] / "agent_support"
 
 
 def scripted_tiny_factory():

@@ -63,3 +63,37 @@ def test_polar_gateway_process_serves_and_stops_on_sigint(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_polar_gateway_serves_with_the_action_cache_from_its_config(tmp_path):
+    """Serving: `polar gateway --config` with action_cache answers a repeated greedy prompt from the cache (its
+    /health counts the hit) and refuses a sampled one with a 400 naming temperature."""
+    (tmp_path / "gw.yaml").write_text("model: tiny\naction_cache: {max_entries: 8}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polar.cli.main", "gateway", "--config", str(tmp_path / "gw.yaml"), "--port", "0",
+         "--records-dir", str(tmp_path / "records")],
+        stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = None
+        deadline = time.monotonic() + 240
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else None
+        assert url, "the gateway did not report its address"
+        body = {"model": "tiny", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+        answers = [httpx.post(f"{url}/s/c{i}/v1/chat/completions", json=body, timeout=120).json() for i in range(2)]
+        assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
+        cache = httpx.get(f"{url}/health", timeout=10).json()["action_cache"]
+        assert (cache["hits"], cache["misses"], cache["max_entries"]) == (1, 1, 8)
+        hot = httpx.post(f"{url}/s/hot/v1/chat/completions", json={**body, "temperature": 1.0}, timeout=120)
+        assert hot.status_code == 400 and hot.json()["error"]["param"] == "temperature"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

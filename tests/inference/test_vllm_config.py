@@ -124,3 +124,40 @@ def test_selecting_nccl_sync_says_it_has_never_run(caplog):
     with caplog.at_level(logging.WARNING), pytest.raises(WeightSyncError):
         check_nccl_available("sglang")
     assert any("gateway.sync.method: nccl has never run" in r.getMessage() for r in caplog.records)
+
+
+def test_speculative_decoding_becomes_vllms_speculative_config(tmp_path):
+    """engine_kwargs.speculative is passed to vLLM as --speculative-config (ngram: prompt lookup; draft_model:
+    the draft's folder), and a config vLLM could not read is refused before anything starts."""
+    import json
+
+    from polar.config.base import validate
+    from polar.inference.vllm_launcher import VllmFleet, VllmLaunchConfig
+
+    def command(**kwargs) -> list[str]:
+        config = validate(VllmLaunchConfig, {"dtype": "float32", **kwargs}, source="model.engine_kwargs")
+        fleet = VllmFleet(tmp_path, 1, config, tmp_path / "logs", python=tmp_path / "python")
+        return fleet._command(fleet.replicas[0])
+
+    assert "--speculative-config" not in command()
+    cmd = command(speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5})
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 5}
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    cmd = command(speculative={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2})
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "model": str(draft.resolve()), "num_speculative_tokens": 2}
+    with pytest.raises(ConfigError, match=r"draft_model needs speculative\.model"):
+        command(speculative={"method": "draft_model"})
+    with pytest.raises(ConfigError, match=r"speculative\.model is for method: draft_model"):
+        command(speculative={"method": "ngram", "model": str(draft)})
+    with pytest.raises(ConfigError, match=r"prompt_lookup_min \(4\) is above prompt_lookup_max \(2\)"):
+        command(speculative={"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+    with pytest.raises(ConfigError, match=r"speculative and extra_args both set --speculative-config"):
+        command(speculative={"method": "ngram"}, extra_args=["--speculative-config", "{}"])
+    with pytest.raises(ConfigError, match=r"speculative.*method"):
+        command(speculative={"method": "eagle"})
+    with pytest.raises(VllmLaunchError, match=r"model\.engine_kwargs\.speculative\.model 'tiny' is built in memory"):
+        command(speculative={"method": "draft_model", "model": "tiny"})

@@ -32,6 +32,7 @@ import pytest
 
 from polar.config.gateway import GatewayConfig
 from polar.gateway.server import GatewayServer
+from tests.security.rawsocket import closed_by_peer, drip_body, drip_headers, huge_header
 
 LATENCY_BOUND_S = 0.050
 # the documented caps (docs/gateway.md, Limits)
@@ -411,15 +412,6 @@ def test_deeply_nested_tool_schema_gets_a_400_not_a_500(start, depth):
 # ---- connections ----------------------------------------------------------------------------------------
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except (BlockingIOError, TimeoutError):
-        return False
-
-
 def test_idle_connections_are_closed_and_cannot_exhaust_descriptors(start):
     from polar.gateway.server import ConnectionLimits
 
@@ -438,7 +430,7 @@ def test_idle_connections_are_closed_and_cannot_exhaust_descriptors(start):
         time.sleep(limits.header_timeout_s + 1.0)
         for s in idle:
             s.settimeout(2.0)
-        still_open = [i for i, s in enumerate(idle) if not _closed_by_peer(s)]
+        still_open = [i for i, s in enumerate(idle) if not closed_by_peer(s)]
         assert still_open == [], f"{len(still_open)} idle connections were not closed: {still_open[:10]}"
         assert _health(gw.port, timeout_s=5)[0] == 200
     finally:
@@ -451,26 +443,14 @@ def test_slowloris_dripping_headers_is_cut(start):
 
     limits = ConnectionLimits(header_timeout_s=1.5)
     gw = start("fine", limits=limits)
-    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
-    try:
-        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n")
-        t0 = time.monotonic()
-        cut_after_s = None
-        for i in range(100):  # one header every 0.1 s: never finished, never idle
-            try:
-                sock.sendall(b"x-drip-%d: y\r\n" % i)
-            except (BrokenPipeError, ConnectionResetError):
-                cut_after_s = time.monotonic() - t0
-                break
-            sock.settimeout(0.1)
-            if _closed_by_peer(sock):
-                cut_after_s = time.monotonic() - t0
-                break
-            assert _health(gw.port, timeout_s=5)[0] == 200  # the others are served meanwhile
-        assert cut_after_s is not None, "a client dripping headers for 10 s was never cut"
-        assert cut_after_s < limits.header_timeout_s + 1.5
-    finally:
-        sock.close()
+
+    def served() -> None:
+        assert _health(gw.port, timeout_s=5)[0] == 200  # the others are served meanwhile
+
+    # one header every 0.1 s: never finished, never idle
+    cut_after_s = drip_headers(gw.port, "/health", interval_s=0.1, budget_s=10.0, served=served)
+    assert cut_after_s is not None, "a client dripping headers for 10 s was never cut"
+    assert cut_after_s < limits.header_timeout_s + 1.5
 
 
 def test_slow_dripped_body_is_cut_with_a_408(start, monkeypatch):
@@ -478,24 +458,9 @@ def test_slow_dripped_body_is_cut_with_a_408(start, monkeypatch):
 
     monkeypatch.setattr(gateway_app, "BODY_TIMEOUT_S", 1.0, raising=False)
     gw = start("fine")
-    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
-    try:
-        sock.sendall(b"POST /s/drip/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                     b"content-length: 100000\r\n\r\n{\"model\": ")
-        t0 = time.monotonic()
-        answer = b""
-        for _ in range(60):  # a byte every 0.1 s for up to 6 s
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                sock.sendall(b" ")
-            sock.settimeout(0.1)
-            try:
-                answer = sock.recv(65536)
-            except TimeoutError:
-                continue
-            break
-        elapsed_s = time.monotonic() - t0
-    finally:
-        sock.close()
+    answer, elapsed_s = drip_body(gw.port, b"POST /s/drip/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                                           b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+                                           b"{\"model\": ", 6)  # a byte every 0.1 s for up to 6 s
     assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
     assert b"did not arrive within 1 s" in answer and elapsed_s < 4
     assert _health(gw.port)[1]["inflight"] == 0
@@ -504,23 +469,7 @@ def test_slow_dripped_body_is_cut_with_a_408(start, monkeypatch):
 def test_hundred_megabyte_header_is_refused_quickly(start):
     gw = start("fine")
     cap = MAX_HEADER_BYTES
-    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
-    sent, chunk = 0, b"a" * 65536
-    t0 = time.monotonic()
-    try:
-        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nx-huge: ")
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            while sent < 100 * 1024 * 1024:
-                sock.sendall(chunk)
-                sent += len(chunk)
-        sock.settimeout(10)
-        try:
-            answer = sock.recv(65536)
-        except (ConnectionResetError, TimeoutError):
-            answer = b""
-    finally:
-        sock.close()
-    elapsed_s = time.monotonic() - t0
+    sent, answer, elapsed_s = huge_header(gw.port, "/health")
     assert sent < 100 * 1024 * 1024, "the gateway read a 100 MB header"
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert sent < 64 * cap and elapsed_s < 10

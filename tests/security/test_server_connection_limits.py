@@ -25,6 +25,7 @@ from polar.httpserver import ConnectionLimits
 from polar.rollout.sessions.local import RolloutServer
 from polar.rollout.sessions.pipeline import PipelineSettings
 from tests.agent_support.helpers import HERE
+from tests.security.rawsocket import closed_by_peer, drip_body, drip_headers, huge_header
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_TIMEOUT_S = 10.0  # polar.httpserver.ConnectionLimits defaults, which both servers keep
@@ -59,9 +60,11 @@ def _start(args: list[str], pattern: str, cwd: Path) -> tuple[subprocess.Popen, 
     raise AssertionError(f"{args[0]} never announced its address: {proc.stdout.read()[-2000:]}")
 
 
-@pytest.fixture(params=["serve", "dashboard"])
-def server(request, exported, tmp_path) -> Iterator[tuple[int, str]]:
-    """(port, a path answering 200) of a real ``polar serve`` / ``polar dashboard`` process."""
+@pytest.fixture(scope="module", params=["serve", "dashboard"])
+def server(request, exported, tmp_path_factory) -> Iterator[tuple[int, str]]:
+    """(port, a path answering 200) of a real ``polar serve`` / ``polar dashboard`` process, one of each for the
+    module (a start costs seconds): every attack on it ends by checking that it still serves."""
+    tmp_path = tmp_path_factory.mktemp(request.param)
     if request.param == "serve":
         proc, port = _start(["serve", str(exported), "--port", "0"], r"on http://127\.0\.0\.1:(\d+)", tmp_path)
         health = "/v2/health/live"
@@ -92,15 +95,6 @@ def _status(port: int, path: str) -> int | None:
         return None
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(65536) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except (BlockingIOError, TimeoutError):
-        return False
-
-
 def test_slowloris_and_idle_connections_are_cut(server):
     """One client drips a header every 0.2 s (never finishing), one connects and sends nothing, one idles on
     keep-alive after a request: all three are closed by the deadlines, while others are served."""
@@ -122,7 +116,7 @@ def test_slowloris_and_idle_connections_are_cut(server):
                     closed["drip"] = time.monotonic() - t0
             for name, sock in (("drip", drip), ("idle", idle), ("kept", kept)):
                 sock.settimeout(0.05)
-                if name not in closed and _closed_by_peer(sock):
+                if name not in closed and closed_by_peer(sock):
                     closed[name] = time.monotonic() - t0
             if len(closed) == 3:
                 break
@@ -140,22 +134,7 @@ def test_slowloris_and_idle_connections_are_cut(server):
 
 def test_hundred_megabyte_header_is_refused_quickly(server):
     port, health = server
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sent, chunk = 0, b"a" * 65536
-    t0 = time.monotonic()
-    answer = b""
-    try:
-        sock.sendall(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nx-huge: " % health.encode())
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            while sent < 100 * 1024 * 1024:
-                sock.sendall(chunk)
-                sent += len(chunk)
-        sock.settimeout(10)
-        with contextlib.suppress(ConnectionResetError, TimeoutError):
-            answer = sock.recv(65536)
-    finally:
-        sock.close()
-    elapsed_s = time.monotonic() - t0
+    sent, answer, elapsed_s = huge_header(port, health)
     assert sent < 100 * 1024 * 1024, "all 100 MB of one header were read"
     assert sent <= 64 * MAX_HEADER_BYTES, f"{sent} bytes of header were read before the cut"
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:300]
@@ -163,58 +142,12 @@ def test_hundred_megabyte_header_is_refused_quickly(server):
     assert _status(port, health) == 200
 
 
-def _drip_body(port: int, head: bytes, seconds: float) -> tuple[bytes, float]:
-    """Send ``head`` (request line, headers, blank line, the body's first bytes), then one body byte every 0.1 s
-    for up to ``seconds``; the answer and when it came."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    answer, t0 = b"", time.monotonic()
-    try:
-        sock.sendall(head)
-        for _ in range(int(seconds / 0.1)):
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                sock.sendall(b" ")
-            sock.settimeout(0.1)
-            try:
-                answer = sock.recv(65536)
-            except TimeoutError:
-                continue
-            break
-        elapsed_s = time.monotonic() - t0
-        answer += _rest_of_answer(sock, answer)
-    finally:
-        sock.close()
-    return answer, elapsed_s
-
-
-def _rest_of_answer(sock: socket.socket, first: bytes, timeout_s: float = 5.0) -> bytes:
-    """The body that follows a response's first bytes: a server may write the status and headers and the body
-    in separate segments, so one ``recv`` can end at the headers. Reads to its content-length or the socket's
-    end, bounded by ``timeout_s``."""
-    if not first:
-        return b""
-    rest, deadline = b"", time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        head, sep, body = (first + rest).partition(b"\r\n\r\n")
-        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-        if sep and length and len(body) >= int(length.group(1)):
-            break
-        sock.settimeout(max(0.05, deadline - time.monotonic()))
-        try:
-            chunk = sock.recv(65536)
-        except (TimeoutError, ConnectionResetError):
-            break
-        if not chunk:
-            break
-        rest += chunk
-    return rest
-
-
 def test_a_dripped_body_to_polar_serve_gets_a_408(exported):
     from tests.deploy.serving import LiveServer
 
     with LiveServer(exported, poll_s=0, body_timeout_s=1.0) as s:
         port = int(s.url.rsplit(":", 1)[1])
-        answer, elapsed_s = _drip_body(port, b"POST /v1/act HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json"
+        answer, elapsed_s = drip_body(port, b"POST /v1/act HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json"
                                              b"\r\ncontent-length: 100000\r\n\r\n{\"observation\": ", 8)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
         assert b"did not arrive within 1 s" in answer and elapsed_s < 4
@@ -234,7 +167,7 @@ def test_a_dripped_or_huge_rating_body_is_cut(tmp_path, monkeypatch):
     try:
         head = (b"POST /api/ratings?run=agent HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n{\"kind\": ")
-        answer, elapsed_s = _drip_body(srv.port, head % 1000, 8)
+        answer, elapsed_s = drip_body(srv.port, head % 1000, 8)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
         assert b"did not arrive within 1 s" in answer and elapsed_s < 4
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
@@ -266,19 +199,6 @@ def test_a_dripped_or_huge_rating_body_is_cut(tmp_path, monkeypatch):
 # ---- the rollout service (RolloutServer, in-process): the run's session API every gateway node and the local
 # stack talk to; an agent program on the host that finds its port must not hold it either
 
-def _drained_to_eof(sock: socket.socket) -> bool:
-    """Whether the server closed ``sock``: reads what is left of an answer, then EOF (or a reset)."""
-    try:
-        for _ in range(64):
-            if sock.recv(65536) == b"":
-                return True
-        return False
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except (BlockingIOError, TimeoutError):
-        return False
-
-
 def _rollout_health(server: RolloutServer) -> int:
     return httpx.get(f"{server.url}/health", timeout=5).status_code
 
@@ -304,27 +224,15 @@ def test_slowloris_dripping_headers_cannot_hold_the_rollout_service(rollout_serv
     """With the default limits (a 10 s header deadline): a client that never finishes its headers is cut."""
     server = rollout_service()
     deadline_s = ConnectionLimits().header_timeout_s
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    try:
-        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n")
-        t0 = time.monotonic()
-        cut_after_s = None
-        for i in range(int((deadline_s + 4) / 0.25)):  # one header every 0.25 s: never finished, never idle
-            try:
-                sock.sendall(b"x-drip-%d: y\r\n" % i)
-            except (BrokenPipeError, ConnectionResetError):
-                cut_after_s = time.monotonic() - t0
-                break
-            sock.settimeout(0.25)
-            if _drained_to_eof(sock):
-                cut_after_s = time.monotonic() - t0
-                break
-            if i % 8 == 0:
-                assert _rollout_health(server) == 200  # the others are served meanwhile
-        assert cut_after_s is not None, f"a client dripping headers for {deadline_s + 4:g} s was never cut"
-        assert cut_after_s < deadline_s + 2.0
-    finally:
-        sock.close()
+
+    def served() -> None:
+        assert _rollout_health(server) == 200  # the others are served meanwhile
+
+    # one header every 0.25 s: never finished, never idle
+    cut_after_s = drip_headers(server.port, "/health", interval_s=0.25, budget_s=deadline_s + 4, served=served,
+                               check_every=8)
+    assert cut_after_s is not None, f"a client dripping headers for {deadline_s + 4:g} s was never cut"
+    assert cut_after_s < deadline_s + 2.0
     assert _rollout_health(server) == 200
 
 
@@ -343,7 +251,7 @@ def test_idle_sockets_cannot_exhaust_the_rollout_service(rollout_service):
         time.sleep(limits.header_timeout_s + 1.0)
         for s in idle:
             s.settimeout(2.0)
-        still_open = [i for i, s in enumerate(idle) if not _drained_to_eof(s)]
+        still_open = [i for i, s in enumerate(idle) if not closed_by_peer(s)]
         assert still_open == [], f"{len(still_open)} idle connections were not closed: {still_open[:10]}"
         assert _rollout_health(server) == 200
     finally:
@@ -368,7 +276,7 @@ def test_huge_headers_to_the_rollout_service_are_refused(rollout_service):
         sock.settimeout(5)
         try:
             answer = sock.recv(65536)
-            closed = closed or answer == b"" or _drained_to_eof(sock)
+            closed = closed or answer == b"" or closed_by_peer(sock)
         except ConnectionResetError:
             closed = True
         except TimeoutError:
@@ -377,4 +285,33 @@ def test_huge_headers_to_the_rollout_service_are_refused(rollout_service):
         sock.close()
     assert closed, f"the server still held a connection with {64 * 1024} bytes of unfinished headers: {answer[:200]!r}"
     assert answer == b"" or (answer.startswith(b"HTTP/1.1 431") and b"rollout service" in answer), answer[:300]
+    assert _rollout_health(server) == 200
+
+
+def test_a_huge_body_to_the_rollout_service_is_cut_while_it_streams(rollout_service):
+    """A token holder's chunked body that never ends gets a 413 as soon as it passes 16 MiB (it used to be read
+    whole before its size was looked at, so a body that never ended held the connection and its memory)."""
+    server = rollout_service()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sent, reply = 0, b""
+    try:
+        auth = server.headers["authorization"].encode()
+        sock.sendall(b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     b"authorization: " + auth + b"\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent <= 20 << 20:  # past the 16 MiB limit; the body's end never comes
+                sock.sendall(chunk)
+                sent += 65536
+        sock.settimeout(10)  # a server that waits for the whole body never answers
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while not reply.endswith(b"}"):
+                got = sock.recv(65536)
+                if not got:
+                    break
+                reply += got
+    finally:
+        sock.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+    assert b"over the limit of 16777216 bytes" in reply
     assert _rollout_health(server) == 200

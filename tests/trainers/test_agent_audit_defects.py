@@ -145,6 +145,34 @@ def test_polar_eval_on_an_agent_run_evaluates_its_held_out_tasks_with_the_last_c
     assert "12" in twice.stderr
 
 
+def test_polar_eval_with_the_action_cache_replays_repeated_prompts_and_reports_the_hit_rate(runs):
+    """``--greedy --action-cache``: 3 sessions of each of 6 held-out tasks ask 6 distinct prompts, so 12 of the 18
+    calls are answered from the cache, each with the tokens of its task's first answer."""
+    import re
+
+    run, _ = runs["with"]
+    res = polar("eval", run, "--greedy", "--action-cache", "64", "--episodes", "3", "--trust-code", cwd=runs["base"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "action cache: 12 hits, 6 misses (hit rate 66.7%)" in res.stderr
+    written = re.search(r"written: (\S+\.json)", res.stderr.replace("\n", ""))
+    assert written, res.stderr[-2000:]
+    out = json.loads(Path(written.group(1)).read_text())
+    assert out["sessions"] == 18 and out["errors"] == 0 and out["greedy"] is True
+    cache = out["action_cache"]
+    assert (cache["hits"], cache["misses"], cache["entries"]) == (12, 6, 6) and cache["hit_rate"] == pytest.approx(2 / 3)
+    answers: dict[str, set[tuple[int, ...]]] = {}
+    for f in Path(out["records"]).glob("*.jsonl"):
+        rec = json.loads(f.read_text().splitlines()[0])
+        assert rec["metadata"]["sampling"]["temperature"] == 0.0
+        answers.setdefault(rec["messages"][-1]["content"], set()).add(tuple(rec["sampled_ids"]))
+    assert len(answers) == 6 and all(len(a) == 1 for a in answers.values())
+    # the agent asks for temperature 1: without --greedy every call would be refused, so polar eval says so first
+    # only for the built-in LLM agent; here each call is refused by the gateway, naming temperature
+    hot = polar("eval", run, "--action-cache", "64", "--trust-code", cwd=runs["base"])
+    hot_out = json.loads(Path(re.search(r"written: (\S+\.json)", hot.stderr.replace("\n", "")).group(1)).read_text())
+    assert hot_out["errors"] == hot_out["sessions"] == 6 and hot_out["action_cache"]["misses"] == 0
+
+
 def test_polar_eval_on_an_agent_run_without_eval_tasks_says_what_is_missing(runs):
     run, _ = runs["without"]
     res = polar("eval", run, "--trust-code", cwd=runs["base"])

@@ -171,14 +171,31 @@ def test_build_composes_every_env_algorithm_for_every_backend(tmp_path, policy, 
     harness = "Pendulum-v1" if policy == "sac" else "CartPole-v1"
     cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": harness}, "policy": {"type": policy}})
     assert run_kind(cfg) == "env" and progress_total(cfg) == cfg.total_env_steps
-    loop = build_trainer(cfg, RunDir.create("x", tmp_path / "local"))
-    try:
+    with build_trainer(cfg, RunDir.create("x", tmp_path / "local")) as loop:
         assert type(loop) is TrainingLoop and type(loop.collector) is collector_cls
         assert type(loop.learner) is PolicyLearner and type(loop.learner.algorithm) is learner_cls
-    finally:
-        loop.collector.close()
     ray = cfg.model_copy(update={"distribution": cfg.distribution.model_copy(update={"backend": "ray"})})
     assert type(build_trainer(ray, RunDir.create("x", tmp_path / "ray"))) is RayLearnerDriver
+
+
+def test_a_loop_built_but_never_trained_leaves_no_log_handler_behind(tmp_path):
+    """Composing a run opens its log lines (a handler on the ``polar`` logger, ``POLAR_RUN_DIR``) before it builds
+    the parts; a loop that is then only inspected (restored, read) and closed, never trained, must take them
+    away again, or every later log line of the process goes on into that run's ``logs/``."""
+    import logging
+    import os
+
+    from polar.metrics.logs import JsonLinesHandler
+
+    def run_handlers() -> list[logging.Handler]:
+        return [h for h in logging.getLogger("polar").handlers if isinstance(h, JsonLinesHandler)]
+
+    before = run_handlers()
+    with build_trainer(env_cfg(), RunDir.create("x", tmp_path / "run")) as loop:
+        assert len(run_handlers()) == len(before) + 1 and os.environ["POLAR_RUN_DIR"].endswith("run")
+        loop.restore()
+    assert run_handlers() == before and "POLAR_RUN_DIR" not in os.environ
+    loop.close()  # a second close does nothing
 
 
 def test_build_composes_the_one_loop_for_agent_runs(tmp_path):

@@ -52,7 +52,7 @@ policy: {{type: grpo, kwargs: {{kl_coef: 0.05, micro_batch_size: 1}}}}
 
 
 def test_polar_run_warns_before_a_run_that_will_not_fit(tmp_path, monkeypatch, caplog):
-    sys.path.insert(0, str(ROOT / "tests" / "agentic"))
+    sys.path.insert(0, str(ROOT / "tests" / "agent_support"))
     (tmp_path / "tasks.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
     (tmp_path / "run.yaml").write_text("""
 name: small

@@ -156,6 +156,15 @@ def _remove_at(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
+def _write_all(fd: int, data: bytes, owner: int | None) -> None:
+    """All of ``data`` into ``fd`` (``os.write`` may take less than it is given), then the file to ``owner``."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    if owner is not None:
+        os.fchown(fd, owner, owner)
+
+
 def write_nofollow(root: Path, rel: str, data: bytes, *, owner: int | None = None, mode: int = 0o644) -> Path:
     """Write ``root/rel`` as a new regular file: no folder on the way and not the file itself is followed
     if it is a link (whatever is there is replaced), so a planted link never redirects the write."""
@@ -168,11 +177,7 @@ def write_nofollow(root: Path, rel: str, data: bytes, *, owner: int | None = Non
         fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=dir_fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if owner is not None:
-                os.fchown(fd, owner, owner)
+            _write_all(fd, data, owner)
         finally:
             os.close(fd)
     finally:
@@ -276,9 +281,7 @@ def _copy_file(src_fd: int, dst_fd: int, name: str, mode: int, owner: int | None
                     dir_fd=dst_fd)
         try:
             while chunk := os.read(s, 1 << 20):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(d, view):]
+                _write_all(d, chunk, None)
             if owner is not None:
                 os.fchown(d, owner, owner)
         finally:
@@ -462,9 +465,6 @@ class VerifySandbox:
     def write_polar_file(self, name: str, text: str) -> Path:
         """A file polar owns (tests, the pytest config): read-only to the code."""
         return write_nofollow(self.polar, name, text.encode(), mode=0o644)
-
-    def write_work_file(self, rel: str, data: bytes) -> Path:
-        return write_nofollow(self.work, rel, data, owner=self.uid)
 
     def command(self, inner: list[str]) -> list[str]:
         argv = list(inner)

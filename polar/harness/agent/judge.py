@@ -103,7 +103,6 @@ class LLMJudge:
         self.chat: ChatFn | None = None  # set by the trainers (polar.trainers.agentic_run.attach_judge)
         self.log_dir: Path | None = None
         self.failed = 0  # failed judgements so far
-        self.judged = 0
         self._lock = threading.Lock()
 
     # ---- the prompt ----------------------------------------------------------------------------------------
@@ -241,7 +240,6 @@ class LLMJudge:
 
     def _count(self, failed: bool) -> int:
         with self._lock:
-            self.judged += 1
             self.failed += int(failed)
             return self.failed
 

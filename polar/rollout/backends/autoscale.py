@@ -70,7 +70,6 @@ class Autoscaler:
         self.cfg = cfg
         self.clock = clock
         self.enabled = True
-        self.decisions = 0
         self.last_signals: ScaleSignals | None = None
         self.reset()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import ReplayBuffer
@@ -24,10 +24,6 @@ from polar.rollout.backends.collector import EnvCollector
 from polar.types import Batch, Fragment, Metrics, Replay, ReplaySampler, SideFile
 
 log = logging.getLogger(__name__)
-
-
-class MixedSampler(ReplaySampler, Protocol):
-    def metrics(self) -> Metrics: ...
 
 
 class ReplayCollector:

@@ -38,8 +38,6 @@ from polar.types import CallRecord, TrajectorySample, new_session_key
 
 log = logging.getLogger(__name__)
 
-STAGES = ("init", "run", "post_run")
-
 #: What scores a finished session: every verifier (built-in, user function, checked) is this call.
 Verifier = Callable[[VerifyInput], Awaitable[Verdict]]
 

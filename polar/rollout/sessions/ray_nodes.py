@@ -49,6 +49,13 @@ class GatewayNodeActor:
         cfg = GatewayConfig(**{**(gateway_cfg or {}), "host": host, "admin_token": token, "claimed_sessions_only": True})
         # records_dir: the run's gateway/sessions/, shared by every node (session keys never repeat)
         self.server = GatewayServer(cfg, engine_factory(), records_dir=records_dir).start()
+        engine = self.server.engine
+        if hasattr(engine, "configure_sync"):  # launched vLLM: each node writes its synced weights apart
+            from pathlib import Path
+
+            base = cfg.sync.dir or (str(Path(records_dir).parent / "weight_sync") if records_dir else None)
+            if base is not None:
+                engine.configure_sync(cfg.sync, Path(base) / node_id)
         if weights is not None:  # a replacement node: the run's current weights before it registers
             state, version = weights
             if isinstance(state, ray.ObjectRef):  # refs nested in an argument are not resolved by Ray

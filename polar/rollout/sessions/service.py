@@ -47,6 +47,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from polar.gateway.app import LOOPBACK_NAMES, HostOriginGuard
+from polar.httpserver import BodyError, read_body
 from polar.rollout.sessions.nodes import NodeRegistry
 from polar.rollout.sessions.pipeline import SessionPipeline
 from polar.rollout.sessions.session import SessionResult, SessionSpec, SessionStatus
@@ -209,10 +210,14 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status)
 
 
+MAX_BODY_BYTES = 16 << 20  # a task or a node report; a body past it is cut while it streams (413)
+BODY_TIMEOUT_S = 30.0  # from the headers to the body's last byte (408 after)
+
+
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > 16 * 1024 * 1024:
-        raise ValueError("request body over 16 MiB")
+    """The request's JSON object, read through ``read_body``: refused (``BodyError``) as soon as it passes
+    ``MAX_BODY_BYTES``, never read whole first."""
+    raw = await read_body(request.stream(), request.headers.get("content-length"), MAX_BODY_BYTES, BODY_TIMEOUT_S)
     try:
         body = json.loads(raw or b"{}")
     except json.JSONDecodeError as e:
@@ -264,6 +269,8 @@ def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> H
                 raise ValueError("missing 'task' (a JSON object with at least a 'prompt')")
             tid = await service.submit(body["task"], body.get("num_samples", 1), body.get("metadata"),
                                        body.get("task_id"), body.get("callback_url"))
+        except BodyError as e:
+            return _error(e.status, str(e))
         except KeyError as e:
             return _error(409, str(e.args[0]))
         except (ValueError, TypeError) as e:
@@ -328,6 +335,8 @@ def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> H
             token = body.get("admin_token")
             node = service.registry.register(str(body["node_id"]), str(body["url"]), capacity=int(body.get("capacity", 0)),
                                              admin_token=str(token) if token else None)
+        except BodyError as e:
+            return _error(e.status, str(e))
         except KeyError as e:
             return _error(400, f"missing field {e.args[0]!r}; send node_id and url")
         except Exception as e:
@@ -337,6 +346,8 @@ def build_app(service: RolloutService, token: str, host: str = "127.0.0.1") -> H
     async def heartbeat(request: Request) -> JSONResponse:
         try:
             node = service.registry.heartbeat(request.path_params["node_id"], await _json_body(request))
+        except BodyError as e:
+            return _error(e.status, str(e))
         except KeyError:
             return _error(404, f"unknown node {request.path_params['node_id']!r}; register it first")
         except ValueError as e:
