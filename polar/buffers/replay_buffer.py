@@ -220,6 +220,14 @@ class ReplayBuffer:
         indices, weights = self._sample_indices(int(batch_size), beta)
         return self._gather(indices, weights)
 
+    def take(self, indices: np.ndarray) -> ReplayBatch:
+        """The stored transitions at slots ``indices`` (each in ``[0, len)``), weights 1: a whole-buffer pass (a
+        model fit) rather than a sample."""
+        indices = np.asarray(indices, np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self.size):
+            raise ValueError(f"replay take: slots must be in [0, {self.size}), got {indices.min()}..{indices.max()}")
+        return self._gather(indices, np.ones(len(indices), np.float32))
+
     def _sample_indices(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray]:
         indices = self.rng.integers(0, self.size, size=batch_size, dtype=np.int64)
         return indices, np.ones(batch_size, np.float32)

@@ -41,6 +41,7 @@ from polar.config.harness import (
 )
 from polar.config.hierarchical import HierarchicalPolicyConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
+from polar.config.mbpo import MBPOPolicyConfig
 from polar.config.multi_agent import PettingZooHarnessConfig
 from polar.config.policy import (
     OFF_POLICY,
@@ -89,7 +90,8 @@ class _RunBase(StrictModel):
 
 EnvPolicyConfig = Annotated[
     PPOPolicyConfig | APPOPolicyConfig | DQNPolicyConfig | SACPolicyConfig | BCPolicyConfig | IQLPolicyConfig
-    | CQLPolicyConfig | GAILPolicyConfig | AIRLPolicyConfig | HierarchicalPolicyConfig | DistillPolicyConfig,
+    | CQLPolicyConfig | GAILPolicyConfig | AIRLPolicyConfig | HierarchicalPolicyConfig | DistillPolicyConfig
+    | MBPOPolicyConfig,
     Field(discriminator="type")]
 AgentPolicyConfig = Annotated[GRPOPolicyConfig | SFTPolicyConfig, Field(discriminator="type")]
 EnvHarnessConfig = Annotated[GymnasiumHarnessConfig | EnvPoolHarnessConfig | CustomHarnessConfig | PettingZooHarnessConfig,
@@ -119,8 +121,11 @@ def check_continual(cfg: EnvRunConfig, online: tuple[str, ...], off_policy: tupl
     algo = cfg.policy.type
     if cfg.init is not None and algo not in online:
         raise ValueError(f"init: starts an online run ({', '.join(online)}) from earlier weights; policy.type {algo!r} "
-                         "trains from a dataset. Remove init")
+                         "is none of those. Remove init")
     if cfg.replay_mix is not None:
+        if algo not in online:
+            raise ValueError(f"replay_mix: mixes an old dataset into the batches of {' or '.join(off_policy)}; policy.type "
+                             f"{algo!r} is neither. Remove replay_mix")
         if algo not in off_policy:
             raise ValueError(
                 f"replay_mix: policy.type {algo!r} learns on-policy, from rollouts of its current weights only; old "

@@ -111,21 +111,30 @@ class CheckpointManager:
 
     def save(self, iteration: int, state: dict[str, Any]) -> Path:
         """``ckpt_<iteration>.pt``; a ``SideFile`` value in ``state`` is written first, beside it, as
-        ``<prefix>_<iteration>.<suffix>``, and the checkpoint names that file in its place. Every kept checkpoint
-        keeps its own side files (a resume that falls back to an older checkpoint needs *its* files); they go
-        when their checkpoint is pruned (``logging.keep_checkpoints``)."""
-        sides = {k: v for k, v in state.items() if isinstance(v, SideFile)}
-        if sides:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            state = dict(state)
-            for key, side in sides.items():
-                side_path = self.dir / f"{side.prefix}_{iteration:08d}.{side.suffix}"
-                side.write(side_path)
-                state[key] = side_path.name
+        ``<prefix>_<iteration>.<suffix>``, and the checkpoint names that file in its place; so is one a section down
+        (the learner's: MBPO's model buffer). Every kept checkpoint keeps its own side files (a resume that falls
+        back to an older checkpoint needs *its* files); they go when their checkpoint is pruned
+        (``logging.keep_checkpoints``)."""
+        sides: list[SideFile] = []
+
+        def write_sides(part: dict[str, Any], depth: int) -> dict[str, Any]:
+            out = dict(part)
+            for key, value in part.items():
+                if isinstance(value, SideFile):
+                    self.dir.mkdir(parents=True, exist_ok=True)
+                    side_path = self.dir / f"{value.prefix}_{iteration:08d}.{value.suffix}"
+                    value.write(side_path)
+                    out[key] = side_path.name
+                    sides.append(value)
+                elif isinstance(value, dict) and depth == 0:
+                    out[key] = write_sides(value, 1)
+            return out
+
+        state = write_sides(state, 0)
         path = save_checkpoint(self.dir / f"ckpt_{iteration:08d}.pt", state)
         atomic_write_text(self.dir / LATEST, path.name + "\n")
         self._prune()
-        for side in sides.values():
+        for side in sides:
             kept = {f"{side.prefix}_{int(p.stem.removeprefix('ckpt_')):08d}.{side.suffix}" for p in self.all()}
             for old in self.dir.glob(f"{side.prefix}_*.{side.suffix}"):
                 if old.name not in kept:

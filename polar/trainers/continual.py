@@ -35,7 +35,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from polar.buffers.replay_buffer import ReplayBatch, ReplayBuffer
+from polar.buffers.replay_buffer import ReplayBuffer
 from polar.config.agent import BuiltinAgentConfig
 from polar.config.continual import old_task_harness, old_task_names
 from polar.config.iql import IQLKwargs
@@ -353,48 +353,6 @@ def old_replay(cfg: EnvRunConfig, observation_space: gym.Space, action_space: gy
     log.info("replay_mix: %d old transitions from %s, %.0f%% of every batch", len(buf), data.dataset_id,
              100 * cfg.replay_mix.ratio)
     return buf
-
-
-class MixedReplay:
-    """What DQN/SAC sample from with ``replay_mix``: ``round(ratio * B)`` transitions from the old dataset and the
-    rest from the run's own buffer, in one batch. Its length is the online buffer's (``learning_starts`` counts
-    new data)."""
-
-    def __init__(self, old: ReplayBuffer, new: ReplayBuffer, ratio: float) -> None:
-        self.old = old
-        self.new = new
-        self.ratio = ratio
-        self.sampled_old = 0
-        self.sampled_new = 0
-
-    def __len__(self) -> int:
-        return len(self.new)
-
-    def sample(self, batch_size: int, beta: float | None = None) -> ReplayBatch:
-        n_old = min(batch_size - 1, max(1, round(self.ratio * batch_size))) if batch_size > 1 else 0
-        if len(self.new) == 0:
-            n_old = batch_size
-        n_new = batch_size - n_old
-        parts = [b.sample(n) for b, n in ((self.old, n_old), (self.new, n_new)) if n > 0]
-        self.sampled_old += n_old
-        self.sampled_new += n_new
-        if len(parts) == 1:
-            return parts[0]
-        a, b = parts
-
-        def cat(x: Any, y: Any) -> Any:
-            if isinstance(x, dict):
-                return {k: torch.cat([x[k], y[k]]) for k in x}
-            return torch.cat([x, y])
-
-        return ReplayBatch(obs=cat(a.obs, b.obs), actions=cat(a.actions, b.actions), rewards=cat(a.rewards, b.rewards),
-                           next_obs=cat(a.next_obs, b.next_obs), terminated=cat(a.terminated, b.terminated),
-                           weights=cat(a.weights, b.weights), steps=cat(a.steps, b.steps),
-                           indices=np.concatenate([np.full(n_old, -1), b.indices]))
-
-    def metrics(self) -> dict[str, Any]:
-        total = max(1, self.sampled_old + self.sampled_new)
-        return {"replay_mix/old_transitions": len(self.old), "replay_mix/old_fraction": self.sampled_old / total}
 
 
 # ---------------------------------------------------------------------- forgetting

@@ -40,11 +40,13 @@ from polar.algorithms.gail import (
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.hierarchical import HierarchicalLearner
 from polar.algorithms.iql import IQLLearner
+from polar.algorithms.mbpo import MBPOLearner
 from polar.algorithms.optim import module_device
 from polar.algorithms.ppo import PPOLearner
 from polar.algorithms.rnd import make_intrinsic
 from polar.algorithms.sac import SACLearner
 from polar.algorithms.sft import SFTLearner, demonstration_batches, sft_steps
+from polar.buffers.mixed import MixedReplay
 from polar.buffers.nstep import NStepTransitions
 from polar.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from polar.config.appo import APPOKwargs
@@ -57,6 +59,7 @@ from polar.config.grpo import GRPOKwargs, SFTKwargs, TeacherConfig
 from polar.config.hierarchical import HierarchicalKwargs
 from polar.config.iql import IQLKwargs
 from polar.config.llm_agent import ReasoningGymTasks
+from polar.config.mbpo import MBPOKwargs
 from polar.config.ppo import DEFAULT_BATCH_SIZE, PPOKwargs
 from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.config.sac import SACKwargs
@@ -69,7 +72,7 @@ from polar.rollout.backends.replay import ReplayCollector
 from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector
 from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
-from polar.trainers.continual import MixedReplay, old_replay
+from polar.trainers.continual import old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
 from polar.trainers.learner_group import LearnerGroup, group_spec, shard_groups, shard_rollout
 from polar.trainers.loop import Stage, TrainingLoop, iterations_budget
@@ -206,6 +209,17 @@ def _sac_learner(parts: EnvParts) -> Learner[Any]:
     obs, act, network = parts.observation_space, parts.action_space, network_settings(parts.cfg)
     learner = SACLearner(parts.train_agent, parts.cfg.policy.kwargs, lambda: QCritic(obs, act, *network), act,
                          parts.cfg.total_env_steps)
+    learner.set_exploration(0)
+    return PolicyLearner(parts, learner)
+
+
+def _mbpo_learner(parts: EnvParts) -> Learner[Any]:
+    obs, act, network, harness = parts.observation_space, parts.action_space, network_settings(parts.cfg), parts.cfg.harness
+    kw = cast(MBPOKwargs, parts.cfg.policy.kwargs)
+    model_replay = ReplayBuffer(kw.model_buffer_size, obs, act, seed=parts.cfg.seed + 1)
+    learner = MBPOLearner(parts.train_agent, kw, lambda: QCritic(obs, act, *network), obs, act,
+                          parts.cfg.total_env_steps, model_replay, MixedReplay, parts.checkpoint_dir,
+                          getattr(harness, "id", None), getattr(harness, "kwargs", {}))
     learner.set_exploration(0)
     return PolicyLearner(parts, learner)
 
@@ -351,6 +365,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                                       p.observation_space, p.action_space)),
                      dataset_collector, gradient_steps=_gradient_steps),
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
+    "mbpo": Algorithm(MBPOKwargs, _mbpo_learner, _sac_collector, iteration_env_steps=ITERATION_ENV_STEPS,
+                      steps_per_env=lambda cfg: cast(MBPOKwargs, cfg.policy.kwargs).train_freq),
     "gail": Algorithm(GAILKwargs, _imitation_learner(GAILDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
     "airl": Algorithm(AIRLKwargs, _imitation_learner(AIRLDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
     "hierarchical": Algorithm(HierarchicalKwargs, None, None, own_loop=OwnLoop(_hierarchical_compose,

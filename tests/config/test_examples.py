@@ -45,6 +45,8 @@ EXPECTED = {
     "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
     "minigrid/doorkey_ppo.yaml": ("env", "gymnasium", "ppo"),
     "minigrid/doorkey_rnd.yaml": ("env", "gymnasium", "ppo"),  # PPO + RND (docs/exploration.md)
+    "mbpo/inverted_pendulum_mbpo.yaml": ("env", "gymnasium", "mbpo"),  # docs/model-based.md
+    "mbpo/pendulum_mbpo.yaml": ("env", "gymnasium", "mbpo"),
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
     "mujoco/hopper_ppo.yaml": ("env", "gymnasium", "ppo"),
     "keydoor/polar_train_config.yaml": ("env", "custom", "ppo"),

@@ -48,7 +48,7 @@ def test_a_validated_config_revalidates_from_its_dump():
      "is an agent run (agent.type: llm on harness.type: gymnasium); remove it."),
     ({"harness": GYM, "policy": {"type": "grpo"}},
      "policy.type 'grpo' trains agent runs (harness.type: agent, or agent: {type: llm} on an env harness), and this "
-     "is an env run (harness.type: gymnasium): use ppo or appo or dqn or sac or bc or iql or cql or gail or airl or hierarchical or distill."),
+     "is an env run (harness.type: gymnasium): use ppo or appo or dqn or sac or bc or iql or cql or gail or airl or hierarchical or distill or mbpo."),
     ({"harness": AGENT, "policy": {"type": "ppo"}}, "policy.type 'ppo' trains env runs"),
     ({"harness": AGENT, "agent": {"type": "mlp"}, "policy": {"type": "grpo"}},
      "'agent': an agent harness (harness.type: agent) brings its own agent; remove the agent section"),

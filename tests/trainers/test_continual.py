@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from polar.buffers.mixed import MixedReplay
 from polar.buffers.replay_buffer import ReplayBuffer
 from polar.config import RunConfig, validate
 from polar.errors import ConfigError
 from polar.trainers.build import build_trainer, create_run_dir
 from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
-from polar.trainers.continual import MixedReplay
 from tests.datasets.offline_data import offline_config, play, write
 
 QUIET = {"tensorboard": False, "progress_bar": False, "checkpoint_freq": 0, "system_metrics_s": 0}

@@ -90,7 +90,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 def _add_toy_algorithm(pkg: Path) -> None:
     """The four files of docs/DEVELOPING.md's "Adding an algorithm", and nothing else."""
     (pkg / "config" / "toy.py").write_text(TOY_CONFIG)
-    _edit(pkg / "config" / "run.py", "| DistillPolicyConfig,\n", "| DistillPolicyConfig | ToyPolicyConfig,\n")
+    _edit(pkg / "config" / "run.py", "EnvPolicyConfig = Annotated[\n", "EnvPolicyConfig = Annotated[\n    ToyPolicyConfig |")
     _edit(pkg / "config" / "run.py", "from polar.config.sections import",
           "from polar.config.toy import ToyPolicyConfig\nfrom polar.config.sections import")
     (pkg / "algorithms" / "toy.py").write_text(TOY_LEARNER)
