@@ -66,6 +66,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--polar-kwargs", default="{}", help="JSON merged into polar's policy.kwargs")
+    p.add_argument("--polar-engine", choices=["embedded", "vllm"], default="embedded",
+                   help="polar's rollout engine: its default (embedded) or a polar-launched vLLM CPU replica (fp32, "
+                        "both cores: the `.vllm-venv` of `make vllm`)")
     p.add_argument("--only", choices=["polar", "trl"], default=None, help="run one side only")
     p.add_argument("--work-dir", default=None, help="run folders (default: next to --json)")
     return p.parse_args(argv)
@@ -84,6 +87,15 @@ def _limited_heldout(args: argparse.Namespace, work: Path) -> Path:
     path = work / "heldout.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def _polar_model(args: argparse.Namespace) -> dict[str, Any]:
+    if args.polar_engine == "embedded":
+        return {"name_or_path": args.model}
+    threads = str(args.threads)
+    return {"name_or_path": args.model, "engine": "vllm",
+            "engine_kwargs": {"dtype": "float32", "env": {"OMP_NUM_THREADS": threads,
+                                                          "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}}}
 
 
 def run_polar(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, Any]:
@@ -107,7 +119,7 @@ def run_polar(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, 
         "harness": {"type": "agent", "callable": "polar.harness.benchmarks.chat:answer", "timeout_s": 600},
         "tasks": str(Path(args.tasks).resolve()), "eval_tasks": str(heldout.resolve()),
         "verifier": {"type": "_grpo_vs_trl_verify:verify", "kwargs": {"reward": args.reward}},
-        "model": {"name_or_path": args.model},
+        "model": _polar_model(args),
         "policy": {"type": "grpo", "kwargs": kwargs},
         "logging": {"tensorboard": False},
     })

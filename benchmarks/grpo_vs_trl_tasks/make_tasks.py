@@ -1,4 +1,4 @@
-"""The task files of benchmarks/grpo_vs_trl.py: two reasoning-gym families at their default difficulty, as plain
+"""The task files of benchmarks/grpo_vs_trl.py: reasoning-gym families at their default difficulty, as plain
 JSONL (``id``, ``prompt``, ``answer``), so both sides read the same file and neither needs reasoning-gym.
 
     .venv/bin/python benchmarks/grpo_vs_trl_tasks/make_tasks.py     # rewrites the four files next to it
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAMILIES = ("chain_sum", "leg_counting")
+FAMILIES = ("chain_sum", "leg_counting", "letter_counting")
 TRAIN, HELDOUT = 1000, 300
 HELDOUT_SEED = 1_000_000
 

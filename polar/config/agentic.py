@@ -92,7 +92,10 @@ class SessionsConfig(StrictModel):
     """The session pipeline: one worker pool per stage, a budget per session."""
 
     max_init_workers: int = Field(8, ge=1)
-    max_run_workers: int = Field(8, ge=1)
+    max_run_workers: int | None = Field(
+        None, ge=1, description="sessions running at once; null: 8 for a harness that starts a program per session "
+        "(command or preset), 32 otherwise (an in-process callable or the built-in LLM agent waits on its model "
+        "calls, so the engine's batch is what bounds it: the embedded engine batches 32)")
     max_postrun_workers: int = Field(4, ge=1)
     session_budget_s: float = Field(900.0, gt=0, description="INIT+RUN+POST_RUN wall time per session")
     workspace_root: str | None = Field(None, description="where session workspaces go (default: run dir)")

@@ -35,6 +35,7 @@ from pydantic import BaseModel
 
 from polar.config.gateway import ActionCacheConfig
 from polar.config.grpo import GRPOKwargs
+from polar.config.harness import AgentHarnessConfig
 from polar.config.run import AgentRunConfig, RunConfig
 from polar.errors import ConfigError
 from polar.harness.agent.tasks import resolve
@@ -55,6 +56,21 @@ if TYPE_CHECKING:  # torch and the loop load when a run is built, not when a con
 log = logging.getLogger(__name__)
 
 
+RUN_WORKERS_PROGRAM, RUN_WORKERS_IN_PROCESS = 8, 32
+
+
+def run_workers(cfg: AgentRunConfig) -> int:
+    """``sessions.max_run_workers``, or its default: a session that is one program (a CLI, an agent command)
+    costs a process and its memory, so 8 run at once; an in-process session costs a coroutine and spends its
+    time waiting on the engine, whose batch (32 in the embedded engine) is then what bounds the throughput."""
+    if cfg.sessions.max_run_workers is not None:
+        return cfg.sessions.max_run_workers
+    h = cfg.harness
+    if isinstance(h, AgentHarnessConfig) and (h.command or h.preset):
+        return RUN_WORKERS_PROGRAM
+    return RUN_WORKERS_IN_PROCESS
+
+
 def pipeline_settings(cfg: AgentRunConfig, workspace_root: Path | None = None) -> PipelineSettings:
     s = cfg.sessions
     cwd = getattr(cfg.harness, "cwd", None)  # an agent harness's workspace template
@@ -62,7 +78,7 @@ def pipeline_settings(cfg: AgentRunConfig, workspace_root: Path | None = None) -
     if template and not Path(template).is_dir():
         raise ConfigError(f"harness.cwd {cwd!r} is not a directory (resolved next to the config: {template})")
     return PipelineSettings(
-        max_init_workers=s.max_init_workers, max_run_workers=s.max_run_workers, max_postrun_workers=s.max_postrun_workers,
+        max_init_workers=s.max_init_workers, max_run_workers=run_workers(cfg), max_postrun_workers=s.max_postrun_workers,
         session_budget_s=s.session_budget_s, agent_timeout_s=agent_timeout_s(cfg),
         verifier_timeout_s=cfg.verifier.timeout_s if cfg.verifier else 60.0, builder=cfg.trajectory.builder,
         workspace_root=s.workspace_root or (str(workspace_root) if workspace_root else None), template_dir=template,
