@@ -26,7 +26,9 @@ teacher's held-out gain the student recovers, and in how much wall time against 
   gain against its own run's "before" (the same untrained model, sampled again); the table also gives it against
   the teacher's "before".
 
-Prints one markdown table and writes ``--json``: ``{"teacher": {...}, "student": {...}, "share_recovered",
+"wall s (total)" is each run's whole ``train_agentic`` (model and teacher load, the held-out evaluation before and
+after, every step); "of which training" is the time between the two evaluations' ends (the steps and the "after"
+evaluation). Prints one markdown table and writes ``--json``: ``{"teacher": {...}, "student": {...}, "share_recovered",
 "wall_ratio", "settings"}``.
 """
 
@@ -125,11 +127,13 @@ def _f(x: float | None, pct: bool = False) -> str:
 
 def table(result: dict[str, Any]) -> str:
     t, s = result["teacher"], result["student"]
-    head = "| run | held-out before | after | gain | steps | sessions | wall s (total) |"
-    rows = [head, "|---|---|---|---|---|---|---|"]
+    head = "| run | held-out before | after | gain | steps | sessions | wall s (total) | of which training s |"
+    rows = [head, "|---|---|---|---|---|---|---|---|"]
     for name, r in (("teacher: GRPO", t), ("student: on-policy distillation", s)):
+        w = r["wall_s"]
+        training = round(w["after"] - w["before"], 1) if w.get("after") and w.get("before") else None
         rows.append(f"| {name} | {_f(r['before'].get('success'))} | {_f(r['after'].get('success'))} | {_f(gain(r))} "
-                    f"| {r.get('steps')} | {r.get('sessions')} | {r['wall_s'].get('total')} |")
+                    f"| {r.get('steps')} | {r.get('sessions')} | {w.get('total')} | {training} |")
     rows.append("")
     rows.append(f"share of the teacher's gain recovered: {_f(result['share_recovered'], pct=True)} "
                 f"(against the teacher's 'before': {_f(result['share_recovered_vs_teacher_before'], pct=True)}); "
