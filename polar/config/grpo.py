@@ -87,11 +87,13 @@ class DifficultyFilterConfig(StrictModel):
 
 
 class TeacherConfig(StrictModel):
-    """On-policy distillation's teacher: a model the embedded engine loads, which scores the student's sampled
-    tokens (its logprob of each, given everything before it, from one forward pass)."""
+    """On-policy distillation's teacher: a model that scores the student's sampled tokens (its logprob of each,
+    given everything before it, from one forward pass)."""
 
-    name_or_path: str = Field(..., min_length=1, description="a preset (tiny, smollm2-135m) or a local HF folder with "
-                              "the student's tokenizer (the embedded engine loads it; nothing is downloaded)")
+    name_or_path: str = Field(..., min_length=1, description="a preset (tiny, smollm2-135m), a local HF folder, or a "
+                              "polar GRPO/SFT run (its folder: the latest checkpoint; or a checkpoint file), rebuilt "
+                              "on its own base model with its LoRA merged; it must have the student's tokenizer "
+                              "(nothing is downloaded)")
 
 
 class GRPOKwargs(StrictModel):

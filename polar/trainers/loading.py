@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from polar.errors import RunDirError
 from polar.trainers.run_dir import RunDir
+
+if TYPE_CHECKING:
+    import torch
 
 
 def load_run(path: str | Path, overrides: list[str] | None = None):
@@ -111,3 +115,70 @@ def load_teacher(target: str, config_dir: Path, observation_space, action_space)
     policy.eval()
     policy.requires_grad_(False)
     return policy
+
+
+def is_run_target(path: Path) -> bool:
+    """Whether ``path`` names a polar run: its folder (it holds ``config.resolved.yaml``) or a file in one (a
+    checkpoint); an HF model folder holds ``config.json`` instead."""
+    return path.is_file() or (path / "config.resolved.yaml").is_file()
+
+
+def load_llm_run_model(target: Path, key: str) -> tuple[Any, torch.nn.Module]:
+    """(tokenizer, model) of the LLM agent run folder ``target`` (its latest checkpoint) or checkpoint file: the
+    run's own base model (its config's ``model.name_or_path``, loaded by the embedded engine), the checkpoint's
+    weights in it, LoRA merged in (peft ``merge_and_unload``), fp32 on the CPU. Only tensors are read from the
+    checkpoint (``weights_only``); none of the code the run names (harness, verifier) is imported, so a run of
+    custom harnesses is as safe to load as a built-in one. ``key`` (the setting that named ``target``) opens every
+    error, each one line."""
+    from polar.config.run import AgentRunConfig
+    from polar.errors import CheckpointError, ConfigError, RunDirError
+    from polar.inference.base import EngineError
+    from polar.inference.loading import load_engine
+    from polar.models.llm_policy import LLMPolicy
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+
+    try:
+        run_dir, cfg, ckpt = resolve_target(target)
+    except RunDirError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    if not isinstance(cfg, AgentRunConfig):
+        raise ConfigError(f"{key}: {run_dir.path} is an env run (policy.type {cfg.policy.type}), not an LLM's; the "
+                          "teacher is a preset, a local HF folder, or a polar GRPO or SFT run (folder or checkpoint)")
+    if ckpt is None:
+        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
+        if ckpt is None:
+            raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet; give a run that has saved one")
+    try:
+        state = load_checkpoint(ckpt)
+    except CheckpointError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    if not isinstance(state.get("model"), dict):
+        raise ConfigError(f"{key}: checkpoint {ckpt} holds no LLM weights ('model'); give a checkpoint of a GRPO or "
+                          "SFT run")
+    spec = cfg.model.name_or_path if cfg.model else cfg.gateway.model
+    if cfg.model is not None and cfg.model.engine == "openai_compat":
+        raise ConfigError(f"{key}: {run_dir.path} ran a hosted model (engine: openai_compat), which has no weights")
+    folder = cfg.config_dir / spec  # a relative model folder is its run's config's, as the run itself read it
+    spec = str(folder) if (folder / "config.json").is_file() else spec
+    options: dict[str, Any] = {"seed": cfg.seed} if spec == "tiny" else {}  # tiny's weights are its seed's
+    if "dtype" in cfg.gateway.engine_kwargs:
+        options["dtype"] = cfg.gateway.engine_kwargs["dtype"]
+    base_key = f"{key} (its run's model.name_or_path)"
+    try:
+        engine = load_engine(spec, config_key=base_key, **options)
+    except EngineError as e:
+        raise ConfigError(f"{base_key}: {e}" if base_key not in str(e) else str(e)) from None
+    model = getattr(engine, "model", None)
+    if model is None:
+        raise ConfigError(f"{base_key}: {spec!r} is an upstream server; the teacher is rebuilt from the run's base "
+                          "weights, so its model must be a preset or a local HF folder")
+    lora = getattr(cfg.policy.kwargs, "lora", None)
+    policy = LLMPolicy(model, engine.tokenizer, lora)  # the engine is this function's: its model is reused
+    try:
+        policy.load_state_dict(state["model"])
+    except RuntimeError as e:
+        detail = " ".join(line.strip() for line in str(e).splitlines()[1:]) or type(e).__name__
+        raise ConfigError(f"{key}: checkpoint {ckpt} does not fit its run's model {spec!r} "
+                          f"(lora {'r ' + str(lora.r) if lora else 'none'}): {detail[:240]}") from None
+    merged: torch.nn.Module = policy.model.merge_and_unload() if lora is not None else policy.model
+    return engine.tokenizer, merged

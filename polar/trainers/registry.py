@@ -408,23 +408,36 @@ def check_sft(cfg: AgentRunConfig) -> None:
 
 
 def llm_teacher(teacher: TeacherConfig, policy: LLMPolicy, config_dir: Path) -> torch.nn.Module:
-    """The frozen model of ``policy.kwargs.teacher``, loaded by the embedded engine, on the student's device; its
-    tokenizer must be the student's (it scores the student's token ids). A relative folder is the config file's."""
+    """The frozen model of ``policy.kwargs.teacher``, on the student's device: a preset or local HF folder the
+    embedded engine loads, or a polar GRPO / SFT run (its folder: the latest checkpoint; or a checkpoint file)
+    rebuilt on its own base model with its LoRA merged. Its tokenizer must be the student's (it scores the
+    student's token ids). A relative path is the config file's."""
     from polar.inference.loading import load_engine
+    from polar.inference.presets import get_preset
+    from polar.inference.upstream import UPSTREAM_KINDS
+    from polar.trainers.loading import is_run_target, load_llm_run_model
 
     key = f"policy.kwargs.teacher.name_or_path {teacher.name_or_path!r}"
-    folder = config_dir / teacher.name_or_path
-    spec = str(folder) if folder.is_dir() else teacher.name_or_path
-    engine = load_engine(spec, config_key="policy.kwargs.teacher.name_or_path")
-    model = getattr(engine, "model", None)
-    if model is None:
-        raise ConfigError(f"{key}: the teacher scores tokens with a forward pass, so it must be a preset or a local "
-                          "HF folder the embedded engine loads, not an upstream server")
-    if engine.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
-        raise ConfigError(f"{key}: its tokenizer ({len(engine.tokenizer.get_vocab())} tokens) is not the student's "
+    path = config_dir / Path(teacher.name_or_path).expanduser()
+    if is_run_target(path):
+        tokenizer, model = load_llm_run_model(path, key)
+    else:
+        is_name = get_preset(teacher.name_or_path) is not None or teacher.name_or_path.split(":", 1)[0] in UPSTREAM_KINDS
+        if not is_name and not path.exists():
+            raise ConfigError(f"{key}: {path} does not exist; give a preset (tiny, smollm2-135m), a local HF folder, "
+                              "or a polar GRPO or SFT run (its folder or a checkpoint file in it)")
+        engine = load_engine(str(path) if path.is_dir() else teacher.name_or_path,
+                             config_key="policy.kwargs.teacher.name_or_path")
+        tokenizer, model = engine.tokenizer, getattr(engine, "model", None)
+        if model is None:
+            raise ConfigError(f"{key}: the teacher scores tokens with a forward pass, so it must be a preset, a local "
+                              "HF folder the embedded engine loads or a polar run, not an upstream server")
+        model = copy.deepcopy(model)
+    if tokenizer.get_vocab() != policy.tokenizer.get_vocab():
+        raise ConfigError(f"{key}: its tokenizer ({len(tokenizer.get_vocab())} tokens) is not the student's "
                           f"({len(policy.tokenizer.get_vocab())} tokens); the teacher scores the student's token ids, "
                           "so both need the same tokenizer")
-    model = copy.deepcopy(model).float().to(policy.device).eval()
+    model = model.float().to(policy.device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return cast(torch.nn.Module, model)
