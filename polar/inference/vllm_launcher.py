@@ -113,7 +113,8 @@ class VllmLaunchConfig(StrictModel):
     max_restarts: int = Field(3, ge=0, description="restarts per replica of one that died during the run")
     max_lora_rank: int | None = Field(None, ge=1, description="serve LoRA adapters up to this rank (vLLM "
                                       "--enable-lora --max-lora-rank, adapters loadable at run time): a LoRA run's "
-                                      "weight syncs then send the adapters only; null: no LoRA support")
+                                      "weight syncs then send the adapters only; null: the run's lora.r in a LoRA agent run that "
+                                      "syncs adapters (gateway.sync.lora: adapters), otherwise no LoRA support")
     max_loras: int = Field(2, ge=1, description="vLLM --max-loras: adapters in one batch (with max_lora_rank)")
     speculative: SpeculativeConfig | None = Field(
         None, description="vLLM speculative decoding: {method: ngram} (prompt lookup) or {method: draft_model, "

@@ -144,6 +144,17 @@ def _model_spec(cfg: AgentRunConfig) -> tuple[str, str, Any]:
     return cfg.gateway.model, "gateway.model", cfg.gateway
 
 
+def launched_engine_kwargs(cfg: AgentRunConfig, launched: Any) -> dict[str, Any]:
+    """The launch options of the vLLM replicas polar starts: a LoRA run that syncs adapters only
+    (``gateway.sync.lora: adapters``, the default) gets ``max_lora_rank: lora.r`` unless the config names one,
+    since polar launches them and knows the rank (a replica without ``--enable-lora`` could not take them)."""
+    kwargs = dict(launched.engine_kwargs)
+    lora = getattr(cfg.policy.kwargs, "lora", None)
+    if lora is not None and cfg.gateway.sync.lora == "adapters" and kwargs.get("max_lora_rank") is None:
+        kwargs["max_lora_rank"] = int(lora.r)
+    return kwargs
+
+
 def embedded_engine_factory(cfg: AgentRunConfig, training: bool = False) -> EmbeddedEngineFactory:
     spec, key, _ = _model_spec(cfg)
     return EmbeddedEngineFactory(spec, {**({"seed": cfg.seed} if spec == "tiny" else {}), **cfg.gateway.engine_kwargs,
@@ -212,7 +223,7 @@ def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, rec
         # polar launches and supervises vLLM (model: {engine: vllm}, or a gateway section asking for it)
         elif launched.engine != "embedded":
             engine = load_engine(spec, engine=launched.engine, replicas=launched.replicas,
-                                 log_dir=str(run_dir_path / "vllm"), **launched.engine_kwargs,
+                                 log_dir=str(run_dir_path / "vllm"), **launched_engine_kwargs(cfg, launched),
                                  config_key=key, chat_template=_chat_template(cfg))
         else:
             engine = embedded_engine_factory(cfg)()
@@ -280,7 +291,7 @@ def build_ray_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None,
     spec, key, launched = _model_spec(cfg)
     factory: EmbeddedEngineFactory | LaunchedVllmFactory = embedded_engine_factory(cfg, training)
     if launched.engine == "vllm":  # every node launches and supervises its own replicas
-        factory = LaunchedVllmFactory(spec, launched.replicas, dict(launched.engine_kwargs), run_dir_path / "vllm",
+        factory = LaunchedVllmFactory(spec, launched.replicas, launched_engine_kwargs(cfg, launched), run_dir_path / "vllm",
                                       key, _chat_template(cfg), rollout_sampling(cfg) if training else (None, None))
     # the learner's copy: the embedded engine of the same spec and seed as the nodes' (the same weights); with
     # engine: vllm the same folder, loaded here rather than served
