@@ -62,6 +62,9 @@ class VllmLaunchError(EngineError):
     """A polar-launched vLLM replica could not be started (or restarted)."""
 
 
+START_PROGRESS_S = 30.0  # a starting replica is reported this often
+
+
 class SpeculativeConfig(StrictModel):
     """vLLM speculative decoding (``--speculative-config``): proposals checked by the served model in one pass.
 
@@ -331,9 +334,17 @@ class VllmFleet:
         start runs past ``start_timeout_s``."""
         assert replica.proc is not None
         timeout_s = self.config.start_timeout_s
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
+        next_note = started + START_PROGRESS_S
         with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
             while True:
+                now = time.monotonic()
+                if now >= next_note:  # a first start compiles for minutes: say so, in vLLM's own last words
+                    last = log_tail(replica.log_path)
+                    log.info("vLLM replica %d still starting (%.0fs of at most %gs): %s", replica.index,
+                             now - started, timeout_s, last[-1][:200] if last else "no log line yet")
+                    next_note = now + START_PROGRESS_S
                 if self._stopping:
                     raise VllmLaunchError("polar is stopping its vLLM replicas")
                 code = replica.proc.poll()

@@ -161,3 +161,27 @@ def test_speculative_decoding_becomes_vllms_speculative_config(tmp_path):
         command(speculative={"method": "eagle"})
     with pytest.raises(VllmLaunchError, match=r"model\.engine_kwargs\.speculative\.model 'tiny' is built in memory"):
         command(speculative={"method": "draft_model", "model": "tiny"})
+
+
+def test_a_replica_that_is_still_starting_is_reported_with_its_last_log_line(tmp_path, monkeypatch, caplog):
+    """A first vLLM start compiles for minutes: the run says every START_PROGRESS_S that the replica is still
+    starting, with vLLM's last log line, instead of going quiet until /health answers or the timeout."""
+    from polar.config.base import validate
+    from polar.inference import vllm_launcher
+    from polar.inference.vllm_launcher import VllmFleet, VllmLaunchConfig
+
+    monkeypatch.setattr(vllm_launcher, "START_PROGRESS_S", 0.3)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'Warming up model for the compilation...'\nexec sleep 30\n")
+    fake.chmod(0o755)
+    config = validate(VllmLaunchConfig, {"dtype": "float32", "start_timeout_s": 2.0}, source="model.engine_kwargs")
+    fleet = VllmFleet(folder, 1, config, tmp_path / "logs", python=fake)
+    with caplog.at_level(logging.INFO, logger="polar.inference.vllm_launcher"), pytest.raises(VllmLaunchError):
+        fleet.start()
+    notes = [r.getMessage() for r in caplog.records if "still starting" in r.getMessage()]
+    assert len(notes) >= 3
+    assert notes[-1].startswith("vLLM replica 0 still starting (")
+    assert notes[-1].endswith("Warming up model for the compilation...")
