@@ -13,7 +13,9 @@ Measured:
   and stop the clock after that rollout's update (polar's trainer reports per iteration; SB3's callback
   is made to do the same, so neither counts env steps at a finer grain);
 - env steps to 475: the env steps of the rollouts so far at that point; the two sides' samples are
-  compared with a two-sided Mann-Whitney U test (scipy; a run that never reached 475 ranks last);
+  compared with a two-sided Mann-Whitney U test (scipy; a run that never reached 475 ranks last) when
+  each side has 5 seeds or more, printed under the table and written to ``--out``'s JSON
+  (``env_steps_to_target``);
 - CPU time to 475: user+sys CPU seconds of the trial process at that point (steadier than wall
   time on a shared machine: it does not count time spent waiting for a core);
 - training env steps/s: env steps at that point / time since training started;
@@ -43,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 475.0
 TOTAL = 100_000
+MIN_SEEDS_FOR_TEST = 5  # a rank test on fewer runs a side cannot reach p < 0.05 (3 vs 3: 0.1 at best)
 ZOO = dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0)
 
 POLAR_TRIAL = r"""
@@ -255,9 +258,15 @@ def main() -> None:
               f"target polar <= 0.25x SB3 wall: {'MET' if pw <= 0.25 * sw else 'NOT MET'} ({pw / sw:.2f}x)")
         steps = lambda rs: [r["steps"] if r["reached"] else float("inf") for r in rs]  # noqa: E731
         ps, ss = med(steps(p)), med(steps(s))
-        print(f"env steps to {TARGET:.0f}: polar/SB3 medians {ps / ss:.2f}x; "
-              f"two-sided Mann-Whitney U p = {mann_whitney_p(p, s):.3f} ({len(p)} vs {len(s)} runs)")
+        pvalue = mann_whitney_p(p, s) if min(len(p), len(s)) >= MIN_SEEDS_FOR_TEST else None
+        results["env_steps_to_target"] = {"polar_median": ps, "sb3_median": ss, "ratio": ps / ss,
+                                          "mann_whitney_p": pvalue, "runs": [len(p), len(s)]}
+        test = (f"two-sided Mann-Whitney U p = {pvalue:.3f}" if pvalue is not None
+                else f"no Mann-Whitney U test under {MIN_SEEDS_FOR_TEST} seeds a side")
+        print(f"env steps to {TARGET:.0f}: polar/SB3 medians {ps / ss:.2f}x; {test} ({len(p)} vs {len(s)} runs)")
         print()
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2, default=str))
     if args.skip_throughput:
         return
     print("Rollout throughput, untrained policy (env steps/s, median of repeats)")

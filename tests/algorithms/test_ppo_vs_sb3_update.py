@@ -18,7 +18,9 @@ runs its own update on its own buffer. Compared:
   against SB3's ``learn``), and the parameters after the whole update (n_epochs x minibatches Adam steps,
   eps 1e-5), and after three collect-update rounds in a row;
 - for RL Zoo's CartPole hyperparameters (one 256-sample minibatch per epoch, 20 epochs) and for 64-sample
-  minibatches with the entropy bonus and value clipping on; on the default fused path and on autograd.
+  minibatches with the entropy bonus and value clipping on; on the default fused path and on autograd;
+- and end to end: what ``polar run`` composes from the example config (backend, collector, learner, loop),
+  run for four rollouts and replayed through SB3, rollout by rollout.
 
 Tolerances are float32's: the two sides sum in different orders (fused hand-derived gradients, numpy
 acting), so values, log-probs, GAE, every step's gradient and the final parameters are compared to
@@ -45,7 +47,7 @@ from polar.config import load_config
 from polar.harness import make_vector_env
 from polar.models import build_policy
 from polar.rollout.runner import EnvRunner
-from polar.types import Batch, Rollout
+from polar.types import Batch, Fragment, Rollout
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole_ppo.yaml"
 N_ENVS, N_STEPS, TOTAL, SEED, TIME_LIMIT = 8, 32, 100_000, 3, 20
@@ -115,21 +117,26 @@ class Shared:
         self.collect()
 
     def collect(self) -> None:
-        """The next rollout: polar's collector samples the actions, SB3's ``collect_rollouts`` is made to take
-        them (its values, log-probs and time-limit bootstrap stay its own)."""
+        """The next rollout: polar's collector samples the actions, SB3's ``collect_rollouts`` takes them."""
         self.frag = self.runner.collect(N_STEPS)
-        model, policy = self.model, self.model.policy
-        taken = iter(torch.as_tensor(self.frag.actions))
+        _sb3_collect(self.model, self.callback, self.frag, TOTAL)
 
-        def forward(obs: torch.Tensor, deterministic: bool = False):
-            a = next(taken)
-            values, log_prob, _ = policy.evaluate_actions(obs, a)
-            return a, values, log_prob
 
-        policy.forward = forward
-        assert model.collect_rollouts(model.env, self.callback, model.rollout_buffer, N_STEPS)
-        del policy.forward
-        model._update_current_progress_remaining(model.num_timesteps, TOTAL)  # as SB3's learn() does
+def _sb3_collect(model: sb3.PPO, callback, frag: Fragment, total: int) -> None:
+    """SB3's ``collect_rollouts``, made to take the actions of polar's ``frag`` (its values, log-probs and
+    time-limit bootstrap stay its own), then its schedules' progress, as SB3's ``learn()`` steps it."""
+    policy = model.policy
+    taken = iter(torch.as_tensor(frag.actions))
+
+    def forward(obs: torch.Tensor, deterministic: bool = False):
+        a = next(taken)
+        values, log_prob, _ = policy.evaluate_actions(obs, a)
+        return a, values, log_prob
+
+    policy.forward = forward
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, N_STEPS)
+    del policy.forward
+    model._update_current_progress_remaining(model.num_timesteps, total)
 
 
 def _run_polar(shared: Shared, learner: PPOLearner | None = None
@@ -163,10 +170,10 @@ def _run_polar(shared: Shared, learner: PPOLearner | None = None
     return learner, stats, grads, perms, buf
 
 
-def _run_sb3(shared: Shared, polar_perms: list[torch.Tensor], batch_size: int) -> list[torch.Tensor]:
+def _run_sb3(shared: Shared | sb3.PPO, polar_perms: list[torch.Tensor], batch_size: int) -> list[torch.Tensor]:
     """SB3's ``train()`` with its buffer yielding polar's minibatches (polar flattens time-major, SB3 env-major);
     returns every step's clipped gradient."""
-    model = shared.model
+    model = shared if isinstance(shared, sb3.PPO) else shared.model
     rb = model.rollout_buffer
     n = N_STEPS * N_ENVS
     orders = iter(polar_perms)
@@ -341,3 +348,70 @@ def test_three_rollouts_in_a_row_stay_sb3s(shared_rollouts):
             torch.testing.assert_close(p.detach(), sb3_params[_sb3_name(name)].detach(), **TOL,
                                        msg=f"{name} after rollout {rollout}")
     assert learner.optimizer.step_count == 3 * ZOO["n_epochs"]
+
+
+@pytest.mark.parametrize("hp", [pytest.param(ZOO, id="rl_zoo"), pytest.param(SMALL_BATCHES, id="minibatches")])
+def test_what_polar_run_builds_is_sb3s_rollout_by_rollout(tmp_path, monkeypatch, hp):
+    """The tests above wire polar's runner and learner by hand; this one runs what ``polar run --config
+    examples/cartpole_ppo.yaml`` composes (the local backend's in-learner runner with the config's runner options,
+    the collector's stacked buffer, the policy learner, the loop's progress counter) for four rollouts, recording
+    each rollout, minibatch order and clipped gradient, and replays them through SB3 from the same initial weights:
+    each rollout's observations, values, log-probs and bootstrapped rewards (acted with the weights trained so
+    far), every optimizer step's gradient and the final weights must be SB3's.
+
+    Not the last rollout's gradients: there the linear schedules reach 0 (as at the end of every run with them),
+    and a clip range of exactly 0 makes each sample's surrogate gradient switch on or off with the last bit of
+    its probability ratio. SB3's ratio is exactly 1 there (it computes the old and new log-probs with the same
+    torch ops); polar's old log-probs come from its numpy acting, one float32 ulp off torch's for about a sixth
+    of the samples here, and the gradients differ by up to 3.5e-4. The learning rate is 0 at that rollout, so
+    neither side's weights move, and the final weights are still compared."""
+    from polar.rollout.runner import EnvRunner
+    from polar.trainers.build import compose
+    from polar.trainers.run_dir import RunDir
+
+    rollouts = 4
+    total = rollouts * N_STEPS * N_ENVS  # the schedules reach 0 at the last rollout
+    cfg = _polar_config(hp, "auto", total, TIME_LIMIT, "eval.at_end=false", "logging.tensorboard=false",
+                        "logging.checkpoint_freq=0", "logging.progress_bar=false")
+    loop = compose(cfg, RunDir.create("parity", tmp_path / "run"))
+    ppo = loop.learner.algorithm
+    assert isinstance(ppo, PPOLearner) and ppo.path.startswith("fused"), "polar run's CartPole path is the fused one"
+    model = _sb3_model(hp, total=total)
+    _copy_weights(ppo.agent, model.policy)
+    _, callback = model._setup_learn(total, CallbackList([]))
+
+    frags: list[Fragment] = []
+    collect = EnvRunner.collect
+    monkeypatch.setattr(EnvRunner, "collect", lambda self, *a: frags.append(copy.deepcopy(collect(self, *a))) or frags[-1])
+    perms: list[torch.Tensor] = []
+    randperm = torch.randperm
+    monkeypatch.setattr(torch, "randperm", lambda n, *a, **k: perms.append(randperm(n, *a, **k)) or perms[-1])
+    grads: list[torch.Tensor] = []
+    step = ppo.optimizer.step
+    monkeypatch.setattr(ppo.optimizer, "step", lambda: grads.append(ppo.optimizer.flat_grad.clone()) or step())
+    loop.train()
+    monkeypatch.undo()
+
+    epochs, minibatches = hp["n_epochs"], N_STEPS * N_ENVS // hp["batch_size"]
+    per_update = epochs if minibatches > 1 else 0  # one minibatch per epoch: the whole rollout, in order
+    assert len(frags) == rollouts and len(perms) == rollouts * per_update
+    assert len(grads) == rollouts * epochs * minibatches
+    assert sum(f.truncated.sum() for f in frags) and sum(f.terminated.sum() for f in frags)
+    for i, frag in enumerate(frags):
+        _sb3_collect(model, callback, frag, total)
+        rb = model.rollout_buffer
+        assert np.array_equal(frag.obs, rb.observations), f"rollout {i}: observations"
+        np.testing.assert_allclose(frag.values, rb.values, **TOL, err_msg=f"rollout {i}: values")
+        np.testing.assert_allclose(frag.log_probs, rb.log_probs, **TOL, err_msg=f"rollout {i}: log-probs")
+        np.testing.assert_allclose(frag.rewards + cfg.policy.kwargs.gamma * frag.trunc_values, rb.rewards, **TOL,
+                                   err_msg=f"rollout {i}: rewards with the time-limit bootstrap")
+        sb3_grads = _run_sb3(model, perms[i * per_update:(i + 1) * per_update], hp["batch_size"])
+        steps = epochs * minibatches
+        if i == rollouts - 1:
+            assert model.clip_range(model._current_progress_remaining) == 0.0
+            continue
+        torch.testing.assert_close(torch.stack(grads[i * steps:(i + 1) * steps]), torch.stack(sb3_grads), **TOL,
+                                   msg=f"rollout {i}: the update's clipped gradients")
+    sb3_params = dict(model.policy.named_parameters())
+    for name, p in ppo.agent.named_parameters():
+        torch.testing.assert_close(p.detach(), sb3_params[_sb3_name(name)].detach(), **TOL, msg=f"{name} at the end")
