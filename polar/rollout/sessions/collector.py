@@ -91,6 +91,7 @@ class SessionCollector:
         self._stream = (GroupStream(lambda request: self.stack.run_groups([request])[0], partial.max_groups_in_flight)
                         if partial is not None else None)
         self._version = 0  # the engine's policy version (start, publish)
+        self._first_submitted = 0.0  # when the oldest group of the batch being collected was submitted
 
     def _next_tasks(self, n: int) -> list[dict[str, Any]]:
         """``n`` tasks, in a shuffled pass over all of them; with ``difficulty`` a task whose turn comes is drawn
@@ -221,17 +222,20 @@ class SessionCollector:
         (older ones are dropped); with dynamic sampling, while fewer than ``tasks_per_step`` of them have a
         signal, up to ``max_extra_rounds x tasks_per_step`` more, of which only those with a signal join (the
         rest are ``left_out``, as in a batch at a time)."""
-        assert self.partial is not None
+        assert self.partial is not None and self._stream is not None
+        stream = self._stream
         n, k = self.tasks_per_step, self.partial.max_staleness
         groups: Groups = []
         left_out: Groups = []
         dropped = extra = 0
+        self._first_submitted = math.inf
         while True:
             with_signal = sum(map(self.signal, groups)) if self.signal is not None else n
             if len(groups) >= n and (with_signal >= n or extra >= self.max_extra_rounds * n):
                 break
             self._top_up(min(len(groups), n), at_least=1)
             group = self._take(t0)
+            self._first_submitted = min(self._first_submitted, stream.last_submitted_at)
             if self.difficulty is not None:
                 self.difficulty.observe([group])
             if stale(group, self._version, k):
@@ -247,9 +251,8 @@ class SessionCollector:
                     groups.append(group)
                 else:
                     left_out.append(group)
-        assert self._stream is not None
         results = [r for g in (*groups, *left_out) for r in g]
-        counts = {"partial/groups_stale": float(dropped), "partial/groups_untrained": float(self._stream.untrained),
+        counts = {"partial/groups_stale": float(dropped), "partial/groups_untrained": float(stream.untrained),
                   "partial/sessions_spanning_update": float(sum(map(spans_update, results)))}
         return groups, left_out, math.ceil(extra / n), counts
 
@@ -258,7 +261,7 @@ class SessionCollector:
         partial_counts: Metrics = {}
         if self._stream is not None:
             groups, left_out, rounds, partial_counts = self._collect_partial(t0)
-            submitted = t0
+            submitted = self._first_submitted  # the sampled tokens per second: since its oldest group started
         else:
             future, step, submitted = self._pending if self._pending is not None else self._submit()
             self._pending = None

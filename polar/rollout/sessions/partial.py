@@ -12,6 +12,7 @@ step that trains version ``v + K`` at the latest. Groups that finish out of orde
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,9 @@ class GroupStream:
         self.run_group = run_group
         self.capacity = max_groups_in_flight
         self._pool = concurrent.futures.ThreadPoolExecutor(max_groups_in_flight, thread_name_prefix="polar-partial")
-        self._queue: list[tuple[concurrent.futures.Future[Group], int]] = []  # (its sessions, submitted at version)
+        # (its sessions, the version it was submitted under, when)
+        self._queue: list[tuple[concurrent.futures.Future[Group], int, float]] = []
+        self.last_submitted_at = 0.0  # when the group ``take`` returned last was submitted
 
     @property
     def untrained(self) -> int:
@@ -66,23 +69,23 @@ class GroupStream:
 
     @property
     def running(self) -> int:
-        return sum(not f.done() for f, _ in self._queue)
+        return sum(not f.done() for f, _, _ in self._queue)
 
     def submit(self, request: GroupRequest, version: int) -> None:
-        self._queue.append((self._pool.submit(self.run_group, request), version))
+        self._queue.append((self._pool.submit(self.run_group, request), version, time.monotonic()))
 
     def take(self, timeout_s: float) -> Group | None:
         """The oldest finished group (waiting up to ``timeout_s`` for one); None when none finished in time."""
         if not self._queue:
             raise RuntimeError("partial rollouts: no group is under way to take (nothing was submitted)")
-        finished = [i for i, (f, _) in enumerate(self._queue) if f.done()]
+        finished = [i for i, (f, _, _) in enumerate(self._queue) if f.done()]
         if not finished:
-            concurrent.futures.wait([f for f, _ in self._queue], timeout=timeout_s,
+            concurrent.futures.wait([f for f, _, _ in self._queue], timeout=timeout_s,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
-            finished = [i for i, (f, _) in enumerate(self._queue) if f.done()]
+            finished = [i for i, (f, _, _) in enumerate(self._queue) if f.done()]
             if not finished:
                 return None
-        future, _ = self._queue.pop(finished[0])
+        future, _, self.last_submitted_at = self._queue.pop(finished[0])
         return future.result()
 
     def close(self) -> None:
