@@ -228,3 +228,86 @@ def test_a_gateway_asked_to_continue_calls_across_a_sync_with_an_engine_that_can
     engine = ScriptedEngine(build_tiny_tokenizer(), lambda req: "hi")
     with pytest.raises(ConfigError, match=r"^gateway.sync.in_flight: continue .* the ScriptedEngine cannot"):
         GatewayServer(GatewayConfig(sync={"in_flight": "continue"}), engine=engine)
+
+
+class _Stack:
+    """A rollout stack whose groups end when the test says so (``finish``): the collector's bookkeeping alone.
+    Each group's one session sampled one token under the version it was submitted at."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.engine = type("Engine", (), {"policy_version": 0})()
+        self.submitted: list[tuple[str, int]] = []  # (task id, version at submission)
+        self._lock = threading.Lock()
+        self._done: dict[str, threading.Event] = {}
+
+    def run_groups(self, groups, timeout_s=None):
+        import threading
+
+        from polar.types import SessionResult, SessionStatus, TrajectorySample
+
+        [(task, n, _meta)] = groups
+        with self._lock:
+            version = int(self.engine.policy_version)
+            key = f"{task['id']}#{len(self.submitted)}"
+            self.submitted.append((key, version))
+            event = self._done.setdefault(key, threading.Event())
+        event.wait(60)
+        sample = TrajectorySample(session_id=key, token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -1.0],
+                                  policy_versions=[version] * 2, call_indices=[0, 0],
+                                  metadata={"min_policy_version": version})
+        return [[SessionResult(session_id=f"{key}/{i}", task_id=task["id"], group_id=key, sample_index=i,
+                               status=SessionStatus.DONE, reward=float(i), samples=[sample]) for i in range(n)]]
+
+    def finish(self, count: int) -> None:
+        """End the ``count`` oldest groups still under way."""
+        import threading
+
+        with self._lock:
+            waiting = [k for k, _ in self.submitted if not self._done.setdefault(k, threading.Event()).is_set()]
+        for key in waiting[:count]:
+            self._done[key].set()
+
+    def update_weights(self, state_dict, version):
+        self.engine.policy_version = version
+        return {}
+
+
+def _versions_submitted(stack: _Stack, n: int, timeout_s: float = 30.0) -> list[int]:
+    """The versions the first ``n`` groups were submitted under, once ``n`` have reached the stack."""
+    deadline = time.monotonic() + timeout_s
+    while len(stack.submitted) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # and no more than n arrive
+    return [v for _, v in stack.submitted]
+
+
+def test_at_most_k_plus_one_steps_of_groups_are_untrained_and_each_new_version_gets_its_share():
+    """AReaL's bound: (K + 1) x tasks_per_step groups untrained at most, topped up under each new version, and
+    never more than the run's steps still take."""
+    stack = _Stack()
+    tasks = [{"id": f"t{i}"} for i in range(10)]
+    collector = SessionCollector(stack, tasks, 2, 2, 0, batches=3, prefetch=False,
+                                 partial=PartialRollouts(max_staleness=1, max_groups_in_flight=4))
+    try:
+        collector.start({}, 0)
+        assert _versions_submitted(stack, 4) == [0, 0, 0, 0]  # (K + 1) x tasks_per_step under version 0
+        stack.finish(2)
+        first = collector.collect()
+        assert len(first.data) == 2 and _versions_submitted(stack, 4) == [0] * 4  # none before the next version
+        collector.publish({}, 1)
+        assert _versions_submitted(stack, 6) == [0, 0, 0, 0, 1, 1]  # version 1's share
+        stack.finish(2)
+        second = collector.collect()
+        assert {r.samples[0].metadata["min_policy_version"] for g in second.data for r in g} == {0}
+        collector.publish({}, 2)
+        # the last step takes the two groups of version 1 under way: nothing more is submitted
+        assert len(_versions_submitted(stack, 6)) == 6
+        stack.finish(2)
+        third = collector.collect()
+        assert {r.samples[0].metadata["min_policy_version"] for g in third.data for r in g} == {1}
+        assert collector.metrics()["partial/groups_stale"] == 0
+    finally:
+        stack.finish(100)
+        collector.close()
