@@ -251,6 +251,10 @@ class SessionCollector:
                     groups.append(group)
                 else:
                     left_out.append(group)
+        if self.max_extra_rounds and self.signal is not None and not any(map(self.signal, groups)):
+            log.warning("step %d: no group of the %d taken (%d extra, policy.kwargs.dynamic_sampling.max_extra_rounds) "
+                        "has rewards that differ, so the step is skipped; a larger group_size, partial-credit rewards "
+                        "or easier tasks help", self.step + 1, len(groups) + len(left_out), extra)
         results = [r for g in (*groups, *left_out) for r in g]
         counts = {"partial/groups_stale": float(dropped), "partial/groups_untrained": float(stream.untrained),
                   "partial/sessions_spanning_update": float(sum(map(spans_update, results)))}
