@@ -58,7 +58,9 @@ class CallRecord:
 
     ``prompt_ids`` are the ids the engine consumed; ``sampled_ids``/``logprobs`` are what it produced.
     ``complete`` is False when token data is missing (an upstream that did not return ids, an error,
-    a cancelled stream); such calls are never trained on.
+    a cancelled stream); such calls are never trained on. ``policy_version`` is the version of the weights
+    that sampled its (first) tokens; a call that went on across a weight update (partial rollouts) has
+    ``sampled_versions``, one per sampled id (empty: every token is ``policy_version``'s).
     """
 
     session_id: str
@@ -77,6 +79,7 @@ class CallRecord:
     complete: bool = True
     tools: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    sampled_versions: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +87,10 @@ class CallRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CallRecord:
         return cls(**d)
+
+    def token_versions(self) -> list[int]:
+        """The policy version of each sampled id."""
+        return list(self.sampled_versions) if self.sampled_versions else [self.policy_version] * len(self.sampled_ids)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -96,6 +96,20 @@ class TeacherConfig(StrictModel):
                               "(nothing is downloaded)")
 
 
+class PartialRolloutsConfig(StrictModel):
+    """Partial rollouts (AReaL, Kimi k1.5, PipelineRL): sessions run on across weight updates instead of one
+    batch at a time. The collector keeps groups in flight and hands each step the first ``tasks_per_step``
+    that finish (oldest first); a weight update does not wait for or abort the calls under way, which go on
+    under the new weights (``gateway.sync.in_flight: continue``), each token recording the version that
+    sampled it. ``max_off_policy_steps`` (K) bounds the staleness per token: a group whose oldest token is
+    more than K versions behind the learner is dropped, never trained on. The loss's importance ratio is
+    taken per token against the logprob its own version recorded, so clipping and ``tis_cap`` apply per token."""
+
+    max_groups_in_flight: int | None = Field(
+        None, ge=1, description="groups submitted but not yet trained on, at most; null: tasks_per_step x "
+        "(max_off_policy_steps + 1), the most that keeps groups that finish in order within K versions")
+
+
 class GRPOKwargs(StrictModel):
     group_size: int = Field(
         8, ge=1, description="samples per task (one GRPO group); 1 only with advantage: value_head")
@@ -137,7 +151,12 @@ class GRPOKwargs(StrictModel):
                              "(PPO's minibatches; more updates from the same samples at the same compute)")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward pass (gradient accumulation)")
     max_grad_norm: float = Field(1.0, gt=0)
-    max_off_policy_steps: int = Field(1, ge=0, description="drop groups sampled more than this many versions ago")
+    max_off_policy_steps: int = Field(
+        1, ge=0, description="drop groups with a token sampled more than this many versions ago (K; 0: on-policy, "
+                             "no overlap of collection and learning; 1: the next batch is collected while one trains)")
+    partial_rollouts: PartialRolloutsConfig | None = Field(
+        None, description="sessions run on across weight updates, each token tagged with its version, at most "
+                          "max_off_policy_steps behind (null: one-step-off, a batch at a time)")
     temperature: float | None = Field(
         None, ge=0, description="the rollout's sampling temperature: replaces the one each model call asks for; "
                                 f"null: {ROLLOUT_TEMPERATURE:g}, or agent.temperature with the built-in LLM agent")
@@ -151,6 +170,14 @@ class GRPOKwargs(StrictModel):
         False, description="recompute activations in the backward pass (HF gradient_checkpointing_enable): less memory, more compute")
     eval_every: int = Field(0, ge=0, description="evaluate held-out tasks every N steps (0 = start and end only)")
     eval_samples: int = Field(1, ge=1, description="sessions per held-out task in each evaluation")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_rollouts_switch(cls, data: Any) -> Any:
+        """``partial_rollouts: true`` is ``{}`` (the defaults), ``false`` is off."""
+        if isinstance(data, dict) and isinstance(data.get("partial_rollouts"), bool):
+            data = {**data, "partial_rollouts": {} if data["partial_rollouts"] else None}
+        return data
 
     @model_validator(mode="after")
     def _the_baseline(self) -> GRPOKwargs:
@@ -172,6 +199,13 @@ class GRPOKwargs(StrictModel):
         if self.loss_aggregation == "gspo" and (self.step_advantage is not None or self.advantage == "value_head"):
             raise ValueError("loss_aggregation gspo takes one advantage per sequence; step_advantage and advantage: "
                              "value_head give one per turn. Use loss_aggregation token_mean or dr_grpo with them")
+        cap = self.partial_rollouts.max_groups_in_flight if self.partial_rollouts is not None else None
+        if cap is not None and cap < self.tasks_per_step:
+            raise ValueError(f"partial_rollouts.max_groups_in_flight {cap} is below tasks_per_step {self.tasks_per_step}: "
+                             "a step takes tasks_per_step groups that ran together; raise it, or leave it out")
+        if self.partial_rollouts is not None and self.max_off_policy_steps < 1:
+            raise ValueError("partial_rollouts: sessions span weight updates, so a token can be a version behind the "
+                             "learner; set max_off_policy_steps >= 1 (it is 0), or drop partial_rollouts")
         if self.loss_aggregation == "gspo" and self.tis_cap is not None:
             raise ValueError("loss_aggregation gspo already weighs each sequence by its own ratio; drop tis_cap")
         if self.value_head is not None and self.value_head.freeze_llm:

@@ -43,6 +43,7 @@ from polar.config.hierarchical import HierarchicalPolicyConfig
 from polar.config.llm_agent import LLMAgentConfig, TaskSource, overlapping_seeds
 from polar.config.mbpo import MBPOPolicyConfig
 from polar.config.multi_agent import PettingZooHarnessConfig
+from polar.config.partial import check_partial_rollouts
 from polar.config.policy import (
     OFF_POLICY,
     ON_POLICY,
@@ -271,6 +272,12 @@ class AgentRunConfig(_RunBase):
             raise ValueError("gateway.action_cache is for serving (polar gateway --config) and evaluation (polar eval RUN "
                              "--action-cache N --greedy); a training run samples fresh answers and changes its weights "
                              "every step, so remove gateway.action_cache from the run's config")
+        return self
+
+    @model_validator(mode="after")
+    def _partial_rollouts(self) -> AgentRunConfig:
+        if getattr(self.policy.kwargs, "partial_rollouts", None) is not None:
+            check_partial_rollouts(self.model, self.gateway)
         return self
 
     @model_validator(mode="after")

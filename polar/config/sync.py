@@ -18,10 +18,13 @@ class WeightSyncConfig(StrictModel):
     At each sync the gateway stops admitting calls, lets the ones under way finish (``in_flight:
     finish``, bounded by ``timeout_s``) or aborts them (``abort``: their records end with
     ``finish_reason: abort``), pushes the weights into every replica, sets its weight version, checks
-    it, and resumes. Upstream engines get the weights as a safetensors folder written to ``dir``."""
+    it, and resumes. Upstream engines get the weights as a safetensors folder written to ``dir``. With
+    ``continue`` (the embedded engine; partial rollouts) nothing pauses: the calls under way go on under
+    the new weights, and their records carry each sampled token's version (``sampled_versions``)."""
 
-    in_flight: Literal["finish", "abort"] = Field(
-        "finish", description="calls under way at a sync: let them finish (up to timeout_s), or abort them")
+    in_flight: Literal["finish", "abort", "continue"] = Field(
+        "finish", description="calls under way at a sync: let them finish (up to timeout_s), abort them, or "
+                              "continue them under the new weights (embedded engine; partial rollouts)")
     timeout_s: float = Field(300.0, gt=0, description="longest wait for in-flight calls, and for each replica's push")
     method: Literal["disk", "nccl"] = Field(
         "disk", description="upstream engines: disk = each replica reloads a safetensors folder (vLLM "

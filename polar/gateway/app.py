@@ -186,6 +186,11 @@ class GatewayApp:
         self.store = SessionStore(records_dir, fsync=config.fsync, resume=config.resume_records)
         self.gate = DrainGate(config.pause_mode, config.pause_wait_s, config.retry_after_s)
         self.core = GatewayCore(engine, self.store, self.gate, config.default_max_tokens)
+        if config.sync.in_flight == "continue" and not getattr(engine, "continues_in_flight", False):
+            from polar.errors import ConfigError
+
+            raise ConfigError(f"gateway.sync.in_flight: continue keeps generations going across a weight update, and "
+                              f"the {type(engine).__name__} cannot (the embedded engine can); use finish or abort")
         if hasattr(engine, "configure_sync"):  # upstream engines: where synced weights go, how they are checked
             from pathlib import Path
 
@@ -522,10 +527,18 @@ class GatewayApp:
             return self._error(openai_chat, e)
 
     async def update_weights(self, state_dict: Any, version: int, timeout_s: float = 300.0) -> dict[str, Any]:
-        """Pause, wait for in-flight calls, swap, resume. Always resumes, even when the swap fails."""
+        """Pause, wait for in-flight calls, swap, resume. Always resumes, even when the swap fails. With
+        ``sync.in_flight: continue`` nothing pauses: the engine swaps between two of its steps and the calls
+        under way go on under the new weights (their records say which version sampled each token)."""
         if self._swap_lock is None:
             self._swap_lock = asyncio.Lock()
         async with self._swap_lock:
+            if self.config.sync.in_flight == "continue":
+                try:
+                    await self.engine.update_weights_in_flight(state_dict, version)
+                except Exception as e:
+                    raise engine_error(e) from None
+                return {**self.gate.status(), "policy_version": int(self.engine.policy_version)}
             if self.config.sync.in_flight == "abort":  # end the calls under way now, rather than wait for them
                 status = await self.gate.pause(0.0)
                 if status["inflight"]:

@@ -144,6 +144,7 @@ class Call:
         self.rejected_prompt: dict[str, Any] | None = None  # count and hash of a prompt refused before generation
         self.sampled: list[int] = []
         self.logprobs: list[float] = []
+        self.versions: list[int] = []  # of each sampled token: the weights that sampled it
         self.top_logprobs: list[list[tuple[int, float]]] | None = [] if req.top_logprobs else None
         self.output: CallOutput | None = None
         self.parsed: ParsedOutput | None = None
@@ -221,6 +222,7 @@ class Call:
                         self.first_token_s = time.perf_counter() - self._t0
                     self.sampled.append(int(ev.token_id))
                     self.logprobs.append(float(ev.logprob if ev.logprob is not None else 0.0))
+                    self.versions.append(self.policy_version if ev.policy_version is None else int(ev.policy_version))
                     if self.top_logprobs is not None:
                         self.top_logprobs.append(list(ev.top_logprobs or []))
                     if incremental:
@@ -374,7 +376,10 @@ class Call:
             sampled_ids=list(self.sampled),
             logprobs=list(self.logprobs),
             finish_reason=finish,
-            policy_version=self.policy_version,
+            # the oldest weights any of its tokens came from; per token only when they differ (a weight
+            # update in flight, gateway.sync.in_flight: continue)
+            policy_version=min(self.versions, default=self.policy_version),
+            sampled_versions=list(self.versions) if len(set(self.versions)) > 1 else [],
             started_at=self.started_at,
             ended_at=ended_at,
             error=err_text,

@@ -3,7 +3,9 @@
 While paused, a new call either waits for resume (``pause_mode: wait``, up to ``pause_wait_s``) or
 gets a 429 with ``Retry-After`` at once (``pause_mode: reject``); SDK clients retry those by
 themselves. Every call takes its policy version when it starts, and no call is in flight across a
-swap, so each record's ``policy_version`` is the version that generated all of its tokens.
+swap, so each record's ``policy_version`` is the version that generated all of its tokens. With
+``sync.in_flight: continue`` (partial rollouts) the gate is not paused at all: the calls go on across the
+swap, and each token's version comes from the engine (``CallRecord.sampled_versions``).
 """
 
 from __future__ import annotations

@@ -115,10 +115,12 @@ class GenerationRequest:
 
 @dataclass
 class TokenEvent:
-    """One sampled token. ``finish_reason`` and ``policy_version`` are set only on the last event.
+    """One sampled token. ``finish_reason`` is set only on the last event.
 
-    ``policy_version`` on the last event is the version of the weights that produced every token of
-    the stream (engines abort in-flight streams when weights change), so it is exact to stamp on records.
+    ``policy_version`` is the version of the weights that sampled this token. Engines that abort in-flight
+    streams when weights change set it on the last event only (it is then every token's); an engine that
+    continues a stream across a weight update (``Engine.continues_in_flight``) sets it on every event, so a
+    stream that spans an update says which of its tokens each version sampled (partial rollouts).
     """
 
     token_id: int | None
@@ -162,6 +164,8 @@ class Engine(abc.ABC):
     chat_template_source: str | None = None
     chat_template_tools: bool = True
     max_top_logprobs: int = 0  # the most GenerationRequest.top_logprobs this engine can report
+    # update_weights_in_flight: generations under way go on under the new weights (partial rollouts)
+    continues_in_flight: bool = False
     # what its logprobs are, recorded with every call: "raw_logprobs" is the model's own distribution at
     # temperature 1 before top-p (what the learner recomputes), as the embedded engine and vLLM's default give
     logprob_mode: str = "raw_logprobs"
@@ -173,6 +177,13 @@ class Engine(abc.ABC):
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Swap in new weights and set ``policy_version = version``. Engines without local weights refuse."""
         raise EngineError(f"{type(self).__name__} cannot update weights in place")
+
+    async def update_weights_in_flight(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Swap in new weights while generations are under way: each goes on under the new weights, its
+        later tokens stamped ``version`` (``gateway.sync.in_flight: continue``). Only engines with
+        ``continues_in_flight`` can; the others refuse."""
+        raise EngineError(f"{type(self).__name__} cannot continue a generation across a weight update; "
+                          "use gateway.sync.in_flight: finish or abort with it")
 
     async def abort_inflight(self) -> int:
         """End the generations under way (each finishes with ``"abort"``), for a weight sync with

@@ -13,6 +13,10 @@ float32 from the same logits the token was sampled from; see :mod:`polar.inferen
 
 ``update_weights`` takes the step lock, copies tensors in place, and aborts sequences that were in
 flight (their KV caches belong to the old weights); queued requests then run under the new weights.
+``update_weights_in_flight`` (partial rollouts) keeps them instead: each goes back to the front of the queue
+with what it sampled so far appended to its prompt, so its next prefill recomputes its keys and values under
+the new weights, and it goes on sampling there; every token's ``TokenEvent.policy_version`` is the version
+of the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -77,6 +81,10 @@ class _Seq:
     cache: Any = None  # only for sequences decoded on their own (caches that cannot be merged)
     sampled: list[int] = field(default_factory=list)
 
+    def context(self) -> list[int]:
+        """What the next prefill reads: the prompt, and after a weight update in flight what was sampled."""
+        return self.request.prompt_ids + self.sampled if self.sampled else self.request.prompt_ids
+
 
 class EmbeddedEngine(Engine):
     """In-process HF transformers engine. Build with :meth:`from_spec` (``"tiny"`` or a model folder)."""
@@ -97,6 +105,7 @@ class EmbeddedEngine(Engine):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_top_logprobs = 20
+        self.continues_in_flight = True
         self.model_name = model_name
         self.device = next(model.parameters()).device
         cfg_len = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
@@ -186,6 +195,9 @@ class EmbeddedEngine(Engine):
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         await asyncio.to_thread(self._swap_weights, state_dict, int(version))
 
+    async def update_weights_in_flight(self, state_dict: Mapping[str, Any], version: int) -> None:
+        await asyncio.to_thread(self._swap_weights, state_dict, int(version), True)
+
     async def abort_inflight(self) -> int:
         def _abort() -> int:
             with self._step_lock:
@@ -247,7 +259,7 @@ class EmbeddedEngine(Engine):
                 continue
             hit = (
                 self.prefix_cache.take(seq.request.session_id, seq.request.prompt_ids)
-                if self.batch_decode
+                if self.batch_decode and not seq.sampled  # a sequence resumed after a swap: no cache is its
                 else None
             )
             if hit is not None or not self._batch_prefill_ok:
@@ -293,7 +305,7 @@ class EmbeddedEngine(Engine):
         group: list[_Seq] = []
         width = 0
         for seq in seqs:
-            n = len(seq.request.prompt_ids)
+            n = len(seq.context())
             if group and (len(group) + 1) * max(width, n) > self.max_prefill_tokens:
                 groups.append(group)
                 group, width = [], 0
@@ -306,14 +318,14 @@ class EmbeddedEngine(Engine):
         key, so no row is fully masked); sample their first tokens; return the KV of those continuing."""
         if len(seqs) == 1:
             return self._prefill_one(seqs[0], None)
-        lens = [len(s.request.prompt_ids) for s in seqs]
+        lens = [len(s.context()) for s in seqs]
         width = max(lens)
         self.stats["prefill_forwards"] += 1
         self.stats["prefill_sequences"] += len(seqs)
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
         mask = torch.zeros(len(seqs), width, dtype=torch.long)
         for row, seq in enumerate(seqs):
-            ids[row, : lens[row]] = torch.tensor(seq.request.prompt_ids)
+            ids[row, : lens[row]] = torch.tensor(seq.context())
             mask[row, : lens[row]] = 1
         last = sorted({n - 1 for n in lens})  # logits only where some row's prompt ends
         kwargs: dict[str, Any] = (
@@ -340,7 +352,7 @@ class EmbeddedEngine(Engine):
     def _prefill(self, seq: _Seq, hit: PrefixEntry | None) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Prefill one prompt (past a cached prefix if ``hit``) and sample its first token; return the
         KV to merge into the cohort, if any."""
-        prompt = seq.request.prompt_ids
+        prompt = seq.context()
         keep = {self._keep_kw: 1} if self._keep_kw else {}
         self.stats["prefill_forwards"] += 1
         self.stats["prefill_sequences"] += 1
@@ -405,7 +417,7 @@ class EmbeddedEngine(Engine):
                 finish = "length"
             seq.done = finish is not None
             want = seq.request.top_logprobs
-            event = TokenEvent(token, logprob, finish, self.policy_version if finish else None,
+            event = TokenEvent(token, logprob, finish, self.policy_version,
                                top[:want] if top is not None and want else None)
             self._emit(seq, event)
 
@@ -459,10 +471,20 @@ class EmbeddedEngine(Engine):
             self._emit(seq, TokenEvent(None, None, "abort", self.policy_version))
         self._active, self._solo, self._kv, self._mask = [], [], None, None
 
-    def _swap_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+    def _swap_weights(self, state_dict: Mapping[str, Any], version: int, keep_in_flight: bool = False) -> None:
+        """Between two steps (the step lock): the new weights; the sequences under way are aborted, or with
+        ``keep_in_flight`` queued first to be prefilled again (prompt + sampled) under the new weights."""
         with self._step_lock:
             load_weights(self.model, state_dict)
-            self._abort_all()
+            if keep_in_flight:
+                resumed = [s for s in [*self._active, *self._solo] if not (s.done or s.cancelled)]
+                for seq in resumed:
+                    seq.cache = None
+                self._active, self._solo, self._kv, self._mask = [], [], None, None
+                with self._cv:
+                    self._pending.extendleft(reversed(resumed))
+            else:
+                self._abort_all()
             self.prefix_cache.clear()  # cached keys/values belong to the old weights
             self.policy_version = version
 

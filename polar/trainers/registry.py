@@ -70,6 +70,7 @@ from polar.models.off_policy import QCritic, network_settings
 from polar.rollout.backends.collector import EnvCollector, FiniteGuard, harness_name
 from polar.rollout.backends.replay import ReplayCollector
 from polar.rollout.sessions.collector import DemonstrationCollector, SessionCollector
+from polar.rollout.sessions.partial import PartialRollouts
 from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
 from polar.trainers.continual import old_replay
@@ -469,10 +470,13 @@ def grpo_parts(ctx: AgentContext) -> AgentParts:
     dynamic = kw.advantage != "value_head" and kw.teacher is None and kw.dynamic_sampling.max_extra_rounds > 0
     overlong_filter = bool(kw.overlong_filter)
     signal: Callable[[list[SessionResult]], bool] | None = (lambda g: has_signal(g, overlong_filter)) if dynamic else None
+    pr = kw.partial_rollouts
+    partial_rollouts = PartialRollouts(kw.max_off_policy_steps, pr.max_groups_in_flight
+                              or kw.tasks_per_step * (kw.max_off_policy_steps + 1)) if pr is not None else None
     collector = SessionCollector(
         ctx.stack, tasks, kw.tasks_per_step, kw.group_size, cfg.seed, batches=kw.total_steps,
         prefetch=kw.max_off_policy_steps >= 1, max_extra_rounds=kw.dynamic_sampling.max_extra_rounds if dynamic else 0,
-        signal=signal, difficulty=difficulty, curriculum=curriculum)
+        signal=signal, difficulty=difficulty, curriculum=curriculum, partial=partial_rollouts)
     evaluator = AgentEvaluator(ctx.run_dir, ctx.stack, ctx.eval_tasks, kw.eval_samples, ctx.state is not None,
                                grpo, kw.eval_every, kw.total_steps, name="grpo")
     return AgentParts(collector, learner, evaluator, iterations_budget(kw.total_steps), warm_up,

@@ -6,9 +6,10 @@ that are incomplete (``complete=False``: an error, a cancelled stream, an upstre
 whose capture is inconsistent (``len(logprobs) != len(sampled_ids)``) are excluded and counted.
 Records of different sessions are never mixed: each session is built on its own.
 
-Per-token side arrays (same length as ``token_ids``): ``policy_versions[i]`` is the version of the call
-that produced or introduced token ``i``, and ``call_indices[i]`` that call's index; trainers only need
-them where the mask is 1 (per-token off-policy correction).
+Per-token side arrays (same length as ``token_ids``): ``policy_versions[i]`` is the version of the weights
+that sampled token ``i`` (``CallRecord.token_versions``: a call that went on across a weight update has
+tokens of two versions), or for a prompt token the version of the call that introduced it; ``call_indices[i]``
+is that call's index. Trainers only need them where the mask is 1 (per-token off-policy correction).
 
 - ``per_request``: one sample per call, ``prompt_ids + sampled_ids``. Works for any harness, including
   ones that rewrite or compact their history; costs one forward over the shared prefix per call.
@@ -104,7 +105,7 @@ class _Chain:
         self.tokens += [*tail, *rec.sampled_ids]
         self.mask += [0] * len(tail) + [1] * len(rec.sampled_ids)
         self.logprobs += [0.0] * len(tail) + [float(x) for x in rec.logprobs]
-        self.versions += [rec.policy_version] * n
+        self.versions += [rec.policy_version] * len(tail) + rec.token_versions()
         self.calls += [rec.call_index] * n
         self.records.append(rec)
 

@@ -37,7 +37,8 @@ def test_streams_one_event_per_token_with_raw_model_logprobs(engine):
 
     events = run(go())
     assert len(events) == 9
-    assert all(ev.finish_reason is None and ev.policy_version is None for ev in events[:-1])
+    # every event carries the version of the weights that sampled its token (partial rollouts read it per token)
+    assert all(ev.finish_reason is None and ev.policy_version == 0 for ev in events[:-1])
     assert events[-1].finish_reason == "length" and events[-1].policy_version == 0
     result = run(
         collect(engine.generate(GenerationRequest(prompt, max_tokens=9, temperature=0.7, top_p=0.9, seed=1)))

@@ -4,6 +4,8 @@ minibatches of demonstrations).
 
 With ``max_off_policy_steps >= 1`` the next batch of sessions is collected while this one trains (its sessions
 may straddle a weight swap; each sample's oldest policy version decides whether it is still fresh enough).
+With partial rollouts (``polar.rollout.sessions.partial``) groups run on across weight updates instead, and each
+step takes the first that finish.
 With dynamic sampling the collector draws more rounds until ``tasks_per_step`` groups have rewards that differ
 (bounded); the difficulty filter and a reasoning-gym curriculum (``polar.rollout.sessions.task_sampling``)
 choose which tasks it draws, and their state is the collector's share of a checkpoint.
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from polar.rollout.sessions.partial import GroupStream, PartialRollouts, oldest_version, spans_update, stale
 from polar.rollout.sessions.stats import live_counts, session_metrics
 from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.types import Batch, Metrics, SessionResult, TrajectorySample
@@ -52,14 +55,19 @@ class SessionCollector:
 
     ``start`` hands the engine the weights the run starts with when its version differs from the engine's (after
     an SFT warm-up, or on resume: the engine starts fresh); ``state_dict`` holds the difficulty filter's
-    estimates and the curriculum's levels; ``load_state_dict`` restores them and the step the run resumes at."""
+    estimates and the curriculum's levels; ``load_state_dict`` restores them and the step the run resumes at.
+
+    With ``partial`` (partial rollouts) groups are submitted one by one and run on across weight updates
+    (``polar.rollout.sessions.partial``): a batch is the first ``tasks_per_step`` groups that finish, oldest
+    first, leaving out those with a token more than ``partial.max_staleness`` versions behind."""
 
     HEARTBEAT_S = 30.0
 
     def __init__(self, stack: SessionStack, tasks: list[dict[str, Any]], tasks_per_step: int, group_size: int,
                  seed: int, batches: int, prefetch: bool, first_step: int = 0, max_extra_rounds: int = 0,
                  signal: Callable[[list[SessionResult]], bool] | None = None,
-                 difficulty: TaskDifficulty | None = None, curriculum: Curriculum | None = None) -> None:
+                 difficulty: TaskDifficulty | None = None, curriculum: Curriculum | None = None,
+                 partial: PartialRollouts | None = None) -> None:
         self.stack = stack
         self.total_batches = batches
         self.curriculum = curriculum
@@ -71,7 +79,7 @@ class SessionCollector:
         self.group_size = group_size
         self.rng = random.Random(seed)
         self.left = batches
-        self.prefetch = prefetch
+        self.prefetch = prefetch and partial is None  # partial rollouts stream groups instead
         self.step = first_step
         self.wait_s = 0.0
         self.batch_counts: Metrics = {}
@@ -79,6 +87,11 @@ class SessionCollector:
         # the batch under way: its future, the step it is for, when it was submitted
         self._pending: tuple[concurrent.futures.Future[Groups], int, float] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polar-collect")
+        self.partial = partial
+        self._stream = (GroupStream(lambda request: self.stack.run_groups([request])[0], partial.max_groups_in_flight)
+                        if partial is not None else None)
+        self._version = 0  # the engine's policy version (start, publish)
+        self._first_submitted = 0.0  # when the oldest group of the batch being collected was submitted
 
     def _next_tasks(self, n: int) -> list[dict[str, Any]]:
         """``n`` tasks, in a shuffled pass over all of them; with ``difficulty`` a task whose turn comes is drawn
@@ -156,7 +169,10 @@ class SessionCollector:
     def start(self, weights: Mapping[str, Any], version: int) -> None:
         if int(self.stack.engine.policy_version) != version:
             self.stack.update_weights(weights, version)
-        if self.prefetch and self.left > 0:
+        self._version = version
+        if self._stream is not None:
+            self._top_up(0)
+        elif self.prefetch and self.left > 0:
             self._pending = self._submit()
 
     def state_dict(self) -> dict[str, Any]:
@@ -179,16 +195,86 @@ class SessionCollector:
         self.step = int(state.get("iteration", state.get("step", 0)))
         self.left = max(0, self.total_batches - self.step)
 
+    # ------------------------------------------------------------------ partial rollouts
+    def _top_up(self, taken: int, at_least: int = 0) -> None:
+        """Submit groups (under the current version) until ``min(max_groups_in_flight, what the run's steps still
+        take) - taken`` are untrained (``at_least`` when a step waits for one more); ``taken``: the groups the step
+        being collected has kept so far."""
+        assert self._stream is not None
+        target = max(at_least, min(self._stream.capacity, self.left * self.tasks_per_step) - taken)
+        while self._stream.untrained < target:
+            [task] = self._next_tasks(1)
+            self._stream.submit((task, self.group_size, {"rollout_step": self.step,
+                                                         "dataset_task_id": str(task.get("id", ""))}), self._version)
+
+    def _take(self, t0: float) -> list[SessionResult]:
+        """The oldest group to finish; a line in session words every ``HEARTBEAT_S`` while none has."""
+        assert self._stream is not None
+        while True:
+            group = self._stream.take(self.HEARTBEAT_S)
+            if group is not None:
+                return group
+            log.info("step %d: partial rollouts, %d groups under way, %.0fs", self.step + 1, self._stream.running,
+                     time.monotonic() - t0)
+
+    def _collect_partial(self, t0: float) -> tuple[Groups, Groups, int, dict[str, float]]:
+        """The first ``tasks_per_step`` groups to finish whose tokens are at most ``max_staleness`` versions old
+        (older ones are dropped); with dynamic sampling, while fewer than ``tasks_per_step`` of them have a
+        signal, up to ``max_extra_rounds x tasks_per_step`` more, of which only those with a signal join (the
+        rest are ``left_out``, as in a batch at a time)."""
+        assert self.partial is not None and self._stream is not None
+        stream = self._stream
+        n, k = self.tasks_per_step, self.partial.max_staleness
+        groups: Groups = []
+        left_out: Groups = []
+        dropped = extra = 0
+        self._first_submitted = math.inf
+        while True:
+            with_signal = sum(map(self.signal, groups)) if self.signal is not None else n
+            if len(groups) >= n and (with_signal >= n or extra >= self.max_extra_rounds * n):
+                break
+            self._top_up(min(len(groups), n), at_least=1)
+            group = self._take(t0)
+            self._first_submitted = min(self._first_submitted, stream.last_submitted_at)
+            if self.difficulty is not None:
+                self.difficulty.observe([group])
+            if stale(group, self._version, k):
+                dropped += 1
+                log.info("step %d: a group of task %s has a token %d versions old (max_off_policy_steps %d); "
+                         "dropped", self.step + 1, group[0].task_id if group else "?",
+                         self._version - (oldest_version(group) or 0), k)
+            elif len(groups) < n:
+                groups.append(group)
+            else:
+                extra += 1
+                if self.signal is not None and self.signal(group):
+                    groups.append(group)
+                else:
+                    left_out.append(group)
+        if self.max_extra_rounds and self.signal is not None and not any(map(self.signal, groups)):
+            log.warning("step %d: no group of the %d taken (%d extra, policy.kwargs.dynamic_sampling.max_extra_rounds) "
+                        "has rewards that differ, so the step is skipped; a larger group_size, partial-credit rewards "
+                        "or easier tasks help", self.step + 1, len(groups) + len(left_out), extra)
+        results = [r for g in (*groups, *left_out) for r in g]
+        counts = {"partial/groups_stale": float(dropped), "partial/groups_untrained": float(stream.untrained),
+                  "partial/sessions_spanning_update": float(sum(map(spans_update, results)))}
+        return groups, left_out, math.ceil(extra / n), counts
+
     def collect(self) -> Batch[Groups]:
         t0 = time.monotonic()
-        future, step, submitted = self._pending if self._pending is not None else self._submit()
-        self._pending = None
-        groups = self._wait(future, step, submitted)
-        if self.difficulty is not None:
-            self.difficulty.observe(groups)
-        # (a prefetched batch carries the step it was submitted at as its rollout_step; the logs say the step it
-        # trains, self.step)
-        groups, left_out, rounds = self._fill_with_signal(groups, step, self.step)
+        partial_counts: Metrics = {}
+        if self._stream is not None:
+            groups, left_out, rounds, partial_counts = self._collect_partial(t0)
+            submitted = self._first_submitted  # the sampled tokens per second: since its oldest group started
+        else:
+            future, step, submitted = self._pending if self._pending is not None else self._submit()
+            self._pending = None
+            groups = self._wait(future, step, submitted)
+            if self.difficulty is not None:
+                self.difficulty.observe(groups)
+            # (a prefetched batch carries the step it was submitted at as its rollout_step; the logs say the step
+            # it trains, self.step)
+            groups, left_out, rounds = self._fill_with_signal(groups, step, self.step)
         if self.curriculum is not None:
             advanced = self.curriculum.observe([*groups, *left_out])  # every group drawn: the pass rate unbiased
             if advanced is not None:  # the next draw is at the new levels (a batch already under way is not)
@@ -213,13 +299,19 @@ class SessionCollector:
                              "groups_drawn": len(groups) + len(left_out), "dynamic_sampling/extra_rounds": rounds,
                              **(self.difficulty.metrics() if self.difficulty is not None else {}),
                              **(self.curriculum.metrics() if self.curriculum is not None else {}),
-                             **session_metrics(results)}
+                             **partial_counts, **session_metrics(results)}
+        # the oldest weights each trained session sampled with: the loop's policy_lag
+        versions = [v for g in groups for r in g if (v := oldest_version([r])) is not None]
         return Batch(data=groups, env_steps=len(results),
                      episode_returns=[float(r.reward) for r in results if r.reward is not None],
-                     episode_lengths=[len(r.samples) for r in results if r.reward is not None])
+                     episode_lengths=[len(r.samples) for r in results if r.reward is not None],
+                     policy_versions=versions)
 
     def publish(self, weights: Mapping[str, Any], version: int) -> None:
         self.stack.update_weights(weights, version)
+        self._version = version
+        if self._stream is not None:
+            self._top_up(0)  # the new version's share of groups (AReaL's bound)
 
     def metrics(self) -> Metrics:
         stack_metrics = getattr(self.stack, "metrics", None)  # the Ray stack: its nodes, restarts, re-dispatches
@@ -230,6 +322,8 @@ class SessionCollector:
         if self._pending is not None:
             self._pending[0].cancel()  # a batch not yet started; one under way finishes (SIGTERM's grace bounds it)
         self._pool.shutdown(wait=True)
+        if self._stream is not None:
+            self._stream.close()
 
 
 
