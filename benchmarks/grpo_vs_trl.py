@@ -24,6 +24,10 @@ learning rate, same cores.
 - **Held-out**: the first ``--heldout-limit`` tasks (default 200), one sample each at the training temperature and
   ``max_tokens``, before and after; exact success is ``reward >= 1``.
 - **Cores**: each side runs alone, with ``--threads`` torch threads (default 2) and ``OMP_NUM_THREADS`` set.
+- **Engine**: polar samples on its default (embedded) engine, or on a polar-launched vLLM CPU replica with
+  ``--polar-engine vllm``; TRL on transformers' ``generate``.
+- **Sides apart**: ``--json`` is written after each side; ``--only trl`` (or ``polar``) merges into the file's
+  other side, and ``--polar-run-dir`` reads a finished polar side from its run folder instead of training.
 
 Prints one table (held-out exact success before and after, wall seconds to each evaluation point, sampled tokens
 per second, learner seconds per step) and writes ``--json``: ``{"polar": {...}, "trl": {...}}``, each with
@@ -69,7 +73,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--polar-engine", choices=["embedded", "vllm"], default="embedded",
                    help="polar's rollout engine: its default (embedded) or a polar-launched vLLM CPU replica (fp32, "
                         "both cores: the `.vllm-venv` of `make vllm`)")
-    p.add_argument("--only", choices=["polar", "trl"], default=None, help="run one side only")
+    p.add_argument("--only", choices=["polar", "trl"], default=None,
+                   help="run one side only; its numbers are merged into --json if that file holds the other side's")
+    p.add_argument("--polar-run-dir", default=None,
+                   help="read the polar side from this finished run folder of an earlier run instead of training")
     p.add_argument("--work-dir", default=None, help="run folders (default: next to --json)")
     return p.parse_args(argv)
 
@@ -106,7 +113,6 @@ def run_polar(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, 
     for p in _import_paths():
         sys.path.insert(0, p)
     from polar.config import validate_run_config
-    from polar.metrics.logger import read_metrics
     from polar.trainers.build import train_agentic
     from polar.trainers.run_dir import RunDir
 
@@ -127,23 +133,45 @@ def run_polar(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, 
     run_dir = RunDir.create("polar", work / "polar")
     t0 = time.monotonic()
     start_wall = time.time()
-    summary = train_agentic(cfg, run_dir)
-    total = time.monotonic() - t0
-    rows = [r for r in read_metrics(run_dir.metrics_path) if "reward_mean" in r]
+    train_agentic(cfg, run_dir)
+    return polar_result(run_dir.path, start_wall, time.monotonic() - t0)
+
+
+def polar_result(run_dir: Path, start_wall: float, total_s: float) -> dict[str, Any]:
+    """The polar side's numbers, read from its run folder: held-out success before and after (``eval/``), wall
+    seconds from ``start_wall`` to each evaluation, and the per-step means of ``metrics.jsonl``."""
+    from polar.metrics.logger import read_metrics
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in r]
+
+    def evaluation(name: str) -> dict[str, Any]:
+        f = run_dir / "eval" / f"{name}.json"
+        return dict(json.loads(f.read_text())) if f.is_file() else {}
 
     def at(name: str) -> float | None:
-        f = run_dir.path / "eval" / f"{name}.json"
+        f = run_dir / "eval" / f"{name}.json"
         return round(f.stat().st_mtime - start_wall, 1) if f.is_file() else None
 
     def mean(key: str) -> float | None:
         vals = [float(r[key]) for r in rows if r.get(key) is not None]
         return round(sum(vals) / len(vals), 2) if vals else None
 
-    return {"framework": "polar", "before": summary.get("eval_before", {}), "after": summary.get("eval_after", {}),
-            "wall_s": {"before": at("before_grpo"), "after": at("after_grpo"), "total": round(total, 1)},
+    return {"framework": "polar", "before": evaluation("before_grpo"), "after": evaluation("after_grpo"),
+            "wall_s": {"before": at("before_grpo"), "after": at("after_grpo"), "total": round(total_s, 1)},
             "steps": len(rows), "sampled_tokens_per_s": mean("sessions/sampled_tokens_per_s"),
             "learner_s_per_step": mean("learn_s"), "sessions": int(rows[-1]["env_steps"]) if rows else 0,
-            "train_rewards": [r["reward_mean"] for r in rows], "run_dir": str(run_dir.path)}
+            "train_rewards": [r["reward_mean"] for r in rows], "run_dir": str(run_dir)}
+
+
+def read_polar_run(run_dir: Path) -> dict[str, Any]:
+    """``--polar-run-dir``: a finished polar side of an earlier run of this script, read rather than rerun; its
+    clock starts when the run folder was created and stops at its last evaluation."""
+    meta = json.loads((run_dir / "run.json").read_text())
+    after = run_dir / "eval" / "after_grpo.json"
+    if not after.is_file():
+        raise SystemExit(f"--polar-run-dir {run_dir}: no eval/after_grpo.json, so the run did not finish")
+    start = float(meta["created"])
+    return polar_result(run_dir, start, after.stat().st_mtime - start)
 
 
 def run_trl(args: argparse.Namespace, work: Path, heldout: Path) -> dict[str, Any]:
@@ -195,12 +223,20 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     heldout = _limited_heldout(args, work)
     results: dict[str, dict[str, Any]] = {}
+    if args.only is not None and out.is_file():  # the other side, from an earlier run of this script
+        results = {k: v for k, v in json.loads(out.read_text()).items() if k != args.only}
+    results["settings"] = {k: v for k, v in vars(args).items()}
+
+    def save() -> None:  # after each side: a side that fails or is stopped later loses nothing already measured
+        out.write_text(json.dumps(results, indent=1))
+
     if args.only in (None, "polar"):
-        results["polar"] = run_polar(args, work, heldout)
+        results["polar"] = (read_polar_run(Path(args.polar_run_dir)) if args.polar_run_dir
+                            else run_polar(args, work, heldout))
+        save()
     if args.only in (None, "trl"):
         results["trl"] = run_trl(args, work, heldout)
-    results["settings"] = {k: v for k, v in vars(args).items()}
-    out.write_text(json.dumps(results, indent=1))
+        save()
     print(table({k: v for k, v in results.items() if k in ("polar", "trl")}))
     return 0
 
