@@ -25,8 +25,9 @@ SHARED_GROUPS = (("vllm", ("launched_vllm",)), ("ray", ("ray_cluster",)), ("cli"
 
 def unit_of(item: pytest.Item) -> str:
     """The work unit of ``item``: a shared-resource group, else its file."""
+    names = getattr(item, "fixturenames", ())  # pytest.Function's; other items (doctests) have none
     for group, fixtures in SHARED_GROUPS:
-        if item.get_closest_marker(group) is not None or any(f in item.fixturenames for f in fixtures):
+        if item.get_closest_marker(group) is not None or any(f in names for f in fixtures):
             return group
     return item.nodeid.split("::")[0]
 
