@@ -56,10 +56,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             if self.units is None:  # every worker has collected (and written its file) by the first call
                 self.units = {}
-                for node in self.nodes:
+                for node in self.nodes:  # a missing file (a worker that died collecting): its tests go by file
                     path = _units_file(node.workerinput)
-                    self.units.update(json.loads(path.read_text()))
-                    path.unlink()
+                    if path.is_file():
+                        self.units.update(json.loads(path.read_text()))
+                        path.unlink()
             return self.units.get(nodeid, nodeid.split("::")[0])
 
     return SharedResourceScheduling(config, log)
