@@ -4,7 +4,8 @@ A work unit is one test file, so a module-scoped fixture (a trained run, a start
 Tests that share a session-wide resource form one unit each, run in collection order on one worker: the one
 vLLM replica (`vllm`-marked tests and users of ``launched_vllm``), the one two-node Ray cluster (`ray`-marked
 tests and users of ``ray_cluster``), the one `make harnesses` install (the coding-agent CLI tests, marker
-`cli`). So CI's 2 cores never hold two vLLM servers or two Ray clusters at once.
+`cli`). So the workers never build a second shared replica or cluster, and vLLM starts never overlap: CI's 2
+cores hold at most the vLLM servers a one-process run holds.
 
 xdist's own `loadgroup` reads ``xdist_group`` marks by rewriting ``item._nodeid``, which pytest 9.2 no longer
 reads (node ids are ``item._id``); so the workers write each test's unit to a file at the end of collection and
