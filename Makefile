@@ -31,8 +31,11 @@ system-deps:
 
 # the tests marked vllm run against a real vLLM CPU server (tests/inference/test_vllm.py), so `make vllm` first
 # lint first: a new upward import, a type error or a style error fails CI before the suite runs
+# two pytest-xdist workers (CI has 2 cores); tests/xdist_groups.py keeps a file, and the vLLM, Ray and coding-CLI
+# tests, each on one worker. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: system-deps setup vllm lint
-	$(VENV)/bin/pytest -m "not slow" -q --durations=25
+	$(VENV)/bin/pytest -m "not slow" -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 test-all: system-deps setup vllm
 	$(VENV)/bin/pytest -q

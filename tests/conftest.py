@@ -2,6 +2,10 @@ import os
 
 import pytest
 
+# `make test` runs on two pytest-xdist workers; these hooks keep each file, and each session-wide resource
+# (vLLM replica, Ray cluster, coding-CLI install), on one worker (tests/xdist_groups.py)
+from tests.xdist_groups import pytest_collection_finish, pytest_xdist_make_scheduler  # noqa: F401
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
