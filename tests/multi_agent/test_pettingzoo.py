@@ -264,7 +264,8 @@ def test_polar_export_writes_one_servable_export_per_policy_of_a_multi_agent_run
 
 
 @pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),
-                                                 ({"pool_size": 0}, "pool_size"), ({"poolsize": 3}, "poolsize")])
+                                                 ({"pool_size": 0}, "pool_size"), ({"poolsize": 3}, "poolsize"),
+                                                 ({"opponent_noise": 1.5}, "opponent_noise")])
 def test_bad_self_play_settings_are_refused_naming_the_key(self_play, key):
     with pytest.raises(ConfigError, match=rf"harness\.self_play\.{key}"):
         _cfg({"id": TTT, "self_play": self_play})
