@@ -34,6 +34,9 @@ class SelfPlayConfig(StrictModel):
                                 "learn); with an empty pool every game is")
     random_share: float = Field(0.0, ge=0.0, le=1.0, description="share of games whose other seats a uniformly random "
                                 "legal player takes (not self-play: off by default; docs/multi-agent.md)")
+    opponent_noise: float = Field(0.0, ge=0.0, le=1.0, description="per move, the probability that a pool opponent "
+                                  "plays a uniformly random legal move instead of its own: the learner meets the "
+                                  "positions an erring player makes, in games that stay self-play (off by default)")
     eval_games: int = Field(100, ge=1, description="games against the pool and against a random player at each evaluation")
 
 

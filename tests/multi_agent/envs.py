@@ -12,6 +12,7 @@ from pettingzoo.utils import BaseWrapper
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYED: list[tuple[str, int, bool]] = []  # (agent, action, legal) of every move counting_tictactoe saw
+LOWEST: list[bool] = []  # per move counting_tictactoe saw: was it the lowest-numbered legal square
 
 
 class _CountingWrapper(BaseWrapper):
@@ -23,6 +24,7 @@ class _CountingWrapper(BaseWrapper):
         if action is not None and not (self.terminations[agent] or self.truncations[agent]):
             mask = self.observe(agent)["action_mask"]
             PLAYED.append((agent, int(action), bool(mask[int(action)])))
+            LOWEST.append(int(action) == int(np.flatnonzero(mask)[0]))
         super().step(action)
 
 

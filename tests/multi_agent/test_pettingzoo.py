@@ -264,7 +264,8 @@ def test_polar_export_writes_one_servable_export_per_policy_of_a_multi_agent_run
 
 
 @pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),
-                                                 ({"pool_size": 0}, "pool_size"), ({"poolsize": 3}, "poolsize")])
+                                                 ({"pool_size": 0}, "pool_size"), ({"poolsize": 3}, "poolsize"),
+                                                 ({"opponent_noise": 1.5}, "opponent_noise")])
 def test_bad_self_play_settings_are_refused_naming_the_key(self_play, key):
     with pytest.raises(ConfigError, match=rf"harness\.self_play\.{key}"):
         _cfg({"id": TTT, "self_play": self_play})
@@ -411,3 +412,46 @@ def test_tictactoe_batches_carry_the_learning_signal_the_loss_needs(tmp_path):
     ended = frag.terminated.astype(bool)
     assert ended.sum() > 10
     assert np.allclose(returns.numpy()[ended], frag.rewards[ended], atol=1e-5)
+
+
+def _greedy_collector(noise: float):
+    """Learner and its one pool snapshot both play the lowest-numbered legal square (a pi_head bias of -20 per
+    square), every game against the pool; so any other move is an opponent's random one."""
+    from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.multi_agent import MultiAgentCollector, resolve_mapping
+
+    cfg = _cfg({"id": "tests.multi_agent.envs:counting_tictactoe",
+                "self_play": {"latest_share": 0.0, "random_share": 0.0, "opponent_noise": noise}})
+    spaces = agent_spaces(make_pettingzoo_env(cfg.harness))
+    policy = build_policy(cfg, *spaces["player_1"])
+    with torch.no_grad():
+        policy.agent.pi_head.weight.zero_()
+        policy.agent.pi_head.bias.copy_(-20.0 * torch.arange(9.0))
+    pool = OpponentPool(cfg.harness.self_play, lambda: build_policy(cfg, *spaces["player_1"]), seed=0)
+    pool.add(policy.state_dict(), 0)
+    return MultiAgentCollector(cfg.harness, {"shared": policy}, resolve_mapping(cfg.harness, list(spaces)), 32, 4, 0,
+                               pool)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5, 1.0])
+def test_self_play_opponent_noise_makes_a_pool_opponent_play_that_share_of_its_moves_at_random(noise):
+    envs.PLAYED.clear()
+    envs.LOWEST.clear()
+    collector = _greedy_collector(noise)
+    try:
+        for _ in range(4):
+            collector.collect()
+        random_moves = collector.metrics()["self_play/opponent_random_moves"]
+    finally:
+        collector.close()
+    moves = len(envs.LOWEST)
+    other = moves - sum(envs.LOWEST)  # moves that were not the policies' own (lowest legal square)
+    assert all(m[2] for m in envs.PLAYED)  # a random move is a legal one
+    if noise == 0.0:
+        assert other == 0 and random_moves == 0
+    else:
+        # about half the moves are the opponent's; a random one can still hit the lowest legal square
+        share = random_moves / moves
+        assert abs(share - noise / 2) < 0.1, (share, noise)
+        assert other <= random_moves and other > 0.4 * random_moves

@@ -14,7 +14,8 @@ than one tick's worth left over for the next batch.
 
 Seats: by default each agent plays its mapped policy (``harness.policy_mapping``). With ``self_play`` each
 game seats the learner at one random agent and gives the others one opponent drawn from the pool
-(``polar.rollout.self_play``); their decisions are not trained on. ``play_games`` plays evaluation games with
+(``polar.rollout.self_play``); their decisions are not trained on, and each of a pool opponent's moves is a
+random legal one with probability ``self_play.opponent_noise``. ``play_games`` plays evaluation games with
 given seats (the current policies, a pool snapshot, or a uniformly random legal player) and scores them.
 """
 
@@ -184,6 +185,7 @@ class MultiAgentCollector:
         self._episode_lengths: list[int] = []
         self._results: dict[str, int] = {"win": 0, "draw": 0, "loss": 0}
         self.games_vs_random = 0  # training games a random legal player sat in (self_play.random_share)
+        self.opponent_random_moves = 0  # pool opponents' moves replaced by random ones (self_play.opponent_noise)
 
     # ------------------------------------------------------------------ the Collector protocol
     def start(self, weights: Any, version: int) -> None:
@@ -206,7 +208,8 @@ class MultiAgentCollector:
     def metrics(self) -> dict[str, float]:
         games = sum(self._results.values())
         out = {"self_play/train_games": float(games), "self_play/train_games_vs_random": float(self.games_vs_random)}
-        self.games_vs_random = 0
+        out["self_play/opponent_random_moves"] = float(self.opponent_random_moves)
+        self.games_vs_random = self.opponent_random_moves = 0
         if self.pool is not None:
             out.update(self.pool.metrics())
         self._results = {"win": 0, "draw": 0, "loss": 0}
@@ -317,7 +320,11 @@ class MultiAgentCollector:
             policy = self.policies[seat.name] if seat.snapshot is None else seat.snapshot.policy
             space = self.spaces[self.mapping[reqs[0][1]]][0]
             acts, log_probs, values = act_batch(policy, obs, space, False)
+            noise = self.cfg.self_play.opponent_noise if seat.kind == "pool" and self.cfg.self_play else 0.0
             for (s, agent, o), a, lp, v in zip(reqs, acts, log_probs, values, strict=True):
+                if noise > 0 and self.rng.random() < noise:  # self_play.opponent_noise: a pool opponent's slip
+                    a = random_action(o, self.agent_spaces[agent][1], self.rng)
+                    self.opponent_random_moves += 1
                 actions[s][agent] = a
                 if seat.kind == "learn":
                     self.pending[(s, agent)] = _Decision(o, a, float(lp), float(v), start=agent not in self.acted[s])
