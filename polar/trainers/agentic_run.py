@@ -307,9 +307,26 @@ def build_ray_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None,
                            results_dir=run_dir_path / "sessions")
 
 
+EVAL_HEARTBEAT_S = 30.0  # a held-out evaluation in progress says how far it is this often
+
+
 def heldout_success(stack: SessionStack, eval_tasks: list[dict[str, Any]], samples: int, tag: str) -> dict[str, float]:
-    """``samples`` sessions of every held-out task with the engine's current weights; success rate and counts."""
-    return success_rate(stack.run_groups([(t, samples, {"eval": tag}) for t in eval_tasks]))
+    """``samples`` sessions of every held-out task with the engine's current weights; success rate and counts.
+    While it runs (hundreds of sessions take minutes) a line every ``EVAL_HEARTBEAT_S`` says how many finished."""
+    import concurrent.futures
+
+    from polar.rollout.sessions.stats import live_counts
+
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polar-eval") as pool:
+        future = pool.submit(stack.run_groups, [(t, samples, {"eval": tag}) for t in eval_tasks])
+        while True:
+            try:
+                return success_rate(future.result(timeout=EVAL_HEARTBEAT_S))
+            except concurrent.futures.TimeoutError:
+                c = live_counts(stack, lambda m: m.get("eval") == tag)
+                done = "" if c is None else f", {c.finished}/{c.sessions} sessions finished"
+                log.info("held-out evaluation (%s): running%s, %.0fs", tag, done, time.monotonic() - t0)
 
 
 def evaluate_agent_run(run_dir: RunDir, cfg: AgentRunConfig, checkpoint: Path | None = None, samples: int | None = None,

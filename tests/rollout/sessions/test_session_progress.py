@@ -68,3 +68,24 @@ def test_tool_call_rate_is_a_step_metric(tmp_path, calculator):
     (row,) = [r for r in read_metrics(run_dir.path / "metrics.jsonl") if "iteration" in r]
     assert row["sessions/tool_call_rate"] == 0.5, row
     assert row["sessions/timeout_rate"] == 0.0 and row["sessions/error_rate"] == 0.0
+
+
+def test_a_held_out_evaluation_says_how_far_it_is_while_it_runs(tmp_path, caplog, monkeypatch):
+    """The held-out pass before and after GRPO runs hundreds of sessions for minutes; it reports the sessions
+    finished every EVAL_HEARTBEAT_S instead of going quiet until its result."""
+    from polar.trainers import agentic_run
+
+    sys.path.insert(0, str(HERE))
+    monkeypatch.setattr(agentic_run, "EVAL_HEARTBEAT_S", 0.2)
+    tasks = [{"id": "quick", "prompt": "Say hi.", "sleep_s": 0.6}, {"id": "slow", "prompt": "Say ho.", "sleep_s": 1.2}]
+    write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    write_jsonl(tmp_path / "heldout.jsonl", tasks)
+    (tmp_path / "run.yaml").write_text(SLOW.replace("tasks: tasks.jsonl", "tasks: tasks.jsonl\neval_tasks: heldout.jsonl")
+                                       .replace("total_steps: 2", "total_steps: 1"))
+    with caplog.at_level(logging.INFO):
+        rc = polar_main(["run", "--config", str(tmp_path / "run.yaml"), "--run-dir", str(tmp_path / "run"),
+                         "--log-every-s", "0"])
+    assert rc == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("held-out evaluation (before_grpo)")]
+    assert lines and "sessions finished" in lines[-1], [r.getMessage() for r in caplog.records]
+    assert any("held-out evaluation (after_grpo)" in r.getMessage() for r in caplog.records)
