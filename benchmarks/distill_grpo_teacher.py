@@ -103,7 +103,8 @@ def student_settings(args: argparse.Namespace, settings: dict[str, Any], teacher
             "--lora-r", str(settings["lora_r"]), "--lora-alpha", str(settings["lora_alpha"]),
             "--max-tokens", str(settings["max_tokens"]), "--temperature", str(settings["temperature"]),
             "--model", str(settings["model"]), "--seed", str(settings["seed"]),
-            "--threads", str(args.threads or settings["threads"]), "--polar-kwargs", json.dumps(kwargs)]
+            "--threads", str(args.threads or settings["threads"]), "--polar-kwargs", json.dumps(kwargs),
+            "--polar-engine", str(settings.get("polar_engine", "embedded"))]
     return grpo_vs_trl.parse(argv)
 
 

@@ -24,7 +24,7 @@ TASKS = ["--tasks", "benchmarks/grpo_vs_trl_tasks/chain_sum_train.jsonl",
 def _teacher_json(tmp_path: Path, **polar: object) -> Path:
     teacher_args = grpo_vs_trl.parse([*TASKS, "--json", "t.json", "--steps", "30", "--heldout-limit", "50",
                                       "--max-tokens", "48", "--temperature", "0.8", "--lora-r", "8", "--seed", "5",
-                                      "--polar-kwargs", '{"clip_range_high": 0.28}'])
+                                      "--polar-kwargs", '{"clip_range_high": 0.28}', "--polar-engine", "vllm"])
     path = tmp_path / "teacher.json"
     path.write_text(json.dumps({"polar": {"run_dir": str(tmp_path), "before": {"success": 0.1},
                                           "after": {"success": 0.5}, "wall_s": {"total": 100.0}, **polar},
@@ -45,6 +45,7 @@ def test_the_student_mirrors_the_teachers_setup_with_its_own_budget_and_the_teac
                                                                                     "rewards:last_number")
     assert Path(student.tasks) == ROOT / TASKS[1] and Path(student.heldout) == ROOT / TASKS[3]
     assert (student.max_tokens, student.temperature, student.lora_r, student.learning_rate) == (48, 0.8, 8, 4e-4)
+    assert student.polar_engine == "vllm"  # the teacher's engine, so the two wall times compare
     kwargs = json.loads(student.polar_kwargs)
     assert kwargs == {"clip_range_high": 0.28, "teacher": {"name_or_path": str(tmp_path / "run")}}
 
