@@ -32,10 +32,13 @@ system-deps:
 # the tests marked vllm run against a real vLLM CPU server (tests/inference/test_vllm.py), so `make vllm` first
 # lint first: a new upward import, a type error or a style error fails CI before the suite runs
 # two pytest-xdist workers (CI has 2 cores); tests/xdist_groups.py keeps a file, and the vLLM, Ray and coding-CLI
-# tests, each on one worker. TEST_WORKERS=0 runs in one process.
+# tests, each on one worker. TEST_WORKERS=0 runs in one process. A short --basetemp: a worker's temp folders sit one
+# level deeper (popen-gwN), and a connector checked in one (tests/test_llm_codegen.py) binds a unix socket there,
+# whose path may not pass 107 bytes.
 TEST_WORKERS ?= 2
+TEST_BASETEMP ?= /tmp/polar-pytest
 test: system-deps setup vllm lint
-	$(VENV)/bin/pytest -m "not slow" -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -m "not slow" -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup --basetemp=$(TEST_BASETEMP)
 
 test-all: system-deps setup vllm
 	$(VENV)/bin/pytest -q

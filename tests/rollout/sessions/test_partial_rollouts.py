@@ -79,7 +79,9 @@ def test_a_generation_goes_on_across_a_weight_update_each_token_scored_by_the_we
     model = engine.model
     old = {k: v.clone() for k, v in model.state_dict().items()}
     new = _perturbed(model, 1)
-    request = GenerationRequest(prompt_ids=list(range(5, 25)), max_tokens=40, temperature=1.0, stop_token_ids=[],
+    # 400 tokens: the engine thread decodes ahead of this consumer, so a 40-token generation could end before
+    # the update below reached it (seen under two pytest workers); with 390 more to go the update lands mid-way
+    request = GenerationRequest(prompt_ids=list(range(5, 25)), max_tokens=400, temperature=1.0, stop_token_ids=[],
                                 seed=1)
 
     async def generate() -> tuple[list[int], list[float], list[int], str | None]:
@@ -94,7 +96,7 @@ def test_a_generation_goes_on_across_a_weight_update_each_token_scored_by_the_we
         return ids, lps, versions, finish
 
     ids, lps, versions, finish = asyncio.run(generate())
-    assert finish == "length" and len(ids) == 40  # not aborted: it went on under the new weights
+    assert finish == "length" and len(ids) == 400  # not aborted: it went on under the new weights
     assert versions[:10] == [0] * 10 and versions[-1] == 1 and versions == sorted(versions)
     for state, version in ((old, 0), (new, 1)):
         scored = _scored(model, state, request.prompt_ids + ids)[len(request.prompt_ids):]
