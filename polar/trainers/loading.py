@@ -88,7 +88,7 @@ def load_teacher(target: str, config_dir: Path, observation_space, action_space)
     from polar.config.trust import code_references
     from polar.errors import ConfigError
     from polar.models.policy import build_policy
-    from polar.trainers.checkpoint import load_checkpoint
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
 
     path = Path(target).expanduser()
     path = path if path.is_absolute() else config_dir / path
@@ -102,7 +102,10 @@ def load_teacher(target: str, config_dir: Path, observation_space, action_space)
     if refs:
         raise ConfigError(f"{key}: its run names code that loading it would run ({refs[0][0]} = {refs[0][1]!r}); "
                           "a teacher must be a run of built-in harnesses and agents")
-    ckpt = _checkpoint_of(run_dir, ckpt, key, "")
+    if ckpt is None:
+        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
+        if ckpt is None:
+            raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet")
     teacher_obs, teacher_act = env_spaces(cfg, cfg.seed)
     if teacher_obs != observation_space or teacher_act != action_space:
         raise ConfigError(f"{key}: its spaces (observation {teacher_obs}, action {teacher_act}) differ from this "
@@ -112,17 +115,6 @@ def load_teacher(target: str, config_dir: Path, observation_space, action_space)
     policy.eval()
     policy.requires_grad_(False)
     return policy
-
-
-def _checkpoint_of(run_dir: Any, ckpt: Path | None, key: str, hint: str) -> Path:
-    """``ckpt``, or the run's latest checkpoint; a run that has none is an error naming ``key``."""
-    from polar.errors import ConfigError
-    from polar.trainers.checkpoint import CheckpointManager
-
-    found = ckpt or CheckpointManager(run_dir.checkpoints_dir).latest()
-    if found is None:
-        raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet{hint}")
-    return found
 
 
 def is_run_target(path: Path) -> bool:
@@ -143,7 +135,7 @@ def load_llm_run_model(target: Path, key: str) -> tuple[Any, torch.nn.Module]:
     from polar.inference.base import EngineError
     from polar.inference.loading import load_engine
     from polar.models.llm_policy import LLMPolicy
-    from polar.trainers.checkpoint import load_checkpoint
+    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
 
     try:
         run_dir, cfg, ckpt = resolve_target(target)
@@ -152,7 +144,10 @@ def load_llm_run_model(target: Path, key: str) -> tuple[Any, torch.nn.Module]:
     if not isinstance(cfg, AgentRunConfig):
         raise ConfigError(f"{key}: {run_dir.path} is an env run (policy.type {cfg.policy.type}), not an LLM's; the "
                           "teacher is a preset, a local HF folder, or a polar GRPO or SFT run (folder or checkpoint)")
-    ckpt = _checkpoint_of(run_dir, ckpt, key, "; give a run that has saved one")
+    if ckpt is None:
+        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
+        if ckpt is None:
+            raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet; give a run that has saved one")
     try:
         state = load_checkpoint(ckpt)
     except CheckpointError as e:
