@@ -224,7 +224,8 @@ class TrainingLoop(Generic[T]):
                     else:
                         for stage in self.warm_up:
                             self._run_stage(stage)
-                    self.summary.update(self.evaluator.before(self.progress))  # the weights the run starts from
+                    with self.observe.heartbeat.doing("evaluating the weights the run starts from"):
+                        self.summary.update(self.evaluator.before(self.progress))
                     self.collector.start(self.learner.weights(), self.version)
                     self.run_dir.update_meta(status="running")
                     self._last_t, self._last_steps = self._elapsed(), self.env_steps
@@ -241,7 +242,8 @@ class TrainingLoop(Generic[T]):
             result: dict[str, Any] = {"env_steps": self.env_steps, "iterations": self.iteration,
                                       "time_s": self._elapsed(), "stopped_early": stopped_early,
                                       **self.window.summary(), **self.summary}
-            result.update(self.evaluator.final(self.progress))
+            with self.observe.heartbeat.doing("final evaluation"):
+                result.update(self.evaluator.final(self.progress))
         finally:
             self._closed = True
             for thing in self.close_after:
@@ -262,7 +264,8 @@ class TrainingLoop(Generic[T]):
             while not stage.budget(Progress(iteration=updates, env_steps=0, version=self.version)):
                 batch = stage.collector.collect()
                 updates += 1
-                last = stage.learner.update(dataclasses.replace(batch, iteration=updates, version=self.version))
+                with self.observe.heartbeat.doing(f"{stage.name} update {updates}: updating the policy"):
+                    last = stage.learner.update(dataclasses.replace(batch, iteration=updates, version=self.version))
                 first = first or last
                 changed = changed or not last.get("update_skipped")
                 if stage.log_every and updates % stage.log_every == 0:
@@ -283,9 +286,9 @@ class TrainingLoop(Generic[T]):
         stats: Metrics = {}
         lags: list[float] = []
         update_s = 0.0
-        timer = self.observe.timer
+        timer, heartbeat = self.observe.timer, self.observe.heartbeat
         while True:
-            with timer.stage("collect"):
+            with timer.stage("collect"), heartbeat.doing(f"iteration {self.iteration + 1}: collecting"):
                 batch = self.collector.collect()
             t_update = time.perf_counter()
             self.env_steps += batch.env_steps
@@ -293,11 +296,12 @@ class TrainingLoop(Generic[T]):
             lags.extend(self.version - v for v in batch.policy_versions)  # updates since the weights that acted
             stamped = dataclasses.replace(batch, run_env_steps=self.env_steps, iteration=self.iteration + 1,
                                           version=self.version)
-            with timer.stage("learn"):
+            with timer.stage("learn"), heartbeat.doing(f"iteration {self.iteration + 1}: updating the policy"):
                 stats.update(self.learner.update(stamped))
             if not stats.get("update_skipped"):
                 self.version += 1
-                with timer.stage("publish"):
+                with timer.stage("publish"), heartbeat.doing(f"iteration {self.iteration + 1}: sending weights "
+                                                              f"v{self.version} to the rollouts"):
                     self.collector.publish(self.learner.weights(), self.version)
             update_s += time.perf_counter() - t_update
             batches.append(batch)
@@ -319,7 +323,7 @@ class TrainingLoop(Generic[T]):
         metrics["learner/samples_per_s"] = sum(b.env_steps for b in batches) / max(1e-9, update_s)
         metrics.update(self.extra_metrics)
         metrics.update(self.collector.metrics())
-        with self.observe.timer.stage("eval"):
+        with self.observe.timer.stage("eval"), self.observe.heartbeat.doing(f"iteration {self.iteration}: evaluating"):
             metrics.update(self.evaluator.periodic(self.progress))
         metrics.update(self.observe.row())  # time/<stage>_s since the last row, the latest system/ sample
         self._last_t, self._last_steps = now, self.env_steps
@@ -329,7 +333,8 @@ class TrainingLoop(Generic[T]):
         if self.on_iteration is not None:
             self.on_iteration(metrics)
         if logging_cfg.checkpoint_freq and self.iteration % logging_cfg.checkpoint_freq == 0:
-            self._save_checkpoint()
+            with self.observe.heartbeat.doing(f"iteration {self.iteration}: saving a checkpoint"):
+                self._save_checkpoint()
         goal, mean = self.stop_reward, metrics["episode_reward_mean"]
         if goal is not None and self.window.full and mean is not None and mean >= goal:
             log.info("stop_reward %.4g reached at %d env steps", goal, self.env_steps)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from polar.config.sections import LoggingConfig
     from polar.trainers.run_dir import RunDir
 
+from polar.metrics.heartbeat import Heartbeat
 from polar.metrics.system import StageTimer
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,13 @@ class RunLogs:
 
 class Observability:
     """``logs``: the run's log lines when the compose function opened them already (else opened here); closed
-    with the rest by ``close``."""
+    with the rest by ``close``. ``heartbeat``: a line every 30 s while a long stage (an update, a weight push,
+    an evaluation) runs and nothing else logged."""
 
     def __init__(self, logging_cfg: LoggingConfig, run_dir: RunDir, run_name: str, role: str = "learner",
                  logs: RunLogs | None = None) -> None:
         self.timer = StageTimer()
+        self.heartbeat = Heartbeat()
         self.sampler = None
         self.sinks: list[Any] = []
         self.logs = logs if logs is not None else RunLogs(logging_cfg, run_dir, role)
@@ -71,6 +74,7 @@ class Observability:
         return out
 
     def close(self) -> None:
+        self.heartbeat.close()
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None

@@ -255,3 +255,54 @@ def test_a_warm_up_stage_runs_before_the_main_one_on_fresh_runs_only(tmp_path):
                          budget=iterations_budget(3), state=state,
                          warm_up=[Stage("sft", CountingCollector(), resumed_warm, budget=lambda p: p.iteration >= 4)])
     assert again.train()["iterations"] == 3 and "sft" not in again.summary  # a resumed run has had its warm-up
+
+
+class SlowLearner(CountingLearner):
+    """Each update takes ``update_s``; while it runs nothing else logs."""
+
+    def __init__(self, collector: CountingCollector, update_s: float) -> None:
+        super().__init__(collector)
+        self.update_s = update_s
+
+    def update(self, batch: Batch[int]) -> Metrics:
+        import time
+
+        time.sleep(self.update_s)
+        return super().update(batch)
+
+
+class ChattyCollector(CountingCollector):
+    """A collector that reports its own progress (as the session collector does) while a slow batch comes in."""
+
+    def collect(self) -> Batch:
+        import logging
+        import time
+
+        for i in range(12):
+            logging.getLogger("polar.rollout.test").info("collecting, %d/12", i)
+            time.sleep(0.05)
+        return super().collect()
+
+
+def test_a_long_update_is_never_silent_for_longer_than_the_heartbeat(tmp_path, caplog, monkeypatch):
+    """The standard: nothing is silent for more than 30 s. A learner update (or weight push, or evaluation)
+    that runs longer than the heartbeat gets a line saying which stage of which iteration is still running;
+    a stage that logs its own progress (the session collector) gets none from the heartbeat."""
+    import logging
+
+    import polar.metrics.heartbeat as heartbeat
+
+    monkeypatch.setattr(heartbeat, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(heartbeat, "POLL_S", 0.02)
+    caplog.set_level(logging.INFO, logger="polar")
+    run = RunDir.create("loop", tmp_path / "run")
+    collector = ChattyCollector()
+    TrainingLoop(env_cfg(total_env_steps=20), run, collector, SlowLearner(collector, update_s=1.0), NoEvaluation(),
+                 budget=env_steps_budget(20)).train()
+    beats = [r.getMessage() for r in caplog.records if r.name == "polar.metrics.heartbeat"]
+    for iteration in (1, 2):
+        said = [m for m in beats if m.startswith(f"iteration {iteration}: updating the policy, still running after")]
+        assert 2 <= len(said) <= 4, beats  # every 0.3 s of a 1 s update
+    assert not any("collecting" in m for m in beats), beats  # the collector spoke every 0.05 s itself
+    assert len(logging.getLogger("polar").handlers) == len([h for h in logging.getLogger("polar").handlers
+                                                            if type(h).__name__ != "_LastLine"])
