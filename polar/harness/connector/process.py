@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ipaddress
 import logging
 import numbers
 import os
@@ -134,15 +133,6 @@ def declared_name(name: str) -> str:
     (it is the connector's own text: a newline or an escape sequence in it must not forge log lines)."""
     text = "".join(c if c.isprintable() else "?" for c in name)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ConnectorProcess:
