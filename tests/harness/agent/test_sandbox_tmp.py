@@ -1,5 +1,5 @@
 """The sandbox's own /tmp and /dev/shm: writable by the sandbox user (``nobody`` when polar is root), capped,
-and never the host's."""
+and never the host's; /dev/null still works (a connector's supervisor is started with stdin=/dev/null)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from polar.harness.agent.sandbox import NOBODY, bwrap_args, bwrap_unusable, setp
 pytestmark = pytest.mark.skipif(bool(bwrap_unusable()), reason="needs bubblewrap")
 
 FILL = """
+echo ok > /dev/null && echo "/dev/null writable"
 for d in /tmp /dev/shm; do
   touch $d/{name} && echo "$d writable"
   head -c 3000000 /dev/zero > $d/big 2>/dev/null || echo "$d full at $(stat -c %s $d/big)"
@@ -30,6 +31,7 @@ def test_sandbox_tmp_and_shm_are_the_sandbox_users_own_and_capped(tmp_path: Path
         argv += setpriv_args(NOBODY)
     res = subprocess.run([*argv, "sh", "-c", FILL.format(name=name)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+    assert "/dev/null writable" in res.stdout  # the tmpfs mounts leave --dev's device nodes alone
     for d in ("/tmp", "/dev/shm"):
         assert f"{d} writable" in res.stdout
         full = [line for line in res.stdout.splitlines() if line.startswith(f"{d} full at ")]
