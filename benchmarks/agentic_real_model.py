@@ -176,25 +176,42 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_arguments(description: str, json_help: str) -> argparse.ArgumentParser:
+    """The options every run of this config takes (here and in ``partial_rollouts.py``): the config, ``-o``
+    overrides, where the run folders go, and the ``--json`` file of rows."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", default=str(CONFIG))
-    ap.add_argument("--engine", action="append", choices=["vllm", "embedded"], help="repeatable; default: vllm")
     ap.add_argument("-o", "--override", action="append", default=[], metavar="KEY.PATH=VALUE")
     ap.add_argument("--run-dir", default=None, help="parent folder of the run directories (default: a temp folder)")
-    ap.add_argument("--json", default=None, help="write the rows (with per-step detail) here")
-    ap.add_argument("--merge", action="append", default=[], help="an earlier --json whose rows join the table")
-    args = ap.parse_args()
+    ap.add_argument("--json", default=None, help=json_help)
+    return ap
+
+
+def log_progress() -> None:
+    """The run's own progress lines on stderr, without the HTTP clients' one line per request."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "httpx2", "httpcore", "anthropic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def save_rows(path: str | None, rows: list[dict[str, Any]], **extra: Any) -> None:
+    """The rows so far (and ``extra``) to ``path``, after each run, so a later failure keeps the earlier rows."""
+    if path:
+        Path(path).write_text(json.dumps({"rows": rows, **extra, "command": sys.argv}, indent=1, default=str))
+
+
+def main() -> int:
+    ap = run_arguments(__doc__.split("\n")[0], "write the rows (with per-step detail) here")
+    ap.add_argument("--engine", action="append", choices=["vllm", "embedded"], help="repeatable; default: vllm")
+    ap.add_argument("--merge", action="append", default=[], help="an earlier --json whose rows join the table")
+    args = ap.parse_args()
+    log_progress()
     rows: list[dict[str, Any]] = []
     for path in args.merge:
         rows.extend(json.loads(Path(path).read_text())["rows"])
     for engine in args.engine or ["vllm"]:
         rows.append(run_one(args.config, engine, args.override, args.run_dir))
-        if args.json:  # after each engine, so a later failure keeps the earlier row
-            Path(args.json).write_text(json.dumps({"rows": rows, "command": sys.argv}, indent=1, default=str))
+        save_rows(args.json, rows)
     print()
     print(table(rows))
     return 0

@@ -21,9 +21,6 @@ small step counts make a smoke run).
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import math
 import sys
 from pathlib import Path
@@ -31,7 +28,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from agentic_real_model import CONFIG, run_one  # noqa: E402  (the timed run of the same config)
+from agentic_real_model import log_progress, run_arguments, run_one, save_rows  # noqa: E402  (the same config, timed)
 
 MODES = ("one-step-off", "partial")
 
@@ -115,25 +112,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=str(CONFIG))
+    ap = run_arguments(__doc__.split("\n")[0], "write the rows here (after each run)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--max-staleness", type=int, default=1, help="K of the partial mode (max_off_policy_steps)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    ap.add_argument("-o", "--override", action="append", default=[], metavar="KEY.PATH=VALUE")
-    ap.add_argument("--run-dir", default=None, help="parent folder of the run directories (default: a temp folder)")
-    ap.add_argument("--json", default=None, help="write the rows here (after each run)")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "httpx2", "httpcore", "anthropic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_progress()
     rows: list[dict[str, Any]] = []
     for seed in args.seeds:
         for mode in args.modes:  # the modes of one seed back to back: the box's load is as alike as it gets
             rows.append(run_mode(mode, seed, args.config, args.override, args.max_staleness, args.run_dir))
-            if args.json:
-                Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary(rows), "command": sys.argv},
-                                                      indent=1, default=str))
+            save_rows(args.json, rows, summary=summary(rows))
     print()
     print(table(rows))
     return 0

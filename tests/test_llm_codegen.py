@@ -64,6 +64,17 @@ def test_codegen_repairs_a_broken_connector_from_polar_checks_output(tmp_path: P
     assert (result.folder / "generated_connector.py").read_text().count("np.zeros(3") == 2
 
 
+def test_af_unix_path_too_long_a_good_connector_in_a_deep_working_folder_passes_polar_check(tmp_path: Path) -> None:
+    """The sandbox's /tmp was not writable by ``nobody``, so the connector's socket went into the working
+    folder, and a folder path over ~60 characters failed a good connector with "AF_UNIX path too long"."""
+    deep = tmp_path / ("d" * 50) / ("e" * 50)
+    deep.mkdir(parents=True)
+    assert len(str(deep / "attempt0")) > 100
+    _, result = _run([connector()], deep, max_attempts=1)
+    assert result.passed is not None, result.attempts[0].output
+    assert "conforms" in result.passed.output and result.folder == deep / "attempt0"
+
+
 def test_codegen_reply_without_code_block_is_a_failed_attempt_and_the_loop_goes_on(tmp_path: Path) -> None:
     _, result = _run(["Sure! Here is the idea, no code.", connector()], tmp_path)
     assert result.attempts[0].error is not None and "no ```python code block```" in result.attempts[0].error

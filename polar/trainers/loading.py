@@ -42,17 +42,25 @@ def resolve_target(target: Path):
     return run_dir, cfg, ckpt
 
 
+def checkpoint_or_latest(run_dir: RunDir, ckpt: Path | None, fix: str = "") -> Path:
+    """``ckpt`` (a checkpoint file the user named), else ``run_dir``'s latest; a run that has saved none is a
+    ``RunDirError`` ending in ``fix``."""
+    from polar.trainers.checkpoint import CheckpointManager
+
+    found = ckpt or CheckpointManager(run_dir.checkpoints_dir).latest()
+    if found is None:
+        raise RunDirError(f"{run_dir.path} has no checkpoint yet{fix}")
+    return found
+
+
 def load_policy_for_eval(target: Path):
     """(run_dir, cfg, policy, checkpoint_path, state) for a run dir or a checkpoint file inside one."""
     from polar.harness import make_vector_env
     from polar.models.policy import build_policy
-    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+    from polar.trainers.checkpoint import load_checkpoint
 
     run_dir, cfg, ckpt = resolve_target(target)
-    if ckpt is None:
-        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
-        if ckpt is None:
-            raise RunDirError(f"{run_dir.path} has no checkpoint yet; nothing to evaluate.")
+    ckpt = checkpoint_or_latest(run_dir, ckpt, "; nothing to evaluate.")
     state = load_checkpoint(ckpt)
     policies = state.get("policies")
     if "policy" not in state and isinstance(policies, dict) and "manager" in policies:  # a hierarchical run
@@ -88,7 +96,7 @@ def load_teacher(target: str, config_dir: Path, observation_space, action_space)
     from polar.config.trust import code_references
     from polar.errors import ConfigError
     from polar.models.policy import build_policy
-    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+    from polar.trainers.checkpoint import load_checkpoint
 
     path = Path(target).expanduser()
     path = path if path.is_absolute() else config_dir / path
@@ -102,10 +110,10 @@ def load_teacher(target: str, config_dir: Path, observation_space, action_space)
     if refs:
         raise ConfigError(f"{key}: its run names code that loading it would run ({refs[0][0]} = {refs[0][1]!r}); "
                           "a teacher must be a run of built-in harnesses and agents")
-    if ckpt is None:
-        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
-        if ckpt is None:
-            raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet")
+    try:
+        ckpt = checkpoint_or_latest(run_dir, ckpt)
+    except RunDirError as e:
+        raise ConfigError(f"{key}: {e}") from None
     teacher_obs, teacher_act = env_spaces(cfg, cfg.seed)
     if teacher_obs != observation_space or teacher_act != action_space:
         raise ConfigError(f"{key}: its spaces (observation {teacher_obs}, action {teacher_act}) differ from this "
@@ -135,19 +143,17 @@ def load_llm_run_model(target: Path, key: str) -> tuple[Any, torch.nn.Module]:
     from polar.inference.base import EngineError
     from polar.inference.loading import load_engine
     from polar.models.llm_policy import LLMPolicy
-    from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
+    from polar.trainers.checkpoint import load_checkpoint
 
     try:
         run_dir, cfg, ckpt = resolve_target(target)
+        if not isinstance(cfg, AgentRunConfig):
+            raise ConfigError(f"{key}: {run_dir.path} is an env run (policy.type {cfg.policy.type}), not an LLM's; "
+                              "the teacher is a preset, a local HF folder, or a polar GRPO or SFT run (folder or "
+                              "checkpoint)")
+        ckpt = checkpoint_or_latest(run_dir, ckpt, "; give a run that has saved one")
     except RunDirError as e:
         raise ConfigError(f"{key}: {e}") from None
-    if not isinstance(cfg, AgentRunConfig):
-        raise ConfigError(f"{key}: {run_dir.path} is an env run (policy.type {cfg.policy.type}), not an LLM's; the "
-                          "teacher is a preset, a local HF folder, or a polar GRPO or SFT run (folder or checkpoint)")
-    if ckpt is None:
-        ckpt = CheckpointManager(run_dir.checkpoints_dir).latest()
-        if ckpt is None:
-            raise ConfigError(f"{key}: {run_dir.path} has no checkpoint yet; give a run that has saved one")
     try:
         state = load_checkpoint(ckpt)
     except CheckpointError as e:

@@ -18,9 +18,10 @@ from polar.algorithms.distill import ActionDistribution, policy_kl
 from polar.config import RunConfig, validate
 from polar.config.loader import dump_config
 from polar.deploy.export import export_run
+from polar.errors import ConfigError, RunDirError
 from polar.models.policy import build_policy
 from polar.trainers.checkpoint import CheckpointManager
-from polar.trainers.loading import load_policy_for_eval
+from polar.trainers.loading import load_policy_for_eval, load_teacher
 from polar.trainers.run_dir import RunDir
 
 CONTROLLER = [0.1, 0.5, 10.0, 2.0]  # push right when this . obs > 0: balances CartPole for 500 steps
@@ -117,6 +118,21 @@ def test_teacher_of_another_env_is_refused_in_one_line(tmp_path):
     assert len(lines) == 1, p.stderr[-2000:]
     assert "Box(" in lines[0] and "Discrete(3)" in lines[0] and "Discrete(2)" in lines[0], lines[0]
     assert "Traceback" not in p.stderr
+
+
+def test_a_teacher_run_with_no_checkpoint_yet_is_refused_in_one_line(tmp_path):
+    cfg = validate(RunConfig, {"name": "teacher", "harness": {"type": "gymnasium", "id": "CartPole-v1"},
+                               "policy": {"type": "ppo"}, "logging": {"tensorboard": False}})
+    run = RunDir.create(cfg.name, tmp_path / "teacher", config_dir=None)
+    run.write_config(dump_config(cfg))
+    env = gym.make("CartPole-v1")
+    with pytest.raises(ConfigError) as err:
+        load_teacher(str(run.path), tmp_path, env.observation_space, env.action_space)
+    assert str(err.value) == f"policy.kwargs.teacher {str(run.path)!r}: {run.path} has no checkpoint yet"
+    with pytest.raises(RunDirError) as err2:  # polar eval / export / serve of the same run
+        load_policy_for_eval(run.path)
+    assert str(err2.value) == f"{run.path} has no checkpoint yet; nothing to evaluate."
+    env.close()
 
 
 @pytest.mark.parametrize("gaussian", [False, True])

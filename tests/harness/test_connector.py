@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import gymnasium as gym
@@ -288,3 +289,20 @@ def test_connector_code_can_be_upgraded_without_stopping(tmp_path):
         assert obs.tolist() == [[3.25], [3.25]] and envs.restarts == 1
     finally:
         envs.close()
+
+
+def test_a_temp_folder_too_deep_for_a_unix_socket_is_one_clear_line_and_tcp_still_works(tmp_path, monkeypatch):
+    """A TMPDIR past the 107-byte AF_UNIX limit used to end in a bare ``OSError: AF_UNIX path too long``."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(ConnectorStartError) as e:
+        ConnectorVectorEnv(make_spec("CountingConnector"), 1, config_dir=CONNECTORS_DIR)
+    assert "over the 107-byte AF_UNIX limit" in str(e.value) and "connector_spec.transport: tcp" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert list(deep.iterdir()) == []  # its socket folder is not left behind
+    env = ConnectorVectorEnv(make_spec("CountingConnector", transport="tcp"), 1, config_dir=CONNECTORS_DIR)
+    try:
+        env.reset(seed=0)
+    finally:
+        env.close()

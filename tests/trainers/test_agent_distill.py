@@ -165,8 +165,9 @@ def _env_run(tmp_path: Path) -> Path:
     return run.path
 
 
-def _llm_run_with(tmp_path: Path, checkpoint: bytes) -> Path:
-    """An LLM agent run folder (its resolved config) whose one checkpoint file holds ``checkpoint``."""
+def _llm_run_with(tmp_path: Path, checkpoint: bytes | None) -> Path:
+    """An LLM agent run folder (its resolved config) whose one checkpoint file holds ``checkpoint`` (None: no
+    checkpoint yet)."""
     from polar.config.loader import dump_config
 
     cfg = validate(RunConfig, {"name": "llm", "harness": {"type": "agent", "callable": "agents_for_tests:one_token"},
@@ -174,11 +175,13 @@ def _llm_run_with(tmp_path: Path, checkpoint: bytes) -> Path:
     run = RunDir.create(cfg.name, tmp_path / "llm_run", config_dir=None)
     run.write_config(dump_config(cfg))
     run.checkpoints_dir.mkdir(parents=True, exist_ok=True)
-    (run.checkpoints_dir / "ckpt_00000001.pt").write_bytes(checkpoint)
+    if checkpoint is not None:
+        (run.checkpoints_dir / "ckpt_00000001.pt").write_bytes(checkpoint)
     return run.path
 
 
-@pytest.mark.parametrize("case", ["env_run", "missing_folder", "missing_checkpoint", "outside_a_run", "corrupt"])
+@pytest.mark.parametrize("case", ["env_run", "missing_folder", "missing_checkpoint", "outside_a_run", "corrupt",
+                                  "no_checkpoint_yet"])
 def test_a_teacher_that_is_not_an_llm_run_is_refused_in_one_line_naming_the_key(tmp_path, case):
     if case == "env_run":
         target, match = _env_run(tmp_path), r"is an env run \(policy.type ppo\), not an LLM's"
@@ -189,6 +192,8 @@ def test_a_teacher_that_is_not_an_llm_run_is_refused_in_one_line_naming_the_key(
     elif case == "outside_a_run":
         target, match = tmp_path / "ckpt_00000001.pt", r"is not a polar run directory"
         torch.save({"model": {}}, target)
+    elif case == "no_checkpoint_yet":
+        target, match = _llm_run_with(tmp_path, None), r"llm_run has no checkpoint yet; give a run that has saved one$"
     else:
         target, match = _llm_run_with(tmp_path, b"not a checkpoint"), r"checkpoint \S+ckpt_00000001.pt is unreadable"
     with pytest.raises(ConfigError, match=r"^policy.kwargs.teacher.name_or_path '[^']+': .*" + match) as err:

@@ -42,6 +42,10 @@ INNER_PORT = 18080  # the gateway's port as seen inside an isolated sandbox (own
 RELAY_SCRIPT = Path(__file__).resolve().parent / "relay.py"
 BASE_TAG = "polar-base"
 NOBODY = 65534
+#: The sandbox's own ``/tmp`` and ``/dev/shm``: memory-backed, so capped (a tmpfs is not counted in the
+#: process's address-space limit), and writable by the sandbox user, as a user's /tmp is.
+TMP_SIZE_MB = 256
+SHM_SIZE_MB = 64
 #: Folders a SWE-style diff leaves out: CLI state and caches, never part of a solution.
 DIFF_EXCLUDES = (
     ".claude", ".codex", ".qwen", ".gemini", ".pi", ".opencode", "node_modules", ".venv",
@@ -324,11 +328,18 @@ def setpriv_args(uid: int) -> list[str]:
             "--bounding-set=-all", "--"]
 
 
-def bwrap_args(*, rw: list[str], ro: list[str], unshare_net: bool, chdir: str) -> list[str]:
+def bwrap_args(*, rw: list[str], ro: list[str], unshare_net: bool, chdir: str, tmp_size_mb: int = TMP_SIZE_MB,
+               shm_size_mb: int = SHM_SIZE_MB) -> list[str]:
     """The bubblewrap command line (up to and including ``--``) of a sandbox that sees a read-only system
     (``/usr``, ``/etc``, ``/bin``, ``/lib*``), a fresh ``/tmp``, ``/proc`` and ``/dev``, the ``ro`` paths
     read-only and the ``rw`` paths read-write, and nothing else of the host; with ``unshare_net`` it has
-    only its own loopback. Shared by the agent sandbox and the verifiers that run a workspace's code."""
+    only its own loopback. Shared by the agent sandbox and the verifiers that run a workspace's code.
+
+    ``/tmp`` and ``/dev/shm`` are the sandbox's own tmpfs, sticky and writable by any user (``nobody``
+    included: bwrap makes them as root), capped at ``tmp_size_mb`` / ``shm_size_mb``. Without that, code
+    that needs a temp folder falls back to its working folder, and a Unix socket there can pass the 107-byte
+    AF_UNIX path limit (``polar check`` of a generated connector did). A bubblewrap that cannot cap a tmpfs
+    (before 0.8, or installed setuid) keeps them root's and uncapped, as they were (logged once)."""
     b = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid",
          "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if os.geteuid() != 0:
@@ -342,7 +353,10 @@ def bwrap_args(*, rw: list[str], ro: list[str], unshare_net: bool, chdir: str) -
             b += ["--symlink", os.readlink(p), str(p)]
         elif p.is_dir():
             b += ["--ro-bind", str(p), str(p)]
-    b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    b += ["--proc", "/proc", "--dev", "/dev"]
+    sized = _bwrap_sized_tmpfs(b[0])
+    for mount, size_mb in (("/tmp", tmp_size_mb), ("/dev/shm", shm_size_mb)):
+        b += [*(["--perms", "1777", "--size", str(size_mb << 20)] if sized else []), "--tmpfs", mount]
     ro = [p for p in dict.fromkeys(ro) if Path(p).exists()]
     # bwrap makes missing mount points 0700 when run as root; the sandbox user must traverse them
     made: set[str] = {"/", "/tmp", "/usr", "/etc", "/proc", "/dev"}
@@ -363,6 +377,28 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
         for name in (dirpath, *[os.path.join(dirpath, n) for n in dirnames + filenames]):
             with contextlib.suppress(OSError):
                 os.lchown(name, uid, gid)
+
+
+_BWRAP_SIZED: dict[str, bool] = {}
+
+
+def _bwrap_sized_tmpfs(bwrap: str) -> bool:
+    """Whether ``bwrap`` takes ``--perms`` and ``--size`` for a tmpfs (0.8+, not setuid); tried once."""
+    if bwrap not in _BWRAP_SIZED:
+        argv = [bwrap, "--ro-bind", "/", "/", *(["--unshare-user"] if os.geteuid() != 0 else []),
+                "--perms", "1777", "--size", str(1 << 20), "--tmpfs", "/tmp", "--", "true"]
+        try:
+            res = subprocess.run(argv, capture_output=True, timeout=20)
+            _BWRAP_SIZED[bwrap] = res.returncode == 0
+            why = res.stderr.decode(errors="replace").strip() or f"exit code {res.returncode}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            _BWRAP_SIZED[bwrap] = False
+            why = f"{type(e).__name__}: {e}"
+        if not _BWRAP_SIZED[bwrap]:
+            log.warning("bubblewrap (%s) cannot make a capped tmpfs (%s; it needs bubblewrap 0.8+, not setuid): the "
+                        "sandbox's /tmp and /dev/shm stay uncapped and, for a sandbox user other than the caller, "
+                        "read-only", bwrap, why)
+    return _BWRAP_SIZED[bwrap]
 
 
 _BWRAP_OK: dict[str, bool] = {}

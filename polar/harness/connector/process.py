@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ipaddress
 import logging
 import numbers
 import os
@@ -62,6 +61,7 @@ HEALTHY_ENV_STEPS = 10
 OUTPUT_DRAIN_S = 2.0
 KILL_WAIT_S = 5.0  # how long the supervisor gets to kill and reap a connector's tree before its group is SIGKILLed
 PID_WAIT_S = 5.0  # how long `pid` waits for the supervisor to report the connector's pid
+UNIX_PATH_MAX_BYTES = 107  # sun_path holds 108 bytes with the trailing NUL
 SEED_KEY = "seed"
 REPLY_KEYS = {"init": ("action_space",), "reset": ("obs",), "step": ("obs", "rewards", "terminated", "truncated")}
 MULTI_AGENT_INIT_KEYS = ("possible_agents", "action_spaces", "observation_spaces")  # protocol 2's init reply
@@ -135,15 +135,6 @@ def declared_name(name: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class ConnectorProcess:
     """A connector process hosting ``num_envs`` copies, with restart-on-failure bookkeeping."""
 
@@ -188,6 +179,12 @@ class ConnectorProcess:
         if spec.transport == "unix":
             self._tmpdir = tempfile.mkdtemp(prefix="polar-conn-")
             path = os.path.join(self._tmpdir, "c.sock")
+            if len(os.fsencode(path)) > UNIX_PATH_MAX_BYTES:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+                raise ConnectorStartError(
+                    f"{self.name}: the connector socket {path} is {len(os.fsencode(path))} bytes, over the "
+                    f"{UNIX_PATH_MAX_BYTES}-byte AF_UNIX limit (the temp folder is {tempfile.gettempdir()}); set "
+                    "TMPDIR to a short writable folder, or connector_spec.transport: tcp")
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(path)
             self.address = f"unix:{path}"
