@@ -37,6 +37,10 @@ class SelfPlayConfig(StrictModel):
     opponent_noise: float = Field(0.0, ge=0.0, le=1.0, description="per move, the probability that a pool opponent "
                                   "plays a uniformly random legal move instead of its own: the learner meets the "
                                   "positions an erring player makes, in games that stay self-play (off by default)")
+    seat_sampling: Literal["uniform", "win_rate"] = Field(
+        "uniform", description="the learner's seat in a game against the pool or a random player: uniform over the "
+        "agents, or prioritised by the learner's recent results at each seat (weight: its losses + draws/2 + 1, over "
+        "its games + 2, counted over about its last 100 games there), so the seat it does worse at comes up more often")
     eval_games: int = Field(100, ge=1, description="games against the pool and against a random player at each evaluation")
 
 

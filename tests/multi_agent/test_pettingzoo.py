@@ -265,7 +265,8 @@ def test_polar_export_writes_one_servable_export_per_policy_of_a_multi_agent_run
 
 @pytest.mark.parametrize(("self_play", "key"), [({"sampling": "elo"}, "sampling"), ({"latest_share": 1.5}, "latest_share"),
                                                  ({"pool_size": 0}, "pool_size"), ({"poolsize": 3}, "poolsize"),
-                                                 ({"opponent_noise": 1.5}, "opponent_noise")])
+                                                 ({"opponent_noise": 1.5}, "opponent_noise"),
+                                                 ({"seat_sampling": "elo"}, "seat_sampling")])
 def test_bad_self_play_settings_are_refused_naming_the_key(self_play, key):
     with pytest.raises(ConfigError, match=rf"harness\.self_play\.{key}"):
         _cfg({"id": TTT, "self_play": self_play})
@@ -455,3 +456,49 @@ def test_self_play_opponent_noise_makes_a_pool_opponent_play_that_share_of_its_m
         share = random_moves / moves
         assert abs(share - noise / 2) < 0.1, (share, noise)
         assert other <= random_moves and other > 0.4 * random_moves
+
+
+def _vs_random_collector(seat_sampling: str, seed: int = 0):
+    """Every training game against a random player (random_share 1): the learner holds one seat of each."""
+    from polar.harness.pettingzoo_env import agent_spaces, make_pettingzoo_env
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.multi_agent import MultiAgentCollector, resolve_mapping
+
+    cfg = _cfg({"id": TTT, "self_play": {"random_share": 1.0, "seat_sampling": seat_sampling}})
+    spaces = agent_spaces(make_pettingzoo_env(cfg.harness))
+    policy = build_policy(cfg, *spaces["player_1"])
+    return MultiAgentCollector(cfg.harness, {"shared": policy}, resolve_mapping(cfg.harness, list(spaces)), 32, 4,
+                               seed)
+
+
+def test_self_play_seat_sampling_win_rate_seats_the_learner_more_often_where_it_does_worse():
+    uniform = _vs_random_collector("uniform")
+    prio = _vs_random_collector("win_rate")
+    try:
+        np.testing.assert_allclose(uniform.seat_weights(), [0.5, 0.5])
+        np.testing.assert_allclose(prio.seat_weights(), [0.5, 0.5])  # no games yet: both seats alike
+        # the learner won its last 100 games as player_1 and lost them as player_2
+        prio.seat_results = {"player_1": {"win": 100.0, "draw": 0.0, "loss": 0.0},
+                             "player_2": {"win": 0.0, "draw": 0.0, "loss": 100.0}}
+        np.testing.assert_allclose(prio.seat_weights(), [1 / 102, 101 / 102])
+        share = {}
+        for name, c in (("uniform", uniform), ("win_rate", prio)):
+            c.collect()
+            m = c.metrics()
+            games = m["self_play/learner_games/player_1"] + m["self_play/learner_games/player_2"]
+            assert games > 30
+            share[name] = m["self_play/learner_games/player_2"] / games
+        assert 0.3 < share["uniform"] < 0.7 and share["win_rate"] > 0.85, share
+        # the games just played were counted at their seat (an untrained player_2 beats or draws a random one at
+        # times), older ones decayed; the counts travel in the checkpoint
+        p2 = prio.seat_results["player_2"]
+        assert p2["win"] + p2["draw"] > 0 and sum(p2.values()) <= 100.0
+        again = _vs_random_collector("win_rate", seed=1)
+        try:
+            again.load_state_dict(prio.state_dict())
+            np.testing.assert_allclose(again.seat_weights(), prio.seat_weights())
+        finally:
+            again.close()
+    finally:
+        uniform.close()
+        prio.close()

@@ -17,6 +17,10 @@ game seats the learner at one random agent and gives the others one opponent dra
 (``polar.rollout.self_play``); their decisions are not trained on, and each of a pool opponent's moves is a
 random legal one with probability ``self_play.opponent_noise``. ``play_games`` plays evaluation games with
 given seats (the current policies, a pool snapshot, or a uniformly random legal player) and scores them.
+
+In a game against the pool or a random player the learner's seat is drawn uniformly, or with
+``self_play.seat_sampling: win_rate`` by its recent results at each seat (``seat_weights``): in an asymmetric game
+the seat the learner does worse at (TicTacToe's ``player_2``) is played more often.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from polar.rollout.self_play import OpponentPool, Result, Snapshot
 from polar.types import Batch, Fragment
 
 Column = tuple[int, str]  # (env copy, agent id)
+SEAT_DECAY = 0.99  # self_play.seat_sampling: win_rate counts results over about the last 1 / (1 - 0.99) = 100 games
 
 
 def env_name(cfg: PettingZooHarnessConfig) -> str:
@@ -186,6 +191,10 @@ class MultiAgentCollector:
         self._results: dict[str, int] = {"win": 0, "draw": 0, "loss": 0}
         self.games_vs_random = 0  # training games a random legal player sat in (self_play.random_share)
         self.opponent_random_moves = 0  # pool opponents' moves replaced by random ones (self_play.opponent_noise)
+        # the learner's decayed win/draw/loss counts per seat, in games against the pool or a random player
+        self.seat_results: dict[str, dict[Result, float]] = {a: {"win": 0.0, "draw": 0.0, "loss": 0.0}
+                                                             for a in self.agents}
+        self.learner_seat_games: dict[str, int] = dict.fromkeys(self.agents, 0)
 
     # ------------------------------------------------------------------ the Collector protocol
     def start(self, weights: Any, version: int) -> None:
@@ -210,6 +219,11 @@ class MultiAgentCollector:
         out = {"self_play/train_games": float(games), "self_play/train_games_vs_random": float(self.games_vs_random)}
         out["self_play/opponent_random_moves"] = float(self.opponent_random_moves)
         self.games_vs_random = self.opponent_random_moves = 0
+        if self.cfg.self_play is not None:
+            for a, w in zip(self.agents, self.seat_weights(), strict=True):
+                out[f"self_play/learner_games/{a}"] = float(self.learner_seat_games[a])
+                out[f"self_play/seat_weight/{a}"] = float(w)
+            self.learner_seat_games = dict.fromkeys(self.agents, 0)
         if self.pool is not None:
             out.update(self.pool.metrics())
         self._results = {"win": 0, "draw": 0, "loss": 0}
@@ -220,10 +234,25 @@ class MultiAgentCollector:
             slot.close()
 
     def state_dict(self) -> dict[str, Any]:
-        return {}  # the opponent pool is the learner's (its snapshots are of the learner's weights)
+        # the opponent pool is the learner's (its snapshots are of the learner's weights); the seat counts are here
+        return {"self_play_seat_results": self.seat_results} if self.cfg.self_play is not None else {}
 
     def load_state_dict(self, state: Any) -> None:
-        pass
+        saved = state.get("self_play_seat_results")
+        if saved is not None:
+            self.seat_results = {a: {k: float(v) for k, v in saved[a].items()} for a in self.agents}
+
+    def seat_weights(self) -> np.ndarray:
+        """The chance of each agent (in ``self.agents``' order) being the learner's seat in a game against the pool
+        or a random player: uniform, or (``seat_sampling: win_rate``) in proportion to the learner's smoothed
+        shortfall there, ``(losses + draws/2 + 1) / (games + 2)`` over about its last 100 games at that seat."""
+        sp = self.cfg.self_play
+        if sp is None or sp.seat_sampling == "uniform":
+            w = np.ones(len(self.agents))
+        else:
+            w = np.array([(r["loss"] + 0.5 * r["draw"] + 1.0) / (sum(r.values()) + 2.0)
+                          for r in (self.seat_results[a] for a in self.agents)])
+        return w / w.sum()
 
     # ------------------------------------------------------------------ stepping
     def _seat(self, s: int) -> None:
@@ -237,7 +266,11 @@ class MultiAgentCollector:
                 self.seats[s] = {a: Seat("learn", self.mapping[a]) for a in self.agents}
                 return
             other = Seat("pool", snapshot=snap)
-        learner = self.agents[int(self.rng.integers(len(self.agents)))]
+        if sp is not None and sp.seat_sampling == "win_rate":
+            learner = self.agents[int(self.rng.choice(len(self.agents), p=self.seat_weights()))]
+        else:
+            learner = self.agents[int(self.rng.integers(len(self.agents)))]
+        self.learner_seat_games[learner] += 1
         self.seats[s] = {a: Seat("learn", self.mapping[a]) if a == learner else other for a in self.agents}
         self.games_vs_random += other.kind == "random"
 
@@ -259,6 +292,11 @@ class MultiAgentCollector:
             result = game_result(returns, learners[0])
             self._results[result] += 1
             self.pool.record(opponents[0].snapshot_id, result)
+        if sum(seat.kind == "learn" for seat in self.seats[s].values()) == 1 and learners:  # the learner at one seat
+            counts = self.seat_results[learners[0]]
+            for k in counts:
+                counts[k] *= SEAT_DECAY
+            counts[game_result(returns, learners[0])] += 1.0
 
     def _outcome(self, s: int, o: Outcome, trunc: list[tuple[str, _Decision, Any]]) -> None:
         self.returns[s][o.agent] = self.returns[s].get(o.agent, 0.0) + o.reward
