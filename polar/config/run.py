@@ -203,8 +203,8 @@ class EnvRunConfig(_RunBase):
     @model_validator(mode="after")
     def _learner_group(self) -> EnvRunConfig:
         n = self.distribution.num_learners
-        if n > 1 and self.policy.type != "ppo":
-            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO (env runs) and GRPO (agent runs); "
+        if n > 1 and self.policy.type not in ("ppo", "appo"):
+            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO and APPO (env runs), GRPO and SFT (agent runs); "
                              f"policy {self.policy.type} trains on one learner: set num_learners: 1")
         return self
 
@@ -248,8 +248,8 @@ class AgentRunConfig(_RunBase):
     @model_validator(mode="after")
     def _learner_group(self) -> AgentRunConfig:
         n = self.distribution.num_learners
-        if n > 1 and self.policy.type != "grpo":
-            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO (env runs) and GRPO (agent runs); "
+        if n > 1 and self.policy.type not in ("grpo", "sft"):
+            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO and APPO (env runs), GRPO and SFT (agent runs); "
                              f"policy {self.policy.type} trains on one learner: set num_learners: 1")
         return self
 

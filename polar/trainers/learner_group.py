@@ -31,6 +31,7 @@ from polar.distributed.data_parallel import (
     init_learner_group,
     leave_learner_group,
     shard_fragments,
+    shard_list,
 )
 from polar.errors import DistributedError
 from polar.types import Batch, Metrics, Rollout
@@ -92,6 +93,11 @@ def shard_groups(batch: Batch[Any], rank: int, world_size: int,
     groups = list(batch.data)
     order = sorted(range(len(groups)), key=lambda i: not signal(groups[i]))  # stable: signal first
     return replace(batch, data=[groups[i] for i in order[rank::world_size]])
+
+
+def shard_samples(batch: Batch[list[T]], rank: int, world_size: int) -> Batch[list[T]]:
+    """SFT: this rank's contiguous share of a minibatch of demonstrations (maybe none: it then steps with weight 0)."""
+    return replace(batch, data=shard_list(batch.data, rank, world_size))
 
 
 def _free_port(host: str) -> int:
@@ -159,7 +165,13 @@ class LearnerGroup(Generic[L]):
         self._checkpoint: tuple[Any, dict[str, torch.Tensor]] | None = None
         self.ranks: list[Any] = []
         self._check_fits()
-        self._start(None, self._local_module_state())
+
+    def _ensure_started(self) -> None:
+        """The ranks start at first use, from the driver's weights then: a stage before this learner's (GRPO's SFT
+        warm-up) has trained them by that time, and its own group has been closed."""
+        if not self.ranks:
+            state, module_state = self._checkpoint if self._checkpoint is not None else (None, None)
+            self._start(state, module_state if module_state is not None else self._local_module_state())
 
     # ------------------------------------------------------------------ the ranks
     def _check_fits(self) -> None:
@@ -234,6 +246,7 @@ class LearnerGroup(Generic[L]):
     # ------------------------------------------------------------------ the algorithm learner
     def update(self, batch: Batch[Any], /) -> Metrics:
         n = self.spec.num_learners
+        self._ensure_started()
         while True:
             try:
                 results = self._get([r.update.remote(self.shard(batch, i, n)) for i, r in enumerate(self.ranks)],
@@ -254,6 +267,7 @@ class LearnerGroup(Generic[L]):
         return weights() if callable(weights) else self.module_of(self.local).state_dict()
 
     def state_dict(self) -> Any:
+        self._ensure_started()
         state = self._get(self.ranks[0].state_dict.remote(), "checkpointing")
         self._checkpoint = (state, self._local_module_state())
         return state
@@ -262,10 +276,11 @@ class LearnerGroup(Generic[L]):
         self.local.load_state_dict(state)
         module_state = self._local_module_state()
         self._checkpoint = (state, module_state)
-        self._get([r.load.remote(state, module_state) for r in self.ranks], "loading a checkpoint")
+        if self.ranks:  # else they start from it
+            self._get([r.load.remote(state, module_state) for r in self.ranks], "loading a checkpoint")
 
     def close(self) -> None:
         self._kill()
 
 
-__all__ = ["GroupSpec", "LearnerGroup", "SyncedLearner", "group_spec", "shard_groups", "shard_rollout"]
+__all__ = ["GroupSpec", "LearnerGroup", "SyncedLearner", "group_spec", "shard_groups", "shard_rollout", "shard_samples"]

@@ -273,6 +273,9 @@ class TrainingLoop(Generic[T]):
                                      **{f"{stage.name}/{k}": v for k, v in last.items()}}, updates)
         finally:
             stage.collector.close()
+            close = getattr(stage.learner, "close", None)  # a learner group's ranks: the next stage starts its own
+            if callable(close):
+                close()
         if changed:
             self.version += 1
         self.summary[stage.name] = {"updates": updates, "time_s": round(time.monotonic() - t0, 1),

@@ -12,14 +12,16 @@ from functools import partial
 import pytest
 import torch
 
+from polar.algorithms.appo import APPOLearner
 from polar.algorithms.grpo import GRPOLearner, has_signal
 from polar.algorithms.ppo import PPOLearner
+from polar.algorithms.sft import SFTLearner
 from polar.config import RunConfig, validate
-from polar.config.grpo import GRPOKwargs
+from polar.config.grpo import GRPOKwargs, SFTKwargs
 from polar.errors import ConfigError, DistributedError
 from polar.inference.tiny import build_tiny
 from polar.models.llm_policy import LLMPolicy
-from polar.trainers.learner_group import GroupSpec, LearnerGroup, shard_groups, shard_rollout
+from polar.trainers.learner_group import GroupSpec, LearnerGroup, shard_groups, shard_rollout, shard_samples
 from polar.types import Batch, Rollout, SessionResult, SessionStatus, TrajectorySample
 from tests.algorithms.ppo_support import one_rollout, rollout_batch
 
@@ -135,6 +137,66 @@ def test_two_grpo_learners_take_the_step_one_learner_takes_on_the_same_groups(ra
     _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)  # it stepped with its peer
 
 
+def _sft_learner(seed: int = 0) -> SFTLearner:
+    model, tok = build_tiny(seed)
+    return SFTLearner(LLMPolicy(model, tok, None), SFTKwargs(learning_rate=GRPO_LR, batch_size=5))
+
+
+def test_two_sft_learners_take_the_step_one_learner_takes_on_the_same_minibatch(ray_cluster):
+    """Five demonstrations of different lengths (rank 0 gets 2 with fewer target tokens, rank 1 gets 3): each
+    rank's gradient is weighted by its target tokens, so the group takes one learner's token-mean step. The
+    second minibatch has one demonstration: rank 1 has none and steps with weight 0 (no hang, same weights)."""
+    import ray
+
+    first = Batch(data=[_sample(i, 6 + 5 * i) for i in range(5)], env_steps=0)
+    second = Batch(data=[_sample(7, 12)], env_steps=0)
+    assert shard_samples(second, 1, 2).data == []
+    one = _sft_learner()
+    start = _params(one.policy.model)
+    one.update(first)
+    local = _sft_learner()
+    group = LearnerGroup(local, _sft_learner, operator.attrgetter("policy.model"), shard_samples,
+                         GroupSpec(num_learners=2, max_restarts=0))
+    try:
+        group.update(first)
+        moved = max(float((one.policy.model.state_dict()[k] - start[k]).abs().max()) for k in start)
+        assert moved > 0.5 * GRPO_LR
+        _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+        one.update(second)
+        stats = group.update(second)
+        empty_rank = ray.get(group.ranks[1].module_state.remote())
+    finally:
+        group.close()
+    assert stats["learner_group_restarts"] == 0
+    _assert_same(_params(one.policy.model), _params(local.policy.model), GRPO_LR)
+    _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)
+
+
+APPO_CARTPOLE = {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
+                 "policy": {"type": "appo", "kwargs": {"n_epochs": 2, "normalize_advantage": False}}}
+
+
+def test_two_appo_learners_take_the_step_one_learner_takes_on_the_same_fragment(ray_cluster):
+    """One fragment, its env columns split over two ranks, V-trace per column, the gradient weighted by samples."""
+    cfg = validate(RunConfig, APPO_CARTPOLE)
+    policy, frag = one_rollout(cfg)
+    kw = cfg.policy.kwargs
+    start = _params(policy.agent)
+    one = APPOLearner(copy.deepcopy(policy.agent), kw)
+    one.update(_ppo_batch(frag))
+    local = APPOLearner(copy.deepcopy(policy.agent), kw)
+    group = LearnerGroup(local, partial(APPOLearner, copy.deepcopy(policy.agent), kw), operator.attrgetter("agent"),
+                         shard_rollout, GroupSpec(num_learners=2, max_restarts=0))
+    try:
+        stats = group.update(_ppo_batch(frag))
+    finally:
+        group.close()
+    assert stats["n_updates"] == 2 and stats["update_skipped"] == 0
+    moved = max(float((one.agent.state_dict()[k] - start[k]).abs().max()) for k in start)
+    assert moved > 0.5 * kw.learning_rate
+    _assert_same(_params(one.agent), _params(local.agent), kw.learning_rate)
+
+
 def test_a_killed_learner_restarts_the_group_from_the_last_checkpoint(ray_cluster, ppo_rollout):
     import ray
 
@@ -181,6 +243,8 @@ def test_num_learners_and_learner_sharding_are_checked_at_validation():
     with pytest.raises(ConfigError, match=r"distribution\.num_learners: 2 is honoured by PPO .* policy dqn"):
         validate(RunConfig, {**base, "policy": {"type": "dqn"}, "distribution": {"backend": "ray", "num_learners": 2}})
     cfg = validate(RunConfig, {**base, "distribution": {"backend": "ray", "num_learners": 2}})
+    assert cfg.distribution.num_learners == 2
+    cfg = validate(RunConfig, {**base, "policy": {"type": "appo"}, "distribution": {"backend": "ray", "num_learners": 2}})
     assert cfg.distribution.num_learners == 2
 
 
