@@ -246,10 +246,11 @@ class LearnerGroup(Generic[L]):
     # ------------------------------------------------------------------ the algorithm learner
     def update(self, batch: Batch[Any], /) -> Metrics:
         n = self.spec.num_learners
+        shards = [self.shard(batch, i, n) for i in range(n)]  # a batch it cannot split raises here, not a restart
         self._ensure_started()
         while True:
             try:
-                results = self._get([r.update.remote(self.shard(batch, i, n)) for i, r in enumerate(self.ranks)],
+                results = self._get([r.update.remote(s) for r, s in zip(self.ranks, shards, strict=True)],
                                     "an update")
                 weights = self._get(self.ranks[0].module_state.remote(), "reading rank 0's weights")
                 break
@@ -267,7 +268,12 @@ class LearnerGroup(Generic[L]):
         return weights() if callable(weights) else self.module_of(self.local).state_dict()
 
     def state_dict(self) -> Any:
-        self._ensure_started()
+        """Rank 0's state; with no ranks running (not started yet, or closed) the state they left, or the driver's
+        copy's (the ranks start from it), so a checkpoint never starts a group."""
+        if not self.ranks:
+            if self._checkpoint is not None and self._checkpoint[0] is not None:
+                return self._checkpoint[0]
+            return self.local.state_dict()
         state = self._get(self.ranks[0].state_dict.remote(), "checkpointing")
         self._checkpoint = (state, self._local_module_state())
         return state
@@ -280,6 +286,13 @@ class LearnerGroup(Generic[L]):
             self._get([r.load.remote(state, module_state) for r in self.ranks], "loading a checkpoint")
 
     def close(self) -> None:
+        """End the ranks (their processes exit and their resources return to the cluster), keeping rank 0's state:
+        an SFT run checkpoints after its stage closed the group, and a later ``update`` starts from it."""
+        if self.ranks:
+            try:
+                self.state_dict()
+            except DistributedError as e:  # a broken group: its last checkpoint stays what a restart loads
+                log.warning("learner group: closing without rank 0's state (%s)", e)
         self._kill()
 
 

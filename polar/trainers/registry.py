@@ -157,10 +157,7 @@ def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> 
 
 def _ppo_learner(parts: EnvParts) -> Learner[Any]:
     kw, total = _ppo_kw(parts), parts.cfg.total_env_steps
-    d = parts.cfg.distribution
-    if kw.intrinsic is not None and d.num_learners > 1:
-        raise ConfigError("policy.kwargs.intrinsic needs distribution.num_learners: 1 (the reward module is not "
-                          "shared across learner ranks yet); drop one of them")
+    d = parts.cfg.distribution  # intrinsic (RND) with num_learners > 1 is refused by the config
     algorithm: AlgorithmLearner[Rollout] = PPOLearner(
         parts.train_agent, kw, total, make_intrinsic(parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
     if d.num_learners > 1:  # N data-parallel ranks; this copy acts, publishes and checkpoints rank 0's weights
@@ -188,9 +185,6 @@ def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
 
 def _appo_learner(parts: EnvParts) -> Learner[Any]:
     kw, d = cast(APPOKwargs, parts.cfg.policy.kwargs), parts.cfg.distribution
-    if kw.intrinsic is not None and d.num_learners > 1:
-        raise ConfigError("policy.kwargs.intrinsic needs distribution.num_learners: 1 (the reward module is not "
-                          "shared across learner ranks yet); drop one of them")
     algorithm: AlgorithmLearner[Rollout] = APPOLearner(parts.train_agent, kw, make_intrinsic(
         parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
     if d.num_learners > 1:  # N data-parallel ranks on each fragment's env columns; this copy acts and publishes
