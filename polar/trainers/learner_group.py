@@ -31,7 +31,6 @@ from polar.distributed.data_parallel import (
     init_learner_group,
     leave_learner_group,
     shard_fragments,
-    shard_list,
 )
 from polar.errors import DistributedError
 from polar.types import Batch, Metrics, Rollout
@@ -96,8 +95,9 @@ def shard_groups(batch: Batch[Any], rank: int, world_size: int,
 
 
 def shard_samples(batch: Batch[list[T]], rank: int, world_size: int) -> Batch[list[T]]:
-    """SFT: this rank's contiguous share of a minibatch of demonstrations (maybe none: it then steps with weight 0)."""
-    return replace(batch, data=shard_list(batch.data, rank, world_size))
+    """SFT: this rank's share of a minibatch of demonstrations, dealt round-robin from rank 0, so rank 0 (whose
+    metrics the group reports) has one whenever the minibatch does; a rank dealt none steps with weight 0."""
+    return replace(batch, data=list(batch.data[rank::world_size]))
 
 
 def _free_port(host: str) -> int:

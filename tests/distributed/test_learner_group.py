@@ -244,9 +244,10 @@ def _sft_learner(seed: int = 0) -> SFTLearner:
 
 
 def test_two_sft_learners_take_the_step_one_learner_takes_on_the_same_minibatch(ray_cluster):
-    """Five demonstrations of different lengths (rank 0 gets 2 with fewer target tokens, rank 1 gets 3): each
-    rank's gradient is weighted by its target tokens, so the group takes one learner's token-mean step. The
-    second minibatch has one demonstration: rank 1 has none and steps with weight 0 (no hang, same weights)."""
+    """Five demonstrations of different lengths, dealt round-robin (rank 0 gets 3 with 36 target tokens, rank 1
+    gets 2 with 24): each rank's gradient is weighted by its target tokens, so the group takes one learner's
+    token-mean step (a per-rank mean would weight them 1:1). The second minibatch has one demonstration: rank 1
+    has none and steps with weight 0 (no hang, same weights)."""
     import ray
 
     first = Batch(data=[_sample(i, 6 + 5 * i) for i in range(5)], env_steps=0)
@@ -279,8 +280,8 @@ def test_two_sft_learners_take_the_step_one_learner_takes_on_the_same_minibatch(
     _assert_same(_params(local.policy.model), dict(empty_rank), GRPO_LR)
 
 
-APPO_CARTPOLE = {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
-                 "policy": {"type": "appo", "kwargs": {"n_epochs": 2, "normalize_advantage": False}}}
+APPO_CARTPOLE = {"harness": {"type": "gymnasium", "id": "CartPole-v1"},  # one minibatch: the whole fragment
+                 "policy": {"type": "appo", "kwargs": {"n_epochs": 2, "batch_size": 0, "normalize_advantage": False}}}
 
 
 def test_two_appo_learners_take_the_step_one_learner_takes_on_the_same_fragment(ray_cluster):
@@ -302,6 +303,21 @@ def test_two_appo_learners_take_the_step_one_learner_takes_on_the_same_fragment(
     moved = max(float((one.agent.state_dict()[k] - start[k]).abs().max()) for k in start)
     assert moved > 0.5 * kw.learning_rate
     _assert_same(_params(one.agent), _params(local.agent), kw.learning_rate)
+
+
+def test_an_appo_rank_takes_one_all_reduce_per_minibatch_of_the_whole_fragment():
+    """With minibatches (``batch_size`` 64 of a 512-sample fragment), every rank joins 8 all-reduces per epoch, as
+    many as one learner takes steps on the whole fragment, each with its share of the minibatch as its weight:
+    counted from its own half, a rank would join 4 and its peer would wait in the 5th."""
+    cfg = validate(RunConfig, {**APPO_CARTPOLE, "policy": {"type": "appo", "kwargs": {"n_epochs": 2, "batch_size": 64}}})
+    policy, frag = one_rollout(cfg)
+    batch = _ppo_batch(frag)
+    assert batch.env_steps == 512
+    learner = APPOLearner(copy.deepcopy(policy.agent), cfg.policy.kwargs)
+    weights: list[float] = []
+    learner.grad_sync = lambda params, weight: (weights.append(weight), 2 * weight)[1]
+    stats = learner.update(shard_rollout(batch, 1, 2))
+    assert weights == [32.0] * 16 and stats["n_updates"] == 16
 
 
 def test_a_killed_learner_restarts_the_group_from_the_last_checkpoint(ray_cluster, ppo_rollout):
