@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 
 class SyncedLearner(Protocol):
-    """An algorithm learner with the data-parallel hook (PPOLearner, GRPOLearner)."""
+    """An algorithm learner with the data-parallel hook (PPOLearner, APPOLearner, GRPOLearner, SFTLearner)."""
 
     grad_sync: Callable[[Sequence[nn.Parameter], float], float] | None
 
@@ -151,7 +151,7 @@ class _Rank:
 
 class LearnerGroup(Generic[L]):
     """N ranks of ``make()`` trained data-parallel; ``local`` is the driver's copy (rank 0's weights after each
-    update). ``module_of(learner)`` is the module whose weights are published (PPO: ``.agent``; GRPO:
+    update). ``module_of(learner)`` is the module whose weights are published (PPO, APPO: ``.agent``; GRPO, SFT:
     ``.policy.model``)."""
 
     def __init__(self, local: L, make: Callable[[], L], module_of: Callable[[Any], nn.Module],

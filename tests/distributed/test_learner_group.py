@@ -55,9 +55,9 @@ def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float) -> float:
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float, share: float = 1e-2) -> float:
     worst = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    assert worst <= 1e-2 * lr, f"largest parameter difference {worst:.3g} > 1% of lr {lr:g}"
+    assert worst <= share * lr, f"largest parameter difference {worst:.3g} > {share:.0%} of lr {lr:g}"
     return worst
 
 
@@ -232,7 +232,10 @@ def test_a_grpo_group_built_before_the_sft_warm_up_starts_from_the_warmed_weight
     try:
         result = loop.train()
         assert result["iterations"] == 1 and result["sft"]["updates"] == 1
-        _assert_same(_params(ref.policy.model), _params(local.policy.model), GRPO_LR)
+        # what this tells apart: ranks started from the pre-warm-up weights end 3 x lr away (measured on main);
+        # from the warmed ones, within float32 order noise, which Adam's first step after a warm-up amplified to
+        # 1.1% of lr once (near-zero gradients), so the bound is 10% of one Adam step, not the 1% of the step tests
+        _assert_same(_params(ref.policy.model), _params(local.policy.model), GRPO_LR, share=0.1)
         _assert_ranks_ended(collector.pids)  # the loop ended them
     finally:
         group.close()
