@@ -16,6 +16,7 @@ caller: add ``gamma * V(final_obs)`` to the reward of the truncating step and cu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,11 +141,15 @@ def _as_tensor(x, device: torch.device | None = None):
 
 def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
                 reward_scale: float = 1.0, reward_clip: float | None = None,
-                intrinsic_advantages: torch.Tensor | None = None) -> dict[str, float]:
+                intrinsic_advantages: torch.Tensor | None = None,
+                grad_sync: Callable[[Sequence[torch.nn.Parameter], float], float] | None = None,
+                num_minibatches: int | None = None) -> dict[str, float]:
     """One learner step on one rollout fragment (feed-forward agents): V-trace targets, then clipped updates.
 
     ``agent`` is the learner's agent (an ``AgentBase``); ``fragment`` a ``polar.rollout.Fragment``
     whose ``log_probs`` came from the (possibly older) behaviour policy. Returns scalar metrics.
+    A learner group's rank passes ``grad_sync`` (the group's weighted gradient mean, weighted by each rank's
+    minibatch samples) and ``num_minibatches`` (the same on every rank: each minibatch is one all-reduce).
     """
     if fragment.initial_state is not None:
         raise ConfigError(
@@ -167,6 +172,10 @@ def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
     discounts = episode_discounts(torch.as_tensor(fragment.terminated, device=dev), torch.as_tensor(fragment.truncated, device=dev), kw.gamma)
     bootstrap = torch.as_tensor(fragment.last_values, dtype=torch.float32, device=dev)
     batch_size = kw.batch_size or n
+    # one learner: minibatches of batch_size; a group's rank: num_minibatches slices, some maybe empty
+    bounds = ([(start, start + batch_size) for start in range(0, n, batch_size)] if num_minibatches is None
+              else [(m * n // num_minibatches, (m + 1) * n // num_minibatches) for m in range(num_minibatches)])
+    params = [p for p in agent.parameters() if p.requires_grad]
     stats = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     updates, rho_sum = 0, 0.0
     for _ in range(kw.n_epochs):
@@ -185,22 +194,25 @@ def appo_update(agent, optimizer, fragment, kw, learner_version: int = 0,
         vs = vt.vs.reshape(n)
         flat_blogp = behaviour_logp.reshape(n)
         perm = torch.randperm(n).to(dev)
-        for start in range(0, n, batch_size):
-            idx = perm[start:start + batch_size]
-            new_logp, entropy, new_values = agent.evaluate_actions(_index(obs, idx), actions[idx])
-            out = appo_loss(
-                new_logp, flat_blogp[idx], adv[idx], new_values, vs[idx], entropy,
-                clip_range=kw.clip_range, vf_coef=kw.vf_coef, ent_coef=kw.ent_coef,
-            )
+        for lo, hi in bounds:
+            idx = perm[lo:hi]
             optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), kw.max_grad_norm)
+            if hi > lo:  # a group's rank may have none of this minibatch: it joins the all-reduce with weight 0
+                new_logp, entropy, new_values = agent.evaluate_actions(_index(obs, idx), actions[idx])
+                out = appo_loss(
+                    new_logp, flat_blogp[idx], adv[idx], new_values, vs[idx], entropy,
+                    clip_range=kw.clip_range, vf_coef=kw.vf_coef, ent_coef=kw.ent_coef,
+                )
+                out.loss.backward()
+                stats["policy_loss"] += float(out.policy_loss)
+                stats["value_loss"] += float(out.value_loss)
+                stats["entropy"] += float(out.entropy)
+                stats["clip_fraction"] += float(out.clip_fraction)
+            if grad_sync is not None and grad_sync(params, float(hi - lo)) <= 0:
+                continue
+            torch.nn.utils.clip_grad_norm_(params, kw.max_grad_norm)
             optimizer.step()
             updates += 1
-            stats["policy_loss"] += float(out.policy_loss)
-            stats["value_loss"] += float(out.value_loss)
-            stats["entropy"] += float(out.entropy)
-            stats["clip_fraction"] += float(out.clip_fraction)
         rho_sum += float(vt.rhos.mean())
     out_stats = {k: v / max(updates, 1) for k, v in stats.items()}
     out_stats["vtrace_rho_mean"] = rho_sum / kw.n_epochs
@@ -223,6 +235,9 @@ class APPOLearner:
         self.intrinsic = intrinsic
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=kwargs.learning_rate, eps=kwargs.adam_eps)
         self.stale_dropped = 0
+        # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
+        # each optimizer step, weighted by each rank's minibatch samples; None = one learner
+        self.grad_sync: Callable[[Sequence[torch.nn.Parameter], float], float] | None = None
 
     def update(self, batch: Batch[Rollout]) -> dict[str, float]:
         """Update on the batch's fragment, or skip it (``update_skipped: 1``) when it is more than
@@ -240,8 +255,10 @@ class APPOLearner:
             obs = fragment.obs
             obs = {k: torch.as_tensor(v) for k, v in obs.items()} if isinstance(obs, dict) else torch.as_tensor(obs)
             intrinsic = self.intrinsic.advantages(obs, fragment.num_steps, fragment.num_envs)
+        # a group's ranks hold shards of one fragment: the minibatch count is the whole batch's (batch.env_steps)
+        n_mini = None if self.grad_sync is None else max(1, -(-batch.env_steps // (self.kw.batch_size or batch.env_steps or 1)))
         stats = appo_update(self.agent, self.optimizer, fragment, self.kw, learner_version, rollout.reward_scale,
-                            rollout.reward_clip, intrinsic)
+                            rollout.reward_clip, intrinsic, self.grad_sync, n_mini)
         if self.intrinsic is not None:
             stats.update(self.intrinsic.train_on_batch())
         stats["stale_dropped"] = float(self.stale_dropped)

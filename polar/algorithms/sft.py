@@ -7,7 +7,7 @@ learner as a stage of the one loop."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,11 @@ class SFTLearner:
     def __init__(self, policy: TokenPolicy, kwargs: SFTKwargs) -> None:
         self.policy = policy
         self.kw = kwargs
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=kwargs.learning_rate, weight_decay=0.0)
+        self.params = policy.parameters()
+        self.optimizer = torch.optim.AdamW(self.params, lr=kwargs.learning_rate, weight_decay=0.0)
+        # data-parallel learners (polar.distributed.data_parallel): averages the gradient over the group before
+        # each step, weighted by each learner's target tokens, so N shards take one learner's token-mean step
+        self.grad_sync: Callable[[Sequence[torch.nn.Parameter], float], float] | None = None
 
     def update(self, batch: Batch[list[TrajectorySample]]) -> Metrics:
         """One optimizer step on ``batch.data``, a minibatch of demonstrations."""
@@ -45,13 +49,19 @@ class SFTLearner:
     def optimize(self, samples: list[TrajectorySample]) -> dict[str, float]:
         pol = self.policy
         pol.model.train()
-        batch = pol.collate(samples)
-        loss = sft_loss(pol.logits(batch), batch.token_ids, batch.loss_mask)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(pol.parameters(), self.kw.max_grad_norm)
+        n_tokens, sft = 0.0, 0.0
+        if samples:  # a learner group's rank may be dealt no demonstration: it joins the all-reduce with weight 0
+            batch = pol.collate(samples)
+            n_tokens = float(batch.loss_mask[:, 1:].sum())
+            loss = sft_loss(pol.logits(batch), batch.token_ids, batch.loss_mask)
+            loss.backward()
+            sft = loss.item()
+        if self.grad_sync is not None and self.grad_sync(self.params, n_tokens) <= 0:
+            return {"sft_loss": sft, "grad_norm": 0.0, "trained_tokens": n_tokens}  # no rank had a target token
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.kw.max_grad_norm)
         self.optimizer.step()
-        return {"sft_loss": loss.item(), "grad_norm": float(grad_norm)}
+        return {"sft_loss": sft, "grad_norm": float(grad_norm), "trained_tokens": n_tokens}
 
     def weights(self) -> Mapping[str, Any]:
         """What the engine serves: the policy's weights (LoRA merged)."""

@@ -202,11 +202,31 @@ class EnvRunConfig(_RunBase):
 
     @model_validator(mode="after")
     def _learner_group(self) -> EnvRunConfig:
-        n = self.distribution.num_learners
-        if n > 1 and self.policy.type != "ppo":
-            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO (env runs) and GRPO (agent runs); "
-                             f"policy {self.policy.type} trains on one learner: set num_learners: 1")
+        _refuse_learner_group(self.distribution, self.policy.type, ("ppo", "appo"))
+        d, n = self.distribution, self.distribution.num_learners
+        if n > 1 and getattr(self.policy.kwargs, "intrinsic", None) is not None:
+            raise PydanticCustomError("run_section", "{problem}", {"problem": (
+                "policy.kwargs.intrinsic needs distribution.num_learners: 1 (the reward module is not shared across "
+                "learner ranks yet); drop one of them")})
+        if n > 1:  # each rank trains on its own env columns of a batch: PPO's all workers' fragments, APPO's one
+            workers = 1 if self.policy.type == "appo" else (
+                d.autoscale.min_rollout_workers if d.autoscale is not None else max(1, d.rollout_workers))
+            columns = d.envs_per_runner * workers
+            if columns < n:
+                raise PydanticCustomError("run_section", "{problem}", {"problem": (
+                    f"distribution.num_learners: {n} learners each train on their own env columns of a batch, but "
+                    f"each {self.policy.type.upper()} batch has {columns} (envs_per_worker {d.envs_per_runner}"
+                    f"{'' if workers == 1 else f' x {workers} rollout workers'}); raise distribution.envs_per_worker "
+                    "or lower num_learners")})
         return self
+
+
+def _refuse_learner_group(d: DistributionConfig, policy_type: str, honoured: tuple[str, ...]) -> None:
+    """``num_learners > 1`` for a row without a learner group: one line naming the key (no config echoed)."""
+    if d.num_learners > 1 and policy_type not in honoured:
+        raise PydanticCustomError("run_section", "{problem}", {"problem": (
+            f"distribution.num_learners: {d.num_learners} is honoured by PPO and APPO (env runs), GRPO and SFT "
+            f"(agent runs); policy {policy_type} trains on one learner: set num_learners: 1")})
 
 
 class AgentRunConfig(_RunBase):
@@ -247,10 +267,7 @@ class AgentRunConfig(_RunBase):
 
     @model_validator(mode="after")
     def _learner_group(self) -> AgentRunConfig:
-        n = self.distribution.num_learners
-        if n > 1 and self.policy.type != "grpo":
-            raise ValueError(f"distribution.num_learners: {n} is honoured by PPO (env runs) and GRPO (agent runs); "
-                             f"policy {self.policy.type} trains on one learner: set num_learners: 1")
+        _refuse_learner_group(self.distribution, self.policy.type, ("grpo", "sft"))
         return self
 
     @model_validator(mode="after")

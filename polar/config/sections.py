@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from polar.config.base import StrictModel
 from polar.config.continual import OldTaskConfig
@@ -97,13 +98,22 @@ class DistributionConfig(StrictModel):
 
     @model_validator(mode="after")
     def _learner_group(self) -> DistributionConfig:
-        if self.num_learners > 1 and self.backend != "ray":
-            raise ValueError(f"distribution.num_learners: {self.num_learners} places learner processes as Ray "
-                             "actors; set distribution.backend: ray or num_learners: 1")
-        if self.learner_sharding == "fsdp":
-            raise ValueError("distribution.learner_sharding: fsdp is not wired in this version (FSDP2 averages "
-                             "gradients per rank, not per token, so N learners would not take one learner's step); "
-                             "use learner_sharding: none")
+        n = self.num_learners
+        gpus = {"num_gpus": self.num_gpus, "learner_resources.num_gpus": self.learner_resources.num_gpus}
+        problem = None
+        if n > 1 and self.backend != "ray":
+            problem = (f"distribution.num_learners: {n} places learner processes as Ray actors; set "
+                       "distribution.backend: ray or num_learners: 1")
+        elif n > 1 and any(v > 0 for v in gpus.values()):
+            key, value = next((k, v) for k, v in gpus.items() if v > 0)
+            problem = (f"distribution.{key}: {value:g} with num_learners: {n}, but a learner group's ranks train on "
+                       "CPU (gloo) in this version; set it to 0 or num_learners: 1")
+        elif self.learner_sharding == "fsdp":
+            problem = ("distribution.learner_sharding: fsdp is not wired in this version (FSDP2 averages gradients "
+                       "per rank, not per token, so N learners would not take one learner's step); use "
+                       "learner_sharding: none")
+        if problem is not None:  # one line naming the key, without the section echoed
+            raise PydanticCustomError("run_section", "{problem}", {"problem": problem})
         return self
 
     @model_validator(mode="after")

@@ -1,11 +1,11 @@
 """Data-parallel learning: N learner processes, one ``torch.distributed`` process group, one batch split N ways.
 
-Each learner trains on its shard of the batch (PPO: a slice of the env columns; GRPO/SFT: a slice of the session
-groups, whole groups only, so group advantages stay what one learner computes) and, before every optimizer step,
+Each learner trains on its shard of the batch (PPO/APPO: a slice of the env columns; GRPO: whole session groups, so
+group advantages stay what one learner computes; SFT: its share of the demonstrations) and, before every optimizer step,
 calls :class:`GradientAverager` through the learner's ``grad_sync`` hook. The averager does one ``all_reduce`` (gloo
 on CPU, NCCL on GPU: torch's collective, not a home-made one) of ``grad * weight`` with ``weight`` appended, then
 divides by the summed weight. ``weight`` is what the learner's loss divides by on its shard (PPO: the minibatch's
-samples; GRPO: its tokens under ``token_mean``, its sequences otherwise), so the averaged gradient is the gradient
+samples; SFT and GRPO ``token_mean``: its tokens; GRPO otherwise: its sequences), so the averaged gradient is the gradient
 one learner computes on the whole batch, and N learners on one batch take the step one learner takes (tested).
 
 The group is bounded in time: ``init_process_group(timeout=)`` makes a collective that a dead or hung peer never
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Sequence
-from typing import TypeVar
 
 import numpy as np
 import torch
@@ -25,8 +24,6 @@ import torch.distributed as dist
 
 from polar.errors import DistributedError
 from polar.types import Fragment
-
-T = TypeVar("T")
 
 LEARNER_SHARDING = ("none", "fsdp")
 
@@ -87,12 +84,6 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * n // world_size, (rank + 1) * n // world_size
 
 
-def shard_list(items: Sequence[T], rank: int, world_size: int) -> list[T]:
-    """This learner's share of a list (GRPO/SFT: whole session groups)."""
-    lo, hi = shard_bounds(len(items), rank, world_size)
-    return list(items[lo:hi])
-
-
 def _cols(x: object, lo: int, hi: int, axis: int) -> object:
     if x is None:
         return None
@@ -131,4 +122,4 @@ def shard_fragments(fragments: Sequence[Fragment], rank: int, world_size: int) -
 
 
 __all__ = ["LEARNER_SHARDING", "GradientAverager", "backend_for", "init_learner_group", "leave_learner_group",
-           "shard_bounds", "shard_fragments", "shard_list"]
+           "shard_bounds", "shard_fragments"]

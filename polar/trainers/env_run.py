@@ -20,6 +20,7 @@ from polar.models.policy import Policy
 from polar.rollout.backends.base import RolloutBackend
 from polar.trainers.continual import Continual
 from polar.trainers.device import copy_weights
+from polar.trainers.loop import close_learner
 from polar.trainers.run_dir import RunDir
 from polar.types import Batch, Metrics
 
@@ -98,3 +99,7 @@ class PolicyLearner(Generic[T]):
         self.algorithm.load_state_dict(state["learner"])
         if self.parts.continual is not None:
             self.parts.continual.load_state_dict(state.get("continual"))
+
+    def close(self) -> None:
+        """End the algorithm's processes (a learner group's ranks); the loop calls it when the run ends."""
+        close_learner(self.algorithm)

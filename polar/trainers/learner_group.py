@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 
 class SyncedLearner(Protocol):
-    """An algorithm learner with the data-parallel hook (PPOLearner, GRPOLearner)."""
+    """An algorithm learner with the data-parallel hook (PPOLearner, APPOLearner, GRPOLearner, SFTLearner)."""
 
     grad_sync: Callable[[Sequence[nn.Parameter], float], float] | None
 
@@ -92,6 +92,12 @@ def shard_groups(batch: Batch[Any], rank: int, world_size: int,
     groups = list(batch.data)
     order = sorted(range(len(groups)), key=lambda i: not signal(groups[i]))  # stable: signal first
     return replace(batch, data=[groups[i] for i in order[rank::world_size]])
+
+
+def shard_samples(batch: Batch[list[T]], rank: int, world_size: int) -> Batch[list[T]]:
+    """SFT: this rank's share of a minibatch of demonstrations, dealt round-robin from rank 0, so rank 0 (whose
+    metrics the group reports) has one whenever the minibatch does; a rank dealt none steps with weight 0."""
+    return replace(batch, data=list(batch.data[rank::world_size]))
 
 
 def _free_port(host: str) -> int:
@@ -145,7 +151,7 @@ class _Rank:
 
 class LearnerGroup(Generic[L]):
     """N ranks of ``make()`` trained data-parallel; ``local`` is the driver's copy (rank 0's weights after each
-    update). ``module_of(learner)`` is the module whose weights are published (PPO: ``.agent``; GRPO:
+    update). ``module_of(learner)`` is the module whose weights are published (PPO, APPO: ``.agent``; GRPO, SFT:
     ``.policy.model``)."""
 
     def __init__(self, local: L, make: Callable[[], L], module_of: Callable[[Any], nn.Module],
@@ -159,7 +165,13 @@ class LearnerGroup(Generic[L]):
         self._checkpoint: tuple[Any, dict[str, torch.Tensor]] | None = None
         self.ranks: list[Any] = []
         self._check_fits()
-        self._start(None, self._local_module_state())
+
+    def _ensure_started(self) -> None:
+        """The ranks start at first use, from the driver's weights then: a stage before this learner's (GRPO's SFT
+        warm-up) has trained them by that time, and its own group has been closed."""
+        if not self.ranks:
+            state, module_state = self._checkpoint if self._checkpoint is not None else (None, None)
+            self._start(state, module_state if module_state is not None else self._local_module_state())
 
     # ------------------------------------------------------------------ the ranks
     def _check_fits(self) -> None:
@@ -234,9 +246,11 @@ class LearnerGroup(Generic[L]):
     # ------------------------------------------------------------------ the algorithm learner
     def update(self, batch: Batch[Any], /) -> Metrics:
         n = self.spec.num_learners
+        shards = [self.shard(batch, i, n) for i in range(n)]  # a batch it cannot split raises here, not a restart
+        self._ensure_started()
         while True:
             try:
-                results = self._get([r.update.remote(self.shard(batch, i, n)) for i, r in enumerate(self.ranks)],
+                results = self._get([r.update.remote(s) for r, s in zip(self.ranks, shards, strict=True)],
                                     "an update")
                 weights = self._get(self.ranks[0].module_state.remote(), "reading rank 0's weights")
                 break
@@ -254,6 +268,12 @@ class LearnerGroup(Generic[L]):
         return weights() if callable(weights) else self.module_of(self.local).state_dict()
 
     def state_dict(self) -> Any:
+        """Rank 0's state; with no ranks running (not started yet, or closed) the state they left, or the driver's
+        copy's (the ranks start from it), so a checkpoint never starts a group."""
+        if not self.ranks:
+            if self._checkpoint is not None and self._checkpoint[0] is not None:
+                return self._checkpoint[0]
+            return self.local.state_dict()
         state = self._get(self.ranks[0].state_dict.remote(), "checkpointing")
         self._checkpoint = (state, self._local_module_state())
         return state
@@ -262,10 +282,18 @@ class LearnerGroup(Generic[L]):
         self.local.load_state_dict(state)
         module_state = self._local_module_state()
         self._checkpoint = (state, module_state)
-        self._get([r.load.remote(state, module_state) for r in self.ranks], "loading a checkpoint")
+        if self.ranks:  # else they start from it
+            self._get([r.load.remote(state, module_state) for r in self.ranks], "loading a checkpoint")
 
     def close(self) -> None:
+        """End the ranks (their processes exit and their resources return to the cluster), keeping rank 0's state:
+        an SFT run checkpoints after its stage closed the group, and a later ``update`` starts from it."""
+        if self.ranks:
+            try:
+                self.state_dict()
+            except DistributedError as e:  # a broken group: its last checkpoint stays what a restart loads
+                log.warning("learner group: closing without rank 0's state (%s)", e)
         self._kill()
 
 
-__all__ = ["GroupSpec", "LearnerGroup", "SyncedLearner", "group_spec", "shard_groups", "shard_rollout"]
+__all__ = ["GroupSpec", "LearnerGroup", "SyncedLearner", "group_spec", "shard_groups", "shard_rollout", "shard_samples"]

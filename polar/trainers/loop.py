@@ -54,11 +54,18 @@ Budget = Callable[[Progress], bool]
 """True once the run's budget is spent (``total_env_steps``; offline: ``gradient_steps``; GRPO: ``total_steps``)."""
 
 __all__ = ["CHECKPOINT_FORMAT", "Budget", "Closeable", "Metrics", "OnIteration", "Stage", "TrainingLoop",
-           "env_steps_budget", "iterations_budget"]
+           "close_learner", "env_steps_budget", "iterations_budget"]
 
 
 class Closeable(Protocol):
     def close(self) -> None: ...
+
+
+def close_learner(learner: object) -> None:
+    """End what a learner holds beyond this process, if it has a ``close`` (a learner group's ranks)."""
+    close = getattr(learner, "close", None)
+    if callable(close):
+        close()
 
 
 def env_steps_budget(total_env_steps: int) -> Budget:
@@ -136,14 +143,18 @@ class TrainingLoop(Generic[T]):
         self._closed = False
 
     def close(self) -> None:
-        """Release what a loop that is not trained holds: the collector, ``close_after`` (an agent run's stack)
-        and the run's log lines (a handler on the ``polar`` logger). ``train`` releases them itself; calling this
-        again, or after ``train``, does nothing. ``with loop:`` calls it."""
+        """Release what a loop that is not trained holds: the collector, the learner's processes (a learner
+        group), ``close_after`` (an agent run's stack) and the run's log lines (a handler on the ``polar``
+        logger). ``train`` releases them itself; calling this again, or after ``train``, does nothing. ``with
+        loop:`` calls it."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.collector.close()
+            try:
+                self.collector.close()
+            finally:
+                close_learner(self.learner)
         finally:
             try:
                 for thing in self.close_after:
@@ -235,7 +246,10 @@ class TrainingLoop(Generic[T]):
                             break
                     self._save_checkpoint()
                 finally:
-                    self.collector.close()
+                    try:
+                        self.collector.close()
+                    finally:
+                        close_learner(self.learner)  # a learner group's ranks; the final evaluation acts without them
             if (signame := stop_requested()) is not None:
                 raise stopped_after_checkpoint(signame, self.run_dir.path, self.checkpoints.latest(),
                                                f"iteration {self.iteration}")
@@ -272,7 +286,10 @@ class TrainingLoop(Generic[T]):
                     self.logger.log({f"{stage.name}/updates": updates,
                                      **{f"{stage.name}/{k}": v for k, v in last.items()}}, updates)
         finally:
-            stage.collector.close()
+            try:
+                stage.collector.close()
+            finally:
+                close_learner(stage.learner)  # a learner group's ranks: the next stage starts its own
         if changed:
             self.version += 1
         self.summary[stage.name] = {"updates": updates, "time_s": round(time.monotonic() - t0, 1),

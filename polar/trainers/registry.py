@@ -75,7 +75,7 @@ from polar.rollout.sessions.task_sampling import Curriculum, TaskDifficulty
 from polar.trainers.agentic_run import AgentAlgorithm, AgentContext, AgentEvaluator, AgentParts
 from polar.trainers.continual import old_replay
 from polar.trainers.env_run import AlgorithmLearner, EnvParts, PolicyLearner
-from polar.trainers.learner_group import LearnerGroup, group_spec, shard_groups, shard_rollout
+from polar.trainers.learner_group import LearnerGroup, group_spec, shard_groups, shard_rollout, shard_samples
 from polar.trainers.loop import Stage, TrainingLoop, iterations_budget
 from polar.trainers.run_dir import RunDir
 from polar.types import Collector, Learner, Rollout, SessionResult
@@ -157,10 +157,7 @@ def ppo_learner(agent: torch.nn.Module, kw: PPOKwargs, total_env_steps: int) -> 
 
 def _ppo_learner(parts: EnvParts) -> Learner[Any]:
     kw, total = _ppo_kw(parts), parts.cfg.total_env_steps
-    d = parts.cfg.distribution
-    if kw.intrinsic is not None and d.num_learners > 1:
-        raise ConfigError("policy.kwargs.intrinsic needs distribution.num_learners: 1 (the reward module is not "
-                          "shared across learner ranks yet); drop one of them")
+    d = parts.cfg.distribution  # intrinsic (RND) with num_learners > 1 is refused by the config
     algorithm: AlgorithmLearner[Rollout] = PPOLearner(
         parts.train_agent, kw, total, make_intrinsic(parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
     if d.num_learners > 1:  # N data-parallel ranks; this copy acts, publishes and checkpoints rank 0's weights
@@ -187,9 +184,14 @@ def _ppo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
 
 
 def _appo_learner(parts: EnvParts) -> Learner[Any]:
-    kw = cast(APPOKwargs, parts.cfg.policy.kwargs)
-    return PolicyLearner(parts, APPOLearner(parts.train_agent, kw, make_intrinsic(
-        parts.observation_space, kw.intrinsic, module_device(parts.train_agent))))
+    kw, d = cast(APPOKwargs, parts.cfg.policy.kwargs), parts.cfg.distribution
+    algorithm: AlgorithmLearner[Rollout] = APPOLearner(parts.train_agent, kw, make_intrinsic(
+        parts.observation_space, kw.intrinsic, module_device(parts.train_agent)))
+    if d.num_learners > 1:  # N data-parallel ranks on each fragment's env columns; this copy acts and publishes
+        algorithm = LearnerGroup(cast(APPOLearner, algorithm),
+                                 partial(APPOLearner, copy.deepcopy(parts.train_agent).cpu(), kw),
+                                 attrgetter("agent"), shard_rollout, group_spec(d))
+    return PolicyLearner(parts, algorithm)
 
 
 def _appo_collector(parts: EnvParts, learner: Learner[Any]) -> Collector[Any]:
@@ -381,12 +383,17 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 # ---------------------------------------------------------------------- GRPO, SFT (agent runs)
 def _sft_stage(cfg: AgentRunConfig, policy: LLMPolicy, demonstrations: str, kwargs: SFTKwargs
-               ) -> tuple[Stage[Any], SFTLearner]:
+               ) -> tuple[Stage[Any], Learner[Any]]:
     """SFT on ``demonstrations`` (a chat JSONL or a ``polar generate`` dataset) as a stage of the loop."""
     from polar.models.llm_policy import load_demonstrations
 
     demos = load_demonstrations(resolve(demonstrations, cfg.config_dir), policy.tokenizer)
-    learner = SFTLearner(policy, kwargs)
+    sft = SFTLearner(policy, kwargs)
+    learner: Learner[Any] = sft
+    d = cfg.distribution
+    if d.num_learners > 1:  # N data-parallel ranks, each on its share of a minibatch; this copy publishes rank 0's
+        learner = LearnerGroup(sft, partial(SFTLearner, copy.deepcopy(policy), kwargs), attrgetter("policy.model"),
+                               shard_samples, group_spec(d))
     steps = sft_steps(len(demos), kwargs)
     log.info("SFT: %d steps over %d demonstrations", steps, len(demos))
     collector = DemonstrationCollector(demonstration_batches(demos, kwargs, cfg.seed))

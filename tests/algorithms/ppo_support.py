@@ -19,8 +19,12 @@ DEFAULT = {"harness": {"type": "gymnasium", "id": "CartPole-v1"}, "policy": {"ty
 
 def one_rollout(cfg: EnvRunConfig) -> tuple[Any, Fragment]:
     """The policy ``cfg`` builds (seeded 0) and one real rollout of it, its envs stepped in this process."""
+    from polar.trainers.registry import algorithm
+
+    steps_per_env = algorithm(cfg).steps_per_env
+    assert steps_per_env is not None  # an on-policy row
     torch.manual_seed(0)
-    backend = make_backend(cfg, cfg.policy.kwargs.steps_per_env(cfg.distribution.num_envs), seed=0)
+    backend = make_backend(cfg, steps_per_env(cfg), seed=0)
     policy = build_policy(cfg, backend.observation_space, backend.action_space)
     try:
         backend.start(policy.state_dict(), 0, policy=policy)
