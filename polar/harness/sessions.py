@@ -5,16 +5,18 @@ harness (``harness.type: agent``) and the built-in LLM agent on an env harness (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polar.config.agentic import VerifierConfig
 from polar.config.harness import AgentHarnessConfig
 from polar.config.llm_agent import LLMAgentConfig
 from polar.config.run import AgentRunConfig, EnvRunConfig
 from polar.errors import ConfigError
-from polar.harness.agent.build import build_runner
-from polar.harness.agent.runners import HarnessRunner
-from polar.harness.agent.verifiers import CheckedVerifier, checked_verifier
 from polar.harness.benchmarks.sources import load_run_tasks
+
+if TYPE_CHECKING:  # the agent harness modules load when a session runner or verifier is built: env runs skip them
+    from polar.harness.agent.runners import HarnessRunner
+    from polar.harness.agent.verifiers import CheckedVerifier
 
 __all__ = ["agent_timeout_s", "load_run_tasks", "session_runner", "session_verifier"]
 
@@ -43,12 +45,16 @@ def session_runner(cfg: EnvRunConfig | AgentRunConfig) -> HarnessRunner:
         from polar.harness.llm_env import build_llm_env_runner
 
         return build_llm_env_runner(cfg.harness, agent, cfg.config_dir)
+    from polar.harness.agent.build import build_runner
+
     return build_runner(_agent_harness(cfg), cfg.config_dir)
 
 
 def session_verifier(cfg: AgentRunConfig, config_dir: Path | None = None) -> CheckedVerifier:
     """``cfg.verifier``; for the LLM env agent without one, ``env_return`` (the episode return is the reward). Its
     rewards are checked: NaN, or one outside ``verifier.reward_range``, ends the session ERROR naming the task."""
+    from polar.harness.agent.verifiers import checked_verifier
+
     verifier_cfg = cfg.verifier
     if verifier_cfg is None and _llm_agent(cfg) is not None:
         verifier_cfg = VerifierConfig(type="env_return")

@@ -228,13 +228,14 @@ class EnvRunner:
                 succ = final_info.get("success") if isinstance(final_info, dict) else None
                 succ_mask = final_info.get("_success") if isinstance(final_info, dict) else None
                 rst = final_info.get("polar/connector_restart") if isinstance(final_info, dict) else None
-                for i in idx:
-                    ep_returns.append(float(self.ep_ret[i]))
-                    ep_lengths.append(int(self.ep_len[i]))
-                    if succ is not None and (succ_mask is None or succ_mask[i]):
-                        ep_successes.append(float(bool(succ[i])))
-                    if rst is not None and bool(rst[i]):
-                        copies_restarted += 1
+                ep_returns.extend(self.ep_ret[idx].tolist())  # Python floats and ints, as float() and int() give
+                ep_lengths.extend(self.ep_len[idx].tolist())
+                if succ is not None or rst is not None:
+                    for i in idx:
+                        if succ is not None and (succ_mask is None or succ_mask[i]):
+                            ep_successes.append(float(bool(succ[i])))
+                        if rst is not None and bool(rst[i]):
+                            copies_restarted += 1
                 self.ep_ret[idx] = 0.0
                 self.ep_len[idx] = 0
                 self.disc_ret[idx] = 0.0

@@ -42,14 +42,14 @@ from polar.harness.agent.tasks import resolve
 from polar.harness.sessions import agent_timeout_s, session_runner, session_verifier
 from polar.harness.sessions import load_run_tasks as load_tasks
 from polar.rollout.sessions.collector import SessionStack
-from polar.rollout.sessions.local import LocalStack
-from polar.rollout.sessions.pipeline import PipelineSettings
 from polar.rollout.sessions.stats import success_rate
 from polar.trainers.run_dir import RunDir
 from polar.types import Collector, Evaluator, Learner, Metrics, Progress
 
 if TYPE_CHECKING:  # torch and the loop load when a run is built, not when a config is checked (polar run's preflight)
     from polar.models.llm_policy import LLMPolicy
+    from polar.rollout.sessions.local import LocalStack
+    from polar.rollout.sessions.pipeline import PipelineSettings
     from polar.rollout.sessions.ray_nodes import RaySessionStack
     from polar.trainers.loop import Budget, OnIteration, Stage, TrainingLoop
 
@@ -72,6 +72,8 @@ def run_workers(cfg: AgentRunConfig) -> int:
 
 
 def pipeline_settings(cfg: AgentRunConfig, workspace_root: Path | None = None) -> PipelineSettings:
+    from polar.rollout.sessions.pipeline import PipelineSettings  # here: env runs import this module too
+
     s = cfg.sessions
     cwd = getattr(cfg.harness, "cwd", None)  # an agent harness's workspace template
     template = str(resolve(cwd, cfg.config_dir)) if cwd else None
@@ -207,8 +209,10 @@ def build_stack(cfg: AgentRunConfig, run_dir_path: Path, engine: Any = None, rec
     cache (``polar eval --action-cache``; never in training)."""
     if training and action_cache is not None:
         raise ConfigError("the action cache is for evaluation and serving; a training run samples fresh answers")
+    # here, not at the top: uvicorn, starlette and httpx load for agent runs only (env runs import this module)
     from polar.inference import load_engine
     from polar.inference.rollout_sampling import with_rollout_sampling
+    from polar.rollout.sessions.local import LocalStack
 
     # runner, verifier and settings first: a bad harness fails before minutes of engine start
     runner = session_runner(cfg)  # a ConfigError when cfg is no agent run

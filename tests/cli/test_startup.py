@@ -98,3 +98,26 @@ def test_verifier_whose_parameters_polar_never_passes_is_refused_before_the_run_
     assert "verifier.type 'result_verifier:verify'" in error and "'result'" in error, error
     assert "task, output, workspace, records" in error, error
     assert not (agent_dir / "runs").exists()
+
+
+AGENT_STACK = ("uvicorn", "starlette", "httpx", "polar.rollout.sessions.local", "polar.rollout.sessions.pipeline",
+               "polar.harness.agent.build", "polar.harness.agent.runners", "polar.harness.agent.verifiers")
+COMPOSE_ENV_RUN = textwrap.dedent("""
+    import sys, tempfile
+    from polar.config import load_config
+    from polar.trainers.build import build_trainer
+    from polar.trainers.run_dir import RunDir
+    cfg = load_config(sys.argv[1], ["logging.tensorboard=false", "total_env_steps=8"])
+    build_trainer(cfg, RunDir.create("startup", tempfile.mkdtemp())).close()
+    print("LOADED", ",".join(m for m in %r if m in sys.modules), file=sys.stderr)
+""") % (AGENT_STACK,)
+
+
+def test_env_run_imports_no_agent_stack(tmp_path):
+    """A CartPole PPO run composes without the agent-run stack (the session server, the agent harness modules):
+    a third of a second of CPU in every run's start-up that a classic-RL run never uses."""
+    config = Path(__file__).resolve().parents[2] / "examples" / "cartpole_ppo.yaml"
+    p = subprocess.run([sys.executable, "-c", COMPOSE_ENV_RUN, str(config)], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert loaded(p) == []
