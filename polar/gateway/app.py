@@ -182,6 +182,9 @@ class SSEResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for chunk in self.body_iterator:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # the call ends (its record is in the store) before the client sees the stream end, so a client
+            # that reads the session right after its stream always finds this call (an aborted one included)
+            await self.on_close()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         try:

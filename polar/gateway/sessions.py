@@ -2,10 +2,12 @@
 
 Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line. A record is built, indexed and
 written once its call's response has gone out (``responding``: right after the last byte is sent; else on
-the next turn of the event loop), so none of that work is on the request's critical path. Anything that reads the store first (the session's next
-call, ``GET /sessions/{id}``, ``records``) builds pending records before it reads, so no reader misses
-one. A crash loses at most the calls of that one loop turn; with ``fsync=True`` every record is written
-and fsynced before the call returns. The file id is the session id when it
+the next turn of the event loop), so none of that work is on the request's critical path. The call hands
+its record over (``defer``) before its response ends, and anything that reads the store (the session's
+next call, ``GET /sessions/{id}``, ``records``) builds pending records before it reads, so no reader of
+the store misses one; the file is a moment behind (``flush`` writes it now). A crash loses at most the
+records of the responses just sent; with ``fsync=True`` every record is written and fsynced before the
+call returns. The file id is the session id when it
 is filename-safe, otherwise a hash of it. An API key never reaches disk: a session named by a key gets
 the id ``key_session_id(key)`` (a hash), and its owner is recorded as ``key_hash(key)``.
 
