@@ -251,7 +251,11 @@ class SessionStore:
     @contextlib.contextmanager
     def responding(self) -> Iterator[None]:
         """Around one request's whole response: records its call defers are built and written when the
-        block ends (the response was sent, or the request failed), not before the response goes out."""
+        block ends (the response was sent, or the request failed), not before the response goes out.
+
+        A reader meanwhile (another session's call, ``GET /sessions``) may already have built them: they
+        then wait in ``_pending``, which no loop turn was scheduled to write, so the block's end writes
+        those too."""
         marker = [True]
         token = _RESPONDING.set(marker)
         try:
@@ -259,7 +263,7 @@ class SessionStore:
         finally:
             marker[0] = False
             _RESPONDING.reset(token)
-            if self._deferred:
+            if self._deferred or self._pending:
                 self.flush()
 
     def _add(self, rec: CallRecord) -> None:

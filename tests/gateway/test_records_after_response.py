@@ -104,3 +104,25 @@ def test_a_client_that_read_its_stream_finds_the_call_in_the_session_even_an_abo
         assert [(x["call_index"], x["complete"], x["finish_reason"]) for x in recs] == [
             (i, False, "abort") for i in range(n)], recs
         assert len(gw.records("aborted")) == n
+
+
+def test_a_record_built_early_by_a_concurrent_reader_is_still_written_when_its_response_ends(gateway, scripted,
+                                                                                             monkeypatch):
+    """Between a call's end and its response going out, another request on the loop (a second session's
+    call, ``GET /sessions``) may read the store, which builds the deferred record. That record must still
+    reach the session file when the response ends, not wait in memory for some later call."""
+    gw = gateway(scripted(["one"]))
+    store = gw.app.store
+    respond = gw.app._json
+
+    def read_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        store.records("another-session")  # what a concurrent request does on the loop at this moment
+        return respond(*args, **kwargs)
+
+    monkeypatch.setattr(gw.app, "_json", read_meanwhile)
+    _chat(gw, "first")
+    path = store.dir / "order.jsonl"
+    deadline = time.monotonic() + 10
+    while not (path.exists() and path.read_bytes().count(b"\n") == 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.exists() and path.read_bytes().count(b"\n") == 1, "the call's record was never written"
