@@ -50,38 +50,60 @@ class SessionPrefix:
     else goes through the Starlette router. The endpoints catch every exception themselves, so the
     short path loses none of the router's error handling and saves its per-request cost."""
 
-    def __init__(self, app: Any, fast_routes: dict[str, Callable[[Request], Awaitable[Response]]] | None = None) -> None:
+    def __init__(self, app: Any, fast_routes: dict[str, Callable[[Request], Awaitable[Response]]] | None = None,
+                 responding: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
         self.app = app
         self.fast_routes = fast_routes or {}
+        self.responding = responding or contextlib.nullcontext  # records wait until the response went out
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            path: str = scope["path"]
-            if path.startswith("/s/"):
-                # split the raw path, so an encoded '/' (%2F) stays inside the session id
-                raw: bytes = scope.get("raw_path") or path.encode()
-                sid_raw, sep, rest_raw = raw[3:].partition(b"/") if raw.startswith(b"/s/") else (b"", b"", b"")
-                sid = _unquote(sid_raw)
-                if sid:
-                    scope = dict(scope)
-                    scope["path"] = path = "/" + _unquote(rest_raw) if sep else "/"
-                    scope["raw_path"] = b"/" + rest_raw if sep else b"/"
-                    scope["polar_session"] = sid
-            endpoint = self.fast_routes.get(path) if scope["method"] == "POST" else None
-            if endpoint is not None:
-                scope.setdefault("app", self.app)
-                scope.setdefault("path_params", {})
-                response = await endpoint(Request(scope, receive))
-                await response(scope, receive, send)
-                return
+            with self.responding():
+                await self._http(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path: str = scope["path"]
+        if path.startswith("/s/"):
+            # split the raw path, so an encoded '/' (%2F) stays inside the session id
+            raw: bytes = scope.get("raw_path") or path.encode()
+            sid_raw, sep, rest_raw = raw[3:].partition(b"/") if raw.startswith(b"/s/") else (b"", b"", b"")
+            sid = _unquote(sid_raw)
+            if sid:
+                scope = dict(scope)
+                scope["path"] = path = "/" + _unquote(rest_raw) if sep else "/"
+                scope["raw_path"] = b"/" + rest_raw if sep else b"/"
+                scope["polar_session"] = sid
+        endpoint = self.fast_routes.get(path) if scope["method"] == "POST" else None
+        if endpoint is not None:
+            scope.setdefault("app", self.app)
+            scope.setdefault("path_params", {})
+            response = await endpoint(Request(scope, receive))
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
+_KEY_HEADERS = (b"authorization", b"x-api-key", b"x-goog-api-key")
+
+
 def api_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization")
-    if auth and auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or request.query_params.get("key")
+    """``Authorization: Bearer``, else ``x-api-key``, else ``x-goog-api-key`` (the first of each header), else
+    ``?key=``. One pass over the raw headers: this runs on every model call."""
+    found: dict[bytes, bytes] = {}
+    for name, value in request.scope["headers"]:
+        if name in _KEY_HEADERS and name not in found:
+            found[name] = value
+    auth = found.get(b"authorization")
+    if auth:
+        text = auth.decode("latin-1")
+        if text.lower().startswith("bearer "):
+            return text[7:].strip() or None
+    key = found.get(b"x-api-key") or found.get(b"x-goog-api-key")
+    if key:
+        return key.decode("latin-1")
+    return request.query_params.get("key") if request.scope.get("query_string") else None
 
 
 def _unquote(raw: bytes) -> str:
@@ -160,6 +182,9 @@ class SSEResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for chunk in self.body_iterator:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # the call ends (its record is in the store) before the client sees the stream end, so a client
+            # that reads the session right after its stream always finds this call (an aborted one included)
+            await self.on_close()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         try:
@@ -219,7 +244,8 @@ class GatewayApp:
             Route("/admin/claim", self.admin_claim, methods=["POST"]),
         ]
         self.starlette = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
-        self.asgi: Any = HostOriginGuard(SessionPrefix(self.starlette, fast_routes), allowed_host_names(config))
+        self.asgi: Any = HostOriginGuard(SessionPrefix(self.starlette, fast_routes, self.store.responding),
+                                         allowed_host_names(config))
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -579,6 +605,7 @@ def _parse_json(raw: bytes, request: Request) -> dict[str, Any]:
     return body
 
 
+HOST_CACHE_MAX = 256  # distinct Host values remembered by HostOriginGuard (a client sends one)
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
 SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 
@@ -624,6 +651,7 @@ class HostOriginGuard:
     def __init__(self, app: Any, hosts: frozenset[str] | None) -> None:
         self.app = app
         self.hosts = hosts
+        self._host_ok: dict[str, bool] = {}  # Host header values already judged (clients send the same one)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -645,8 +673,14 @@ class HostOriginGuard:
             elif name == b"origin":
                 origin = value.decode("latin-1")
         if host is not None and self.hosts is not None:
-            name = _host_name(host)
-            if not _is_ip(name) and name not in self.hosts:
+            ok = self._host_ok.get(host)
+            if ok is None:
+                name = _host_name(host)
+                ok = _is_ip(name) or name in self.hosts
+                if len(self._host_ok) >= HOST_CACHE_MAX:
+                    self._host_ok.clear()
+                self._host_ok[host] = ok
+            if not ok:
                 return (f"Host {host!r} is not a name of this gateway; connect by IP, localhost or the configured "
                         "host, or add the name to gateway.allowed_hosts")
         if origin is not None and scope.get("method", "GET").encode() not in SAFE_METHODS:

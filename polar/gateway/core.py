@@ -319,8 +319,8 @@ class Call:
     def finish_record(self, error: BaseException | None = None) -> None:
         """Record this call once: complete only when it ended normally with token data.
 
-        The record is built after the response has gone out (next loop turn), or earlier the moment
-        anything reads the session: ``SessionStore.defer`` keeps that order."""
+        The record is built after the response has gone out, or earlier the moment anything reads the
+        session: ``SessionStore.defer`` keeps that order."""
         if self._recorded:
             return
         self._recorded = True

@@ -182,5 +182,6 @@ class GatewayServer:
         return store.records(session_id) or store.records(key_session_id(session_id))
 
     def flush(self) -> None:
-        """Write every record still waiting for its loop turn (they are already readable via ``records``)."""
+        """Write every record not yet on disk (they are already readable via ``records``): for a process that
+        reads the session files while the gateway runs."""
         self.app.store.flush()

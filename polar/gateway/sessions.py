@@ -1,11 +1,13 @@
 """Per-session call records: append-only JSONL files in the run directory, plus an in-memory index.
 
 Layout: ``<records_dir>/<file id>.jsonl``, one ``CallRecord`` per line. A record is built, indexed and
-written on the next turn of the event loop after its call ends, once the response has gone out, so none
-of that work is on the request's critical path. Anything that reads the store first (the session's next
-call, ``GET /sessions/{id}``, ``records``) builds pending records before it reads, so no reader misses
-one. A crash loses at most the calls of that one loop turn; with ``fsync=True`` every record is written
-and fsynced before the call returns. The file id is the session id when it
+written once its call's response has gone out (``responding``: right after the last byte is sent; else on
+the next turn of the event loop), so none of that work is on the request's critical path. The call hands
+its record over (``defer``) before its response ends, and anything that reads the store (the session's
+next call, ``GET /sessions/{id}``, ``records``) builds pending records before it reads, so no reader of
+the store misses one; the file is a moment behind (``flush`` writes it now). A crash loses at most the
+records of the responses just sent; with ``fsync=True`` every record is written and fsynced before the
+call returns. The file id is the session id when it
 is filename-safe, otherwise a hash of it. An API key never reaches disk: a session named by a key gets
 the id ``key_session_id(key)`` (a hash), and its owner is recorded as ``key_hash(key)``.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import hashlib
@@ -33,7 +36,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +105,14 @@ class _Session:
     records: list[CallRecord] = field(default_factory=list)
     by_reuse_key: dict[bytes, CallRecord] = field(default_factory=dict)
     next_index: int = 0
+    path: Path | None = None  # its JSONL file (computed once: a Path join costs more than the rest of _add)
+
+
+# Set while a request's response is being produced (``SessionStore.responding``): a record deferred in that
+# request waits for the response to go out instead of being built on the next loop turn, which at one call at
+# a time comes before the response is sent. A one-element list, so a task that outlives its request (it
+# copied the context) sees the request end.
+_RESPONDING: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("polar_gateway_responding", default=None)
 
 
 _NO_OWNER = None  # a session whose first call carried no API key
@@ -228,12 +239,32 @@ class SessionStore:
             self._schedule()
 
     def defer(self, build: Callable[[], CallRecord]) -> None:
-        """Build and append a record later: on the loop's next turn (after the response went out), or as
-        soon as anything reads or indexes the store, whichever comes first. So the session's next call
-        always sees it."""
+        """Build and append a record later: once the response of the request under way went out (inside
+        ``responding``), else on the loop's next turn, or as soon as anything reads or indexes the store,
+        whichever comes first. So the session's next call always sees it."""
         with self._lock:
             self._deferred.append(build)
-            self._schedule()
+            responding = _RESPONDING.get()
+            if responding is None or not responding[0] or self.fsync:
+                self._schedule()
+
+    @contextlib.contextmanager
+    def responding(self) -> Iterator[None]:
+        """Around one request's whole response: records its call defers are built and written when the
+        block ends (the response was sent, or the request failed), not before the response goes out.
+
+        A reader meanwhile (another session's call, ``GET /sessions``) may already have built them: they
+        then wait in ``_pending``, which no loop turn was scheduled to write, so the block's end writes
+        those too."""
+        marker = [True]
+        token = _RESPONDING.set(marker)
+        try:
+            yield
+        finally:
+            marker[0] = False
+            _RESPONDING.reset(token)
+            if self._deferred or self._pending:
+                self.flush()
 
     def _add(self, rec: CallRecord) -> None:
         s = self._get(rec.session_id)
@@ -244,8 +275,9 @@ class SessionStore:
         rec, line = _serializable(rec)  # what is indexed is what is written: the session stays readable
         self._index(s, rec)
         if self.dir is not None:
-            path = self.dir / f"{file_id(rec.session_id)}.jsonl"
-            self._pending.setdefault(path, []).append(line)
+            if s.path is None:
+                s.path = self.dir / f"{file_id(rec.session_id)}.jsonl"
+            self._pending.setdefault(s.path, []).append(line)
 
     def _run_deferred(self) -> None:
         builds, self._deferred = self._deferred, []

@@ -191,9 +191,14 @@ class UpstreamEngine(Engine):
             streamed = 0
             replica.in_flight += 1
             try:
-                async for event in self._stream(replica, request, max_tokens):
-                    streamed += 1
-                    yield event
+                if request.stream:
+                    async for event in self._stream(replica, request, max_tokens):
+                        streamed += 1
+                        yield event
+                else:  # the whole answer in one response: no generator in between (one call, many tokens)
+                    for event in await self._whole(replica, request, await self._call_for(request, max_tokens)):
+                        streamed += 1
+                        yield event
                 return
             except ReplicaFailed as exc:
                 replica.mark_down(self.config.cooldown_s)
@@ -276,11 +281,8 @@ class UpstreamEngine(Engine):
 
     async def _stream(self, replica: Replica, request: GenerationRequest, max_tokens: int
                       ) -> AsyncIterator[TokenEvent]:
+        """A streamed call (``request.stream``); ``generate`` sends a non-streamed one with ``_whole``."""
         call = await self._call_for(request, max_tokens)
-        if not request.stream:
-            for event in await self._whole(replica, request, call):
-                yield event
-            return
         try:
             async with self._http().stream("POST", f"{replica.url}{call.path}", content=call.body) as resp:
                 if resp.status_code != 200:
