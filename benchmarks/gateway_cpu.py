@@ -38,14 +38,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-BODY = {
-    "model": "tiny",
-    "messages": [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": "What is the capital of France? Answer in one short sentence."},
-    ],
-    "max_tokens": 16,
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/ is not a package: its sibling's request body and helpers
+
+from gateway_overhead import BODY  # noqa: E402  (the same call gateway_overhead.py measures)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -153,7 +148,7 @@ def main() -> int:
     trees = [("polar", ROOT)] + ([("baseline", Path(args.baseline).resolve())] if args.baseline else [])
     upstream = None
     port = 0
-    if args.upstream:  # the stand-in vLLM of gateway_overhead.py (this script's folder is on sys.path)
+    if args.upstream:  # the stand-in vLLM of gateway_overhead.py
         from gateway_overhead import wait_http
 
         port = free_port()
