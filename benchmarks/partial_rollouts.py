@@ -28,7 +28,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from agentic_real_model import log_progress, run_arguments, run_one, save_rows  # noqa: E402  (the same config, timed)
+from agentic_real_model import log_progress, run_apart, run_arguments, run_one, save_rows  # noqa: E402  (the same config, timed)
 
 MODES = ("one-step-off", "partial")
 
@@ -121,7 +121,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     for seed in args.seeds:
         for mode in args.modes:  # the modes of one seed back to back: the box's load is as alike as it gets
-            rows.append(run_mode(mode, seed, args.config, args.override, args.max_staleness, args.run_dir))
+            rows.append(run_apart(run_mode, mode, seed, args.config, args.override, args.max_staleness, args.run_dir))
             save_rows(args.json, rows, summary=summary(rows))
     print()
     print(table(rows))
