@@ -544,7 +544,7 @@ class ConnectorProcess:
                 if seq != self._seq:
                     self.kill()
                     raise ProtocolError(f"{self.name}: its shared-memory reply counter says {seq}, expected {self._seq}; "
-                                        "the mapping is written only by polar's own host (docs/connector-protocol.md 4.7)")
+                                        "rep_seq must be set to the request's req_seq (docs/connector-protocol.md 4.7)")
                 if shared.slots[shm.REP_KIND] == shm.KIND_SHARED:
                     self.last_io = time.monotonic()
                     return self._shared_reply(shared)
