@@ -327,8 +327,8 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
             conn.send(body)
             if op == "close":
                 break
-            if attach is not None:  # polar switches to the mapping once it has this reply
-                shared, seen = attach, attach.slots[shm.REQ_SEQ]
+            if attach is not None:  # polar switches to the mapping once it has this reply; its counters start at 0
+                shared, seen = attach, 0  # (not read from the slot: polar may already have sent its next request)
                 conn.skip_empty = True
     except (ConnectionClosed, OSError):
         pass  # polar went away: exit quietly
