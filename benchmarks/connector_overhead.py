@@ -1,6 +1,7 @@
 """What does running an env in a connector process cost? CartPole-v1 steps/s, side by side.
 
 Rows: in-process ``SyncVectorEnv`` (the reference), polar connectors with 16 copies in one process
+(with shared-memory steps, the default, and with ``shared_memory: false``, every message on the socket)
 and with 1 copy per process (16 processes), Gymnasium's own out-of-process ``AsyncVectorEnv`` for
 context, and a single env in process vs through a connector for the per-step round-trip cost.
 Rounds are interleaved and the median is reported, so background load hits every row alike.
@@ -36,10 +37,10 @@ def async_env(n: int):
     return gym.vector.AsyncVectorEnv([lambda: gym.make(ENV_ID)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
-def connector_env(n: int, copies: int):
+def connector_env(n: int, copies: int, shared_memory: bool = True):
     spec = ConnectorSpec(
         module="polar.harness.connector.gym_connector", class_name="GymnasiumConnector", config={"id": ENV_ID},
-        copies_per_process=copies, heartbeat_interval_s=0,
+        copies_per_process=copies, heartbeat_interval_s=0, shared_memory=shared_memory,
     )
     return ConnectorVectorEnv(spec, n)
 
@@ -61,6 +62,7 @@ def main() -> None:
     rows = {
         "in-process SyncVectorEnv, 16 envs": lambda: sync_env(16),
         "polar connector, 16 copies x 1 process": lambda: connector_env(16, 16),
+        "polar connector, 16 copies x 1 process, socket": lambda: connector_env(16, 16, shared_memory=False),
         "polar connector, 1 copy x 16 processes": lambda: connector_env(16, 1),
         "gymnasium AsyncVectorEnv, 16 processes": lambda: async_env(16),
         "in-process SyncVectorEnv, 1 env": lambda: sync_env(1),
@@ -79,6 +81,7 @@ def main() -> None:
     for _ in range(2000):
         conn.procs[0].call({"op": "ping"})
     ping_us = (time.perf_counter() - t0) / 2000 * 1e6
+    shared = envs["polar connector, 16 copies x 1 process"].procs[0].shared_memory
     for e in envs.values():
         e.close()
 
@@ -87,10 +90,10 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"CartPole-v1 | {platform.processor() or platform.machine()} | {os.cpu_count()} CPUs | "
           f"Python {platform.python_version()} | load average {load:.1f}")
-    print(f"{'setup':<42} {'steps/s':>10} {'vs in-process':>14}")
+    print(f"{'setup':<48} {'steps/s':>10} {'vs in-process':>14}")
     for name, v in med.items():
         ref = ref1 if name.endswith("1 env") or name.endswith("1 copy x 1 process") else ref16
-        print(f"{name:<42} {v:>10,.0f} {v / ref:>13.0%}")
+        print(f"{name:<48} {v:>10,.0f} {v / ref:>13.0%}")
     per_step_in = 1e6 / ref1
     per_step_conn = 1e6 / med["polar connector, 1 copy x 1 process"]
     batch_in = 16e6 / ref16
@@ -99,6 +102,7 @@ def main() -> None:
     print(f"round-trip overhead per step, 16 copies: {batch_conn - batch_in:8.1f} us per batch = "
           f"{(batch_conn - batch_in) / 16:.1f} us per env step")
     print(f"bare ping round trip (Unix socket):      {ping_us:8.1f} us")
+    print(f"shared-memory steps: {'on' if shared else 'off (not offered here)'}")
     target = med["polar connector, 16 copies x 1 process"] / ref16
     print(f"\ntarget: 16 copies per process >= 70% of in-process vectorized (issue 38) -> {target:.1%} "
           f"({'met' if target >= 0.7 else 'NOT met'})")

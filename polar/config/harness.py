@@ -77,6 +77,9 @@ class ConnectorSpec(StrictModel):
     compress_min_bytes: int = Field(4096, ge=0)
     python: str | None = Field(None, description="interpreter for Python connectors; default: the one running polar")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the process")
+    shared_memory: bool = Field(
+        True, description="step arrays through a shared file mapping with a bounded spin when the connector offers it "
+        "(same host, x86-64; docs/connector-protocol.md 4.7); false keeps every message on the socket")
 
     @model_validator(mode="after")
     def _check(self) -> ConnectorSpec:

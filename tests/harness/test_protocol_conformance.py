@@ -20,6 +20,7 @@ import pytest
 from polar.cli.main import main as polar_main
 from polar.config.harness import ConnectorSpec
 from polar.errors import ProtocolError
+from polar.harness.connector import shm
 from polar.harness.connector.vector_env import ConnectorEnv, ConnectorVectorEnv
 from polar.harness.connector.wire import FrameSocket
 
@@ -228,3 +229,16 @@ def test_frame_socket_first_frame_garbage_quotes_the_bytes():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.skipif(not shm.supported(), reason="shared-memory steps are offered on x86-64 only")
+def test_a_wrong_shared_memory_reply_counter_is_one_line_naming_both_counters():
+    envs = ConnectorVectorEnv(raw_spec("shm_bad_counter"), 2)
+    try:
+        assert envs.procs[0].shared_memory
+        with pytest.raises(ProtocolError) as e:
+            envs.reset()
+    finally:
+        envs.close()
+    assert str(e.value).startswith("RawWalk: its shared-memory reply counter says 6, expected 1;")
+    assert "\n" not in str(e.value)

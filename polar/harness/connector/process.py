@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gymnasium import spaces as gym_spaces
+from gymnasium.vector.utils import batch_space
 
 from polar.errors import (
     ConnectorCrashed,
@@ -38,8 +40,9 @@ from polar.errors import (
     EnvContractError,
     ProtocolError,
 )
-from polar.harness.connector import supervisor
-from polar.harness.connector.spaces import wire_space_bytes
+from polar.harness.connector import shm, supervisor
+from polar.harness.connector.shm import SharedReply, SharedSteps
+from polar.harness.connector.spaces import space_from_wire, wire_space_bytes
 from polar.harness.connector.wire import NOT_POLAR, PROTOCOL_VERSIONS, Codec, ConnectionClosed, FrameSocket
 from polar.lifetime import popen_tied
 
@@ -170,6 +173,8 @@ class ConnectorProcess:
         self._child_pid: int | None = None
         self._conn: FrameSocket | None = None
         self._tmpdir: str | None = None
+        self._shared: SharedSteps | None = None  # shared-memory steps (shm.py), when both sides offer them
+        self._seq = 0  # requests sent through the mapping's counter
         self._listener = self._listen()
         _LIVE.add(self)
 
@@ -366,7 +371,41 @@ class ConnectorProcess:
         self.set_observation_bytes(self._obs_bytes)  # the init reply had its own bound; a restart keeps the spaces
         if isinstance(self.describe.get("class_name"), str) and self.describe["class_name"]:
             self.name = declared_name(self.describe["class_name"])  # errors name the class the connector declared, not its launcher
+        if self.spec.shared_memory and hello.get("shared_memory") == shm.SHM_VERSION and shm.supported():
+            self._share_memory()
         return self.describe
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether steps travel through shared memory (docs/connector-protocol.md, section 4.7)."""
+        return self._shared is not None
+
+    def _share_memory(self) -> None:
+        """Offer the connector a mapping for step arrays; a connector that cannot map it keeps the socket path."""
+        desc = self.describe
+        if desc.get("multi_agent") or desc.get("observation_space") is None:
+            return
+        try:
+            act_space = space_from_wire(desc["action_space"])
+            obs_space = space_from_wire(desc["observation_space"])
+        except EnvContractError:
+            return  # the vector env reports it
+        if isinstance(act_space, gym_spaces.Dict) or isinstance(obs_space, gym_spaces.Dict):
+            return
+        act, obs = batch_space(act_space, self.num_envs), batch_space(obs_space, self.num_envs)
+        assert act.shape is not None and obs.shape is not None and act.dtype is not None and obs.dtype is not None
+        shared, path = SharedSteps.create(self.num_envs, (act.shape, act.dtype), (obs.shape, obs.dtype))
+        try:
+            self.call({"op": "shared_memory", "version": shm.SHM_VERSION, "path": path, "size": shared.size,
+                       "slots": dict(shm.SLOTS), "fields": {k: f.to_wire() for k, f in shared.fields.items()}})
+        except (ConnectorRemoteError, EnvContractError, ProtocolError) as e:
+            log.debug("%s: no shared-memory steps: %s", self.name, e)
+            return
+        finally:
+            SharedSteps.remove(path)
+        assert self._conn is not None
+        self._conn.skip_empty = True
+        self._shared, self._seq = shared, 0
 
     def start(self) -> dict:
         self.spawn()
@@ -382,6 +421,7 @@ class ConnectorProcess:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        self._shared = None  # the next process maps a fresh file
         if self._proc is not None and self._proc.poll() is None:
             try:
                 self._proc.send_signal(signal.SIGTERM)
@@ -451,18 +491,64 @@ class ConnectorProcess:
         self._op = msg.get("op")
         if self.dead_reason is not None or self._conn is None:
             raise ProcessFailed(self.dead_reason or "not connected")
+        shared = self._shared
         try:
-            self._conn.send(self.codec.pack(msg))
+            if shared is not None and self._op == "step" and self._put_actions(shared, msg["actions"]):
+                self._seq += 1
+                shared.publish(shm.REQ_SEQ, shm.REQ_KIND, shm.KIND_SHARED, self._seq)
+                if shared.slots[shm.CONNECTOR_WAITING]:
+                    self._conn.send_wake()
+                return
+            body = self.codec.pack(msg)
+            if shared is not None:  # announced on the counter, then sent as a frame
+                self._seq += 1
+                shared.publish(shm.REQ_SEQ, shm.REQ_KIND, shm.KIND_FRAME, self._seq)
+            self._conn.send(body)
         except TypeError as e:
             raise EnvContractError(f"cannot send to {self.name}: {e}") from None
         except OSError as e:
             self.dead_reason = f"sending failed ({e})"
             raise ProcessFailed(self.dead_reason) from None
 
+    @staticmethod
+    def _put_actions(shared: SharedSteps, actions: Any) -> bool:
+        out = shared.arrays["actions"]
+        if type(actions) is not np.ndarray or actions.shape != out.shape or actions.dtype != out.dtype:
+            return False
+        out[...] = actions
+        return True
+
+    def _shared_reply(self, shared: SharedSteps) -> SharedReply:
+        """A step reply read from the mapping (copies: the next step overwrites it)."""
+        arrays = shared.arrays
+        terminated: np.ndarray = arrays["terminated"].astype(bool)
+        truncated: np.ndarray = arrays["truncated"].astype(bool)
+        reply = SharedReply(ok=True, obs=arrays["obs"].copy(), rewards=arrays["rewards"].copy(),
+                            terminated=terminated, truncated=truncated)
+        ended = terminated | truncated
+        if ended.any():
+            final_obs: list[Any] = [None] * self.num_envs
+            for i in np.flatnonzero(ended).tolist():
+                final_obs[i] = arrays["final_obs"][i].copy()
+            reply["final_obs"] = final_obs
+        return reply
+
     def _recv(self, timeout_s: float) -> Any:
         if self.dead_reason is not None or self._conn is None:
             raise ProcessFailed(self.dead_reason or "not connected")
+        shared = self._shared
         try:
+            if shared is not None:
+                deadline = time.monotonic() + timeout_s
+                seq = shared.wait(shm.REP_SEQ, self._seq - 1, shm.POLAR_WAITING, self._conn, deadline)
+                if seq != self._seq:
+                    self.kill()
+                    raise ProtocolError(f"{self.name}: its shared-memory reply counter says {seq}, expected {self._seq}; "
+                                        "rep_seq must be set to the request's req_seq (docs/connector-protocol.md 4.7)")
+                if shared.slots[shm.REP_KIND] == shm.KIND_SHARED:
+                    self.last_io = time.monotonic()
+                    return self._shared_reply(shared)
+                timeout_s = max(deadline - time.monotonic(), 0.0)
             data = self._conn.recv(timeout_s)
         except ConnectorTimeout:
             raise ProcessFailed(f"no reply within {timeout_s:g} s (call_timeout_s); the process looks hung") from None
@@ -476,7 +562,7 @@ class ConnectorProcess:
             raise ProcessFailed("the process died" + (f" (exit code {code})" if code is not None else "")) from None
         except ProtocolError as e:  # over the size cap or garbage: the stream is unusable
             self.kill()
-            raise ProtocolError(f"{self.name}: {e}") from None
+            raise ProtocolError(e.args[0] if str(e).startswith(self.name) else f"{self.name}: {e}") from None
         except OSError as e:
             raise ProcessFailed(f"receiving failed ({e})") from None
         self.last_io = time.monotonic()

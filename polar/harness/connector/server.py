@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from polar.errors import ProtocolError
+from polar.harness.connector import shm
+from polar.harness.connector.shm import SharedSteps, fields_from_wire
 from polar.harness.connector.spaces import infer_space, space_to_wire, stack, unbatch_actions
 from polar.harness.connector.wire import PROTOCOL_VERSION, Codec, ConnectionClosed, FrameSocket, parse_address
 
@@ -230,6 +232,37 @@ class Host:
                 self._call(i, "close")
 
 
+def _put_reply(shared: SharedSteps, reply: dict[str, Any]) -> bool:
+    """Write a plain step reply into the mapping; False when it needs a frame (infos, other shapes or dtypes)."""
+    arrays = shared.arrays
+    obs, obs_out = reply["obs"], arrays["obs"]
+    if "infos" in reply or type(obs) is not np.ndarray or obs.shape != obs_out.shape or obs.dtype != obs_out.dtype:
+        return False
+    final_obs, final_infos = reply.get("final_obs"), reply.get("final_infos")
+    if final_obs is not None:
+        if final_infos is not None and any(final_infos):
+            return False
+        final_out = arrays["final_obs"]
+        for i, fo in enumerate(final_obs):
+            if fo is not None:
+                fo = np.asarray(fo)
+                if fo.shape != final_out.shape[1:] or fo.dtype != final_out.dtype:
+                    return False
+                final_out[i] = fo
+    obs_out[...] = obs
+    arrays["rewards"][...] = reply["rewards"]
+    arrays["terminated"][...] = reply["terminated"]
+    arrays["truncated"][...] = reply["truncated"]
+    return True
+
+
+def _attach(msg: dict[str, Any]) -> SharedSteps:
+    try:
+        return SharedSteps.attach(str(msg["path"]), int(msg["size"]), fields_from_wire(msg.get("fields")))
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        raise UserError("remote", f"cannot map the shared_memory file: {type(e).__name__}: {e}") from None
+
+
 def serve(address: str, token: str, module: str, class_name: str, search_path: list[str]) -> int:
     family, sockaddr = parse_address(address)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -238,58 +271,107 @@ def serve(address: str, token: str, module: str, class_name: str, search_path: l
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn = FrameSocket(sock)
     codec = Codec()
-    conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": token, "pid": os.getpid(), "language": "python",
-                            "name": class_name}))
+    hello = {"type": "hello", "protocol": PROTOCOL_VERSION, "token": token, "pid": os.getpid(), "language": "python",
+             "name": class_name}
+    if shm.supported():
+        hello["shared_memory"] = shm.SHM_VERSION
+    conn.send(codec.pack(hello))
     host: Host | None = None
-    while True:
-        try:
-            msg = codec.unpack(conn.recv())
-        except ConnectionClosed:
-            break  # polar went away: exit quietly
-        except ProtocolError as e:  # the stream is unusable: say why on stderr (polar quotes it) and stop
-            sys.stderr.write(f"polar connector host: {e}\n")
-            return 1
-        op = msg.get("op")
-        try:
-            if op == "init":
-                opts = msg.get("options") or {}
-                codec = Codec(opts.get("compression"), int(opts.get("compress_min_bytes", 4096)))
-                conn.max_frame_bytes = int(opts.get("max_frame_bytes", conn.max_frame_bytes))
-                cls = load_class(module, class_name, search_path)
-                host = Host(cls, msg.get("config") or {}, int(msg.get("num_envs", 1)), msg.get("copies"))
-                reply = host.describe()
-            elif op == "ping":
-                reply = {}
-            elif op == "close" and host is None:
-                conn.send(codec.pack({"ok": True}))
-                break
-            elif host is None:
-                raise UserError("protocol", f"op {op!r} before init")
-            elif op == "reset":
-                reply = host.reset(msg.get("seeds"), msg.get("env_ids"))
-            elif op == "step":
-                reply = host.step(msg["actions"])
-            elif op == "close":
-                host.close()
-                conn.send(codec.pack({"ok": True}))
-                break
+    shared: SharedSteps | None = None  # once polar has sent shared_memory: steps arrive in the mapping
+    seen = 0  # the last request counter served
+    try:
+        while True:
+            kind = shm.KIND_FRAME
+            body: bytes | None
+            if shared is not None:
+                seen = shared.wait(shm.REQ_SEQ, seen, shm.CONNECTOR_WAITING, conn, None)
+                kind = shared.slots[shm.REQ_KIND]
+            if kind == shm.KIND_SHARED and shared is not None and host is not None:
+                op = "step"
+                try:
+                    reply = host.step(shared.arrays["actions"].copy())
+                    if _put_reply(shared, reply):
+                        shared.publish(shm.REP_SEQ, shm.REP_KIND, shm.KIND_SHARED, seen)
+                        if shared.slots[shm.POLAR_WAITING]:
+                            conn.send_wake()
+                        continue
+                    reply["ok"] = True
+                    body = codec.pack(reply)
+                except UserError as e:
+                    body = codec.pack({"ok": False, "error": {"kind": e.kind, "message": e.message, "traceback": e.tb}})
+                except TypeError as e:
+                    body = codec.pack({"ok": False, "error": {"kind": "contract", "message": f"{class_name}: {e}",
+                                                              "traceback": ""}})
+                attach = None
             else:
-                raise UserError("protocol", f"unknown op {op!r}")
-            reply["ok"] = True
-            body = codec.pack(reply)
-        except UserError as e:
-            body = codec.pack({"ok": False, "error": {"kind": e.kind, "message": e.message, "traceback": e.tb}})
-        except TypeError as e:  # a value msgpack cannot carry (from the user's obs or info)
-            body = codec.pack({"ok": False, "error": {"kind": "contract", "message": f"{class_name}: {e}", "traceback": ""}})
-        if len(body) > conn.max_frame_bytes:
-            msg_ = (
-                f"{class_name} reply to {op!r} is {len(body)} bytes, over max_frame_bytes={conn.max_frame_bytes}; "
-                "raise connector_spec.max_frame_bytes or set connector_spec.compression"
-            )
-            body = codec.pack({"ok": False, "error": {"kind": "frame_size", "message": msg_, "traceback": ""}})
-        conn.send(body)
+                try:
+                    msg = codec.unpack(conn.recv())
+                except ProtocolError as e:  # the stream is unusable: say why on stderr (polar quotes it) and stop
+                    if isinstance(e, ConnectionClosed):
+                        raise
+                    sys.stderr.write(f"polar connector host: {e}\n")
+                    return 1
+                op = msg.get("op")
+                codec, host, body, attach = _answer(msg, op, codec, conn, host, module, class_name, search_path)
+            if body is None:  # close: reply and exit
+                body = codec.pack({"ok": True})
+                op = "close"
+            if len(body) > conn.max_frame_bytes:
+                msg_ = (
+                    f"{class_name} reply to {op!r} is {len(body)} bytes, over max_frame_bytes={conn.max_frame_bytes}; "
+                    "raise connector_spec.max_frame_bytes or set connector_spec.compression"
+                )
+                body = codec.pack({"ok": False, "error": {"kind": "frame_size", "message": msg_, "traceback": ""}})
+            if shared is not None:
+                shared.publish(shm.REP_SEQ, shm.REP_KIND, shm.KIND_FRAME, seen)
+            conn.send(body)
+            if op == "close":
+                break
+            if attach is not None:  # polar switches to the mapping once it has this reply; its counters start at 0
+                shared, seen = attach, 0  # (not read from the slot: polar may already have sent its next request)
+                conn.skip_empty = True
+    except (ConnectionClosed, OSError):
+        pass  # polar went away: exit quietly
     conn.close()
     return 0
+
+
+def _answer(msg: dict[str, Any], op: Any, codec: Codec, conn: FrameSocket, host: Host | None, module: str,
+            class_name: str, search_path: list[str]) -> tuple[Codec, Host | None, bytes | None, SharedSteps | None]:
+    """The codec and host from now on, the reply frame to one request (None: close), and a mapping to switch to."""
+    attach = None
+    try:
+        if op == "init":
+            opts = msg.get("options") or {}
+            codec = Codec(opts.get("compression"), int(opts.get("compress_min_bytes", 4096)))
+            conn.max_frame_bytes = int(opts.get("max_frame_bytes", conn.max_frame_bytes))
+            cls = load_class(module, class_name, search_path)
+            host = Host(cls, msg.get("config") or {}, int(msg.get("num_envs", 1)), msg.get("copies"))
+            reply = host.describe()
+        elif op == "ping":
+            reply = {}
+        elif op == "close":
+            if host is not None:
+                host.close()
+            return codec, host, None, None
+        elif host is None:
+            raise UserError("protocol", f"op {op!r} before init")
+        elif op == "reset":
+            reply = host.reset(msg.get("seeds"), msg.get("env_ids"))
+        elif op == "step":
+            reply = host.step(msg["actions"])
+        elif op == "shared_memory":
+            attach = _attach(msg)
+            reply = {}
+        else:
+            raise UserError("protocol", f"unknown op {op!r}")
+        reply["ok"] = True
+        return codec, host, codec.pack(reply), attach
+    except UserError as e:
+        error = {"kind": e.kind, "message": e.message, "traceback": e.tb}
+    except TypeError as e:  # a value msgpack cannot carry (from the user's obs or info)
+        error = {"kind": "contract", "message": f"{class_name}: {e}", "traceback": ""}
+    return codec, host, codec.pack({"ok": False, "error": error}), None
 
 
 def _exit_with_parent(interval_s: float = 1.0) -> None:

@@ -24,6 +24,7 @@ from gymnasium.vector.utils import batch_space
 
 from polar.errors import EnvContractError, PolarError, ProtocolError
 from polar.harness.connector.process import ConnectorProcess, ProcessFailed, derive_seed
+from polar.harness.connector.shm import SharedReply
 from polar.harness.connector.spaces import (
     array_mismatch,
     conform,
@@ -230,6 +231,11 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
 
     def step_raw(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list, list | None, list | None]:
         """Step every copy; per-env infos, final obs and final infos as lists (None where not done)."""
+        obs, rewards, terminated, truncated, infos, final_obs, final_infos = self._step(actions)
+        return obs, rewards, terminated, truncated, infos or [{}] * self.num_envs, final_obs, final_infos
+
+    def _step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list | None, list | None, list | None]:
+        """``step_raw`` with ``None`` for per-env infos when every copy's is empty."""
         actions = self._check_actions(actions)
         single = len(self.procs) == 1
         with self._lock:
@@ -257,7 +263,8 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
             if error is not None:
                 raise error
         for j, r in enumerate(replies):
-            self._check_step(j, r)
+            if type(r) is not SharedReply:  # the mapping's layout fixes its shapes
+                self._check_step(j, r)
         if single:
             r = replies[0]
             obs = conform(r["obs"], self.single_observation_space)
@@ -277,7 +284,7 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         if terminated.any() or truncated.any():
             final_obs, final_infos = self._fill_finals(obs, terminated, truncated, final_obs, final_infos)
         self._last_obs = obs
-        return obs, rewards, terminated, truncated, infos or [{}] * self.num_envs, final_obs, final_infos
+        return obs, rewards, terminated, truncated, infos, final_obs, final_infos
 
     def _size(self, j: int) -> int:
         lo, hi = self._bounds[j]
@@ -378,8 +385,11 @@ class ConnectorVectorEnv(gym.vector.VectorEnv):
         }
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
-        obs, rewards, terminated, truncated, per_env, final_obs, final_infos = self.step_raw(actions)
+        obs, rewards, terminated, truncated, per_env, final_obs, final_infos = self._step(actions)
         infos: dict = {}
+        if final_obs is None and not per_env:
+            return obs, rewards, terminated, truncated, infos
+        per_env = per_env or [{}] * self.num_envs
         for i in range(self.num_envs):
             if final_obs is not None and final_infos is not None and final_obs[i] is not None:  # set together
                 fo = conform(final_obs[i], self.single_observation_space)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import select
 import socket
 import struct
 import time
@@ -32,6 +33,7 @@ EXT_COMPRESSED = 2
 CODECS = {"zstd": 1, "lz4": 2, "png": 3, "jpeg": 4}
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 _HEADER = struct.Struct(">I")
+_EMPTY_FRAME = b"\x00\x00\x00\x00"
 _ALLOWED_KINDS = set("biufc")  # bool, int, uint, float, complex: no object/void/str arrays
 
 
@@ -346,6 +348,7 @@ class FrameSocket:
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
         self.frames_received = 0
+        self.skip_empty = False  # with shared-memory steps (shm.py) an empty frame is a wake, not a message
 
     def send(self, body: bytes) -> None:
         if len(body) > self.max_frame_bytes:
@@ -377,10 +380,42 @@ class FrameSocket:
                 raise ConnectionClosed("the peer closed the connection")
             self._buf += chunk
 
+    def send_wake(self) -> None:
+        """An empty frame: ends the peer's sleep on the socket (shared-memory steps only)."""
+        self.sock.settimeout(None)
+        self.sock.sendall(_EMPTY_FRAME)
+
+    def readable(self, timeout_s: float | None) -> bool:
+        """Whether bytes (or the peer's EOF) are buffered or arrive within ``timeout_s`` (None: no limit)."""
+        if len(self._buf) > 4 and self._buf[:4] != _EMPTY_FRAME:
+            return True
+        ready, _, _ = select.select([self.sock], [], [], timeout_s)
+        return bool(ready)
+
+    def drain(self) -> None:
+        """Read what is there without blocking and drop leading wake frames; ConnectionClosed on EOF."""
+        self.sock.settimeout(0.0)
+        try:
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionClosed("the peer closed the connection")
+                self._buf += chunk
+        except (BlockingIOError, InterruptedError):
+            pass
+        finally:
+            self.sock.settimeout(None)
+        while self._buf[:4] == _EMPTY_FRAME:
+            del self._buf[:4]
+
     def recv(self, timeout_s: float | None = None) -> bytes:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._fill(4, deadline)
         (n,) = _HEADER.unpack_from(self._buf)
+        while n == 0 and self.skip_empty:
+            del self._buf[:4]
+            self._fill(4, deadline)
+            (n,) = _HEADER.unpack_from(self._buf)
         if n > self.max_frame_bytes:
             raise ProtocolError(self._oversized(n))
         self._fill(4 + n, deadline)

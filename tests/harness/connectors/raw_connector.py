@@ -12,7 +12,9 @@ one deviation from docs/connector-protocol.md; without it the connector is corre
 - ``final_obs_shape``: the final observation of the last copy has shape (3,);
 - ``final_obs_short``: the ``final_obs`` list is one entry short;
 - ``garbage_step``: from step ``RAW_FAULT_AT`` on, a frame whose body is not msgpack;
-- ``text_step``: from step ``RAW_FAULT_AT`` on, text written to the socket with no frame header.
+- ``text_step``: from step ``RAW_FAULT_AT`` on, text written to the socket with no frame header;
+- ``shm_bad_counter``: offers shared-memory steps (section 4.7), maps the file, then answers the first request
+  with a reply counter 5 past the request's.
 
 The env: obs ``[t, copy, 0, 0, 0]`` (Box(0, 100, (5,))), Discrete(2) actions, reward 1 per step;
 copy ``i`` ends its episode after ``3 + i`` steps, terminated when the action was 1, else truncated.
@@ -20,9 +22,11 @@ copy ``i`` ends its episode after ``3 + i`` steps, terminated when the action wa
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import sys
+import time
 
 import numpy as np
 
@@ -48,8 +52,11 @@ def main() -> int:
             pass
         return 0
     conn, codec = FrameSocket(sock), Codec()
-    conn.send(codec.pack({"type": "hello", "protocol": PROTOCOL_VERSION, "token": os.environ["POLAR_CONNECTOR_TOKEN"],
-                          "pid": os.getpid(), "language": "python-raw"}))
+    hello = {"type": "hello", "protocol": PROTOCOL_VERSION, "token": os.environ["POLAR_CONNECTOR_TOKEN"],
+             "pid": os.getpid(), "language": "python-raw"}
+    if FAULT == "shm_bad_counter":
+        hello["shared_memory"] = 1
+    conn.send(codec.pack(hello))
     k, t, steps = 1, np.zeros(1, dtype=np.int64), 0
 
     def observe(ts: np.ndarray) -> np.ndarray:
@@ -107,7 +114,29 @@ def main() -> int:
         elif op == "close":
             conn.send(codec.pack(reply))
             return 0
+        elif op == "shared_memory":
+            return bad_counter(msg, conn, codec.pack(reply))
         conn.send(codec.pack(reply))
+
+
+def bad_counter(msg: dict, conn: FrameSocket, ok: bytes) -> int:
+    """Map the file as section 4.7 says (then reply), wait for polar's first request, answer it with a wrong counter."""
+    fd = os.open(msg["path"], os.O_RDWR)
+    slots = memoryview(mmap.mmap(fd, int(msg["size"]))).cast("q")
+    os.close(fd)
+    conn.send(ok)
+    index = msg["slots"]
+    while slots[index["req_seq"]] == 0:
+        time.sleep(0.001)
+    slots[index["rep_kind"]] = 0
+    slots[index["rep_seq"]] = slots[index["req_seq"]] + 5
+    conn.send_wake()
+    while conn.readable(None):  # until polar hangs up
+        try:
+            conn.drain()
+        except ConnectionClosed:
+            return 0
+    return 0
 
 
 if __name__ == "__main__":
