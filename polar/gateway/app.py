@@ -23,7 +23,7 @@ from urllib.parse import unquote_to_bytes
 import anyio
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -135,27 +135,34 @@ def caller_of(request: Request) -> str | None:
 async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     """Run ``work`` unless the client hangs up first; then cancel it and return ``None``.
 
-    A non-streaming call has no body being sent to notice a disconnect by, so this listens for the
-    ASGI ``http.disconnect`` message (the request body has been read by now) and cancels the call: the
-    engine stops generating for nobody, and the call's record says ``complete=false``."""
-    task = asyncio.ensure_future(work)
+    A non-streaming call has no body being sent to notice a disconnect by, so a watcher task listens for
+    the ASGI ``http.disconnect`` message (the request body has been read by now) and cancels the call:
+    the engine stops generating for nobody, and the call's record says ``complete=false``. ``work`` runs
+    in the request's own task, which the watcher cancels: one task per call, not two and an
+    ``asyncio.wait`` (this runs on every model call)."""
+    task = asyncio.current_task()
+    assert task is not None  # an ASGI app always runs in a task
+    gone = False
 
     async def hung_up() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        task.cancel()
 
     watcher = asyncio.ensure_future(hung_up())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        result = await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:  # the watcher's cancellation, and nobody else's: the client left
+            return None
+        raise
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-    if task.cancelled():
-        return None
-    return task.result()
+    if gone:  # the work ended despite the watcher's cancellation: take it back, the answer stands
+        task.uncancel()
+    return result
 
 
 class SSEResponse(Response):
@@ -274,13 +281,22 @@ class GatewayApp:
         if declared and declared.isdigit() and int(declared) > limit:
             raise ApiError("too_large", f"request body is {declared} bytes; the limit is {limit} (gateway.max_body_bytes)")
         chunks, size = [], 0
+        receive = request.receive
         try:
             async with asyncio.timeout(BODY_TIMEOUT_S):  # a body dripped slowly must not hold its connection
-                async for chunk in request.stream():
+                while True:  # the ASGI messages themselves: Request.stream() adds an async generator per call
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientDisconnect()
+                    if message["type"] != "http.request":
+                        continue
+                    chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
                         raise ApiError("too_large", f"request body exceeds {limit} bytes (gateway.max_body_bytes)")
                     chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
         except TimeoutError:
             raise ApiError("timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({size} bytes "
                            "read); send it at once") from None

@@ -17,6 +17,7 @@ a new chain there.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,23 +118,30 @@ class PromptBuilder:
         if self.segments is not None:
             self.encode = self.segments.encode
         self._marking = self._control_token_marking()
-
         self._compiled = self._fast_template()
 
-    def _control_token_marking(self) -> tuple[Any, Any, str] | None:
+    def _control_token_marking(self) -> tuple[Any, Any, str, Any] | None:
         """transformers' control-token sanitizing, when available: text a client sends that spells a control
-        token (``<|im_end|>`` in a tool result) is encoded as plain text, never as the control token."""
+        token (``<|im_end|>`` in a tool result) is encoded as plain text, never as the control token. The last
+        item finds what marking changes in a string: a control token, or a marker (which it drops)."""
         try:
             from transformers.utils import chat_template_utils as ctu
 
             control_re, _ = ctu._get_control_token_patterns(tuple(self.tokenizer.added_tokens_encoder))
             start = ctu._CONTROL_TOKEN_START
-            return (lambda obj: ctu.mark_control_tokens(obj, control_re)), ctu.encode_marked_chat, start
+            markers = re.escape(ctu._CONTROL_TOKEN_START + ctu._CONTROL_TOKEN_END)
+            changes = re.compile(f"{control_re.pattern}|[{markers}]").search
+            return (lambda obj: ctu.mark_control_tokens(obj, control_re)), ctu.encode_marked_chat, start, changes
         except (ImportError, AttributeError, TypeError):
             return None
 
     def _mark(self, obj: Any) -> Any:
-        return self._marking[0](obj) if self._marking else obj
+        """``obj`` with the control tokens in its strings marked; ``obj`` itself when marking would change
+        nothing (no string holds a control token or a marker, no tuple): the usual call, spared a deep copy."""
+        marking = self._marking
+        if marking is None or _unmarked(obj, marking[3]):
+            return obj
+        return marking[0](obj)
 
     def encode_rendered(self, text: str, limit: int | None = None, inline_chars: int | None = None) -> list[int]:
         """Tokenize a rendering of marked messages (the fast path when nothing was marked); past
@@ -262,6 +270,18 @@ class PromptBuilder:
         if limit is not None and len(ids) > limit:
             raise TooManyTokens(len(ids))
         return ids
+
+
+def _unmarked(obj: Any, changes: Any) -> bool:
+    """True when ``mark_control_tokens(obj)`` would equal ``obj``: ``changes(s)`` finds nothing in any of its
+    strings, and it holds no tuple (marking turns them into lists)."""
+    if isinstance(obj, str):
+        return changes(obj) is None
+    if isinstance(obj, dict):
+        return all(_unmarked(v, changes) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_unmarked(v, changes) for v in obj)
+    return not isinstance(obj, tuple)
 
 
 def _encoder(tokenizer: Any) -> Any:

@@ -160,7 +160,7 @@ class TextStream:
         self.text += delta
         m, node, n_stop = self._matcher, self._node, self._n_stop
         best: tuple[int, str] | None = None  # the earliest-starting stop string that ends in this delta
-        for offset, ch in enumerate(delta):
+        for offset, ch in enumerate(delta if m.patterns else ()):  # nothing watched: no step per character
             node = m.step(node, ch)
             for k in m.ending_at(node):
                 start = base + offset + 1 - len(m.patterns[k])

@@ -66,6 +66,9 @@ class ReplicaSet:
     def route(self, session_id: str | None) -> list[Replica]:
         """Replicas in the order to try: sticky (rendezvous hash) for sessions, least-loaded otherwise; the
         ones cooling down after a failure last, as a last resort."""
+        if len(self.replicas) == 1:  # one replica (most runs): nothing to rank; this runs on every call
+            only = self.replicas[0]
+            return [only] if self.admits(only.url) else []
         now = time.monotonic()
         admitted = [r for r in self.replicas if self.admits(r.url)]
         if session_id is not None:
