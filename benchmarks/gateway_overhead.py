@@ -13,7 +13,9 @@ Processes (all on 127.0.0.1, each its own interpreter):
 
 - upstream: polar's vLLM stand-in (``polar.testing.standin``, FixedEngine: 16 tokens at once, ids and
   logprobs as vLLM returns them) plus ``POST /v1/chat/completions`` in vLLM's documented shape, so
-  the direct path and LiteLLM have a chat endpoint;
+  the direct path and LiteLLM have a chat endpoint; it does the engine work ``/v1/completions`` does for
+  polar (until 2026-12-07 it was a canned reply ~150 us cheaper, which counted the stand-in's own
+  completions work as gateway overhead);
 - polar: ``polar gateway --model vllm:<upstream>``: it renders the chat template, tokenizes, streams
   token ids from the upstream's ``/v1/completions``, detokenizes, and appends a record per call;
 - polar-inproc: the same gateway around a zero-cost in-process engine (16 fixed ids): the gateway's
@@ -43,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -62,34 +65,44 @@ BODY = {
 # ---------------------------------------------------------------------------------------------- upstream
 def serve_upstream(port: int) -> None:
     """The stand-in upstream (runs in its own process)."""
+    import orjson
     import uvicorn
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from polar.testing.standin import FixedEngine, make_app
+    from polar.inference.base import GenerationRequest
+    from polar.testing.standin import FixedEngine, _drain, _json_body, make_app
 
     engine = FixedEngine(n_tokens=16)
     app = make_app(engine, "vllm", served_model="tiny")
     app.state.standin.requests = _NoLog()  # do not grow a request log for the whole benchmark
-    ids = engine.token_ids
-
-    import orjson
+    prompt_ids = list(range(1, 33))  # the chat endpoint has no tokenizer: a fixed 32-token prompt
 
     async def chat(request: Request) -> Response:
-        body = orjson.loads(await request.body())
+        """The chat answer, after the same engine work ``/v1/completions`` does for polar (body parsed the
+        same way, a validated GenerationRequest drained from the same engine, an id): a real vLLM does
+        more for a chat call (template, tokenizer) than for a token-id completion, never less."""
+        body = await _json_body(request)
+        gen = GenerationRequest(prompt_ids=prompt_ids, max_tokens=int(body.get("max_tokens") or 16),
+                                temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
+                                stop_token_ids=[], seed=body.get("seed"))
+        gen.validate()
+        ids, lps, finish = await _drain(engine, gen)
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": "Paris is the capital of France, of course."},
-            "logprobs": None,
-            "finish_reason": "length",
+            "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(ids, lps, strict=True)]}
+            if body.get("logprobs") else None,
+            "finish_reason": finish,
         }
         if body.get("return_token_ids"):
             choice["token_ids"] = ids
         out = {
-            "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()), "model": body.get("model"),
-            "choices": [choice],
-            "usage": {"prompt_tokens": 32, "completion_tokens": len(ids), "total_tokens": 32 + len(ids)},
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                      "total_tokens": len(prompt_ids) + len(ids)},
         }
         return Response(orjson.dumps(out), media_type="application/json")
 
