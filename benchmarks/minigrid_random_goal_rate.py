@@ -28,7 +28,7 @@ def goal_rate(env_id: str, max_steps: int | None, episodes: int) -> tuple[float,
             if terminated or truncated:
                 reached += reward > 0
                 break
-    limit = int(env.unwrapped.max_steps)  # type: ignore[attr-defined]
+    limit = int(env.unwrapped.max_steps)
     env.close()
     return reached / episodes, limit
 
