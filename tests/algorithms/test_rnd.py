@@ -136,3 +136,47 @@ def test_an_intrinsic_reward_on_another_algorithm_is_one_line_naming_the_key(alg
     msg = str(e.value)
     assert "'policy.kwargs.intrinsic': an intrinsic reward (RND) trains with on-policy PPO or APPO" in msg
     assert f"policy '{algo}'" in msg and "\n" not in msg
+
+
+def test_every_documented_intrinsic_key_takes_effect():
+    """Each key of docs/exploration.md's ``intrinsic`` table changes what the module computes as documented."""
+    from polar.algorithms.rnd import combine
+
+    T, N = 8, 4
+    torch.manual_seed(2)
+    obs = torch.randn(T, N, 4)
+    # coef / ext_coef: the policy's advantage is ext_coef * A_ext + coef * A_int
+    ext, intr = torch.randn(T, N), torch.randn(T, N)
+    assert torch.allclose(combine(ext, intr, RNDConfig(coef=0.5, ext_coef=3.0)), 3.0 * ext + 0.5 * intr)
+    # gamma / gae_lambda: lambda 0 gives the one-step TD error r_t + gamma * V(s_t+1) - V(s_t), no episode cut
+    rnd = _rnd(gamma=0.5, gae_lambda=0.0)
+    adv = rnd.advantages(obs, T, N)
+    flat = obs.reshape(-1, 4)
+    with torch.no_grad():
+        v = rnd.critic(rnd._inputs(flat)).reshape(T, N)
+    r = rnd.novelty(flat).reshape(T, N)[1:] / rnd.metrics["intrinsic/return_std"]
+    assert torch.allclose(adv[:-1], r + 0.5 * v[1:] - v[:-1], atol=1e-5)
+    assert torch.all(adv[-1] == 0)
+    # hidden_sizes / embedding_dim: the target, predictor and critic widths
+    rnd = RND(SPACE, RNDConfig(hidden_sizes=[8, 12], embedding_dim=5))
+    assert [m.out_features for m in rnd.target if isinstance(m, torch.nn.Linear)] == [8, 12, 5]
+    assert [m.out_features for m in rnd.critic if isinstance(m, torch.nn.Linear)] == [8, 12, 1]
+    # obs_clip: normalized observations are clipped to +-obs_clip
+    rnd = _rnd(obs_clip=1.5)
+    rnd.advantages(obs, T, N)
+    assert float(rnd._inputs(torch.full((1, 4), 1e3)).max()) == pytest.approx(1.5)
+    # learning_rate, n_epochs, batch_size: Adam's step, and n_epochs * ceil(valid samples / batch_size) steps
+    rnd = _rnd(learning_rate=3e-3, n_epochs=3, batch_size=10)
+    rnd.advantages(obs, T, N)
+    rnd.train_on_batch()
+    assert rnd.optimizer.lr == 3e-3
+    assert rnd.optimizer.state_dict()["step"] == 3 * -(-((T - 1) * N) // 10)
+    # update_proportion: the predictor's loss covers that share of each minibatch; with a tiny share it barely moves
+    moved = {}
+    for share in (1.0, 1e-3):
+        rnd = _rnd(update_proportion=share, n_epochs=5, learning_rate=1e-3)
+        rnd.advantages(obs, T, N)
+        before = rnd.novelty(flat).mean()
+        rnd.train_on_batch()
+        moved[share] = float(before - rnd.novelty(flat).mean())
+    assert moved[1.0] > 0.1 * float(before) and abs(moved[1e-3]) < 0.1 * moved[1.0], moved

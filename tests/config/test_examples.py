@@ -45,6 +45,8 @@ EXPECTED = {
     "llm_textarena.yaml": ("agent", "gymnasium", "grpo"),  # TextArena/TicTacToe-v0, a Gymnasium id
     "minigrid/doorkey_ppo.yaml": ("env", "gymnasium", "ppo"),
     "minigrid/doorkey_rnd.yaml": ("env", "gymnasium", "ppo"),  # PPO + RND (docs/exploration.md)
+    "minigrid/doorkey6_sparse_ppo.yaml": ("env", "gymnasium", "ppo"),  # the sparse comparison's baseline
+    "minigrid/doorkey6_sparse_rnd.yaml": ("env", "gymnasium", "ppo"),  # ... and its PPO + RND run
     "mbpo/inverted_pendulum_mbpo.yaml": ("env", "gymnasium", "mbpo"),  # docs/model-based.md
     "mbpo/pendulum_mbpo.yaml": ("env", "gymnasium", "mbpo"),
     "mujoco/halfcheetah_sac.yaml": ("env", "gymnasium", "sac"),
@@ -89,6 +91,16 @@ def test_example_validates_as_its_kind(name):
     # each kind has only its own sections
     for section in ("gateway", "tasks", "model", "sessions") if kind == "env" else ("eval", "total_env_steps", "nonfinite"):
         assert not hasattr(cfg, section), f"{name}: an {kind} run has no '{section}'"
+
+
+@pytest.mark.parametrize("pair", ["doorkey", "doorkey6_sparse"])
+def test_each_rnd_example_is_its_ppo_baseline_with_only_the_intrinsic_reward_switched_on(pair):
+    """docs/exploration.md compares PPO + RND with plain PPO "at the same settings": the two configs differ in
+    their name and ``policy.kwargs.intrinsic`` alone."""
+    ppo, rnd = (yaml.safe_load((ROOT / "examples" / "minigrid" / f"{pair}_{s}.yaml").read_text()) for s in ("ppo", "rnd"))
+    assert rnd["policy"]["kwargs"].pop("intrinsic")["type"] == "rnd"
+    assert "intrinsic" not in ppo["policy"]["kwargs"]
+    assert {**rnd, "name": None} == {**ppo, "name": None}
 
 
 def _doc_run_configs() -> list[tuple[str, int, dict]]:
