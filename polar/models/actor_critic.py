@@ -60,8 +60,9 @@ def run_numpy(layers, x: np.ndarray) -> np.ndarray:
 
     In place after each matmul (the same float32 operations as ``x @ wt + b`` then the activation, fewer
     temporaries): at 8 envs a step's forward is a few microseconds of arithmetic and the rest allocation."""
+    dot = np.dot if x.ndim == 2 else np.matmul  # np.dot: the same BLAS product as matmul's, less dispatch
     for wt, b, f in layers:
-        x = np.matmul(x, wt)
+        x = dot(x, wt)
         x += b
         if f is not None:
             if f is torch.tanh:
@@ -142,14 +143,16 @@ class ActorCriticAgent(AgentBase):
             self.__dict__["_np_cache"] = cache
         return cache
 
-    def act_numpy(self, obs: np.ndarray, deterministic: bool = False, with_values: bool = True):
+    def act_numpy(self, obs: np.ndarray, deterministic: bool = False, with_values: bool = True,
+                  noise: np.ndarray | None = None):
         """(actions, log_probs, values) for a float32 batch, computed in numpy on the live weights.
 
         Same function as ``act`` (its own random stream); for tiny MLPs numpy's per-call cost is a fraction
         of torch's, which matters once per env step. It stands for ``act`` as pinned in
         ``polar.algorithms.ppo_fused.DERIVED_FROM``: once ``act`` is edited, rollouts call ``act`` instead.
         ``with_values=False`` skips the critic (values None): the runner then takes a fragment's values in
-        one ``values_numpy`` call over all its observations, since the weights do not move while it collects."""
+        one ``values_numpy`` call over all its observations, since the weights do not move while it collects.
+        ``noise`` is this call's row of ``draw_noise`` (else it is drawn here, the same values)."""
         _, pi, _, log_std, rng = self._numpy_layers()
         x = run_numpy(pi, obs)
         if self._categorical:  # log-softmax in place on the fresh logits: the same float32 operations, fewer arrays
@@ -160,14 +163,29 @@ class ActorCriticAgent(AgentBase):
             if deterministic:
                 a = logp_all.argmax(-1)
             else:
-                a = (logp_all + rng.gumbel(size=logp_all.shape).astype(np.float32)).argmax(-1)
+                if noise is None:
+                    noise = rng.gumbel(size=logp_all.shape).astype(np.float32)
+                a = (logp_all + noise).argmax(-1)
             logp = logp_all[self._rows(len(a)), a]
         else:
             std = np.exp(log_std)
-            a = x if deterministic else x + std * rng.standard_normal(x.shape).astype(np.float32)
+            if not deterministic and noise is None:
+                noise = rng.standard_normal(x.shape).astype(np.float32)
+            a = x if deterministic else x + std * noise
             diff = (a - x) / std
             logp = (-0.5 * diff * diff - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
         return a, logp.astype(np.float32, copy=False), self.values_numpy(obs) if with_values else None
+
+    def draw_noise(self, num_steps: int, num_envs: int) -> np.ndarray:
+        """The sampling noise of ``num_steps`` ``act_numpy`` calls on ``num_envs`` rows, drawn at once:
+        ``[num_steps, num_envs, action params]`` float32, standard Gumbel (Discrete) or standard normal (Box).
+
+        numpy's generators fill an array element by element from one stream, so row ``t`` holds exactly what
+        the ``t``-th call would have drawn: passing it as ``noise`` samples the same actions, one call per
+        fragment instead of one per step."""
+        rng = self._numpy_layers()[4]
+        shape = (num_steps, num_envs, self.pi_head.out_features)
+        return (rng.gumbel(size=shape) if self._categorical else rng.standard_normal(shape)).astype(np.float32)
 
     def _rows(self, n: int) -> np.ndarray:
         """``np.arange(n)``, kept: the row index of the sampled log-prob at every step."""
