@@ -7,7 +7,8 @@ Per round, one after the other in this process: raw ``SyncVectorEnv`` stepping w
 (``ppo_vs_sb3.py``'s "raw": Gymnasium's default NEXT_STEP autoreset, no policy), the same with SAME_STEP
 autoreset (what polar's vector envs do: the final observation comes with the step that ends an episode), polar's
 ``collect`` over 8 fragments of 250 steps, and again with ``env.step`` and the runner's numpy acting call wrapped
-in ``time.process_time()`` accumulators (env / act / rest). Best of ``--rounds``; CPU time, not wall: waiting
+in ``time.process_time()`` accumulators (env / act / rest; acting includes setting up a fragment's
+actor). Best of ``--rounds``; CPU time, not wall: waiting
 for a core on a shared box does not count. ``polar/raw`` is the CPU-second ratio of ``ppo_vs_sb3.py``'s table,
 both sides measured in one run. Run it with ``PYTHONPATH`` at two trees to compare commits.
 """
@@ -41,6 +42,7 @@ def main() -> None:
     runner = EnvRunner(env, build_policy(cfg, env.single_observation_space, env.single_action_space), seed=0)
     runner.collect(200)
     fast_act, env_step = runner.fast_act, env.step
+    make_actor = getattr(runner, "rollout_actor", None)  # trees before it act through fast_act each step
     if fast_act is None:
         raise SystemExit("this runner acts through act (not the numpy path): nothing to break down")
     raw = {mode: gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)], autoreset_mode=mode)
@@ -58,11 +60,19 @@ def main() -> None:
         acc["step"] += time.process_time() - t
         return out
 
-    def timed_act(obs, **kw):
+    def timed(fn):
+        def call(*a, **kw):
+            t = time.process_time()
+            out = fn(*a, **kw)
+            acc["act"] += time.process_time() - t
+            return out
+        return call
+
+    def timed_actor(num_steps, num_envs):  # setting the fragment's actor up counts as acting
         t = time.process_time()
-        out = fast_act(obs, **kw)
+        actor = make_actor(num_steps, num_envs)
         acc["act"] += time.process_time() - t
-        return out
+        return timed(actor)
 
     def cpu(fn) -> float:
         t = time.process_time()
@@ -82,10 +92,14 @@ def main() -> None:
         for name, e in zip(("raw", "raw_same_step"), raw.values(), strict=True):
             best[name] = min(best.get(name, float("inf")), cpu(raw_steps(e)))
         best["polar"] = min(best.get("polar", float("inf")), cpu(collect))
-        env.step, runner.fast_act = timed_step, timed_act
+        env.step, runner.fast_act = timed_step, timed(fast_act)
+        if make_actor is not None:
+            runner.rollout_actor = timed_actor
         acc["act"] = acc["step"] = 0.0
         total = cpu(collect)
         env.step, runner.fast_act = env_step, fast_act
+        if make_actor is not None:
+            runner.rollout_actor = make_actor
         row = (total, acc["step"] * 1e6 / STEPS, acc["act"] * 1e6 / STEPS)
         split = row if split is None or row[0] < split[0] else split
     assert split is not None

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 NumpyAct = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 """``act_numpy(obs, deterministic=False[, with_values=True]) -> (actions, log_probs, values or None)``."""
+RolloutActor = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+"""``actor(obs, t) -> (actions, log_probs)`` at step ``t`` of one fragment (``ActorCriticAgent.rollout_actor``)."""
 
 
 def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
@@ -119,9 +121,11 @@ class EnvRunner:
             values_numpy if act_numpy is not None and values_numpy is not None else None)
         self.fast_act: NumpyAct | None = (functools.partial(act_numpy, with_values=False)
                                           if act_numpy is not None and self.fast_values is not None else act_numpy)
-        # an agent that can draw a fragment's sampling noise at once (act_numpy's noise) gets one draw per fragment
-        draw_noise = getattr(self.policy.agent, "draw_noise", None)
-        self.draw_noise: Callable[[int, int], np.ndarray] | None = draw_noise if self.fast_act is not None else None
+        # an agent with a per-fragment numpy actor (act_numpy without values, set up once per fragment) acts
+        # through it on this path
+        rollout_actor = getattr(self.policy.agent, "rollout_actor", None)
+        self.rollout_actor: Callable[[int, int], RolloutActor] | None = (
+            rollout_actor if act_numpy is not None and self.fast_values is not None else None)
 
     def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
         """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
@@ -213,14 +217,27 @@ class EnvRunner:
         disc_rets = np.empty((T, N), np.float64) if self.normalize_reward else None
         next_buf = None
         fast_act, env_step, ep_ret, ep_len = self.fast_act, self.env.step, self.ep_ret, self.ep_len
-        # the fragment's sampling noise in one draw (the same values the per-step draws would give)
-        noise = self.draw_noise(T, N) if self.draw_noise is not None else None
+        actor = self.rollout_actor(T, N) if self.rollout_actor is not None and T else None
         for t in range(T):
             obs = self.obs
             if raw_obs_batches is not None:
                 raw_obs_batches.append(obs)
-            if fast_act is not None:  # built-in MLP: numpy forward on the live weights
-                act_np, lp_np, v_np = fast_act(obs) if noise is None else fast_act(obs, noise=noise[t])
+            if actor is not None:  # built-in MLP: the fragment's numpy actor, values after the loop
+                if obs_buf is None:
+                    obs_buf = np.empty((T, *obs.shape), np.float32)
+                assert isinstance(obs_buf, np.ndarray)
+                obs_buf[t] = obs
+                act_np, lp_np = actor(obs_buf[t], t)  # the float32 observations the learner gets
+                if first:
+                    first = False
+                    actions = np.empty((T, *act_np.shape), act_np.dtype)
+                    log_probs = np.empty((T, N), np.float32)
+                assert actions is not None and log_probs is not None  # from t = 0
+                actions[t] = act_np
+                log_probs[t] = lp_np
+                new_state = None
+            elif fast_act is not None:  # numpy forward on the live weights
+                act_np, lp_np, v_np = fast_act(obs)
                 if first:
                     first = False
                     obs_buf = np.empty((T, *obs.shape), np.float32)
