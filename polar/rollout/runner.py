@@ -5,8 +5,9 @@ avoids per-step allocations where it can: one ``torch.from_numpy`` view per step
 fragment arrays. Actions come from the agent's ``act``; the built-in MLP actor-critic acts through
 ``act_numpy`` (its numpy twin, a fraction of torch's per-call cost) only on the fused path
 (``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``). On that path
-each step runs only the actor; the critic's values of a fragment come from one batched ``values_numpy``
-call at its end (the weights do not move while a fragment is collected).
+each step runs only the actor, through one ``rollout_actor`` set up per fragment (its sampling noise drawn
+at once, its weights copied once); the critic's values of a fragment come from one batched
+``values_numpy`` call at its end (the weights do not move while a fragment is collected).
 """
 
 from __future__ import annotations
