@@ -5,8 +5,9 @@ avoids per-step allocations where it can: one ``torch.from_numpy`` view per step
 fragment arrays. Actions come from the agent's ``act``; the built-in MLP actor-critic acts through
 ``act_numpy`` (its numpy twin, a fraction of torch's per-call cost) only on the fused path
 (``policy.kwargs.fused: auto`` and ``act`` as pinned, ``polar.algorithms.ppo.fused_path``). On that path
-each step runs only the actor; the critic's values of a fragment come from one batched ``values_numpy``
-call at its end (the weights do not move while a fragment is collected).
+each step runs only the actor, through one ``rollout_actor`` set up per fragment (its sampling noise drawn
+at once, its weights copied once); the critic's values of a fragment come from one batched
+``values_numpy`` call at its end (the weights do not move while a fragment is collected).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 NumpyAct = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 """``act_numpy(obs, deterministic=False[, with_values=True]) -> (actions, log_probs, values or None)``."""
+RolloutActor = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+"""``actor(obs, t) -> (actions, log_probs)`` at step ``t`` of one fragment (``ActorCriticAgent.rollout_actor``)."""
 
 
 def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
@@ -61,6 +64,27 @@ def _stack_obs(items: list, space: gym.Space):
     if isinstance(space, gym.spaces.Dict):
         return {k: np.stack([np.asarray(o[k]) for o in items]) for k in space.spaces}
     return np.stack([np.asarray(o) for o in items])
+
+
+def _final_info_counts(ended: list[tuple[np.ndarray, dict[str, Any]]]) -> tuple[list[float], int]:
+    """(success of each ended episode that reports one, connector copies restarted) from the ``final_info`` of
+    the steps where episodes ended, in the order they ended."""
+    successes: list[float] = []
+    restarted = 0
+    for idx, infos in ended:
+        final_info = infos.get("final_info", {})
+        if not isinstance(final_info, dict):
+            continue
+        succ, succ_mask = final_info.get("success"), final_info.get("_success")
+        rst = final_info.get("polar/connector_restart")
+        if succ is None and rst is None:
+            continue
+        for i in idx:
+            if succ is not None and (succ_mask is None or succ_mask[i]):
+                successes.append(float(bool(succ[i])))
+            if rst is not None and bool(rst[i]):
+                restarted += 1
+    return successes, restarted
 
 
 class EnvRunner:
@@ -98,6 +122,11 @@ class EnvRunner:
             values_numpy if act_numpy is not None and values_numpy is not None else None)
         self.fast_act: NumpyAct | None = (functools.partial(act_numpy, with_values=False)
                                           if act_numpy is not None and self.fast_values is not None else act_numpy)
+        # an agent with a per-fragment numpy actor (act_numpy without values, set up once per fragment) acts
+        # through it on this path
+        rollout_actor = getattr(self.policy.agent, "rollout_actor", None)
+        self.rollout_actor: Callable[[int, int], RolloutActor] | None = (
+            rollout_actor if act_numpy is not None and self.fast_values is not None else None)
 
     def _numpy_act(self, fused: FusedSetting) -> NumpyAct | None:
         """The agent's ``act_numpy`` when it may stand in for ``act``: a built-in feed-forward MLP on float32
@@ -182,17 +211,34 @@ class EnvRunner:
         dones = np.empty((T, N), np.bool_)  # episode ends: starts[t + 1] = dones[t], filled in after the loop
         trunc_values = np.zeros((T, N), np.float32)
         initial_state = map_state(lambda s: s.numpy().copy(), self.state)
-        ep_returns, ep_lengths, ep_successes = [], [], []
-        copies_restarted = 0
+        ended: list[tuple[np.ndarray, dict[str, Any]]] = []  # (envs whose episode ended, infos) per such step
+        ended_returns: list[np.ndarray] = []
+        ended_lengths: list[np.ndarray] = []
         raw_obs_batches: list[np.ndarray | dict[str, np.ndarray]] | None = [] if self.normalize_obs else None
         disc_rets = np.empty((T, N), np.float64) if self.normalize_reward else None
         next_buf = None
+        fast_act, env_step, ep_ret, ep_len = self.fast_act, self.env.step, self.ep_ret, self.ep_len
+        actor = self.rollout_actor(T, N) if self.rollout_actor is not None and T else None
         for t in range(T):
             obs = self.obs
             if raw_obs_batches is not None:
                 raw_obs_batches.append(obs)
-            if self.fast_act is not None:  # built-in MLP: numpy forward on the live weights
-                act_np, lp_np, v_np = self.fast_act(obs)
+            if actor is not None:  # built-in MLP: the fragment's numpy actor, values after the loop
+                if obs_buf is None:
+                    obs_buf = np.empty((T, *obs.shape), np.float32)
+                assert isinstance(obs_buf, np.ndarray)
+                obs_buf[t] = obs
+                act_np, lp_np = actor(obs_buf[t], t)  # the float32 observations the learner gets
+                if first:
+                    first = False
+                    actions = np.empty((T, *act_np.shape), act_np.dtype)
+                    log_probs = np.empty((T, N), np.float32)
+                assert actions is not None and log_probs is not None  # from t = 0
+                actions[t] = act_np
+                log_probs[t] = lp_np
+                new_state = None
+            elif fast_act is not None:  # numpy forward on the live weights
+                act_np, lp_np, v_np = fast_act(obs)
                 if first:
                     first = False
                     obs_buf = np.empty((T, *obs.shape), np.float32)
@@ -209,12 +255,12 @@ class EnvRunner:
                 first, obs_buf, actions, log_probs, act_np, new_state = self._policy_step(
                     t, T, N, obs, first, obs_buf, actions, log_probs, values)
             env_act = np.clip(act_np, self.action_space.low, self.action_space.high) if self.clip_actions else act_np
-            next_obs, rew, term, trunc, infos = self.env.step(env_act)
+            next_obs, rew, term, trunc, infos = env_step(env_act)
             rewards[t] = rew
             terminated[t] = term
             truncated[t] = trunc
-            self.ep_ret += rew
-            self.ep_len += 1
+            ep_ret += rew
+            ep_len += 1
             if disc_rets is not None:
                 self.disc_ret = self.disc_ret * self.gamma + rew
                 disc_rets[t] = self.disc_ret
@@ -222,34 +268,31 @@ class EnvRunner:
             state = new_state
             if self.keep_next_obs:
                 next_buf = self._record_next_obs(next_buf, t, T, next_obs, done, infos)
-            if done.any():
-                idx = np.flatnonzero(done)
-                final_info = infos.get("final_info", {})
-                succ = final_info.get("success") if isinstance(final_info, dict) else None
-                succ_mask = final_info.get("_success") if isinstance(final_info, dict) else None
-                rst = final_info.get("polar/connector_restart") if isinstance(final_info, dict) else None
-                ep_returns.extend(self.ep_ret[idx].tolist())  # Python floats and ints, as float() and int() give
-                ep_lengths.extend(self.ep_len[idx].tolist())
-                if succ is not None or rst is not None:
-                    for i in idx:
-                        if succ is not None and (succ_mask is None or succ_mask[i]):
-                            ep_successes.append(float(bool(succ[i])))
-                        if rst is not None and bool(rst[i]):
-                            copies_restarted += 1
-                self.ep_ret[idx] = 0.0
-                self.ep_len[idx] = 0
-                self.disc_ret[idx] = 0.0
-                tr_idx = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
-                if tr_idx.size:
-                    finals = _stack_obs([infos["final_obs"][i] for i in tr_idx], self.obs_space)
-                    sel = torch.as_tensor(tr_idx)
-                    sub_state = map_state(lambda s, i=sel: s[i], state)
-                    _, _, _, finfo = self._act(finals, sub_state, deterministic=True)
-                    trunc_values[t, tr_idx] = self._values(finfo, tr_idx.size)
+            if np.count_nonzero(done):  # episode ends: what the next step needs now, the statistics after the loop
+                idx = done.nonzero()[0]
+                ended.append((idx, infos))
+                ended_returns.append(ep_ret[idx])
+                ended_lengths.append(ep_len[idx])
+                ep_ret[idx] = 0.0
+                ep_len[idx] = 0
+                if disc_rets is not None:
+                    self.disc_ret[idx] = 0.0
+                if np.count_nonzero(trunc):
+                    tr_idx = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
+                    if tr_idx.size:
+                        finals = _stack_obs([infos["final_obs"][i] for i in tr_idx], self.obs_space)
+                        sel = torch.as_tensor(tr_idx)
+                        sub_state = map_state(lambda s, i=sel: s[i], state)
+                        _, _, _, finfo = self._act(finals, sub_state, deterministic=True)
+                        trunc_values[t, tr_idx] = self._values(finfo, tr_idx.size)
                 if state is not None:
                     state = reset_state(state, self.initial, torch.from_numpy(done))
             self.state = state
             self.obs = next_obs
+        # Python floats and ints, as float() and int() give, in the order the episodes ended
+        ep_returns: list[float] = np.concatenate(ended_returns).tolist() if ended_returns else []
+        ep_lengths: list[int] = np.concatenate(ended_lengths).tolist() if ended_lengths else []
+        ep_successes, copies_restarted = _final_info_counts(ended)
         if T:
             starts[0] = self.starts
             starts[1:] = dones[:-1]
