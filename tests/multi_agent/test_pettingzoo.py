@@ -502,3 +502,22 @@ def test_self_play_seat_sampling_win_rate_seats_the_learner_more_often_where_it_
     finally:
         uniform.close()
         prio.close()
+
+
+def test_a_linear_lr_schedule_decays_the_shared_policys_learning_rate_over_the_self_play_run(tmp_path):
+    """``policy.kwargs.lr_schedule`` reaches the multi-agent learner: each update's rate is the schedule's at the
+    run's env steps over ``total_env_steps`` (constant stays at ``learning_rate``)."""
+    from polar.algorithms.ppo import schedule_value
+
+    rates: dict[str, list[tuple[int, float]]] = {}
+    for schedule in ("linear", "constant"):
+        cfg = _cfg({"id": TTT, "self_play": {"random_share": 0.3}}, steps=800,
+                   kwargs={"learning_rate": 1e-3, "lr_schedule": schedule}, eval={"at_end": False})
+        _, _, rows = _train(cfg, tmp_path, schedule)
+        rates[schedule] = [(r["env_steps"], r["learning_rate"]) for r in rows]
+    assert len(rates["linear"]) >= 3
+    for env_steps, lr in rates["linear"]:  # the update after a batch runs at the steps counted with it
+        assert lr == pytest.approx(schedule_value(1e-3, "linear", env_steps / 800))
+    linear = [lr for _, lr in rates["linear"]]
+    assert linear == sorted(linear, reverse=True) and linear[-1] < 0.5e-3
+    assert {lr for _, lr in rates["constant"]} == {1e-3}
