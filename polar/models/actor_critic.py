@@ -195,8 +195,8 @@ class ActorCriticAgent(AgentBase):
         """``act_numpy`` without values for one fragment: ``actor(obs, t) -> (actions, log_probs)`` at step ``t``.
 
         The same actions and log-probs as ``num_steps`` calls of ``act_numpy`` (bit for bit), with less per-step
-        work: the sampling noise drawn at once (``draw_noise``), the actor's weights copied once in C order and
-        its biases tiled to ``num_envs`` rows (numpy adds equal shapes without broadcasting), and the layers
+        work: the sampling noise drawn at once (``draw_noise``), the actor's weights copied once in their own
+        memory order (a C-order copy rounds differently) and its biases tiled to ``num_envs`` rows (numpy adds equal shapes without broadcasting), and the layers
         written into buffers kept for the fragment. The copy is taken now: build one per fragment, while the
         weights do not move (as the runner's end-of-fragment values already assume)."""
         _, pi, _, log_std, _ = self._numpy_layers()
