@@ -333,21 +333,21 @@ class SessionStore:
         f = self._files.pop(path, None)
         if f is None:
             f = open(path, "ab", buffering=0)
-        written = 0  # by this call: what a failure cuts back (the file's size is read only then)
+        start = -1
         try:
+            start = os.fstat(f.fileno()).st_size  # a failure cuts back to here, whatever a failed write left
             data = memoryview(b"".join(lines))
             while data:
                 n = f.write(data)  # an unbuffered write may be short (a nearly full disk)
                 if not n:
                     raise OSError(errno.ENOSPC, "the file system accepted no more bytes")
-                written += n
                 data = data[n:]
             if self.fsync:
                 os.fsync(f.fileno())
         except BaseException:
-            if written:
+            if start >= 0:
                 with contextlib.suppress(OSError):
-                    os.ftruncate(f.fileno(), os.fstat(f.fileno()).st_size - written)
+                    os.ftruncate(f.fileno(), start)
             f.close()
             raise
         self._files[path] = f
