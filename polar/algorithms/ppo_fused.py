@@ -34,6 +34,7 @@ import tokenize
 from collections.abc import Callable
 from types import CodeType
 
+import numpy as np
 import torch
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -169,12 +170,25 @@ def pinned_fingerprints(roots: dict[str, object]) -> dict[str, str]:
     return out
 
 
+def _tanh_(x: torch.Tensor) -> torch.Tensor:
+    """``torch.tanh(x)`` to within an ulp, in place. A float32 CPU tensor goes through numpy's tanh: torch's
+    CPU kernel is ~7x slower (87 vs 12 us for a 256 x 64 minibatch activation, 2 CPU cores, torch 2.13), and the
+    fused update is four of these per gradient step. Acting (``run_numpy``) already uses numpy's."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
+        xn = x.numpy()
+        np.tanh(xn, out=xn)
+        return x
+    return x.tanh_()
+
+
 def _mlp_forward(layers, x):
     """Activations [x, h1, ..., out] of a plain MLP (tanh/relu hidden layers, linear output)."""
     acts = [x]
     for w, b, f in layers:
         x = torch.addmm(b, x, w.t())
-        if f is not None:
+        if f is torch.tanh:
+            x = _tanh_(x)  # x is addmm's fresh output: nothing else holds it
+        elif f is not None:
             x = f(x)
         acts.append(x)
     return acts
