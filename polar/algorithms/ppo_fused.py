@@ -194,6 +194,16 @@ def _mlp_forward(layers, x):
     return acts
 
 
+def _weight_grad(g: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = g.T @ x`` (a layer's weight gradient). float32 CPU tensors go through numpy's BLAS: for the first
+    layer's narrow [hidden, obs_dim] output torch's CPU matmul is ~12x slower (21 vs 1.8 us for 256 samples and 4
+    inputs), and no slower for the rest."""
+    if out.device.type == "cpu" and g.dtype == x.dtype == out.dtype == torch.float32 and out.is_contiguous():
+        np.dot(g.numpy().T, x.numpy(), out=out.numpy())
+    else:
+        torch.mm(g.t(), x, out=out)
+
+
 def _mlp_backward(layers, acts, g: torch.Tensor) -> None:
     """Backprop ``g`` (d loss / d output) through the MLP, writing weight/bias grads in place."""
     for i in range(len(layers) - 1, -1, -1):
@@ -205,7 +215,7 @@ def _mlp_backward(layers, acts, g: torch.Tensor) -> None:
             g = g * (out > 0)
         if w.grad is None:  # an optimizer that sets grads to None between steps
             w.grad, b.grad = torch.zeros_like(w), torch.zeros_like(b)
-        torch.mm(g.t(), acts[i], out=w.grad)
+        _weight_grad(g, acts[i], w.grad)
         torch.sum(g, 0, out=b.grad)
         if i > 0:
             g = g @ w
