@@ -174,7 +174,7 @@ def _tanh_(x: torch.Tensor) -> torch.Tensor:
     """``torch.tanh(x)`` to within an ulp, in place. A float32 CPU tensor goes through numpy's tanh: torch's
     CPU kernel is ~7x slower (87 vs 12 us for a 256 x 64 minibatch activation, 2 CPU cores, torch 2.13), and the
     fused update is four of these per gradient step. Acting (``run_numpy``) already uses numpy's."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.requires_grad:
         xn = x.numpy()
         np.tanh(xn, out=xn)
         return x
@@ -198,7 +198,8 @@ def _weight_grad(g: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
     """``out = g.T @ x`` (a layer's weight gradient). float32 CPU tensors go through numpy's BLAS: for the first
     layer's narrow [hidden, obs_dim] output torch's CPU matmul is ~12x slower (21 vs 1.8 us for 256 samples and 4
     inputs), and no slower for the rest."""
-    if out.device.type == "cpu" and g.dtype == x.dtype == out.dtype == torch.float32 and out.is_contiguous():
+    if (out.device.type == "cpu" and g.dtype == x.dtype == out.dtype == torch.float32 and out.is_contiguous()
+            and not (g.requires_grad or x.requires_grad)):
         np.dot(g.numpy().T, x.numpy(), out=out.numpy())
     else:
         torch.mm(g.t(), x, out=out)

@@ -160,3 +160,24 @@ def test_fused_gradients_equal_autograd(discrete, clip_range_vf, ent_coef):
     assert expected.abs().max() > 1e-3
     for k in ("pg_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
         torch.testing.assert_close(stats[k], ref_stats[k])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_paths_numpy_kernels_equal_torchs(dtype):
+    """The fused update's tanh and weight-gradient product go through numpy for float32 CPU tensors (torch's
+    CPU kernels are several times slower at these sizes) and through torch otherwise; both give torch's values."""
+    from polar.algorithms.ppo_fused import _tanh_, _weight_grad
+
+    torch.manual_seed(0)
+    for rows, cols, k in [(256, 64, 4), (256, 64, 64), (7, 3, 5)]:
+        h = torch.randn(rows, cols, dtype=dtype) * 3
+        ref = torch.tanh(h)
+        got = _tanh_(h)
+        assert got.data_ptr() == h.data_ptr()  # in place
+        torch.testing.assert_close(got, ref, atol=2e-7 if dtype == torch.float32 else 0, rtol=0)
+        g, x = torch.randn(rows, cols, dtype=dtype), torch.randn(rows, k, dtype=dtype)
+        out = torch.empty(cols, k, dtype=dtype)
+        _weight_grad(g, x, out)
+        torch.testing.assert_close(out, g.t() @ x)
+        _weight_grad(g, x.t().contiguous().t(), out)  # a column-major input
+        torch.testing.assert_close(out, g.t() @ x)
