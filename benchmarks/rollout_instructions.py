@@ -6,7 +6,8 @@ Instruction counts do not move with the load of a shared box (CPU seconds do, by
 compare to a percent. Each side runs in its own ``valgrind --tool=callgrind --instr-atstart=no`` process; the
 child switches instrumentation on (``callgrind_control -i on``) only around the measured region: for ``raw``
 and ``raw_same_step``, ``ppo_vs_sb3.py``'s raw stepping (pre-drawn random actions, Gymnasium's default
-NEXT_STEP autoreset, or SAME_STEP as polar's vector envs) after 200 warm-up steps; for ``polar``, ``EnvRunner.collect``
+NEXT_STEP autoreset, or SAME_STEP as polar's vector envs) after 200 warm-up steps; for ``polar_env``, the same
+stepping of polar's own vector env (``make_vector_env``: SAME_STEP, no policy); for ``polar``, ``EnvRunner.collect``
 of the untrained PPO policy on CartPole-v1 after ``collect(200)``. Under valgrind a run takes minutes.
 """
 
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-KINDS = ("raw", "raw_same_step", "polar")
+KINDS = ("raw", "raw_same_step", "polar_env", "polar")
 
 
 def child(kind: str, n: int, fragments: int) -> None:
@@ -43,8 +44,14 @@ def child(kind: str, n: int, fragments: int) -> None:
             for _ in range(fragments):
                 runner.collect(250)
     else:
-        mode = gym.vector.AutoresetMode.SAME_STEP if kind == "raw_same_step" else gym.vector.AutoresetMode.NEXT_STEP
-        venv = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)], autoreset_mode=mode)
+        if kind == "polar_env":
+            from polar.config.harness import GymnasiumHarnessConfig
+            from polar.harness import make_vector_env
+
+            venv = make_vector_env(GymnasiumHarnessConfig(id="CartPole-v1"), n)
+        else:
+            mode = gym.vector.AutoresetMode.SAME_STEP if kind == "raw_same_step" else gym.vector.AutoresetMode.NEXT_STEP
+            venv = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)], autoreset_mode=mode)
         venv.reset(seed=0)
         acts = np.random.default_rng(0).integers(0, 2, size=(200 + 250 * fragments, n))
         for i in range(200):

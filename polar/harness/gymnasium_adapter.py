@@ -16,6 +16,7 @@ from polar.config.base import did_you_mean
 from polar.config.harness import GymnasiumHarnessConfig
 from polar.errors import ConfigError
 from polar.harness.action_mask import with_action_masks
+from polar.harness.sync_vector import SameStepVectorEnv
 from polar.harness.textarena_env import NAMESPACE, register_textarena_envs, unknown_game
 
 register_textarena_envs()
@@ -83,9 +84,7 @@ def make_gymnasium_env(cfg: GymnasiumHarnessConfig) -> gym.Env:
 
 
 def make_gymnasium_vector_env(cfg: GymnasiumHarnessConfig, num_envs: int) -> gym.vector.VectorEnv:
-    """``num_envs`` copies in process, SAME_STEP autoreset (see ``polar.harness``)."""
+    """``num_envs`` copies in process, SAME_STEP autoreset (see ``polar.harness``): ``SyncVectorEnv``'s results,
+    less work per step (``polar.harness.sync_vector``)."""
     check_id(cfg.id)
-    return gym.vector.SyncVectorEnv(
-        [lambda: _make(cfg) for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    return SameStepVectorEnv([lambda: _make(cfg) for _ in range(num_envs)])
