@@ -98,6 +98,23 @@ def test_each_worker_gets_each_weights_version_once(ray_cluster, hidden):
         pool.close()
 
 
+def test_rollout_calls_record_no_ray_task_events(ray_cluster):
+    """Hundreds of sample calls a second would each cost the driver, the actor and the GCS a task event."""
+    import time
+
+    import ray
+
+    pool = make_pool(1, start_timeout_s=60)
+    try:
+        for _ in range(4):
+            pool.next_fragment(timeout_s=60)
+        time.sleep(2.5)  # task events are flushed to the GCS every second
+        names = {str(e.get("name")) for e in ray.timeline()}
+        assert "sample" not in names and "task:execute" not in names, sorted(names)
+    finally:
+        pool.close()
+
+
 def test_killed_actor_is_replaced_and_its_fragment_counted(ray_cluster):
     import ray
 

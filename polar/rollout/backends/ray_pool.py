@@ -11,6 +11,8 @@ Weights go to a worker once per version, with the first call it gets after ``pub
 call when the numpy state is at most ``INLINE_WEIGHTS_BYTES`` (Ray inlines arguments up to that size
 itself; a ``ray.put`` costs the driver and the raylet more than the bytes), else as one ``ray.put``
 reference shared by every worker. ``PoolStats.weight_shipments`` counts the calls that carried them.
+Rollout actors record no Ray task events (``enable_task_events=False``): their calls are not in
+``ray list tasks`` or ``ray timeline``, which would otherwise hold a few hundred calls a second.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ class RayRolloutPool:
         self.start_timeout_s = start_timeout_s
         self.auto_relaunch = auto_relaunch
         self.inflight_per_worker = max(1, inflight_per_worker)  # 2: the next fragment starts while this one ships
-        opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+        # no task events: a few hundred sample calls a second would each be recorded by the driver, the actor
+        # and the GCS for Ray's task list and timeline; failures still surface as the calls' errors
+        opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0, "enable_task_events": False}
         if resources:
             opts["resources"] = dict(resources)
         self.actor_resources = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
