@@ -9,9 +9,12 @@ local backend's worker processes), ``raylet``, ``gcs_server``, and every other d
 monitor, idle pre-started Ray workers, the local backend's forkserver). A last cell, ``ray idle``, starts the same
 local cluster with nothing to do and reports its daemons' background CPU per wall second.
 
-On 2 saturated cores, throughput ~ 2 / (CPU s per env step): the ratio of two cells' totals is what their
-wall-clock ratio would be on an idle box, when both keep both cores busy. Background CPU is per wall second, so
-under load its share per env step is inflated; the idle cell gives it separately.
+After the measured fragments each cell lets the same processes sit idle (Ray: every queued call answered) for
+``--idle-s`` and reads their background CPU per wall second (Ray's core-worker timers, the raylet's and the GCS's
+heartbeats). Background is per wall second, so on a loaded box it inflates the CPU per env step; "work" is the
+total less the background over the cell's wall time, and does not depend on the load. On 2 saturated cores,
+throughput ~ (2 - background) / work: the column "2 cores' env steps/s", what an idle box would reach when the
+cell keeps both cores busy.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/ray_cpu_split.py [--fragments 600] [--worker-counts 1 2]
 """
@@ -133,11 +136,20 @@ def child_sample(args: argparse.Namespace) -> dict:
             backend.publish_weights(policy.state_dict(), version)
         after, elapsed, load1 = snapshot(me), time.perf_counter() - t0, os.getloadavg()[0]
         cpu = split(before, after, me, workers)
+        # the same processes with nothing to do: what they burn per wall second whatever the load
+        if args.backend == "ray":
+            ray.wait(list(pool.inflight), num_returns=len(pool.inflight), timeout=300)
+        time.sleep(1.0)  # local workers fill their two slots, then block
+        before, t0 = snapshot(me), time.perf_counter()
+        time.sleep(args.idle_s)
+        idle = split(before, snapshot(me), me, workers)
+        idle_s = time.perf_counter() - t0
     finally:
         backend.close()
     return {"cell": f"{args.backend} {args.workers}w", "backend": args.backend, "workers": args.workers,
             "env_steps": steps, "wall_s": round(elapsed, 3), "env_steps_per_s": round(steps / elapsed, 1),
-            "cpu_s": {k: round(v, 3) for k, v in cpu.items()}, "load": [round(load0, 2), round(load1, 2)]}
+            "cpu_s": {k: round(v, 3) for k, v in cpu.items()}, "load": [round(load0, 2), round(load1, 2)],
+            "idle_ms_per_s": {k: round(v / idle_s * 1e3, 2) for k, v in idle.items()}}
 
 
 def child_idle(args: argparse.Namespace) -> dict:
@@ -175,13 +187,17 @@ def _spawn(argv: list[str], timeout_s: float) -> dict | None:
     return None
 
 
-def _row(r: dict, idle_per_s: float | None) -> str:
+def _row(r: dict) -> str:
+    """Per env step: CPU by role and in all; the idle processes' background over this cell's wall time; the
+    rest (per-step work, load-independent); 2 cores' worth of env steps/s with the background at its idle rate."""
     us = {k: v / r["env_steps"] * 1e6 for k, v in r["cpu_s"].items()}
     total = sum(us.values())
-    bg = f"{idle_per_s * r['wall_s'] / r['env_steps'] * 1e6:.2f}" if idle_per_s is not None and r["backend"] == "ray" else "-"
+    bg_per_s = sum(r["idle_ms_per_s"].values()) / 1e3
+    bg = bg_per_s * r["wall_s"] / r["env_steps"] * 1e6
+    work = total - bg
     cells = " | ".join(f"{us[k]:.2f}" for k in ROLES)
-    return (f"| {r['cell']} | {cells} | **{total:.2f}** | {bg} | {2e6 / total:,.0f} | {r['env_steps_per_s']:,.0f} | "
-            f"{r['load'][0]:.1f}-{r['load'][-1]:.1f} |")
+    return (f"| {r['cell']} | {cells} | **{total:.2f}** | {bg:.2f} | **{work:.2f}** | {bg_per_s * 1e3:.0f} | "
+            f"{(2 - bg_per_s) / work * 1e6:,.0f} | {r['env_steps_per_s']:,.0f} | {r['load'][0]:.1f}-{r['load'][-1]:.1f} |")
 
 
 def main() -> None:
@@ -223,12 +239,12 @@ def main() -> None:
     if idle is not None:
         parts = ", ".join(f"{k} {v / idle['wall_s'] * 1e3:.1f}" for k, v in idle["cpu_s"].items() if v)
         print(f"ray idle: {idle_per_s * 1e3:.1f} ms CPU per wall second ({parts})\n")
-    print("| cell | " + " | ".join(ROLES) + " | total (us CPU / env step) | of it idle background | "
-          "2 cores / total (env steps/s) | measured env steps/s | load |")
-    print("|---|" + "---:|" * (len(ROLES) + 5) + "---|")
+    print("| cell | " + " | ".join(ROLES) + " | total (us CPU / env step) | of it background | work (total - "
+          "background) | background (ms CPU / s) | 2 cores' env steps/s | measured env steps/s | load |")
+    print("|---|" + "---:|" * (len(ROLES) + 7) + "---|")
     for r in rows:
         if r["cell"] != "ray idle":
-            print(_row(r, idle_per_s))
+            print(_row(r))
 
 
 if __name__ == "__main__":
