@@ -9,16 +9,32 @@ from polar.errors import DistributedError
 pytestmark = pytest.mark.ray
 
 
-def cfg_data(**policy_kwargs):
+def cfg_data(agent=None, **policy_kwargs):
     cfg = validate(RunConfig, {"harness": {"type": "gymnasium", "id": "CartPole-v1"},
-                               "policy": {"type": "ppo", "kwargs": policy_kwargs}})
+                               "policy": {"type": "ppo", "kwargs": policy_kwargs}, **({"agent": agent} if agent else {})})
     return cfg.model_dump(mode="json")
 
 
-def make_pool(n=2, **kw):
+def make_pool(n=2, data=None, **kw):
     from polar.rollout.backends.ray_pool import RayRolloutPool
 
-    return RayRolloutPool(cfg_data(), None, num_workers=n, envs_per_worker=2, num_steps=16, num_cpus=0.5, **kw)
+    return RayRolloutPool(data or cfg_data(), None, num_workers=n, envs_per_worker=2, num_steps=16, num_cpus=0.5, **kw)
+
+
+def built_policy(data):
+    from polar.harness import make_vector_env
+    from polar.models.policy import build_policy
+
+    cfg = validate(RunConfig, data)
+    env = make_vector_env(cfg.harness, 1)
+    return build_policy(cfg, env.single_observation_space, env.single_action_space)
+
+
+def acts_with(policy, frag) -> bool:
+    """Whether a fragment's log-probs are the given policy's."""
+    with torch.no_grad():
+        lp, _, _ = policy.agent.evaluate_actions(torch.tensor(frag.obs[0]), torch.tensor(frag.actions[0]))
+    return torch.allclose(lp, torch.as_tensor(frag.log_probs[0]), atol=1e-5)
 
 
 def test_fragments_carry_the_published_version_and_come_from_both_nodes(ray_cluster):
@@ -43,6 +59,58 @@ def test_fragments_carry_the_published_version_and_come_from_both_nodes(ray_clus
         with torch.no_grad():
             lp, _, _ = policy.agent.evaluate_actions(torch.tensor(f.obs[0]), torch.tensor(f.actions[0]))
         assert torch.allclose(lp, torch.as_tensor(f.log_probs[0]), atol=1e-5)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("hidden", [[64, 64], [256, 256]], ids=["inline", "object-store"])
+def test_each_worker_gets_each_weights_version_once(ray_cluster, hidden):
+    """Small weights ride inline in a call, large ones as one shared object-store copy; either way a worker
+    gets a version with one call, and the calls after it carry none until the next publish."""
+    from polar.rollout.backends.ray_pool import INLINE_WEIGHTS_BYTES
+
+    data = cfg_data(agent={"type": "mlp", "hidden_sizes": hidden})
+    pool = make_pool(2, data=data, start_timeout_s=60)
+    try:
+        policy = built_policy(data)
+        size = sum(v.numel() * v.element_size() for v in policy.state_dict().values())
+        assert (size > INLINE_WEIGHTS_BYTES) == (hidden == [256, 256])
+        pool.publish(policy.state_dict(), version=1)
+        frags = [pool.next_fragment(timeout_s=60) for _ in range(8)]  # 2 calls queued per worker, then relaunched
+        assert {f.policy_version for f in frags} == {1} and all(acts_with(policy, f) for f in frags)
+        assert pool.stats.weight_shipments == 2
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.1)
+        pool.publish(policy.state_dict(), version=2)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.sub_(0.1)  # the learner goes on updating in place: the published copy must not follow
+        newer = [f for f in (pool.next_fragment(timeout_s=60) for _ in range(12)) if f.policy_version == 2]
+        assert newer and pool.stats.weight_shipments == 4
+        assert not any(acts_with(policy, f) for f in newer)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.1)
+        assert all(acts_with(policy, f) for f in newer)
+        assert pool.metrics()["rollout/weight_shipments"] == 4
+    finally:
+        pool.close()
+
+
+def test_rollout_calls_record_no_ray_task_events(ray_cluster):
+    """Hundreds of sample calls a second would each cost the driver, the actor and the GCS a task event."""
+    import time
+
+    import ray
+
+    pool = make_pool(1, start_timeout_s=60)
+    try:
+        for _ in range(4):
+            pool.next_fragment(timeout_s=60)
+        time.sleep(2.5)  # task events are flushed to the GCS every second
+        names = {str(e.get("name")) for e in ray.timeline()}
+        assert "sample" not in names and "task:execute" not in names, sorted(names)
     finally:
         pool.close()
 

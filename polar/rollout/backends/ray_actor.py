@@ -1,8 +1,10 @@
 """The rollout worker as a Ray actor: ``envs_per_worker`` env copies stepped by one ``EnvRunner``.
 
 It is the same ``EnvRunner`` the local backend runs in its worker processes; only the transport
-differs. Weights arrive as an object-store reference tagged with a policy version, and are loaded
-only when the version changes, so a broadcast costs one ``ray.put`` however many workers read it.
+differs. Weights ride with a ``sample`` call only when the worker does not have that version yet:
+inline in the call when small (a put into the object store costs more than the bytes), else as one
+object-store reference shared by every worker, which Ray resolves to zero-copy numpy arrays before
+the call runs (``polar.rollout.backends.ray_pool``).
 """
 
 from __future__ import annotations
@@ -45,18 +47,13 @@ class RolloutWorker:
 
         return {"worker_id": self.worker_id, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
-    def _load(self, version: int, weights_box: list) -> None:
-        if version == self.version or not weights_box:
-            return
-        import ray
+    def sample(self, num_steps: int, version: int, weights: dict[str, np.ndarray] | None):
+        """Collect ``num_steps`` steps of every env, first loading ``weights`` (version ``version``) if given.
 
-        arrays = ray.get(weights_box[0])
-        self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
-        self.version = version
-
-    def sample(self, num_steps: int, version: int, weights_box: list):
-        """Collect ``num_steps`` steps of every env with the newest weights (``weights_box`` = [ObjectRef])."""
-        self._load(version, weights_box)
+        ``weights`` is None when this worker already has ``version`` (the pool sends each version once)."""
+        if weights is not None and version != self.version:
+            self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+            self.version = version
         return self.runner.collect(num_steps, policy_version=self.version, worker_id=self.worker_id)
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """``distribution.backend: ray``: the rollout backend with workers as Ray actors on a cluster.
 
 Same contract as the local backend (``polar.rollout.backends.base``): first-ready fragments tagged
-with policy versions, weights published without blocking (one object-store copy per version). On
+with policy versions, weights published without blocking (sent to each worker once per version, see
+``polar.rollout.backends.ray_pool``). On
 top of it, the Ray backend:
 
 - joins the cluster named by ``distribution.coordinator_address`` (or starts a local one) and

@@ -1,11 +1,18 @@
 """Driver-side pool of rollout actors: first-ready fragments, replacement of dead actors, elastic size.
 
-Each live worker keeps one ``sample`` call in flight. ``next_fragment`` returns whichever finishes
+Each live worker keeps ``inflight_per_worker`` (2) ``sample`` calls queued, so it never waits on the driver. ``next_fragment`` returns whichever finishes
 first. When a call fails because its actor (or its node) died, the fragment it was building is
 dropped and counted (``dropped_fragments``, ``dropped_episodes``: the episodes in progress on its env
 copies), a replacement actor is started, and collection goes on with the others meanwhile.
 ``set_num_workers`` grows or shrinks the pool while running; a removed worker finishes its current
 fragment first, so shrinking loses nothing.
+
+Weights go to a worker once per version, with the first call it gets after ``publish``: inline in the
+call when the numpy state is at most ``INLINE_WEIGHTS_BYTES`` (Ray inlines arguments up to that size
+itself; a ``ray.put`` costs the driver and the raylet more than the bytes), else as one ``ray.put``
+reference shared by every worker. ``PoolStats.weight_shipments`` counts the calls that carried them.
+Rollout actors record no Ray task events (``enable_task_events=False``): their calls are not in
+``ray list tasks`` or ``ray timeline``, which would otherwise hold a few hundred calls a second.
 """
 
 from __future__ import annotations
@@ -25,12 +32,16 @@ from polar.types import Fragment
 
 logger = logging.getLogger(__name__)
 
+#: Weights up to this many bytes travel inline in the call (Ray's own ``max_direct_call_object_size``).
+INLINE_WEIGHTS_BYTES = 100 * 1024
+
 
 @dataclass
 class PoolStats:
     restarts: int = 0
     dropped_fragments: int = 0
     dropped_episodes: int = 0
+    weight_shipments: int = 0  # sample calls that carried weights (once per worker per version)
     fragments: int = 0
     env_steps: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -43,6 +54,7 @@ class _Slot:
     ready_ref: Any | None  # set until the actor has answered ready()
     retiring: bool = False
     started_at: float = field(default_factory=time.monotonic)
+    sent_version: int | None = None  # the newest weights version sent to this actor (calls run in order)
 
 
 class RayRolloutPool:
@@ -77,7 +89,9 @@ class RayRolloutPool:
         self.start_timeout_s = start_timeout_s
         self.auto_relaunch = auto_relaunch
         self.inflight_per_worker = max(1, inflight_per_worker)  # 2: the next fragment starts while this one ships
-        opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+        # no task events: a few hundred sample calls a second would each be recorded by the driver, the actor
+        # and the GCS for Ray's task list and timeline; failures still surface as the calls' errors
+        opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0, "enable_task_events": False}
         if resources:
             opts["resources"] = dict(resources)
         self.actor_resources = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
@@ -86,7 +100,7 @@ class RayRolloutPool:
         self.slots: dict[int, _Slot] = {}
         self.inflight: dict[Any, int] = {}  # ObjectRef -> worker id
         self.version = -1
-        self.weights_box: list[Any] = []  # [the ObjectRef of the newest weights] (Ray resolves it per call)
+        self.weights: Any = None  # the newest weights: a dict of numpy arrays, or the ObjectRef of one
         self.stats = PoolStats()
         self.target_workers = num_workers
         for _ in range(num_workers):
@@ -166,13 +180,22 @@ class RayRolloutPool:
 
     # --- weights --------------------------------------------------------------------------------
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Broadcast weights: one object-store copy, read by every worker on its next fragment."""
-        self.weights_box = [self._ray.put(state_to_numpy(state_dict))]
+        """Newest weights, sent to each worker with its next call: a copy inline, or one shared object-store copy."""
+        arrays = state_to_numpy(state_dict)
+        if sum(a.nbytes for a in arrays.values()) <= INLINE_WEIGHTS_BYTES:
+            self.weights = {k: a.copy() for k, a in arrays.items()}  # the learner updates its tensors in place
+        else:
+            self.weights = self._ray.put(arrays)
         self.version = version
 
     # --- fragments ------------------------------------------------------------------------------
     def _launch(self, wid: int) -> None:
-        ref = self.slots[wid].actor.sample.remote(self.num_steps, self.version, self.weights_box)
+        slot = self.slots[wid]
+        weights = None
+        if slot.sent_version != self.version and self.weights is not None:
+            weights, slot.sent_version = self.weights, self.version
+            self.stats.weight_shipments += 1
+        ref = slot.actor.sample.remote(self.num_steps, self.version, weights)
         self.inflight[ref] = wid
 
     def _promote_started(self) -> None:
@@ -282,6 +305,7 @@ class RayRolloutPool:
             "rollout/env_steps": float(self.stats.env_steps),
             "rollout/queue_depth": float(self.queue_depth()),
             "rollout/restarts": float(self.stats.restarts),
+            "rollout/weight_shipments": float(self.stats.weight_shipments),
             "rollout/dropped_fragments": float(self.stats.dropped_fragments),
             "rollout/dropped_episodes": float(self.stats.dropped_episodes),
         }
