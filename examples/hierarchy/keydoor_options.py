@@ -10,6 +10,11 @@ its subgoal reward; a flat run ignores these keys.
 the key is a subgoal the env does not pay for). ``observation``: ``grid`` (the default: a wall/key/door plane and the agent's plane, flattened, plus the key held)
 or ``coords`` (8 numbers: the agent's, the key's and the door's row and column, the gap's row, the key held; each
 position divided by the grid's side), the same for both agents.
+
+``size`` and ``key_apart`` make the long-horizon variant (``keydoor_apart_*.yaml``): ``size`` is the room's
+interior side (level 3's 7 by default; 9 gives two 4x9 rooms), ``key_apart: true`` puts the key in the room the
+door does not open from, so every episode needs the key, the gap and the door in that order (a door in the border
+above or below the middle wall belongs to neither room; the key then stays where the game put it).
 """
 
 from __future__ import annotations
