@@ -12,7 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples" / "hierarchy"))
+sys.path[:0] = [str(ROOT / "examples" / "hierarchy"), str(ROOT / "examples" / "keydoor")]
 from keydoor_game import DOOR, KEY, KeyDoorGame  # noqa: E402
 from keydoor_options import KeyDoorSubgoals  # noqa: E402
 
