@@ -170,12 +170,8 @@ def fused_path(agent: nn.Module, fused: FusedSetting) -> tuple[bool, str]:
 class PPOLearner:
     """Owns the optimizer; ``update(rollout, progress)`` computes GAE and runs the PPO epochs on one batch."""
 
-    def __init__(self, agent: nn.Module, kwargs: PPOKwargs, total_env_steps: int, intrinsic: RND | None = None,
-                 spread_remainder: bool = False) -> None:
+    def __init__(self, agent: nn.Module, kwargs: PPOKwargs, total_env_steps: int, intrinsic: RND | None = None) -> None:
         self.agent = agent
-        # a hierarchical run's policies get batches of any size: keep every sample in every epoch
-        # (RolloutBuffer.minibatches); flat runs keep the fixed-size minibatches
-        self.spread_remainder = spread_remainder
         # the reward module of policy.kwargs.intrinsic (polar.algorithms.rnd): its advantages join the extrinsic
         # ones before the epochs, so both gradient paths (autograd_step, fused_step) train on the same sum
         self.intrinsic = intrinsic
@@ -238,7 +234,7 @@ class PPOLearner:
         for epoch in range(kw.n_epochs):
             epochs += 1
             stats_now = kw.target_kl is not None or epoch == kw.n_epochs - 1
-            for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb, self.spread_remainder)):
+            for batch in (buf.sequence_minibatches(mb) if recurrent else buf.minibatches(mb)):
                 self.optimizer.zero_grad()
                 st = step(self.agent, batch, clip, kw, norm_per_mb, stats_now)
                 if kw.target_kl is not None and st["approx_kl"].item() > 1.5 * kw.target_kl:

@@ -107,23 +107,16 @@ class RolloutBuffer:
         return (obs, self.actions.reshape(n, *self.actions.shape[2:]), self.log_probs.reshape(n), self.values.reshape(n),
                 self.advantages.reshape(n), self.returns.reshape(n))
 
-    def minibatches(self, size: int, spread_remainder: bool = False) -> Iterator[Minibatch]:
-        """Shuffled flat minibatches of ``size`` samples (the last smaller one is dropped unless it is the only one).
-
-        ``spread_remainder``: the same ``n // size`` minibatches, but the remainder is spread over them (each then
-        holds ``size`` to ``2 * size - 1`` samples), so every sample is in every epoch; for batches whose size
-        varies from one update to the next (a hierarchical run's manager and skills), where dropping it would
-        leave out up to half of a policy's samples in each epoch. When ``size`` divides the batch, the same
-        minibatches as without it."""
+    def minibatches(self, size: int) -> Iterator[Minibatch]:
+        """Shuffled flat minibatches of ``size`` samples (the last smaller one is dropped unless it is the only one)."""
         obs, actions, logp, values, adv, ret = self._flat()
         n = self.num_samples
         if size >= n:
             yield Minibatch(obs, actions, logp, values, adv, ret)
             return
         perm = torch.randperm(n)
-        chunks = (torch.tensor_split(perm, n // size) if spread_remainder
-                  else [perm[start:start + size] for start in range(0, n - size + 1, size)])
-        for idx in chunks:
+        for start in range(0, n - size + 1, size):
+            idx = perm[start:start + size]
             yield Minibatch(_index_obs(obs, idx), actions[idx], logp[idx], values[idx], adv[idx], ret[idx])
 
     def sequence_minibatches(self, num_columns: int) -> Iterator[Minibatch]:

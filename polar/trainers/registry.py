@@ -333,11 +333,10 @@ def _ppo_steps_per_env(cfg: EnvRunConfig) -> int:
 # ---------------------------------------------------------------------- hierarchical (manager + skills)
 def _hierarchical_learner(manager: torch.nn.Module, skills: dict[str, torch.nn.Module | None],
                           kw: HierarchicalKwargs, total_env_steps: int) -> HierarchicalLearner:
-    """PPO for the manager (SMDP GAE: its fragments carry durations) and for every trained skill; their batches
-    vary in size, so no policy's remainder minibatch is dropped (``spread_remainder``)."""
-    return HierarchicalLearner(PPOLearner(manager, kw.manager, total_env_steps, spread_remainder=True),
-                               {n: PPOLearner(a, kw.ppo, total_env_steps, spread_remainder=True) if a is not None
-                                else None for n, a in skills.items()})
+    """PPO for the manager (SMDP GAE: its fragments carry durations) and for every trained skill."""
+    return HierarchicalLearner(PPOLearner(manager, kw.manager, total_env_steps),
+                               {n: PPOLearner(a, kw.ppo, total_env_steps) if a is not None else None
+                                for n, a in skills.items()})
 
 
 def _hierarchical_compose(cfg: EnvRunConfig, run_dir: RunDir, **kwargs: Any) -> TrainingLoop[Any]:

@@ -153,34 +153,3 @@ def test_evaluation_plays_whole_episodes_split_over_the_copies():
     res = play_option_episodes(c, 5, deterministic=True)
     assert res["episodes"] == 5 and res["lengths"] == [7] * 5 and res["success_rate"] == 1.0
     assert set(res["picked"]) == {"tick", "never"}
-
-
-def test_the_manager_and_skills_train_on_every_sample_of_their_batch_in_every_epoch(monkeypatch):
-    # a policy's batch in a hierarchical run has any size (here 100 skill steps, 98 or so decisions): with
-    # minibatches of 64, dropping the remainder would leave a third of each policy's samples out of every epoch
-    import polar.algorithms.ppo as ppo
-    from polar.config.hierarchical import HierarchicalKwargs
-    from polar.trainers.registry import _hierarchical_learner
-
-    seen: list[int] = []
-    for name in ("autograd_step", "fused_step"):
-        real = getattr(ppo, name)
-
-        def record(agent: Any, mb: Any, *args: Any, _real: Any = real) -> Any:
-            seen.append(int(mb.log_probs.shape[0]))
-            return _real(agent, mb, *args)
-
-        monkeypatch.setattr(ppo, name, record)
-    c = _collector([("a", None)], option_steps=1, steps=50)
-    c.start({}, 0)
-    batch = c.collect()
-    kw = HierarchicalKwargs.model_validate({"skills": [{"name": "a", "reward": "extrinsic"}], "option_steps": 1})
-    learner = _hierarchical_learner(c.manager.agent, {"a": c.skills[0].policy.agent}, kw, 10_000)
-    assert batch.data.manager is not None
-    decisions = int(batch.data.manager.buffer.num_samples)
-    assert decisions % 64 and 64 < decisions < 128
-    stats = learner.update(batch)
-    epochs = kw.ppo.n_epochs
-    # the manager's epochs come first, then the skill's: one minibatch each (64 <= n < 128), of every sample
-    assert seen == [decisions] * epochs + [100] * epochs, seen
-    assert stats["manager/n_updates"] == epochs and stats["skill/a/n_updates"] == epochs
