@@ -10,6 +10,11 @@ its subgoal reward; a flat run ignores these keys.
 the key is a subgoal the env does not pay for). ``observation``: ``grid`` (the default: a wall/key/door plane and the agent's plane, flattened, plus the key held)
 or ``coords`` (8 numbers: the agent's, the key's and the door's row and column, the gap's row, the key held; each
 position divided by the grid's side), the same for both agents.
+
+``size`` and ``key_apart`` make the long-horizon variant (``keydoor_apart_*.yaml``): ``size`` is the room's
+interior side (level 3's 7 by default; 9 gives two 4x9 rooms), ``key_apart: true`` puts the key in the room the
+door does not open from, so every episode needs the key, the gap and the door in that order (a door in the border
+above or below the middle wall belongs to neither room; the key then stays where the game put it).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 from gymnasium import spaces
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "keydoor"))
-from keydoor_game import DOOR, KEY, KEY_REWARD, WALL, KeyDoorGame
+from keydoor_game import DOOR, EMPTY, KEY, KEY_REWARD, WALL, KeyDoorGame
 
 
 class KeyDoorSubgoals(gym.Env[Any, int]):
@@ -32,13 +37,16 @@ class KeyDoorSubgoals(gym.Env[Any, int]):
     action_space = spaces.Discrete(4)
 
     def __init__(self, level: int = 3, max_steps: int | None = None, observation: str = "grid",
-                 key_reward: float = KEY_REWARD) -> None:
+                 key_reward: float = KEY_REWARD, size: int | None = None, key_apart: bool = False) -> None:
         if observation not in ("grid", "coords"):
             raise ValueError(f"observation must be 'grid' or 'coords', got {observation!r}")
-        self.game = KeyDoorGame(level=level)
+        self.game = KeyDoorGame(level=level, size=size)
         self.max_steps = int(max_steps or self.game.level.max_steps)
         self.observation = observation
         self.key_reward = float(key_reward)
+        self.key_apart = bool(key_apart)
+        if key_apart and not self.game.level.split_wall:
+            raise ValueError(f"key_apart puts the key in the room without the door; level {level} has one room")
         h, w = self.game.shape
         if observation == "coords":
             self.observation_space = spaces.Box(0.0, 1.0, (8,), np.float32)
@@ -78,9 +86,26 @@ class KeyDoorSubgoals(gym.Env[Any, int]):
         col = g.shape[1] // 2
         rows = [r for r in range(1, g.shape[0] - 1) if g[r, col] != WALL] if self.game.level.split_wall else []
         self.gap = (rows[0], col) if rows else (-1, -1)  # the one opening in the middle wall (level 3)
+        if self.key_apart:
+            self._move_key_apart()
         found = np.argwhere(self.game.grid == KEY)
         self.key = (int(found[0][0]), int(found[0][1])) if len(found) else self.game.agent
         return self._obs(), self._subgoals()
+
+    def _move_key_apart(self) -> None:
+        """Put the key on a random free cell of the room the door does not open from (with the game's seeded
+        rng), so every episode needs key, gap and door in that order. A door in the border above or below the
+        middle wall belongs to neither room and leaves the key where the game put it."""
+        g = self.game.grid
+        col = g.shape[1] // 2
+        door_col = self.game.door[1]
+        if door_col == col:
+            return
+        cols = range(col + 1, g.shape[1] - 1) if door_col < col else range(1, col)
+        free = [(r, c) for r in range(1, g.shape[0] - 1) for c in cols
+                if g[r, c] == EMPTY and (r, c) != tuple(self.game.agent)]
+        g[g == KEY] = EMPTY
+        g[free[int(self.game.rng.integers(len(free)))]] = KEY
 
     def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         had_key = self.game.keys_held > 0

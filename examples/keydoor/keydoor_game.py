@@ -9,13 +9,14 @@ into it. The game knows nothing about RL libraries::
     game.render_rgb()        # uint8 (H*px, W*px, 3) via pygame, no window needed
 
 Levels: 1 = 5x5 room, door fixed in the top wall; 2 = 5x5 room, door anywhere on the wall, a few
-rocks; 3 = 7x7 room split by a wall with one gap. Key and agent start at random cells (seeded).
+rocks; 3 = 7x7 room split by a wall with one gap. Key and agent start at random cells (seeded). ``size``
+keeps a level's rules on another room side (level 3 with ``size=13``: two 6x13 rooms and one gap).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,10 +48,13 @@ LEVELS = {
 class KeyDoorGame:
     """The game state and rules. ``step`` returns ``(game_over, reward)``; the game ends when the door opens."""
 
-    def __init__(self, level: int = 1, seed: int | None = None) -> None:
+    def __init__(self, level: int = 1, seed: int | None = None, *, size: int | None = None) -> None:
         if level not in LEVELS:
             raise ValueError(f"unknown level {level}; levels are {sorted(LEVELS)}")
-        self.level = LEVELS[level]
+        if size is not None and size < 3:
+            raise ValueError(f"size is the room's interior side and must be at least 3, got {size}")
+        # size: the same level on a larger (or smaller) room, e.g. level 3 with size 13 is two 6x13 rooms
+        self.level = LEVELS[level] if size is None else replace(LEVELS[level], size=int(size))
         self.rng = np.random.default_rng(seed)
         self.new_game()
 

@@ -38,6 +38,8 @@ EXPECTED = {
     "hierarchy/keydoor_flat_ppo.yaml": ("env", "gymnasium", "ppo"),  # the flat baseline of docs/hierarchy.md
     "hierarchy/keydoor_hierarchical.yaml": ("env", "gymnasium", "hierarchical"),  # manager + skills (docs/hierarchy.md)
     "hierarchy/keydoor_two_skills.yaml": ("env", "gymnasium", "hierarchical"),  # its two-skill variant
+    "hierarchy/keydoor_apart_flat_ppo.yaml": ("env", "gymnasium", "ppo"),  # the key-apart variant's flat baseline
+    "hierarchy/keydoor_apart_hierarchical.yaml": ("env", "gymnasium", "hierarchical"),  # ... and its manager + skills
     "llm_frozenlake.yaml": ("agent", "gymnasium", "grpo"),  # the LLM agent playing an env harness
     "llm_humaneval.yaml": ("agent", "agent", "grpo"),
     "llm_planner/controller_ppo.yaml": ("env", "gymnasium", "ppo"),  # the planner's goal-conditioned controller
