@@ -4,7 +4,7 @@ The same envs: both sides build each of the 8 envs with polar's ``harness.preset
 (``polar.harness.make_env`` on ``examples/atari/breakout_ppo.yaml``'s harness: ``ALE/Breakout-v5`` with
 its sticky actions (p 0.25) and ``frameskip=1`` underneath, then noop reset up to 30, frame skip 4 with the
 last two frames max-pooled, 84x84 grey, episodic life, fire reset, reward clipping, a 4-frame stack,
-channels last (84, 84, 4) uint8). polar steps them in its SyncVectorEnv (SAME_STEP autoreset), SB3 in its
+channels last (84, 84, 4) uint8). polar steps them in its SameStepVectorEnv (SAME_STEP autoreset), SB3 in its
 DummyVecEnv, each env wrapped in SB3's Monitor (it only records), then VecTransposeImage (SB3 adds it
 itself for channels-last images). The same network: the Nature CNN (32 8x8/4, 64 4x4/2, 64 3x3/1, 512
 ReLU) shared by the policy and value heads (SB3's CnnPolicy; polar ``agent.cnn_arch: nature``,

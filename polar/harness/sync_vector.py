@@ -109,47 +109,48 @@ class SameStepVectorEnv(SyncVectorEnv):
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]) -> None:
         super().__init__(env_fns, copy=True, autoreset_mode=AutoresetMode.SAME_STEP)
         self._stack = _stacker(self.single_observation_space, self.num_envs)
-        self._iterate_directly = iterate.dispatch(type(self.action_space)) is _ITERATE_ARRAY
-        self._step_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self._index_actions = iterate.dispatch(type(self.action_space)) is _ITERATE_ARRAY
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """``SyncVectorEnv.step`` with SAME_STEP autoreset: an env whose episode ends is reset in the same step,
         its last observation and info in ``infos["final_obs"]`` / ``infos["final_info"]``."""
-        actions_iter = iter(actions) if self._iterate_directly else iterate(self.action_space, actions)
-        envs, env_obs, step_infos = self.envs, self._env_obs, self._step_infos
+        if self._index_actions and isinstance(actions, np.ndarray):
+            per_env: Any = actions  # actions[i] is the row iterating gives, without the IndexError that ends it
+        else:
+            per_env = list(iterate(self.action_space, actions))
+        if len(per_env) != self.num_envs:
+            raise ValueError(f"{len(per_env)} actions for {self.num_envs} envs: give one action per env")
+        envs, env_obs = self.envs, self._env_obs
         rewards: list[Any] = []
         terminations: list[Any] = []
         truncations: list[Any] = []
-        ended: list[tuple[int, Any, dict[str, Any]]] = []  # (env, final obs, final info)
+        ended: list[int] = []
+        added: list[tuple[int, dict[str, Any]]] = []  # SyncVectorEnv's _add_info calls, in order, less empty infos
         has_info = False
-        for i, (action, env) in enumerate(zip(actions_iter, envs, strict=True)):
-            obs, reward, terminated, truncated, info = env.step(action)
+        for i, env in enumerate(envs):
+            obs, reward, terminated, truncated, info = env.step(per_env[i])
             rewards.append(reward)
             terminations.append(terminated)
             truncations.append(truncated)
             if terminated or truncated:
-                ended.append((i, obs, info))
+                ended.append(i)
+                added.append((i, {"final_obs": obs, "final_info": info}))
                 has_info = has_info or bool(info)
                 obs, info = env.reset()
             if info:
                 has_info = True
+                added.append((i, info))
             env_obs[i] = obs
-            step_infos[i] = info
         infos: dict[str, Any] = {}
-        if has_info:  # Gymnasium's own merging, in SyncVectorEnv's order
-            finals = iter(ended)
-            end = next(finals, None)
-            for i in range(self.num_envs):
-                if end is not None and end[0] == i:
-                    infos = self._add_info(infos, {"final_obs": end[1], "final_info": end[2]}, i)
-                    end = next(finals, None)
-                infos = self._add_info(infos, step_infos[i], i)
+        if has_info:  # Gymnasium's own merging (an empty info adds nothing there)
+            for i, info in added:
+                infos = self._add_info(infos, info, i)
         elif ended:  # what _add_info builds when every info is empty
             final_obs: np.ndarray = np.full(self.num_envs, fill_value=None, dtype=object)
+            for i, entry in added:
+                final_obs[i] = entry["final_obs"]
             mask: np.ndarray = np.zeros(self.num_envs, np.bool_)
-            for i, obs, _ in ended:
-                final_obs[i] = obs
-                mask[i] = True
+            mask[ended] = True
             infos = {"final_obs": final_obs, "_final_obs": mask, "final_info": {}, "_final_info": mask.copy()}
         if self._stack is not None:
             observations = self._stack(env_obs)
