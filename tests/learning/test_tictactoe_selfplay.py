@@ -1,7 +1,8 @@
-"""Does self-play PPO learn TicTacToe? The shipped example, then 500 games against a uniformly random legal player
-(the learner's seat alternating): at least 95% won or drawn (issue 36, "Done when: TicTacToe"). Not met yet:
-94.8%, 93.8% and 93.6% (seeds 0-2; at 400k env steps 95.6%, 94.6%, 94.0%); the points missing are player_2's
-(docs/benchmarks.md, TicTacToe self-play), so this slow test fails until it is."""
+"""Does self-play PPO learn TicTacToe? The shipped example (1.6M env steps, the learning rate decayed linearly to 0),
+then 500 games against a uniformly random legal player (the learner's seat alternating): at least 95% won or drawn
+(issue 36, "Done when: TicTacToe"). 98.0%, 97.2% and 95.4% at seeds 0-2; 200k env steps at a constant rate gave
+93.6-94.8%, 800k with the decay 94.0-96.6% (docs/benchmarks.md, TicTacToe self-play). About 7 minutes of training on
+a quiet 2-core box, 27 at load 1-16: hence the timeout."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)
 def test_tictactoe_self_play_wins_or_draws_95_percent_of_500_games_against_random(tmp_path):
     from polar.config import load_config
     from polar.trainers.build import build_trainer, evaluate_run

@@ -521,3 +521,24 @@ def test_a_linear_lr_schedule_decays_the_shared_policys_learning_rate_over_the_s
     linear = [lr for _, lr in rates["linear"]]
     assert linear == sorted(linear, reverse=True) and linear[-1] < 0.5e-3
     assert {lr for _, lr in rates["constant"]} == {1e-3}
+
+
+def test_evaluations_during_a_self_play_run_do_not_change_its_training(tmp_path):
+    """A run evaluated every iteration trains exactly as the same run never evaluated: evaluation games (argmax moves,
+    their own env and random player) draw nothing from the training's random streams and leave the pool's scores
+    alone, so runs scored with ``eval.every_n_iterations: 0`` stand for the example as shipped."""
+    sp = {"snapshot_every_n_iterations": 1, "pool_size": 3, "sampling": "win_rate", "random_share": 0.3,
+          "eval_games": 6}
+    runs = {}
+    for every in (1, 0):
+        cfg = _cfg({"id": TTT, "self_play": sp}, steps=1600, eval={"every_n_iterations": every, "at_end": False})
+        trainer, _, rows = _train(cfg, tmp_path, f"every{every}")
+        runs[every] = (trainer, rows)
+    (evaluated, eval_rows), (plain, plain_rows) = runs[1], runs[0]
+    assert any("eval/vs_pool/win_rate" in r for r in eval_rows)
+    assert not any("eval/vs_random/win_rate" in r for r in plain_rows)
+    assert len(eval_rows) == len(plain_rows) >= 4
+    assert [(s.snapshot_id, s.wins, s.draws, s.losses) for s in evaluated.learner.pool.snapshots] == \
+        [(s.snapshot_id, s.wins, s.draws, s.losses) for s in plain.learner.pool.snapshots]
+    for k, v in plain.learner.policies["shared"].state_dict().items():
+        assert torch.equal(evaluated.learner.policies["shared"].state_dict()[k], v), k
