@@ -98,8 +98,8 @@ class LearnerActor:
         self._rows: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PROGRESS_ROWS)
         self._seq = 0
 
-        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int,
-                            config_dir: Path | None = None) -> RolloutBackend:
+        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None,
+                            on_policy: bool = False) -> RolloutBackend:  # Ray: two fragments in flight either way
             from polar.rollout.backends.ray_backend import RayBackend
 
             # after a crash the cluster may have lost a node: start with what fits, place the rest later

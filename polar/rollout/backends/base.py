@@ -54,13 +54,15 @@ class RolloutBackend(Protocol):
     def close(self) -> None: ...
 
 
-def make_backend(cfg, fragment_steps: int, seed: int, config_dir=None) -> RolloutBackend:
-    """The backend ``cfg.distribution.backend`` names, built from the run config alone."""
+def make_backend(cfg, fragment_steps: int, seed: int, config_dir=None, on_policy: bool = False) -> RolloutBackend:
+    """The backend ``cfg.distribution.backend`` names, built from the run config alone. ``on_policy`` (PPO):
+    local rollout workers collect each fragment with the newest weights (no policy lag); the Ray backend keeps
+    two fragments in flight either way."""
     backend = cfg.distribution.backend
     if backend == "local":
         from polar.rollout.backends.local import LocalBackend
 
-        return LocalBackend(cfg, fragment_steps, seed, config_dir=config_dir)
+        return LocalBackend(cfg, fragment_steps, seed, config_dir=config_dir, on_policy=on_policy)
     if backend == "ray":
         from polar.rollout.backends.ray_backend import RayBackend  # provided by the Ray backend
 
