@@ -16,6 +16,10 @@ env, not in either library's episode bookkeeping, is what makes the two sides' n
   (a seeded stream per copy and restart): both libraries restart it and see the interrupted episodes end as
   truncated. A copy is named by ``copy_id`` in its config (SB3: one per ``ConnectorEnv``) or by where polar
   runs it (rollout worker, vector index).
+- Corridor: ``RecordingCorridor``, the connector written the way the seed document writes one
+  (``tests/harness/connectors/seed_shaped.py``: a plain class, ``reset()`` without a seed, a 4-tuple
+  ``step()``, randomness and crashes drawn from ``config["seed"]`` with ``crash_prob`` per step): a 7-cell
+  corridor, +1 at the right end, -0.01 per step, at most 20 steps.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import gymnasium as gym
 import numpy as np
 
 KEYDOOR_DIR = Path(__file__).resolve().parents[1] / "examples" / "keydoor"
+SEED_SHAPED_DIR = Path(__file__).resolve().parents[1] / "tests" / "harness" / "connectors"
 _copies = itertools.count()
 
 
@@ -93,13 +98,24 @@ def _make(wrapped_id: str, record_dir: str, **kwargs) -> gym.Env:
     return Recorder(gym.make(wrapped_id, **kwargs), record_dir)
 
 
-for _id in ("CartPole-v1", "Acrobot-v1", "FrozenLake-v1"):
+for _id in ("CartPole-v1", "Acrobot-v1", "FrozenLake-v1", "InvertedPendulum-v5"):
     if f"defaults_rec/{_id}" not in gym.registry:
         gym.register(f"defaults_rec/{_id}", entry_point=_make, kwargs={"wrapped_id": _id}, disable_env_checker=True)
 
 if str(KEYDOOR_DIR) not in sys.path:
     sys.path.insert(0, str(KEYDOOR_DIR))
 from my_game_connector import MyGameConnector  # noqa: E402
+
+if str(SEED_SHAPED_DIR) not in sys.path:
+    sys.path.insert(0, str(SEED_SHAPED_DIR))
+from seed_shaped import MyGameConnector as Corridor  # noqa: E402
+
+
+def _copy_name(config: dict) -> str:
+    """A copy's name that survives its process's restarts: SB3's ``copy_id``, else polar's (worker, vector index)."""
+    if "copy_id" in config:
+        return f"c{config['copy_id']}"
+    return f"w{getattr(config, 'worker_index', 0)}-v{getattr(config, 'vector_index', 0)}"
 
 
 class RecordingKeyDoor(MyGameConnector):
@@ -108,8 +124,7 @@ class RecordingKeyDoor(MyGameConnector):
     def __init__(self, config: dict) -> None:
         own = ("record_dir", "copy_id", "crash_every", "crash_seed")
         super().__init__({k: v for k, v in config.items() if k not in own})
-        where = (f"c{config['copy_id']}" if "copy_id" in config else
-                 f"w{getattr(config, 'worker_index', 0)}-v{getattr(config, 'vector_index', 0)}")
+        where = _copy_name(config)
         self.log = _Log(config["record_dir"], f"keydoor-{where}")
         self.crash_p = 1.0 / config["crash_every"] if config.get("crash_every") else 0.0
         restarts = getattr(config, "restarts", 0)
@@ -125,3 +140,20 @@ class RecordingKeyDoor(MyGameConnector):
         obs, reward, terminated, truncated, info = super().step(action)
         self.log.step(reward, terminated or truncated)
         return obs, reward, terminated, truncated, info
+
+
+class RecordingCorridor(Corridor):
+    """The seed-shaped corridor connector, recording its episodes to ``config["record_dir"]``."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)  # reads seed, crash_prob (and its log, unset here); the other keys are ours
+        self.log = _Log(config["record_dir"], f"corridor-{_copy_name(config)}")
+
+    def reset(self):
+        self.log.ret = 0.0
+        return super().reset()
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)  # may end the process (crash_prob)
+        self.log.step(reward, done)
+        return obs, reward, done, info

@@ -53,11 +53,17 @@ ENVS: dict[str, dict] = {
     "Acrobot-v1": {"target": -120.0, "window": 20, "budget": 50_000, "kwargs": {}},
     "FrozenLake-v1": {"target": 0.1, "window": 100, "budget": 150_000,
                       "kwargs": {"map_name": "8x8", "is_slippery": True}},
-    "keydoor": {"target": 0.8, "window": 100, "budget": 30_000, "kwargs": {"level": 1}},
+    "InvertedPendulum-v5": {"target": 500.0, "window": 20, "budget": 50_000, "kwargs": {}},
+    "keydoor": {"target": 0.8, "window": 100, "budget": 30_000, "kwargs": {"level": 1}, "connector": "RecordingKeyDoor"},
     # the seed's game and layout: key-door level 1 through a connector that crashes now and then, polar with
     # 2 rollout workers x 4 envs (and 1 x 8 in the learner)
     "keydoor-crash": {"target": 0.8, "window": 100, "budget": 40_000, "kwargs": {"level": 1, "crash_every": 5000},
+                      "connector": "RecordingKeyDoor",
                       "runs": [("polar", 1, 0), ("polar", 8, 0), ("polar", 8, 2), ("sb3", 1, 0), ("sb3", 8, 0)]},
+    # the issue's case: the seed-shaped corridor connector (crashes now and then), the seed's layout
+    "corridor-crash": {"target": 0.95, "window": 100, "budget": 40_000, "kwargs": {"crash_prob": 0.0005},
+                       "connector": "RecordingCorridor", "config_seed": True,  # its only randomness: config.seed
+                       "runs": [("polar", 1, 0), ("polar", 8, 0), ("polar", 8, 2), ("sb3", 1, 0), ("sb3", 8, 0)]},
 }
 # (side, env copies, polar's rollout workers: 0 = the copies are stepped in the learner, K = K workers x copies/K)
 RUNS = [("polar", 1, 0), ("polar", 8, 0), ("sb3", 1, 0), ("sb3", 8, 0)]
@@ -77,12 +83,12 @@ def run_label(side: str, n: int, workers: int) -> str:
 TRIAL = r"""
 import json, sys, time
 side, env_name, n_envs, seed, budget, record_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-env_kwargs, polar_kwargs, workers = json.loads(sys.argv[7]), json.loads(sys.argv[8]), int(sys.argv[9])
+env_kwargs, polar_kwargs, workers, connector_cls = json.loads(sys.argv[7]), json.loads(sys.argv[8]), int(sys.argv[9]), sys.argv[10]
 import torch
 torch.set_num_threads(1)
 import _defaults_recorder  # registers defaults_rec/<id>
-keydoor = env_name.startswith("keydoor")
-connector = {"module": "_defaults_recorder", "class_name": "RecordingKeyDoor",
+keydoor = bool(connector_cls)  # a connector game: polar harness.type custom, SB3 through ConnectorEnv
+connector = {"module": "_defaults_recorder", "class_name": connector_cls,
              "config": {**env_kwargs, "record_dir": record_dir, "crash_seed": seed}}
 t_train = time.time()
 if side == "polar":
@@ -111,7 +117,11 @@ else:
         from polar.harness.connector.vector_env import ConnectorEnv
         copy_ids = itertools.count()  # one name per copy: its recorder and crash stream survive restarts
         def make_copy():
-            spec = ConnectorSpec.model_validate({**connector, "config": {**connector["config"], "copy_id": next(copy_ids)}})
+            i = next(copy_ids)
+            config = {**connector["config"], "copy_id": i}
+            if "seed" in config:  # each copy its own seed, as polar derives one per copy from config.seed
+                config["seed"] = 1000 * config["seed"] + i
+            spec = ConnectorSpec.model_validate({**connector, "config": config})
             return ConnectorEnv(spec, config_dir=__import__("pathlib").Path(_defaults_recorder.__file__).parent)
         env = make_vec_env(make_copy, n_envs=n_envs, seed=seed)
         policy = "MultiInputPolicy"
@@ -132,12 +142,14 @@ def run_trial(side: str, env_name: str, n_envs: int, seed: int, budget: int, pol
               workers: int = 0) -> dict:
     """One training run in a fresh process; returns its episodes as ``[total env steps, return, t - t0]``."""
     spec = ENVS[env_name]
+    kwargs = {**spec["kwargs"], "seed": seed} if spec.get("config_seed") else spec["kwargs"]
     with tempfile.TemporaryDirectory() as record_dir:
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(BENCH), str(ROOT), os.environ.get("PYTHONPATH", "")]))
         t0 = time.time()
         p = subprocess.run([sys.executable, "-c", TRIAL, side, env_name, str(n_envs), str(seed), str(budget), record_dir,
-                            json.dumps(spec["kwargs"]), json.dumps(polar_kwargs), str(workers)],
+                            json.dumps(kwargs), json.dumps(polar_kwargs), str(workers),
+                            spec.get("connector", "")],
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
         if p.returncode != 0:
             raise RuntimeError(f"{side} {env_name} x{n_envs} ({workers} workers) seed {seed} failed ({p.returncode}):\n{p.stderr[-3000:]}")
