@@ -4,17 +4,26 @@ Nothing is tuned on either side: polar runs ``policy: {type: ppo}`` with no kwar
 agent (separate 64-64 tanh actor and critic); SB3 runs ``PPO("MlpPolicy" | "MultiInputPolicy", env)``
 with no arguments but the seed and ``device="cpu"``. Each side runs with 1 env and with 8 envs
 (polar: ``distribution.envs_per_worker``, envs stepped in the learner; SB3: ``make_vec_env(n_envs=...)``,
-a ``DummyVecEnv``), 3 seeds each, every trial in a fresh process, one torch thread.
+a ``DummyVecEnv``), 3 seeds each, every trial in a fresh process, one torch thread. The two connector
+games with crashes also run polar in the seed document's layout, 2 rollout worker processes x 4 envs
+(``distribution: {rollout_workers: 2, envs_per_worker: 4}``).
 
-Envs: CartPole-v1, Acrobot-v1, FrozenLake-v1 (8x8, is_slippery=True), and the key-door game (level 1,
-7x7 grid) through its connector (``examples/keydoor``): polar as ``harness.type: custom``; SB3 through
-polar's ``ConnectorEnv``, the connector as one ``gymnasium.Env`` (one connector process per env copy).
+Envs: CartPole-v1, Acrobot-v1, FrozenLake-v1 (8x8, is_slippery=True), InvertedPendulum-v5 (MuJoCo), and
+through connectors (polar as ``harness.type: custom``; SB3 through polar's ``ConnectorEnv``, the connector
+as one ``gymnasium.Env``, one connector process per env copy):
+
+- ``keydoor``: the key-door game (level 1, 7x7 grid) of ``examples/keydoor``;
+- ``keydoor-crash``: the same game, each copy killing its connector process with probability 1/5000 per
+  step (both libraries restart it; the episodes it hosted end as truncated);
+- ``corridor-crash``: the connector written the way the seed document writes one
+  (``tests/harness/connectors/seed_shaped.py``: 4-tuple ``step``, randomness and crashes from
+  ``config["seed"]``, crash probability 1/2000 per step), a 7-cell corridor: issue 38's case.
 
 How the return is measured, identically on both sides: a recorder inside every env copy
-(``benchmarks/_defaults_recorder.py``) writes each finished training episode's return and the copy's
-step count. Both libraries step their env copies in lockstep, so total env steps at an episode's end
-= copy steps x number of envs. Episodes are ordered by that step count; "the return" at a point is
-the mean return of the last W finished training episodes (W per env, below; the window must be full).
+(``benchmarks/_defaults_recorder.py``) writes each finished training episode's return and the total env
+steps of all copies at that moment (each copy counts its steps in a shared file that outlives a crashed
+connector process). Episodes are ordered by that step count; "the return" at a point is the mean return
+of the last W finished training episodes (W per env, below; the window must be full).
 
 - steps to target: the first total env step at which that mean reaches the env's target;
 - wall s to target: wall clock from just before the trial process is spawned (so interpreter start,
@@ -61,7 +70,7 @@ ENVS: dict[str, dict] = {
                       "connector": "RecordingKeyDoor",
                       "runs": [("polar", 1, 0), ("polar", 8, 0), ("polar", 8, 2), ("sb3", 1, 0), ("sb3", 8, 0)]},
     # the issue's case: the seed-shaped corridor connector (crashes now and then), the seed's layout
-    "corridor-crash": {"target": 0.95, "window": 100, "budget": 40_000, "kwargs": {"crash_prob": 0.0005},
+    "corridor-crash": {"target": 0.95, "window": 100, "budget": 15_000, "kwargs": {"crash_prob": 0.0005},
                        "connector": "RecordingCorridor", "config_seed": True,  # its only randomness: config.seed
                        "runs": [("polar", 1, 0), ("polar", 8, 0), ("polar", 8, 2), ("sb3", 1, 0), ("sb3", 8, 0)]},
 }
