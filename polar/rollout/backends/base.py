@@ -56,8 +56,7 @@ class RolloutBackend(Protocol):
 
 def make_backend(cfg, fragment_steps: int, seed: int, config_dir=None, on_policy: bool = False) -> RolloutBackend:
     """The backend ``cfg.distribution.backend`` names, built from the run config alone. ``on_policy`` (PPO):
-    local rollout workers collect each fragment with the newest weights (no policy lag); the Ray backend keeps
-    two fragments in flight either way."""
+    rollout workers collect each fragment with the newest weights (no policy lag), not up to 2 fragments ahead."""
     backend = cfg.distribution.backend
     if backend == "local":
         from polar.rollout.backends.local import LocalBackend
@@ -66,5 +65,5 @@ def make_backend(cfg, fragment_steps: int, seed: int, config_dir=None, on_policy
     if backend == "ray":
         from polar.rollout.backends.ray_backend import RayBackend  # provided by the Ray backend
 
-        return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir)
+        return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, on_policy=on_policy)
     raise ValueError(f"unknown distribution.backend {backend!r}")
