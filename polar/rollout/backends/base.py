@@ -26,6 +26,9 @@ Contract:
 - ``publish_weights`` makes ``state_dict`` (agent + normalizer tensors) visible to every worker
   without blocking on them; workers pick the newest version before their next fragment. Weights
   are not pickled per update (local: shared memory; ray: the object store).
+- ``on_policy`` (``make_backend``; PPO's row in ``polar.trainers.registry``): a worker starts its next
+  fragment only after the next ``publish_weights``, so every fragment is of the newest weights; otherwise
+  each worker keeps up to 2 fragments in flight and they may be 1-2 versions old.
 - ``close`` stops workers and their envs; it is safe to call twice.
 """
 
