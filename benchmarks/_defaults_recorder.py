@@ -98,7 +98,7 @@ def _make(wrapped_id: str, record_dir: str, **kwargs) -> gym.Env:
     return Recorder(gym.make(wrapped_id, **kwargs), record_dir)
 
 
-for _id in ("CartPole-v1", "Acrobot-v1", "FrozenLake-v1", "InvertedPendulum-v5"):
+for _id in ("CartPole-v1", "Acrobot-v1", "FrozenLake-v1"):
     if f"defaults_rec/{_id}" not in gym.registry:
         gym.register(f"defaults_rec/{_id}", entry_point=_make, kwargs={"wrapped_id": _id}, disable_env_checker=True)
 

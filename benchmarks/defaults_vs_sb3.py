@@ -8,8 +8,7 @@ a ``DummyVecEnv``), 3 seeds each, every trial in a fresh process, one torch thre
 games with crashes also run polar in the seed document's layout, 2 rollout worker processes x 4 envs
 (``distribution: {rollout_workers: 2, envs_per_worker: 4}``).
 
-Envs: CartPole-v1, Acrobot-v1, FrozenLake-v1 (8x8, is_slippery=True), InvertedPendulum-v5 (MuJoCo), and
-through connectors (polar as ``harness.type: custom``; SB3 through polar's ``ConnectorEnv``, the connector
+Envs: CartPole-v1, Acrobot-v1, FrozenLake-v1 (8x8, is_slippery=True), and through connectors (polar as ``harness.type: custom``; SB3 through polar's ``ConnectorEnv``, the connector
 as one ``gymnasium.Env``, one connector process per env copy):
 
 - ``keydoor``: the key-door game (level 1, 7x7 grid) of ``examples/keydoor``;
@@ -62,7 +61,6 @@ ENVS: dict[str, dict] = {
     "Acrobot-v1": {"target": -120.0, "window": 20, "budget": 50_000, "kwargs": {}},
     "FrozenLake-v1": {"target": 0.1, "window": 100, "budget": 150_000,
                       "kwargs": {"map_name": "8x8", "is_slippery": True}},
-    "InvertedPendulum-v5": {"target": 500.0, "window": 20, "budget": 50_000, "kwargs": {}},
     "keydoor": {"target": 0.8, "window": 100, "budget": 30_000, "kwargs": {"level": 1}, "connector": "RecordingKeyDoor"},
     # the seed's game and layout: key-door level 1 through a connector that crashes now and then, polar with
     # 2 rollout workers x 4 envs (and 1 x 8 in the learner)
