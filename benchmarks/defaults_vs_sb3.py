@@ -8,8 +8,9 @@ a ``DummyVecEnv``), 3 seeds each, every trial in a fresh process, one torch thre
 games with crashes also run polar in the seed document's layout, 2 rollout worker processes x 4 envs
 (``distribution: {rollout_workers: 2, envs_per_worker: 4}``).
 
-Envs: CartPole-v1, Acrobot-v1, FrozenLake-v1 (8x8, is_slippery=True), and through connectors (polar as ``harness.type: custom``; SB3 through polar's ``ConnectorEnv``, the connector
-as one ``gymnasium.Env``, one connector process per env copy):
+Envs: CartPole-v1, Acrobot-v1, FrozenLake-v1 (8x8, is_slippery=True), and through connectors (polar as
+``harness.type: custom``; SB3 through polar's ``ConnectorEnv``, the connector as one ``gymnasium.Env``, one
+connector process per env copy):
 
 - ``keydoor``: the key-door game (level 1, 7x7 grid) of ``examples/keydoor``;
 - ``keydoor-crash``: the same game, each copy killing its connector process with probability 1/5000 per
