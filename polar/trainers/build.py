@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: ``(cfg, fragment_steps, seed, config_dir=..., on_policy=...) -> RolloutBackend`` (default ``make_backend``; the Ray learner
-#: actor passes its own, with restart and autoscale options)
+#: ``(cfg, fragment_steps, seed, config_dir=..., on_policy=...) -> RolloutBackend`` (default ``make_backend``;
+#: the Ray learner actor passes its own, with restart and autoscale options)
 BackendFactory = Callable[..., Any]
 
 
