@@ -2,7 +2,8 @@
 
 Weights arrive through shared-memory tensors (copied in when the shared version changes);
 fragments leave through per-worker shared-memory slots (double-buffered), so the queue only
-carries slot ids and a few numbers per fragment.
+carries slot ids and a few numbers per fragment. ``on_policy``: one slot, taken before a fragment is
+collected, so the worker waits for the learner's next weights (``polar.rollout.backends.local``).
 """
 
 from __future__ import annotations
@@ -64,9 +65,19 @@ def fragment_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
                     last_values=arrays["last_values"], initial_state=state, next_obs=next_obs, **meta)
 
 
+def _free_slot(free_q: Any, stop: Any) -> int | None:
+    """The next free slot index, or None once ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            return int(free_q.get(timeout=0.5))
+        except queue.Empty:
+            continue
+    return None
+
+
 def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: int, fragment_steps: int,
                 weights: dict[str, torch.Tensor], version, lock, out_q, free_q, stop, learner_alive,
-                run_dir: str | None = None) -> None:
+                run_dir: str | None = None, on_policy: bool = False) -> None:
     """Entry point of one worker process. Reports any failure on ``out_q`` and exits.
 
     ``learner_alive`` is the read end of a pipe only the learner writes to: its EOF means the learner is
@@ -103,6 +114,10 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
         local_version = -1
         slots: list[dict[str, torch.Tensor]] | None = None
         while not stop.is_set():
+            # on_policy: the slot comes back with the next weights, so wait for it before collecting
+            slot = _free_slot(free_q, stop) if on_policy else None
+            if on_policy and slot is None:
+                break
             if version.value != local_version:
                 with lock:
                     policy.load_state_dict(weights)
@@ -113,14 +128,10 @@ def worker_main(worker_id: int, cfg_data: dict, config_dir: str | None, seed: in
             arrays = fragment_arrays(frag)
             if slots is None:
                 slots = [{k: torch.from_numpy(np.ascontiguousarray(v)).clone().share_memory_() for k, v in arrays.items()}
-                         for _ in range(2)]
+                         for _ in range(1 if on_policy else 2)]
                 out_q.put(("slots", worker_id, slots))
-            slot = None
-            while slot is None and not stop.is_set():
-                try:
-                    slot = free_q.get(timeout=0.5)
-                except queue.Empty:
-                    continue
+            if slot is None:
+                slot = _free_slot(free_q, stop)
             if slot is None:
                 break
             for k, v in arrays.items():

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: ``(cfg, fragment_steps, seed, config_dir=...) -> RolloutBackend`` (default ``make_backend``; the Ray learner
-#: actor passes its own, with restart and autoscale options)
+#: ``(cfg, fragment_steps, seed, config_dir=..., on_policy=...) -> RolloutBackend`` (default ``make_backend``;
+#: the Ray learner actor passes its own, with restart and autoscale options)
 BackendFactory = Callable[..., Any]
 
 
@@ -141,7 +141,7 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
             log.info("distribution.num_gpus=%s: the %s learner trains on %s; rollouts and evaluation act with a "
                      "CPU copy of the policy", cfg.distribution.num_gpus, cfg.policy.type, device)
         backend = (backend_factory or make_backend)(_stage_cfg(cfg, state), row.steps_per_env(cfg), seed,
-                                                    config_dir=cfg.config_dir)
+                                                    config_dir=cfg.config_dir, on_policy=row.on_policy)
         obs_space, act_space = backend.observation_space, backend.action_space
     else:
         device = torch.device("cpu")
@@ -164,7 +164,8 @@ def _compose_env(cfg: EnvRunConfig, run_dir: RunDir, *, resume: bool, on_iterati
         collector = row.make_collector(parts, learner)
         if cfg.curriculum is not None:
             assert row.steps_per_env is not None  # the config refuses a curriculum for dataset runs
-            collector = _curriculum(cfg, parts, collector, row.steps_per_env(cfg), backend_factory or make_backend)
+            collector = _curriculum(cfg, parts, collector, row.steps_per_env(cfg), backend_factory or make_backend,
+                                    on_policy=row.on_policy)
         if state is None and parts.continual is not None:  # before the collector starts with its weights
             parts.continual.apply(learner)
         attach = getattr(backend, "attach_run_dir", None)
@@ -200,7 +201,7 @@ def _stage_cfg(cfg: EnvRunConfig, state: Mapping[str, Any] | None, stage: int | 
 
 
 def _curriculum(cfg: EnvRunConfig, parts: EnvParts, collector: Collector[Any], steps_per_env: int,
-                backend_factory: BackendFactory) -> Collector[Any]:
+                backend_factory: BackendFactory, on_policy: bool = False) -> Collector[Any]:
     """The run's collector inside a ``CurriculumCollector``; every stage's env is made once first, so a stage that
     cannot start or whose spaces differ fails the run now, naming the stage."""
     from polar.harness import make_vector_env
@@ -229,7 +230,7 @@ def _curriculum(cfg: EnvRunConfig, parts: EnvParts, collector: Collector[Any], s
     def backend_of(stage: int) -> RolloutBackend:
         seed = parts.seed + 1_000_003 * stage
         backend: RolloutBackend = backend_factory(_stage_cfg(cfg, None, stage), steps_per_env, seed,
-                                                  config_dir=cfg.config_dir)
+                                                  config_dir=cfg.config_dir, on_policy=on_policy)
         return backend
 
     def use_backend(stage: int, backend: RolloutBackend) -> None:

@@ -98,13 +98,13 @@ class LearnerActor:
         self._rows: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PROGRESS_ROWS)
         self._seq = 0
 
-        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int,
-                            config_dir: Path | None = None) -> RolloutBackend:
+        def backend_factory(cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None,
+                            on_policy: bool = False) -> RolloutBackend:
             from polar.rollout.backends.ray_backend import RayBackend
 
             # after a crash the cluster may have lost a node: start with what fits, place the rest later
             return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, partial_start=learner_restarts > 0,
-                              rollout_workers=rollout_workers, autoscale=autoscale)
+                              rollout_workers=rollout_workers, autoscale=autoscale, on_policy=on_policy)
 
         extra = {"learner/restarts": learner_restarts}
         self.trainer: Trainer

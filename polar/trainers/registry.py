@@ -104,7 +104,9 @@ class Algorithm:
       ``total_env_steps``);
     - ``own_loop``: an algorithm that acts with more than one policy and steps its envs in the learner process
       (hierarchical) composes its loop and evaluates its checkpoints itself; ``make_learner`` and
-      ``make_collector`` are then unused."""
+      ``make_collector`` are then unused;
+    - ``on_policy``: it trains only on fragments collected with its newest weights (PPO): local rollout
+      workers wait for each update's weights before they collect again (``polar.rollout.backends.local``)."""
 
     kwargs: type[BaseModel]
     make_learner: Callable[[EnvParts], Learner[Any]] | None
@@ -113,6 +115,7 @@ class Algorithm:
     iteration_env_steps: int = 0
     gradient_steps: Callable[[EnvRunConfig], int] | None = None
     own_loop: OwnLoop | None = None
+    on_policy: bool = False
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,8 @@ def _hierarchical_evaluate(cfg: EnvRunConfig, state: Mapping[str, Any], episodes
 # ---------------------------------------------------------------------- the table
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm(PPOKwargs, _ppo_learner, _ppo_collector,
-                     steps_per_env=lambda cfg: cast(PPOKwargs, cfg.policy.kwargs).steps_per_env(cfg.distribution.num_envs)),
+                     steps_per_env=lambda cfg: cast(PPOKwargs, cfg.policy.kwargs).steps_per_env(cfg.distribution.num_envs),
+                     on_policy=True),
     "appo": Algorithm(APPOKwargs, _appo_learner, _appo_collector,
                       steps_per_env=lambda cfg: cast(APPOKwargs, cfg.policy.kwargs).n_steps),
     "dqn": Algorithm(DQNKwargs, _dqn_learner, _dqn_collector, iteration_env_steps=ITERATION_ENV_STEPS,
@@ -370,8 +374,10 @@ ALGORITHMS: dict[str, Algorithm] = {
     "cql": Algorithm(CQLKwargs, _offline_learner(_cql), dataset_collector, gradient_steps=_gradient_steps),
     "mbpo": Algorithm(MBPOKwargs, _mbpo_learner, _sac_collector, iteration_env_steps=ITERATION_ENV_STEPS,
                       steps_per_env=lambda cfg: cast(MBPOKwargs, cfg.policy.kwargs).train_freq),
-    "gail": Algorithm(GAILKwargs, _imitation_learner(GAILDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
-    "airl": Algorithm(AIRLKwargs, _imitation_learner(AIRLDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env),
+    "gail": Algorithm(GAILKwargs, _imitation_learner(GAILDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env,
+                      on_policy=True),
+    "airl": Algorithm(AIRLKwargs, _imitation_learner(AIRLDiscriminator), _ppo_collector, steps_per_env=_ppo_steps_per_env,
+                      on_policy=True),
     "hierarchical": Algorithm(HierarchicalKwargs, None, None, own_loop=OwnLoop(_hierarchical_compose,
                                                                                 _hierarchical_evaluate),
                               steps_per_env=lambda cfg: cast(HierarchicalKwargs, cfg.policy.kwargs).steps_per_env(

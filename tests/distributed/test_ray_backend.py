@@ -98,3 +98,21 @@ def test_partial_start_runs_with_what_fits_and_keeps_the_rest_pending(ray_cluste
         assert len(workers) == 2  # fragments come from the two that were placed, the third waits
     finally:
         backend.close()
+
+
+def test_on_policy_actors_collect_every_fragment_with_the_newest_weights(ray_cluster):
+    """PPO's mode: one call per actor, the next launched only after the weights of the update are published,
+    so every batch is one fragment per actor, all of the current version (no call of old weights queued)."""
+    cfg = ray_cfg(ray_cluster.address)
+    policy = policy_for(cfg)
+    backend = make_backend(cfg, fragment_steps=8, seed=0, on_policy=True)
+    backend.start(policy.state_dict(), version=0)
+    try:
+        for version in range(3):
+            frags = [backend.next_fragment(timeout_s=60) for _ in range(2)]
+            assert sorted(f.worker_id for f in frags) == [0, 1]
+            assert [f.policy_version for f in frags] == [version, version]
+            backend.publish_weights(policy.state_dict(), version=version + 1)
+        assert backend.metrics()["rollout/policy_lag_mean"] == 0
+    finally:
+        backend.close()

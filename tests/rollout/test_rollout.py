@@ -145,3 +145,41 @@ def test_the_fragment_actor_samples_the_policys_categorical_distribution():
     n = actions.size
     assert abs((actions == 1).sum() - 0.75 * n) < 5 * (n * 0.75 * 0.25) ** 0.5
     np.testing.assert_allclose(log_probs, np.where(actions == 1, np.log(0.75), np.log(0.25)), rtol=1e-6)
+
+
+def test_on_policy_workers_collect_every_fragment_with_the_newest_weights():
+    """PPO's backend mode: each worker waits for the weights of the last update before it collects again, so
+    every batch holds one fragment per worker, all acted by the current version (no worker runs ahead)."""
+    cfg = cfg_for(rollout_workers=2, envs_per_worker=2)
+    backend = make_backend(cfg, fragment_steps=8, seed=0, on_policy=True)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    backend.start(policy.state_dict(), version=0)
+    try:
+        for version in range(4):
+            frags = [backend.next_fragment(timeout_s=120) for _ in range(2)]
+            assert sorted(f.worker_id for f in frags) == [0, 1]
+            assert [f.policy_version for f in frags] == [version, version]
+            time.sleep(0.3)  # a worker that ran ahead would have a fragment of the old weights ready by now
+            backend.publish_weights(policy.state_dict(), version=version + 1)
+    finally:
+        backend.close()
+
+
+def test_ppo_with_rollout_workers_trains_with_no_policy_lag(tmp_path):
+    """A PPO run with local rollout workers trains every update on fragments of the weights it just published
+    (``policy_lag`` 0): fragments 1-2 updates old made PPO's defaults need more env steps (docs/benchmarks.md)."""
+    from polar.trainers.build import compose
+    from polar.trainers.run_dir import RunDir
+
+    cfg = validate(RunConfig, {
+        "harness": {"type": "gymnasium", "id": "CartPole-v1"},
+        "policy": {"type": "ppo", "kwargs": {"n_steps": 16, "n_epochs": 1}},
+        "distribution": {"backend": "local", "rollout_workers": 2, "envs_per_worker": 2},
+        "total_env_steps": 6 * 16 * 4, "seed": 0,
+        "logging": {"checkpoint_freq": 0, "tensorboard": False, "progress_bar": False},
+        "eval": {"at_end": False},
+    })
+    rows: list[dict] = []
+    compose(cfg, RunDir.create("ppo", tmp_path / "run"), on_iteration=lambda m: rows.append(dict(m))).train()
+    assert len(rows) == 6
+    assert [r["policy_lag"] for r in rows] == [0.0] * 6

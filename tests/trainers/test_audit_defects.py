@@ -54,7 +54,7 @@ def test_appo_dropping_a_stale_fragment_does_not_bump_the_policy_version(tmp_pat
     })
     wrapped: list[StaleThirdFragment] = []
 
-    def factory(cfg, fragment_steps, seed, config_dir=None):
+    def factory(cfg, fragment_steps, seed, config_dir=None, on_policy=False):
         wrapped.append(StaleThirdFragment(make_backend(cfg, fragment_steps, seed, config_dir=config_dir)))
         return wrapped[0]
 

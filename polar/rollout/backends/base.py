@@ -26,6 +26,9 @@ Contract:
 - ``publish_weights`` makes ``state_dict`` (agent + normalizer tensors) visible to every worker
   without blocking on them; workers pick the newest version before their next fragment. Weights
   are not pickled per update (local: shared memory; ray: the object store).
+- ``on_policy`` (``make_backend``; PPO's row in ``polar.trainers.registry``): a worker starts its next
+  fragment only after the next ``publish_weights``, so every fragment is of the newest weights; otherwise
+  each worker keeps up to 2 fragments in flight and they may be 1-2 versions old.
 - ``close`` stops workers and their envs; it is safe to call twice.
 """
 
@@ -54,15 +57,16 @@ class RolloutBackend(Protocol):
     def close(self) -> None: ...
 
 
-def make_backend(cfg, fragment_steps: int, seed: int, config_dir=None) -> RolloutBackend:
-    """The backend ``cfg.distribution.backend`` names, built from the run config alone."""
+def make_backend(cfg, fragment_steps: int, seed: int, config_dir=None, on_policy: bool = False) -> RolloutBackend:
+    """The backend ``cfg.distribution.backend`` names, built from the run config alone. ``on_policy`` (PPO):
+    rollout workers collect each fragment with the newest weights (no policy lag), not up to 2 fragments ahead."""
     backend = cfg.distribution.backend
     if backend == "local":
         from polar.rollout.backends.local import LocalBackend
 
-        return LocalBackend(cfg, fragment_steps, seed, config_dir=config_dir)
+        return LocalBackend(cfg, fragment_steps, seed, config_dir=config_dir, on_policy=on_policy)
     if backend == "ray":
         from polar.rollout.backends.ray_backend import RayBackend  # provided by the Ray backend
 
-        return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir)
+        return RayBackend(cfg, fragment_steps, seed, config_dir=config_dir, on_policy=on_policy)
     raise ValueError(f"unknown distribution.backend {backend!r}")

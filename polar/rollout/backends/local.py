@@ -8,6 +8,12 @@
   the first-ready fragment and a slow worker never holds the others up. ``start()`` returns once
   every worker is up (its envs built, a first fragment collected), so a worker that starts slowly
   still takes part from the first update, and one that cannot start fails the run at start.
+- ``on_policy=True`` (PPO's row in ``polar.trainers.registry``): each worker has one slot, takes it back
+  only when the next weights are published, and loads them before it collects again. Every fragment of
+  an update is then collected with the weights of the update before (policy lag 0), as PPO's ratio and
+  advantages assume; with two slots and no wait a worker ran up to 2 fragments ahead, and PPO trained
+  on fragments 1-2 updates old, which cost it env steps (docs/benchmarks.md, "Default kwargs vs
+  Stable-Baselines3").
 """
 
 from __future__ import annotations
@@ -43,12 +49,15 @@ log = logging.getLogger(__name__)
 
 
 class LocalBackend:
-    def __init__(self, cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None) -> None:
+    def __init__(self, cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None,
+                 on_policy: bool = False) -> None:
         from polar.harness import make_vector_env
 
         self.cfg = cfg
         self.fragment_steps = fragment_steps
         self.seed = seed
+        self.on_policy = on_policy
+        self._held: list[tuple[int, int]] = []  # on_policy: (worker, slot) read since the last publish
         self.config_dir = config_dir if config_dir is not None else cfg.config_dir
         dist = cfg.distribution
         if dist.coordinator_address is not None:
@@ -104,14 +113,15 @@ class LocalBackend:
         cdir = str(self.config_dir) if self.config_dir is not None else None
         for w in range(self.num_workers):
             free_q = ctx.Queue()
-            free_q.put(0)
-            free_q.put(1)
+            for slot in range(1 if self.on_policy else 2):
+                free_q.put(slot)
             self._free_qs.append(free_q)
             seed = self.seed + 7919 * (w + 1)
             p = ctx.Process(target=worker_main, name=f"polar-rollout-{w}", daemon=True,
                             args=(w, cfg_data, cdir, seed, self.fragment_steps, self._weights, self._version,
                                   self._lock, self._out_q, free_q, self._stop, learner_alive),
-                            kwargs={"run_dir": os.environ.get("POLAR_RUN_DIR")})  # set by the learner's loop
+                            kwargs={"run_dir": os.environ.get("POLAR_RUN_DIR"),  # set by the learner's loop
+                                    "on_policy": self.on_policy})
             p.start()
             assert p.pid is not None  # started
             register_process(p.pid, "rollout_worker")  # its system/ metrics carry the role
@@ -126,7 +136,8 @@ class LocalBackend:
 
     def _wait_until_all_started(self, timeout_s: float) -> None:
         """Every worker announces its shared-memory slots once its first fragment is collected. Fragments
-        that arrive meanwhile wait unread, holding their slots, so a fast worker runs at most 2 ahead."""
+        that arrive meanwhile wait unread, holding their slots, so a fast worker runs at most 2 ahead (on_policy:
+        none runs ahead)."""
         deadline = time.monotonic() + timeout_s
         while len(self._slots) < self.num_workers:
             missing = self.num_workers - len(self._slots)
@@ -145,6 +156,9 @@ class LocalBackend:
             for k, t in self._weights.items():
                 t.copy_(state_dict[k])
             self._version.value = version
+        for wid, slot in self._held:  # on_policy: the workers of the last batch collect again, with these weights
+            self._free_qs[wid].put(slot)
+        self._held.clear()
 
     def next_fragment(self, timeout_s: float | None = None) -> Fragment:
         if self.num_workers == 0:
@@ -186,7 +200,10 @@ class LocalBackend:
             from polar.rollout.worker import fragment_from_arrays
 
             arrays = {k: t.numpy().copy() for k, t in self._slots[wid][slot].items()}
-            self._free_qs[wid].put(slot)
+            if self.on_policy:
+                self._held.append((wid, slot))  # freed by the next publish_weights
+            else:
+                self._free_qs[wid].put(slot)
             return fragment_from_arrays(arrays, meta)
         _, wid, etype, message, tb = msg  # "error"
         cls = getattr(errors, etype, None)

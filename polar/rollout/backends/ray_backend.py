@@ -45,9 +45,12 @@ class RayBackend:
 
     def __init__(self, cfg: EnvRunConfig, fragment_steps: int, seed: int, config_dir: Path | None = None,
                  partial_start: bool = False,
-                 rollout_workers: int | None = None, autoscale: bool = True) -> None:
+                 rollout_workers: int | None = None, autoscale: bool = True, on_policy: bool = False) -> None:
         """``partial_start``: start once one rollout actor is up and place the rest as resources free up
         (a learner restarted after losing a node may find a smaller cluster than the run asked for).
+        ``on_policy`` (PPO): one ``sample`` call per actor, launched only once every call in flight has
+        returned, so each batch is collected with the weights published after the last update (else two
+        calls per actor stay queued and PPO trains on fragments up to 2 updates old).
         ``rollout_workers`` / ``autoscale``: where a restarted learner takes over from its predecessor
         (the count it had scaled to; whether a ``polar scale`` request had turned the rule off)."""
         from polar.harness import make_vector_env
@@ -74,6 +77,7 @@ class RayBackend:
         self.pool: RayRolloutPool | None = None
         self.version = 0
         self.partial_start = partial_start
+        self.on_policy = on_policy
         self._watcher = ScaleWatcher(None)
         self._events_path: Path | None = None
         self.autoscaler = Autoscaler(dist.autoscale) if dist.autoscale is not None else None
@@ -112,6 +116,9 @@ class RayBackend:
                 start_timeout_s=max(self.dist.connect_timeout_s, 120.0),
                 resources=r.resources,
                 min_ready=1 if self.partial_start else None,
+                # on_policy: the pool refills (one call per actor) only when nothing is in flight
+                auto_relaunch=not self.on_policy,
+                inflight_per_worker=1 if self.on_policy else 2,
             )
         except BaseException:
             self._shutdown_cluster()
