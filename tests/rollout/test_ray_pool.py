@@ -101,16 +101,22 @@ def test_each_worker_gets_each_weights_version_once(ray_cluster, hidden):
 def test_rollout_calls_record_no_ray_task_events(ray_cluster):
     """Hundreds of sample calls a second would each cost the driver, the actor and the GCS a task event."""
     import time
+    from collections import Counter
 
     import ray
 
+    def events() -> Counter:
+        return Counter(str(e.get("name")) for e in ray.timeline())
+
+    time.sleep(2.5)  # task events are flushed to the GCS every second: earlier tests' on this cluster are in
+    before = events()
     pool = make_pool(1, start_timeout_s=60)
     try:
         for _ in range(4):
             pool.next_fragment(timeout_s=60)
-        time.sleep(2.5)  # task events are flushed to the GCS every second
-        names = {str(e.get("name")) for e in ray.timeline()}
-        assert "sample" not in names and "task:execute" not in names, sorted(names)
+        time.sleep(2.5)
+        new = events() - before  # this pool's, whatever other tests left in the cluster's timeline
+        assert new["sample"] == 0 and new["task:execute"] == 0, sorted(new.items())
     finally:
         pool.close()
 
