@@ -81,21 +81,12 @@ def _stacker(space: Space[Any], num_envs: int) -> Stack | None:
     return None
 
 
-def _float64s(values: list[Any]) -> np.ndarray:
-    """``values`` as ``SyncVectorEnv``'s float64 reward array (element by element where they are not scalars)."""
-    out = np.array(values, np.float64)
+def _per_env(values: list[Any], dtype: type[np.generic]) -> np.ndarray:
+    """``values`` as ``SyncVectorEnv``'s per-env array of ``dtype`` (float64 rewards, bool flags), element by
+    element where they are not scalars."""
+    out = np.array(values, dtype)
     if out.shape != (len(values),):
-        out = np.empty(len(values), np.float64)
-        for i, v in enumerate(values):
-            out[i] = v
-    return out
-
-
-def _bools(values: list[Any]) -> np.ndarray:
-    """``values`` as ``SyncVectorEnv``'s bool flag array (element by element where they are not scalars)."""
-    out = np.array(values, np.bool_)
-    if out.shape != (len(values),):
-        out = np.empty(len(values), np.bool_)
+        out = np.empty(len(values), dtype)
         for i, v in enumerate(values):
             out[i] = v
     return out
@@ -157,4 +148,5 @@ class SameStepVectorEnv(SyncVectorEnv):
         else:
             self._observations = concatenate(self.single_observation_space, env_obs, self._observations)
             observations = deepcopy(self._observations)
-        return observations, _float64s(rewards), _bools(terminations), _bools(truncations), infos
+        return (observations, _per_env(rewards, np.float64), _per_env(terminations, np.bool_),
+                _per_env(truncations, np.bool_), infos)
