@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,81 @@ def max_chars_per_token(tokenizer: Any) -> int | None:
     return max(1, longest) * factor
 
 
+def finditer_windowed(pattern: re.Pattern[str], text: str, max_match_chars: int,
+                      window_chars: int = 1 << 18) -> Iterator[re.Match[str]]:
+    """``pattern.finditer(text)`` for a pattern none of whose matches is longer than ``max_match_chars``
+    (and none empty), searched a window at a time. A regex search holds the GIL for as long as it scans;
+    over a window it holds it for milliseconds, over a hostile 8 MiB prompt for a few hundred, and a
+    gateway on a worker thread would stall the event loop for that long. Each window overlaps the next by
+    ``max_match_chars``, and a match is taken only when it starts before the overlap, so every match is
+    the one ``finditer`` finds."""
+    n, pos = len(text), 0
+    while pos < n:
+        m = pattern.search(text, pos, min(n, pos + window_chars + max_match_chars))
+        if m is None or m.start() >= pos + window_chars:
+            pos += window_chars
+            continue
+        yield m
+        pos = m.end()
+
+
+@dataclass(frozen=True)
+class ControlTokens:
+    """transformers' control-token sanitizing (``mark_control_tokens`` / ``encode_marked_chat``): text a
+    client sends that spells a control token (``<|im_end|>`` in a tool result) is encoded as plain text,
+    never as the control token. Scans a window at a time (``finditer_windowed``), with the same results."""
+
+    start: str
+    end: str
+    control_re: re.Pattern[str]  # any control token, longest first
+    markers_re: re.Pattern[str]  # a marked token (group 1) or a lone marker
+    changes_re: re.Pattern[str]  # what marking changes: a control token or a marker
+    longest: int  # characters of the longest control token
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> ControlTokens | None:
+        try:
+            from transformers.utils import chat_template_utils as ctu
+
+            tokens = tuple(tokenizer.added_tokens_encoder)
+            control_re, markers_re = ctu._get_control_token_patterns(tokens)
+            start, end = ctu._CONTROL_TOKEN_START, ctu._CONTROL_TOKEN_END
+        except (ImportError, AttributeError, TypeError):
+            return None
+        changes_re = re.compile(f"{control_re.pattern}|[{re.escape(start + end)}]")
+        return cls(start, end, control_re, markers_re, changes_re, max(map(len, tokens), default=1))
+
+    def changes(self, text: str) -> bool:
+        return next(finditer_windowed(self.changes_re, text, self.longest), None) is not None
+
+    def mark(self, obj: Any) -> Any:
+        """``mark_control_tokens(obj)``: markers already in a string dropped, control tokens wrapped in them."""
+        if isinstance(obj, str):
+            text = obj.replace(self.start, "").replace(self.end, "")
+            out: list[str] = []
+            last = 0
+            for m in finditer_windowed(self.control_re, text, self.longest):
+                out += (text[last : m.start()], self.start, m.group(), self.end)
+                last = m.end()
+            out.append(text[last:])
+            return "".join(out)
+        if isinstance(obj, dict):
+            return {key: self.mark(value) for key, value in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.mark(value) for value in obj]
+        return obj
+
+    def split(self, text: str) -> list[str | None]:
+        """``markers_re.split(text)``: [text, marked token or None (a lone marker), text, ...]."""
+        out: list[str | None] = []
+        last = 0
+        for m in finditer_windowed(self.markers_re, text, self.longest + 2):
+            out += (text[last : m.start()], m.group(1))
+            last = m.end()
+        out.append(text[last:])
+        return out
+
+
 class PromptBuilder:
     """Render + tokenize with one tokenizer; ``lookup(key)`` finds an earlier call of the session."""
 
@@ -117,31 +192,16 @@ class PromptBuilder:
         self.segments = SegmentEncoder.build(tokenizer, self.encode)
         if self.segments is not None:
             self.encode = self.segments.encode
-        self._marking = self._control_token_marking()
+        self.control = ControlTokens.of(tokenizer)
         self._compiled = self._fast_template()
-
-    def _control_token_marking(self) -> tuple[Any, Any, str, Any] | None:
-        """transformers' control-token sanitizing, when available: text a client sends that spells a control
-        token (``<|im_end|>`` in a tool result) is encoded as plain text, never as the control token. The last
-        item finds what marking changes in a string: a control token, or a marker (which it drops)."""
-        try:
-            from transformers.utils import chat_template_utils as ctu
-
-            control_re, _ = ctu._get_control_token_patterns(tuple(self.tokenizer.added_tokens_encoder))
-            start = ctu._CONTROL_TOKEN_START
-            markers = re.escape(ctu._CONTROL_TOKEN_START + ctu._CONTROL_TOKEN_END)
-            changes = re.compile(f"{control_re.pattern}|[{markers}]").search
-            return (lambda obj: ctu.mark_control_tokens(obj, control_re)), ctu.encode_marked_chat, start, changes
-        except (ImportError, AttributeError, TypeError):
-            return None
 
     def _mark(self, obj: Any) -> Any:
         """``obj`` with the control tokens in its strings marked; ``obj`` itself when marking would change
         nothing (no string holds a control token or a marker, no tuple): the usual call, spared a deep copy."""
-        marking = self._marking
-        if marking is None or _unmarked(obj, marking[3]):
+        control = self.control
+        if control is None or _unmarked(obj, control.changes):
             return obj
-        return marking[0](obj)
+        return control.mark(obj)
 
     def encode_rendered(self, text: str, limit: int | None = None, inline_chars: int | None = None) -> list[int]:
         """Tokenize a rendering of marked messages (the fast path when nothing was marked); past
@@ -151,29 +211,61 @@ class PromptBuilder:
             floor = self.min_tokens(text)
             if floor > limit:
                 raise TooManyTokens(floor)
-        marking = self._marking
-        plain = marking is None or marking[2] not in text
+        control = self.control
+        plain = control is None or control.start not in text
         if inline_chars is not None:
             if plain and self.segments is not None:
                 return self.segments.encode(text, limit, inline_chars)
             if len(text) > inline_chars:
                 raise WouldBlock
-        if marking is None or plain:
+        if control is None or plain:
             return self.encode(text) if limit is None else self.encode(text, limit)
-        ids = list(marking[1](self.tokenizer, text))
-        if limit is not None and len(ids) > limit:
-            raise TooManyTokens(len(ids))
+        return self._encode_marked(control, text, limit)
+
+    def _encode_marked(self, control: ControlTokens, text: str, limit: int | None) -> list[int]:
+        """transformers' ``encode_marked_chat``, with the text between marked tokens encoded by the fast
+        path (past ``limit``: ``TooManyTokens`` before an id list exists) and the split done a window at a
+        time, so neither holds the GIL for a whole huge prompt."""
+        from transformers.utils import chat_template_utils as ctu
+
+        pieces = control.split(text)
+        newline_ids = self.tokenizer.encode("\n", add_special_tokens=False)
+        ids = self._encode_upto(pieces[0] or "", limit, 0)
+        for i, piece in enumerate(pieces[1:], start=1):
+            if not piece:
+                continue
+            if i % 2 == 1:  # a marked token: encoded as plain text
+                piece_ids = ctu._encode_chat_piece(self.tokenizer, piece, True, newline_ids)
+                if self.tokenizer.convert_tokens_to_ids(piece) in piece_ids:
+                    raise ValueError(f"Can't sanitize {piece!r}: the tokenizer produces it from plain text")
+            else:  # after a newline, so SentencePiece adds no prefix space; the newline is dropped again
+                piece_ids = self._encode_upto("\n" + piece, limit, len(ids) - len(newline_ids))
+                if piece_ids[: len(newline_ids)] == newline_ids:
+                    piece_ids = piece_ids[len(newline_ids) :]
+                else:
+                    piece_ids = self._encode_upto(piece, limit, len(ids))
+            ids += piece_ids
+            if limit is not None and len(ids) > limit:
+                raise TooManyTokens(len(ids))
         return ids
+
+    def _encode_upto(self, text: str, limit: int | None, before: int) -> list[int]:
+        """``self.encode(text)`` when ``before`` ids come first; ``TooManyTokens`` (counting them) past ``limit``."""
+        if limit is None:
+            return self.encode(text)
+        try:
+            return self.encode(text, max(0, limit - before))
+        except TooManyTokens as e:
+            raise TooManyTokens(max(0, before) + e.count) from None
 
     def min_tokens(self, text: str) -> int:
         """A floor of the token count of a rendering, from its length alone (0 when there is no bound)."""
         if self.max_chars_per_token is None:
             return 0
         chars = len(text)
-        if self._marking is not None and self._marking[2] in text:  # markers are dropped before encoding
-            from transformers.utils import chat_template_utils as ctu
-
-            chars -= text.count(ctu._CONTROL_TOKEN_START) + text.count(ctu._CONTROL_TOKEN_END)
+        control = self.control
+        if control is not None and control.start in text:  # markers are dropped before encoding
+            chars -= text.count(control.start) + text.count(control.end)
         return chars // self.max_chars_per_token
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], generation: bool) -> str:
