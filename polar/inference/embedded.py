@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import logging
 import random
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ class EmbeddedEngine(Engine):
         self._vocab_limit = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
+        self._waiting = 0  # threads that want the step lock between two steps (a swap, an abort)
         self._pending: collections.deque[_Seq] = collections.deque()
         self._active: list[_Seq] = []  # the batched cohort, rows of self._kv
         self._solo: list[_Seq] = []  # sequences whose cache cannot be merged (e.g. linear-attention layers)
@@ -200,7 +202,7 @@ class EmbeddedEngine(Engine):
 
     async def abort_inflight(self) -> int:
         def _abort() -> int:
-            with self._step_lock:
+            with self._between_steps():
                 n = len(self._active) + len(self._solo)
                 self._abort_all()
                 return n
@@ -226,6 +228,20 @@ class EmbeddedEngine(Engine):
                     self._emit(seq, TokenEvent(None, None, "abort", self.policy_version))
                 self._pending.clear()
 
+    @contextlib.contextmanager
+    def _between_steps(self) -> Iterator[None]:
+        """The step lock, taken at the next step boundary: the worker waits while someone does (a swap
+        during a long generation would otherwise wait for the generation to end)."""
+        with self._cv:
+            self._waiting += 1
+        try:
+            with self._step_lock:
+                yield
+        finally:
+            with self._cv:
+                self._waiting -= 1
+                self._cv.notify_all()
+
     # ------------------------------------------------------------------ worker thread
     def _ensure_worker(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -235,6 +251,9 @@ class EmbeddedEngine(Engine):
     def _run(self) -> None:
         while not self._closing:
             with self._cv:
+                if self._waiting:  # let it in: a lock is not fair, and this loop would take it back at once
+                    self._cv.wait(timeout=0.5)
+                    continue
                 if not self._pending and not self._active and not self._solo:
                     self._cv.wait(timeout=0.5)
                     continue
@@ -474,7 +493,7 @@ class EmbeddedEngine(Engine):
     def _swap_weights(self, state_dict: Mapping[str, Any], version: int, keep_in_flight: bool = False) -> None:
         """Between two steps (the step lock): the new weights; the sequences under way are aborted, or with
         ``keep_in_flight`` queued first to be prefilled again (prompt + sampled) under the new weights."""
-        with self._step_lock:
+        with self._between_steps():
             load_weights(self.model, state_dict)
             if keep_in_flight:
                 resumed = [s for s in [*self._active, *self._solo] if not (s.done or s.cancelled)]
