@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -362,6 +363,26 @@ class _Running:
 
 
 # ---------------------------------------------------------------- the loop
+class ForkedTorchGenerator:
+    """A fork of torch's global CPU generator, swapped in around each use. Policies sample from the global
+    generator; a stochastic evaluation that did too would change what training draws next, so a run would
+    train differently depending on how often it is evaluated. The fork starts where the global stream stands
+    (the same evaluation numbers as drawing from it) and the global stream never moves."""
+
+    def __init__(self) -> None:
+        self.state = torch.get_rng_state()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+
 @torch.inference_mode()
 def iter_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, *, deterministic: bool = True,
                   max_episode_steps: int = 100_000, info_keys: tuple[str, ...] = (),
@@ -421,11 +442,13 @@ def iter_episodes(actor: Actor, slots: EpisodeSlots, plan: EpisodePlan, *, deter
     agent = actor.agent
     state = actor.get_initial_state(n)
     initial = actor.get_initial_state(n)
+    sampling = nullcontext if deterministic else ForkedTorchGenerator().active
     done_count = 0
     while any(r is not None for r in running):
         live = np.array([r is not None for r in running])
         t = time.perf_counter()
-        action, state, _ = actor.act(obs_to_tensor(stack_obs(obs, obs_space)), state, deterministic)
+        with sampling():
+            action, state, _ = actor.act(obs_to_tensor(stack_obs(obs, obs_space)), state, deterministic)
         acts = to_env_actions(agent, action, n, space)
         if explore is not None:
             acts = explore(acts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from polar.errors import ConfigError
 from polar.harness import make_vector_env
 from polar.models.policy import Policy, build_policy
 from polar.rollout.backends.collector import harness_name
+from polar.rollout.episodes import ForkedTorchGenerator
 from polar.rollout.options import OptionCollector, Skill, manager_observation_space, play_option_episodes
 from polar.trainers.checkpoint import CheckpointManager, load_checkpoint
 from polar.trainers.env_run import AlgorithmLearner
@@ -189,7 +191,7 @@ def evaluate_options(cfg: EnvRunConfig, manager: Policy, skills: dict[str, Polic
     n = max(1, min(cfg.eval.num_envs, episodes))
     collector = option_collector(cfg, manager, skills, n, seed, record=False)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), nullcontext() if deterministic else ForkedTorchGenerator().active():
             res = play_option_episodes(collector, episodes, deterministic)
     finally:
         collector.close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +41,7 @@ from polar.config.multi_agent import SHARED_POLICY, PettingZooHarnessConfig
 from polar.distributions import ACTION_MASK_KEY
 from polar.errors import AgentError, ConfigError
 from polar.harness.pettingzoo_env import EnvSlot, Outcome, agent_spaces, make_pettingzoo_env
+from polar.rollout.episodes import ForkedTorchGenerator
 from polar.rollout.runner import obs_to_tensor
 from polar.rollout.self_play import OpponentPool, Result, Snapshot
 from polar.types import Batch, Fragment
@@ -443,6 +445,7 @@ def play_games(cfg: PettingZooHarnessConfig, seats: Callable[[int], dict[str, Se
     spaces = agent_spaces(slot.env)
     returns: dict[str, list[float]] = defaultdict(list)
     results: dict[str, dict[str, int]] = defaultdict(lambda: {"win": 0, "draw": 0, "loss": 0})
+    sampling = nullcontext if deterministic else ForkedTorchGenerator().active
     try:
         for g in range(games):
             slot.reset()
@@ -461,7 +464,8 @@ def play_games(cfg: PettingZooHarnessConfig, seats: Callable[[int], dict[str, Se
                         acts[agent] = random_action(obs, spaces[agent][1], rng)
                         continue
                     policy = policies[st.name] if st.snapshot is None else st.snapshot.policy
-                    a, _, _ = act_batch(policy, [obs], spaces[agent][0], deterministic)
+                    with sampling():
+                        a, _, _ = act_batch(policy, [obs], spaces[agent][0], deterministic)
                     acts[agent] = a[0]
                 slot.act(acts)
             subject = scored(g)
