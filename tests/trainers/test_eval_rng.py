@@ -32,6 +32,19 @@ def _selfplay_cfg(every_n_iterations: int) -> Any:
         "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}})
 
 
+def _options_cfg(every_n_iterations: int) -> Any:
+    return validate(RunConfig, {
+        "harness": {"type": "gymnasium", "id": "tests.hierarchy.envs:HierTick-v0"}, "seed": 3,
+        "agent": {"type": "mlp", "hidden_sizes": [16]},
+        "policy": {"type": "hierarchical", "kwargs": {
+            "option_steps": 4, "skills": [{"name": "tick", "subgoal": "tick"}, {"name": "free", "reward": "extrinsic"}],
+            "ppo": {"n_steps": 16, "batch_size": 32, "n_epochs": 2}}},
+        "distribution": {"envs_per_worker": 4}, "total_env_steps": 256,
+        "eval": {"deterministic": False, "every_n_iterations": every_n_iterations, "episodes": 4, "num_envs": 2,
+                 "at_end": False},
+        "logging": {"tensorboard": False, "checkpoint_freq": 0, "progress_bar": False}})
+
+
 def _tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     if isinstance(state, torch.Tensor):
         return {prefix: state}
@@ -49,10 +62,10 @@ def _trained(cfg: Any, path: Any) -> dict[str, torch.Tensor]:
         return _tensors(loop.learner.state_dict())
 
 
-@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo", "hierarchical"])
 def test_stochastic_evaluations_during_training_leave_the_training_run_unchanged(tmp_path, kind):
     """A run evaluated with sampled actions after every iteration trains exactly as one never evaluated."""
-    make = _cfg if kind == "gymnasium" else _selfplay_cfg
+    make = {"gymnasium": _cfg, "pettingzoo": _selfplay_cfg, "hierarchical": _options_cfg}[kind]
     plain, evaluated = _trained(make(0), tmp_path / "plain"), _trained(make(1), tmp_path / "evaluated")
     assert plain and plain.keys() == evaluated.keys()
     assert all(torch.equal(plain[k], evaluated[k]) for k in plain)
