@@ -329,6 +329,10 @@ def evaluate_run(target: str | Path, episodes: int | None = None, seed: int | No
     if episodes is not None and episodes < 1:
         raise ConfigError("--episodes must be at least 1")
     run_dir, cfg, ckpt = resolve_target(Path(target))
+    if stochastic and run_kind(cfg) == "env":  # sampled actions: the same --seed samples the same episodes
+        import torch
+
+        torch.manual_seed(cfg.eval.seed if seed is None else seed)
     if run_kind(cfg) == "agent":
         from polar.trainers.agentic_run import evaluate_agent_run
 

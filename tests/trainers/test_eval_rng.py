@@ -85,3 +85,15 @@ def test_a_stochastic_evaluation_moves_no_one_elses_random_stream(tmp_path):
         third = evaluate_policy(policy, harness, episodes=6, seed=5, deterministic=False)
     assert first == second
     assert third != first  # sampled actions, from where the global stream stands
+
+
+def test_polar_eval_with_sampled_actions_gives_the_same_episodes_for_the_same_seed(tmp_path):
+    from polar.trainers.build import evaluate_run
+
+    with build_trainer(_cfg(0), RunDir.create("x", tmp_path / "run")) as loop:
+        loop.train()
+    run = tmp_path / "run"
+    results = [evaluate_run(run, episodes=6, seed=seed, stochastic=True)[2] for seed in (7, 7, 8)]
+    first, again, other = ({k: v for k, v in r.items() if k != "written"} for r in results)
+    assert first == again
+    assert first["lengths"] != other["lengths"]
