@@ -1,7 +1,10 @@
 """Random Network Distillation (Burda et al. 2018, arXiv:1810.12894) as a reward module of on-policy learners.
 
 The intrinsic reward of the transition into ``s'`` is the predictor's error ``||f(s') - g(s')||^2`` against a fixed
-random target ``g``, on observations normalized by a running mean/std and clipped to ``obs_clip``. As in the paper:
+random target ``g``, on observations normalized by a running mean/std and clipped to ``obs_clip``. ``s'`` is the
+observation the step reached (``Fragment.next_obs``: the final one where an episode ended), so every step of a
+batch, the last of each env column included, is scored and trains the predictor. As in the paper (and CleanRL's
+``ppo_rnd_envpool.py``):
 
 - rewards are divided by a running std of the *discounted intrinsic return* (a forward filter per env column,
   never reset at episode ends), so the bonus keeps one scale while the predictor improves;
@@ -11,10 +14,9 @@ random target ``g``, on observations normalized by a running mean/std and clippe
 - the predictor trains on a random ``update_proportion`` of each minibatch, so it does not learn too fast.
 
 Where this differs: the predictor and critic are MLPs on the flattened observation (the paper: CNNs on Atari
-frames), the observation normalizer starts empty (the paper warms it with random-policy steps), and the last step
-of each env column has no next observation in the batch, so its intrinsic advantage is 0 and its transition
-trains nothing (one step in ``n_steps``). The learner owns one ``RND``: its networks, optimizer and normalizers
-are part of the learner's checkpoint.
+frames), and the observation normalizer has no warm-up phase of random-policy steps: each batch is folded in
+before it is scored, so the first batch (a near-uniform fresh policy's) is normalized by its own moments. The
+learner owns one ``RND``: its networks, optimizer and normalizers are part of the learner's checkpoint.
 """
 
 from __future__ import annotations
