@@ -252,9 +252,11 @@ class APPOLearner:
             return {"update_skipped": 1.0, "stale_dropped": float(self.stale_dropped)}
         intrinsic = None
         if self.intrinsic is not None:
-            obs = fragment.obs
-            obs = {k: torch.as_tensor(v) for k, v in obs.items()} if isinstance(obs, dict) else torch.as_tensor(obs)
-            intrinsic = self.intrinsic.advantages(obs, fragment.num_steps, fragment.num_envs)
+            if fragment.next_obs is None:
+                raise ValueError("policy.kwargs.intrinsic: the fragment has no next observations (Fragment.next_obs); "
+                                 "its collector must keep them (polar.rollout.runner.runner_options does)")
+            intrinsic = self.intrinsic.advantages(fragment.obs, fragment.next_obs, fragment.num_steps,
+                                                  fragment.num_envs)
         # a group's ranks hold shards of one fragment: the minibatch count is the whole batch's (batch.env_steps)
         n_mini = None if self.grad_sync is None else max(1, -(-batch.env_steps // (self.kw.batch_size or batch.env_steps or 1)))
         stats = appo_update(self.agent, self.optimizer, fragment, self.kw, learner_version, rollout.reward_scale,

@@ -212,7 +212,10 @@ class PPOLearner:
         kw = self.kw
         buf.advantages, buf.returns = rollout_gae(buf, kw.gamma, kw.gae_lambda, reward_scale, reward_clip)
         if self.intrinsic is not None and kw.intrinsic is not None:
-            intrinsic = self.intrinsic.advantages(buf.obs, buf.num_steps, buf.num_envs)
+            if buf.next_obs is None:
+                raise ValueError("policy.kwargs.intrinsic: the rollout has no next observations (Fragment.next_obs); "
+                                 "its collector must keep them (polar.rollout.runner.runner_options does)")
+            intrinsic = self.intrinsic.advantages(buf.obs, buf.next_obs, buf.num_steps, buf.num_envs)
             buf.advantages = combine(buf.advantages, intrinsic, kw.intrinsic)
         buf.to(self.device)  # GAE runs on CPU (numpy); the epochs on the learner's device
         lr = schedule_value(kw.learning_rate, kw.lr_schedule, progress)

@@ -1,7 +1,10 @@
 """Random Network Distillation (Burda et al. 2018, arXiv:1810.12894) as a reward module of on-policy learners.
 
 The intrinsic reward of the transition into ``s'`` is the predictor's error ``||f(s') - g(s')||^2`` against a fixed
-random target ``g``, on observations normalized by a running mean/std and clipped to ``obs_clip``. As in the paper:
+random target ``g``, on observations normalized by a running mean/std and clipped to ``obs_clip``. ``s'`` is the
+observation the step reached (``Fragment.next_obs``: the final one where an episode ended), so every step of a
+batch, the last of each env column included, is scored and trains the predictor. As in the paper (and CleanRL's
+``ppo_rnd_envpool.py``):
 
 - rewards are divided by a running std of the *discounted intrinsic return* (a forward filter per env column,
   never reset at episode ends), so the bonus keeps one scale while the predictor improves;
@@ -11,10 +14,9 @@ random target ``g``, on observations normalized by a running mean/std and clippe
 - the predictor trains on a random ``update_proportion`` of each minibatch, so it does not learn too fast.
 
 Where this differs: the predictor and critic are MLPs on the flattened observation (the paper: CNNs on Atari
-frames), the observation normalizer starts empty (the paper warms it with random-policy steps), and the last step
-of each env column has no next observation in the batch, so its intrinsic advantage is 0 and its transition
-trains nothing (one step in ``n_steps``). The learner owns one ``RND``: its networks, optimizer and normalizers
-are part of the learner's checkpoint.
+frames), and the observation normalizer has no warm-up phase of random-policy steps: each batch is folded in
+before it is scored, so the first batch (a near-uniform fresh policy's) is normalized by its own moments. The
+learner owns one ``RND``: its networks, optimizer and normalizers are part of the learner's checkpoint.
 """
 
 from __future__ import annotations
@@ -105,8 +107,17 @@ class ObsFlattener(nn.Module):
 def _flat_rows(obs: ObsBatch, rows: int) -> ObsBatch:
     """``[T, N, ...]`` observations as ``[T*N, ...]``."""
     if isinstance(obs, dict):
-        return {k: v.reshape(rows, *v.shape[2:]) for k, v in obs.items()}
-    return obs.reshape(rows, *obs.shape[2:])
+        return {k: torch.as_tensor(v).reshape(rows, *v.shape[2:]) for k, v in obs.items()}
+    return torch.as_tensor(obs).reshape(rows, *obs.shape[2:])
+
+
+def _index(obs: ObsBatch, idx: torch.Tensor) -> ObsBatch:
+    return {k: v[idx] for k, v in obs.items()} if isinstance(obs, dict) else obs[idx]
+
+
+def _last_row(obs: ObsBatch, num_steps: int, num_envs: int) -> ObsBatch:
+    """The rows of step ``num_steps - 1`` of flat ``[T*N, ...]`` observations."""
+    return _index(obs, torch.arange((num_steps - 1) * num_envs, num_steps * num_envs))
 
 
 class RND(nn.Module):
@@ -131,7 +142,8 @@ class RND(nn.Module):
         self.to(device or torch.device("cpu"))
         self.optimizer = Adam([*self.predictor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate)
         self._returns: torch.Tensor | None = None
-        self._valid: torch.Tensor | None = None
+        self._obs: ObsBatch | None = None
+        self._next_obs: ObsBatch | None = None
         self.metrics: dict[str, float] = {}
 
     @property
@@ -162,59 +174,54 @@ class RND(nn.Module):
         self.return_norm.update(stacked.mean(), stacked.var(unbiased=False), float(stacked.numel()))
         return float((self.return_norm.var + 1e-8).sqrt())
 
-    def advantages(self, obs: ObsBatch, num_steps: int, num_envs: int) -> torch.Tensor:
-        """Intrinsic advantages ``[T, N]`` of a batch of observations ``[T, N, ...]`` (the policy's input at each
-        step): the bonus of step t is the novelty of ``obs[t + 1]``, normalized, then GAE with the module's critic
-        over the batch without episode ends. Also folds the batch into the observation normalizer."""
+    def advantages(self, obs: ObsBatch, next_obs: ObsBatch, num_steps: int, num_envs: int) -> torch.Tensor:
+        """Intrinsic advantages ``[T, N]`` of a batch: ``obs[t]`` is the policy's input at step t, ``next_obs[t]``
+        the observation step t reached (the *final* one where an episode ended: ``Fragment.next_obs``). Step t's
+        bonus is the novelty of ``next_obs[t]``, normalized; then GAE with the module's critic over the batch with
+        no episode end (non-episodic: after a reset the stream goes on at ``obs[t + 1]``, and the last step
+        bootstraps from ``next_obs[-1]``). Also folds ``next_obs`` into the observation normalizer first."""
         cfg, rows = self.cfg, num_steps * num_envs
-        obs = _flat_rows(obs, rows)
-        obs = {k: v.to(self.device) for k, v in obs.items()} if isinstance(obs, dict) else obs.to(self.device)
-        flat = self.flatten(obs)
+        obs, nxt = self._on_device(_flat_rows(obs, rows)), self._on_device(_flat_rows(next_obs, rows))
+        flat = self.flatten(nxt)
         self.obs_norm.update(flat.double().mean(0), flat.double().var(0, unbiased=False), float(rows))
-        raw = self.novelty(obs).reshape(num_steps, num_envs)
+        raw = self.novelty(nxt).reshape(num_steps, num_envs)
+        std = self._filtered_std(raw)
+        rewards = raw / std
         with torch.no_grad():
             values = self.critic(self._inputs(obs)).reshape(num_steps, num_envs)
-        adv = torch.zeros(num_steps, num_envs, device=self.device)
-        returns = values.clone()
-        if num_steps > 1:
-            rewards = raw[1:]  # step t's transition reached obs[t + 1]
-            std = self._filtered_std(rewards)
-            rewards = rewards / std
-            v = values.cpu()
-            a, r = compute_gae(rewards.float().cpu(), v[:-1], torch.zeros_like(v[:-1]), v[-1], cfg.gamma,
-                               cfg.gae_lambda)  # non-episodic: no episode end cuts the intrinsic return
-            adv[:-1], returns[:-1] = a.to(self.device), r.to(self.device)
-            self.metrics = {"intrinsic/reward_mean": float(rewards.mean()), "intrinsic/reward_raw_mean":
-                            float(raw.mean()), "intrinsic/return_std": std}
-        valid = torch.ones(num_steps, num_envs, dtype=torch.bool, device=self.device)
-        valid[-1] = False
-        self._returns, self._valid = returns.reshape(rows), valid.reshape(rows)
-        self._obs = obs
-        return adv
+            last = self.critic(self._inputs(_last_row(nxt, num_steps, num_envs))).reshape(num_envs)
+        a, r = compute_gae(rewards.float().cpu(), values.cpu(), torch.zeros(num_steps, num_envs), last.cpu(),
+                           cfg.gamma, cfg.gae_lambda)  # non-episodic: no episode end cuts the intrinsic return
+        self.metrics = {"intrinsic/reward_mean": float(rewards.mean()), "intrinsic/reward_raw_mean":
+                        float(raw.mean()), "intrinsic/return_std": std}
+        self._returns, self._obs, self._next_obs = r.to(self.device).reshape(rows), obs, nxt
+        return a.to(self.device)
+
+    def _on_device(self, obs: ObsBatch) -> ObsBatch:
+        return {k: v.to(self.device) for k, v in obs.items()} if isinstance(obs, dict) else obs.to(self.device)
 
     def train_on_batch(self) -> dict[str, float]:
         """Fit the predictor (a random ``update_proportion`` of each minibatch) and the intrinsic critic (towards
         the intrinsic returns) on the batch ``advantages`` scored last; returns this batch's ``intrinsic/*``."""
-        assert self._returns is not None and self._valid is not None, "advantages() first"
+        assert self._returns is not None and self._obs is not None and self._next_obs is not None, "advantages() first"
         cfg = self.cfg
-        idx_all = torch.nonzero(self._valid).squeeze(-1)
-        obs, returns = self._obs, self._returns
+        obs, nxt, returns = self._obs, self._next_obs, self._returns
+        idx_all = torch.arange(returns.numel(), device=self.device)
         pred_sum, value_sum, n = 0.0, 0.0, 0
         for _ in range(cfg.n_epochs):
             perm = idx_all[torch.randperm(idx_all.numel(), device=self.device)]
             for start in range(0, perm.numel(), cfg.batch_size):
                 idx = perm[start:start + cfg.batch_size]
-                mb = {k: v[idx] for k, v in obs.items()} if isinstance(obs, dict) else obs[idx]
-                x = self._inputs(mb)
+                x = self._inputs(_index(nxt, idx))  # the predictor learns the states the bonus was paid for
                 err = (self.predictor(x) - self.target(x)).pow(2).sum(-1)
                 mask = (torch.rand(err.shape[0], device=self.device) < cfg.update_proportion).float()
                 pred_loss = (err * mask).sum() / mask.sum().clamp(min=1.0)
-                value_loss = (self.critic(x).squeeze(-1) - returns[idx]).pow(2).mean()
+                value_loss = (self.critic(self._inputs(_index(obs, idx))).squeeze(-1) - returns[idx]).pow(2).mean()
                 self.optimizer.zero_grad()
                 (pred_loss + value_loss).backward()
                 self.optimizer.step()
                 pred_sum, value_sum, n = pred_sum + pred_loss.item(), value_sum + value_loss.item(), n + 1
-        self._returns = self._valid = None
+        self._returns = self._obs = self._next_obs = None
         out = {**self.metrics, "intrinsic/predictor_loss": pred_sum / max(1, n),
                "intrinsic/value_loss": value_sum / max(1, n)}
         self.metrics = {}

@@ -64,6 +64,11 @@ class RolloutBuffer:
         self.episode_starts = _cat([f.episode_starts for f in fragments], 1)
         self.trunc_values = _cat([f.trunc_values for f in fragments], 1)
         self.last_values = _cat([f.last_values for f in fragments], 0)
+        # the observation each step reached (final ones where episodes ended), when the run keeps it (RND)
+        self.next_obs: ObsTensor | None = None
+        if f0.next_obs is not None:
+            self.next_obs = ({k: _cat([f.next_obs[k] for f in fragments], 1) for k in f0.next_obs}
+                             if isinstance(f0.next_obs, dict) else _cat([f.next_obs for f in fragments], 1))
         # env steps per step when steps are options (SMDP discounting in polar.algorithms.advantages), else None
         self.durations: torch.Tensor | None = None
         if f0.durations is not None:
@@ -86,7 +91,7 @@ class RolloutBuffer:
         if device.type == "cpu":
             return self
         for name in ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "episode_starts",
-                     "trunc_values", "last_values", "advantages", "returns", "initial_state"):
+                     "trunc_values", "last_values", "advantages", "returns", "initial_state", "next_obs"):
             setattr(self, name, map_state(lambda t: t.to(device, non_blocking=True), getattr(self, name)))
         return self
 

@@ -7,10 +7,10 @@ they arrive and corrects for the lag between the behaviour and the current polic
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
-from polar.config.intrinsic import IntrinsicConfig
+from polar.config.intrinsic import IntrinsicConfig, refuse_policy_obs_normalization
 
 
 class APPOKwargs(StrictModel):
@@ -38,3 +38,8 @@ class APPOKwargs(StrictModel):
     max_policy_lag: int = Field(20, ge=0, description="drop fragments more than this many updates behind (0 = never)")
     intrinsic: IntrinsicConfig | None = Field(
         None, description="an intrinsic reward module ({type: rnd, ...}), as PPO's (docs/exploration.md)")
+
+    @model_validator(mode="after")
+    def _intrinsic_reads_raw_observations(self) -> APPOKwargs:
+        refuse_policy_obs_normalization(self.normalize_obs, self.intrinsic)
+        return self

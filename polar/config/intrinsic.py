@@ -30,4 +30,13 @@ class RNDConfig(StrictModel):
     obs_clip: float = Field(5.0, gt=0, description="normalized observations are clipped to +-this (the paper's 5)")
 
 
+def refuse_policy_obs_normalization(normalize_obs: bool, intrinsic: RNDConfig | None) -> None:
+    """RND reads each step's raw next observation (``Fragment.next_obs``) and normalizes it itself; its intrinsic
+    critic bootstraps from the last one, which must be in the policy's own view: a policy that normalizes its
+    observations would give the critic two different views of a state."""
+    if intrinsic is not None and normalize_obs:
+        raise ValueError("normalize_obs: true with intrinsic: RND normalizes the raw observations itself (obs_clip) "
+                         "and its critic needs the policy's observations raw; set normalize_obs: false")
+
+
 IntrinsicConfig = RNDConfig  # ICM would join here as a discriminated union on ``type``

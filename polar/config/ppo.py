@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel
-from polar.config.intrinsic import IntrinsicConfig
+from polar.config.intrinsic import IntrinsicConfig, refuse_policy_obs_normalization
 
 Schedule = Literal["constant", "linear"]
 DEFAULT_BATCH_SIZE = 64  # minibatch samples when neither batch_size nor num_minibatches is set
@@ -72,6 +72,7 @@ class PPOKwargs(StrictModel):
     def _one_minibatch_rule(self) -> PPOKwargs:
         if self.batch_size is not None and self.num_minibatches is not None:
             raise ValueError("set either batch_size or num_minibatches, not both")
+        refuse_policy_obs_normalization(self.normalize_obs, self.intrinsic)
         return self
 
     def steps_per_env(self, num_envs: int) -> int:

@@ -43,14 +43,16 @@ RolloutActor = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 
 def runner_options(cfg: EnvRunConfig) -> dict[str, Any]:
     """``EnvRunner`` keyword arguments for a run config (what its algorithm needs from collection): PPO and
-    APPO normalize observations and rewards while collecting when asked; DQN and SAC keep ``next_obs``;
+    APPO normalize observations and rewards while collecting when asked; DQN, SAC and runs with an intrinsic reward
+    keep ``next_obs``;
     PPO's ``fused`` switch also decides whether the built-in MLP acts through numpy."""
     kw = cfg.policy.kwargs
     normalize_obs = normalize_reward = False
     if isinstance(kw, (PPOKwargs, APPOKwargs)):
         normalize_obs, normalize_reward = kw.normalize_obs, kw.normalize_reward
     return {"gamma": float(getattr(kw, "gamma", 0.99)), "normalize_obs": normalize_obs,
-            "normalize_reward": normalize_reward, "keep_next_obs": bool(getattr(kw, "keeps_next_obs", False)),
+            "normalize_reward": normalize_reward, "keep_next_obs": bool(getattr(kw, "keeps_next_obs", False))
+            or getattr(kw, "intrinsic", None) is not None,  # RND scores the observation each step reached
             "fused": kw.fused if isinstance(kw, PPOKwargs) else "auto"}
 
 

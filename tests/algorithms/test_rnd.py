@@ -27,14 +27,15 @@ def test_the_observation_normalizer_holds_the_batch_moments_and_the_return_std_f
     rnd = _rnd(gamma=0.9)
     T, N = 6, 3
     obs = torch.randn(T, N, 4) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 5.0
-    rnd.advantages(obs, T, N)
-    flat = obs.reshape(-1, 4).double()
+    nxt = torch.randn(T, N, 4) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 5.0
+    rnd.advantages(obs, nxt, T, N)
+    flat = nxt.reshape(-1, 4).double()  # the observations the bonus scores
     assert torch.allclose(rnd.obs_norm.mean, flat.mean(0), atol=1e-6)
     assert torch.allclose(rnd.obs_norm.var, flat.var(0, unbiased=False), rtol=1e-3)
-    # the forward filter: discounted sums of the bonuses of obs[1:], per env column, never reset
-    raw = rnd.novelty(obs.reshape(-1, 4)).reshape(T, N)[1:].double()
+    # the forward filter: discounted sums of the bonuses of next_obs, per env column, never reset
+    raw = rnd.novelty(nxt.reshape(-1, 4)).reshape(T, N).double()
     running, rets = torch.zeros(N, dtype=torch.float64), []
-    for t in range(T - 1):
+    for t in range(T):
         running = 0.9 * running + raw[t]
         rets.append(running)
     assert torch.allclose(rnd.return_filter, running, rtol=1e-4)
@@ -48,10 +49,10 @@ def test_the_bonus_falls_on_revisited_states_and_stays_high_on_new_ones():
     torch.manual_seed(1)
     seen = torch.randn(16, 8, 4)
     unseen = torch.randn(128, 4) * 3.0 + 6.0
-    rnd.advantages(seen, 16, 8)
+    rnd.advantages(seen, seen, 16, 8)
     before = rnd.novelty(seen.reshape(-1, 4)).mean()
     for _ in range(5):
-        rnd.advantages(seen, 16, 8)
+        rnd.advantages(seen, seen, 16, 8)
         rnd.train_on_batch()
     after = rnd.novelty(seen.reshape(-1, 4)).mean()
     assert after < 0.3 * before
@@ -150,33 +151,111 @@ def test_every_documented_intrinsic_key_takes_effect():
     assert torch.allclose(combine(ext, intr, RNDConfig(coef=0.5, ext_coef=3.0)), 3.0 * ext + 0.5 * intr)
     # gamma / gae_lambda: lambda 0 gives the one-step TD error r_t + gamma * V(s_t+1) - V(s_t), no episode cut
     rnd = _rnd(gamma=0.5, gae_lambda=0.0)
-    adv = rnd.advantages(obs, T, N)
+    nxt = torch.randn(T, N, 4)
+    adv = rnd.advantages(obs, nxt, T, N)
     flat = obs.reshape(-1, 4)
     with torch.no_grad():
         v = rnd.critic(rnd._inputs(flat)).reshape(T, N)
-    r = rnd.novelty(flat).reshape(T, N)[1:] / rnd.metrics["intrinsic/return_std"]
-    assert torch.allclose(adv[:-1], r + 0.5 * v[1:] - v[:-1], atol=1e-5)
-    assert torch.all(adv[-1] == 0)
+        v_last = rnd.critic(rnd._inputs(nxt[-1])).reshape(N)
+    r = rnd.novelty(nxt.reshape(-1, 4)).reshape(T, N) / rnd.metrics["intrinsic/return_std"]
+    assert torch.allclose(adv[:-1], r[:-1] + 0.5 * v[1:] - v[:-1], atol=1e-5)
+    assert torch.allclose(adv[-1], r[-1] + 0.5 * v_last - v[-1], atol=1e-5)
     # hidden_sizes / embedding_dim: the target, predictor and critic widths
     rnd = RND(SPACE, RNDConfig(hidden_sizes=[8, 12], embedding_dim=5))
     assert [m.out_features for m in rnd.target if isinstance(m, torch.nn.Linear)] == [8, 12, 5]
     assert [m.out_features for m in rnd.critic if isinstance(m, torch.nn.Linear)] == [8, 12, 1]
     # obs_clip: normalized observations are clipped to +-obs_clip
     rnd = _rnd(obs_clip=1.5)
-    rnd.advantages(obs, T, N)
+    rnd.advantages(obs, obs, T, N)
     assert float(rnd._inputs(torch.full((1, 4), 1e3)).max()) == pytest.approx(1.5)
     # learning_rate, n_epochs, batch_size: Adam's step, and n_epochs * ceil(valid samples / batch_size) steps
     rnd = _rnd(learning_rate=3e-3, n_epochs=3, batch_size=10)
-    rnd.advantages(obs, T, N)
+    rnd.advantages(obs, obs, T, N)
     rnd.train_on_batch()
     assert rnd.optimizer.lr == 3e-3
-    assert rnd.optimizer.state_dict()["step"] == 3 * -(-((T - 1) * N) // 10)
+    assert rnd.optimizer.state_dict()["step"] == 3 * -(-(T * N) // 10)
     # update_proportion: the predictor's loss covers that share of each minibatch; with a tiny share it barely moves
     moved = {}
     for share in (1.0, 1e-3):
         rnd = _rnd(update_proportion=share, n_epochs=5, learning_rate=1e-3)
-        rnd.advantages(obs, T, N)
+        rnd.advantages(obs, obs, T, N)
         before = rnd.novelty(flat).mean()
         rnd.train_on_batch()
         moved[share] = float(before - rnd.novelty(flat).mean())
     assert moved[1.0] > 0.1 * float(before) and abs(moved[1e-3]) < 0.1 * moved[1.0], moved
+
+
+def _cartpole_fragment(steps: int = 64, **intrinsic):
+    """One real fragment of a PPO + RND CartPole run (2 envs; episodes of a fresh policy end every ~20 steps)."""
+    from polar.models.policy import build_policy
+    from polar.rollout.backends.base import make_backend
+
+    data = _ppo_cfg(n_steps=steps)
+    data["policy"]["kwargs"]["intrinsic"].update(intrinsic)
+    cfg = validate(RunConfig, data)
+    torch.manual_seed(0)
+    backend = make_backend(cfg, steps, seed=0)
+    policy = build_policy(cfg, backend.observation_space, backend.action_space)
+    try:
+        backend.start(policy.state_dict(), 0, policy=policy)
+        return cfg, backend.observation_space, backend.next_fragment()
+    finally:
+        backend.close()
+
+
+def test_a_run_with_rnd_keeps_the_observation_each_step_reached_the_final_one_where_an_episode_ended():
+    from polar.rollout.runner import runner_options
+
+    _, _, frag = _cartpole_fragment()
+    assert frag.next_obs is not None and frag.next_obs.shape == frag.obs.shape
+    done = np.logical_or(frag.terminated, frag.truncated)
+    assert done[:-1].any()
+    for t in range(frag.num_steps - 1):
+        for i in range(frag.num_envs):
+            if done[t, i]:  # CartPole's final state is out of bounds; obs[t + 1] is the next episode's reset one
+                x, theta = frag.next_obs[t, i, 0], frag.next_obs[t, i, 2]
+                assert abs(x) > 2.4 or abs(theta) > 0.2095
+                assert not np.array_equal(frag.next_obs[t, i], frag.obs[t + 1, i])
+            else:
+                assert np.array_equal(frag.next_obs[t, i], frag.obs[t + 1, i])
+    plain = validate(RunConfig, {**_ppo_cfg(), "policy": {"type": "ppo", "kwargs": {"n_steps": 16}}})
+    assert runner_options(plain)["keep_next_obs"] is False  # plain PPO does not pay for the copy
+
+
+def test_each_step_is_paid_the_novelty_of_what_it_reached_and_the_intrinsic_return_runs_on_across_episode_ends():
+    """lambda 0: A_int[t] = r_t + gamma * V(obs[t + 1]) - V(obs[t]) at every step, an episode's last one included
+    (no episode end cuts the intrinsic return), r_t the novelty of ``next_obs[t]`` (the final observation there,
+    not the reset one), and the fragment's last step bootstraps from ``V(next_obs[-1])``: no step goes unpaid."""
+    _, space, frag = _cartpole_fragment(gamma=0.5, gae_lambda=0.0)
+    T, N = frag.num_steps, frag.num_envs
+    torch.manual_seed(1)
+    rnd = RND(space, RNDConfig(gamma=0.5, gae_lambda=0.0, hidden_sizes=[16], embedding_dim=8))
+    adv = rnd.advantages(torch.as_tensor(frag.obs), torch.as_tensor(frag.next_obs), T, N)
+    obs, nxt = torch.as_tensor(frag.obs).reshape(T * N, -1), torch.as_tensor(frag.next_obs).reshape(T * N, -1)
+    std = rnd.metrics["intrinsic/return_std"]
+    r = (rnd.novelty(nxt) / std).reshape(T, N)
+    with torch.no_grad():
+        v = rnd.critic(rnd._inputs(obs)).reshape(T, N)
+        v_last = rnd.critic(rnd._inputs(nxt.reshape(T, N, -1)[-1])).reshape(N)
+    done = torch.as_tensor(np.logical_or(frag.terminated, frag.truncated))
+    ends = [(t, i) for t in range(T - 1) for i in range(N) if done[t, i]]
+    assert ends
+    for t, i in ends:
+        assert float(adv[t, i]) == pytest.approx(float(r[t, i] + 0.5 * v[t + 1, i] - v[t, i]), abs=1e-5)
+        assert abs(float(0.5 * v[t + 1, i])) > 1e-4  # the continuation an episodic return would have cut
+        reset_bonus = float(rnd.novelty(torch.as_tensor(frag.obs[t + 1, i])[None])) / std
+        assert float(r[t, i]) != pytest.approx(reset_bonus, rel=1e-3)
+    assert torch.allclose(adv[-1], r[-1] + 0.5 * v_last - v[-1], atol=1e-5)
+    assert bool((adv[-1] != 0).all())
+    # and every step, the last included, trains the predictor and the critic: n_epochs * ceil(T * N / batch_size)
+    rnd.train_on_batch()
+    assert rnd.optimizer.state_dict()["step"] == rnd.cfg.n_epochs * -(-(T * N) // rnd.cfg.batch_size)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_rnd_with_the_policys_observation_normalisation_is_one_line_naming_the_keys(algo):
+    data = _ppo_cfg(algo, normalize_obs=True)
+    with pytest.raises(ConfigError) as e:
+        validate(RunConfig, data)
+    msg = str(e.value)
+    assert "normalize_obs: true with intrinsic" in msg and "set normalize_obs: false" in msg and "\n" not in msg
