@@ -102,7 +102,7 @@ class RayRolloutPool:
         self.slots: dict[int, _Slot] = {}
         self.inflight: dict[Any, int] = {}  # ObjectRef -> worker id
         self.version = -1
-        self.weights: Any = None  # the newest weights: packed (``pack_weights``), or the ObjectRef of a numpy dict
+        self.weights: Any = None  # the newest weights: packed (``pack_arrays``), or the ObjectRef of a numpy dict
         self.stats = PoolStats()
         self.target_workers = num_workers
         for _ in range(num_workers):
