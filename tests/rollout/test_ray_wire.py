@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from polar.rollout.backends.ray_actor import (
+    LayoutCodec,
     pack_arrays,
     pack_fragment,
     state_to_numpy,
@@ -51,16 +52,17 @@ def assert_same(a: object, b: object) -> None:
 
 
 def test_a_packed_fragment_is_one_buffer_and_unpacks_to_every_field():
-    frag = dict_obs_fragment()
-    packed = pack_fragment(frag)
+    frag, actor, driver = dict_obs_fragment(), LayoutCodec(), LayoutCodec()
+    packed = pack_fragment(frag, actor)
     assert isinstance(packed, tuple)
-    layout, blob, rest = packed
-    assert isinstance(blob, bytes)
+    raw_layout, blob, rest = packed
+    assert isinstance(raw_layout, bytes) and isinstance(blob, bytes)  # Ray pickles neither
+    layout = driver.decode(raw_layout)
     # every numeric array (dict observations' included) is in the buffer, not pickled one by one
     assert {(name, key) for name, key, *_ in layout} >= {("obs", "image"), ("obs", "pos"), ("next_obs", "pos"),
                                                           ("actions", None), ("durations", None)}
     assert not any(isinstance(v, np.ndarray) for v in rest.values())
-    out = unpack_fragment(packed)
+    out = unpack_fragment(packed, driver)
     for f in dataclasses.fields(Fragment):
         assert_same(getattr(frag, f.name), getattr(out, f.name))
     assert out.obs["image"].flags.writeable and out.actions.flags.writeable  # learners may write in place
@@ -68,19 +70,19 @@ def test_a_packed_fragment_is_one_buffer_and_unpacks_to_every_field():
 
 
 def test_a_packed_fragment_is_a_snapshot():
-    frag = dict_obs_fragment()
-    packed = pack_fragment(frag)
+    frag, codec = dict_obs_fragment(), LayoutCodec()
+    packed = pack_fragment(frag, codec)
     frag.rewards[...] = 99.0  # the runner reuses its buffers for the next fragment
-    out = unpack_fragment(packed)
+    out = unpack_fragment(packed, codec)
     assert not np.any(out.rewards == 99.0)
     out.actions[...] = -1  # each unpack owns its arrays
-    assert not np.any(unpack_fragment(packed).actions == -1)
+    assert not np.any(unpack_fragment(packed, codec).actions == -1)
 
 
 def test_a_fragment_with_object_arrays_travels_as_is():
     frag = dataclasses.replace(dict_obs_fragment(), obs=np.array([["a"] * N] * T, dtype=object))
-    assert pack_fragment(frag) is frag
-    assert unpack_fragment(frag) is frag
+    assert pack_fragment(frag, LayoutCodec()) is frag
+    assert unpack_fragment(frag, LayoutCodec()) is frag
 
 
 def test_packed_weights_load_exactly_and_do_not_follow_the_learner():
@@ -89,9 +91,20 @@ def test_packed_weights_load_exactly_and_do_not_follow_the_learner():
     src.train()
     src(torch.randn(16, 4))  # running stats and the int64 batch counter are in the state dict too
     published = {k: v.clone() for k, v in src.state_dict().items()}
-    packed = pack_arrays({(k, None): a for k, a in state_to_numpy(src.state_dict()).items()})
+    layout, blob = pack_arrays({(k, None): a for k, a in state_to_numpy(src.state_dict()).items()})
     with torch.no_grad():
         src[0].weight.add_(1.0)  # the learner updates in place after publishing
-    dst.load_state_dict(unpack_weights(packed))
+    dst.load_state_dict(unpack_weights(LayoutCodec().decode(LayoutCodec().encode(layout)), blob))
     for k, v in dst.state_dict().items():
         assert v.dtype == published[k].dtype and torch.equal(v, published[k]), k
+
+
+def test_a_layout_is_encoded_and_parsed_once_while_it_is_unchanged():
+    actor, driver = LayoutCodec(), LayoutCodec()
+    frags = [dict_obs_fragment() for _ in range(3)]
+    raws = [pack_fragment(f, actor)[0] for f in frags]
+    assert raws[0] is raws[1] is raws[2]  # the same bytes object: no JSON per fragment
+    assert driver.decode(raws[0]) is driver.decode(raws[2])
+    longer = dataclasses.replace(frags[0], rewards=np.zeros((T + 1, N), np.float32))  # a new shape: a new layout
+    raw = pack_fragment(longer, actor)[0]
+    assert raw != raws[0] and unpack_fragment((raw, *pack_fragment(longer, actor)[1:]), driver).rewards.shape == (T + 1, N)

@@ -29,7 +29,13 @@ import torch
 
 from polar.distributed.cluster import wait_ready
 from polar.errors import DistributedError, PolarError
-from polar.rollout.backends.ray_actor import RolloutWorker, pack_arrays, state_to_numpy, unpack_fragment
+from polar.rollout.backends.ray_actor import (
+    LayoutCodec,
+    RolloutWorker,
+    pack_arrays,
+    state_to_numpy,
+    unpack_fragment,
+)
 from polar.types import Fragment
 
 logger = logging.getLogger(__name__)
@@ -102,7 +108,9 @@ class RayRolloutPool:
         self.slots: dict[int, _Slot] = {}
         self.inflight: dict[Any, int] = {}  # ObjectRef -> worker id
         self.version = -1
-        self.weights: Any = None  # the newest weights: packed (``pack_arrays``), or the ObjectRef of a numpy dict
+        self.weights: Any = None  # the newest weights: packed bytes (``pack_arrays``), or the ObjectRef of a numpy dict
+        self.weights_layout: bytes | None = None  # the packed weights' layout (``LayoutCodec``); None with a ref
+        self.codec = LayoutCodec()
         self.stats = PoolStats()
         self.target_workers = num_workers
         for _ in range(num_workers):
@@ -185,19 +193,20 @@ class RayRolloutPool:
         """Newest weights, sent to each worker with its next call: a copy inline, or one shared object-store copy."""
         arrays = state_to_numpy(state_dict)
         if sum(a.nbytes for a in arrays.values()) <= INLINE_WEIGHTS_BYTES:
-            self.weights = pack_arrays({(k, None): a for k, a in arrays.items()})  # a copy: the learner updates in place
+            layout, self.weights = pack_arrays({(k, None): a for k, a in arrays.items()})  # a copy: updates are in place
+            self.weights_layout = self.codec.encode(layout)
         else:
-            self.weights = self._ray.put(arrays)
+            self.weights, self.weights_layout = self._ray.put(arrays), None
         self.version = version
 
     # --- fragments ------------------------------------------------------------------------------
     def _launch(self, wid: int) -> None:
         slot = self.slots[wid]
-        weights = None
+        weights, layout = None, None
         if slot.sent_version != self.version and self.weights is not None:
-            weights, slot.sent_version = self.weights, self.version
+            weights, layout, slot.sent_version = self.weights, self.weights_layout, self.version
             self.stats.weight_shipments += 1
-        ref = slot.actor.sample.remote(self.num_steps, self.version, weights)
+        ref = slot.actor.sample.remote(self.num_steps, self.version, weights, layout)
         self.inflight[ref] = wid
 
     def _promote_started(self) -> None:
@@ -261,7 +270,7 @@ class RayRolloutPool:
             ref = done[0]
             wid = self.inflight.pop(ref)
             try:
-                frag = unpack_fragment(self._ray.get(ref))
+                frag = unpack_fragment(self._ray.get(ref), self.codec)
             except self._ray.exceptions.RayActorError as e:
                 self._replace(wid, e)
                 continue
