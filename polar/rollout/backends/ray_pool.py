@@ -9,8 +9,10 @@ fragment first, so shrinking loses nothing.
 
 Weights go to a worker once per version, with the first call it gets after ``publish``: inline in the
 call when the numpy state is at most ``INLINE_WEIGHTS_BYTES`` (Ray inlines arguments up to that size
-itself; a ``ray.put`` costs the driver and the raylet more than the bytes), else as one ``ray.put``
-reference shared by every worker. ``PoolStats.weight_shipments`` counts the calls that carried them.
+itself; a ``ray.put`` costs the driver and the raylet more than the bytes), packed into one buffer
+(``polar.rollout.backends.ray_actor.pack_arrays``), else as one ``ray.put`` reference shared by every
+worker. Fragments come back packed the same way and are unpacked here. ``PoolStats.weight_shipments``
+counts the calls that carried weights.
 Rollout actors record no Ray task events (``enable_task_events=False``): their calls are not in
 ``ray list tasks`` or ``ray timeline``, which would otherwise hold a few hundred calls a second.
 """
@@ -27,7 +29,13 @@ import torch
 
 from polar.distributed.cluster import wait_ready
 from polar.errors import DistributedError, PolarError
-from polar.rollout.backends.ray_actor import RolloutWorker, state_to_numpy
+from polar.rollout.backends.ray_actor import (
+    LayoutCodec,
+    RolloutWorker,
+    pack_arrays,
+    state_to_numpy,
+    unpack_fragment,
+)
 from polar.types import Fragment
 
 logger = logging.getLogger(__name__)
@@ -100,7 +108,9 @@ class RayRolloutPool:
         self.slots: dict[int, _Slot] = {}
         self.inflight: dict[Any, int] = {}  # ObjectRef -> worker id
         self.version = -1
-        self.weights: Any = None  # the newest weights: a dict of numpy arrays, or the ObjectRef of one
+        self.weights: Any = None  # the newest weights: packed bytes (``pack_arrays``), or the ObjectRef of a numpy dict
+        self.weights_layout: bytes | None = None  # the packed weights' layout (``LayoutCodec``); None with a ref
+        self.codec = LayoutCodec()
         self.stats = PoolStats()
         self.target_workers = num_workers
         for _ in range(num_workers):
@@ -183,19 +193,20 @@ class RayRolloutPool:
         """Newest weights, sent to each worker with its next call: a copy inline, or one shared object-store copy."""
         arrays = state_to_numpy(state_dict)
         if sum(a.nbytes for a in arrays.values()) <= INLINE_WEIGHTS_BYTES:
-            self.weights = {k: a.copy() for k, a in arrays.items()}  # the learner updates its tensors in place
+            layout, self.weights = pack_arrays({(k, None): a for k, a in arrays.items()})  # a copy: updates are in place
+            self.weights_layout = self.codec.encode(layout)
         else:
-            self.weights = self._ray.put(arrays)
+            self.weights, self.weights_layout = self._ray.put(arrays), None
         self.version = version
 
     # --- fragments ------------------------------------------------------------------------------
     def _launch(self, wid: int) -> None:
         slot = self.slots[wid]
-        weights = None
+        weights, layout = None, None
         if slot.sent_version != self.version and self.weights is not None:
-            weights, slot.sent_version = self.weights, self.version
+            weights, layout, slot.sent_version = self.weights, self.weights_layout, self.version
             self.stats.weight_shipments += 1
-        ref = slot.actor.sample.remote(self.num_steps, self.version, weights)
+        ref = slot.actor.sample.remote(self.num_steps, self.version, weights, layout)
         self.inflight[ref] = wid
 
     def _promote_started(self) -> None:
@@ -259,7 +270,7 @@ class RayRolloutPool:
             ref = done[0]
             wid = self.inflight.pop(ref)
             try:
-                frag: Fragment = self._ray.get(ref)
+                frag = unpack_fragment(self._ray.get(ref), self.codec)
             except self._ray.exceptions.RayActorError as e:
                 self._replace(wid, e)
                 continue
