@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -364,11 +364,11 @@ class PromptBuilder:
         return ids
 
 
-def _unmarked(obj: Any, changes: Any) -> bool:
-    """True when ``mark_control_tokens(obj)`` would equal ``obj``: ``changes(s)`` finds nothing in any of its
-    strings, and it holds no tuple (marking turns them into lists)."""
+def _unmarked(obj: Any, changes: Callable[[str], bool]) -> bool:
+    """True when ``mark_control_tokens(obj)`` would equal ``obj``: ``changes(s)`` is false for every one of
+    its strings, and it holds no tuple (marking turns them into lists)."""
     if isinstance(obj, str):
-        return changes(obj) is None
+        return not changes(obj)
     if isinstance(obj, dict):
         return all(_unmarked(v, changes) for v in obj.values())
     if isinstance(obj, list):
