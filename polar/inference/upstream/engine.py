@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,8 +221,8 @@ class UpstreamEngine(Engine):
             return None
         triples = await self._whole_routed(request)
         last_id, _, finish = triples[-1]
-        return GenerationResult([t for t, _, _ in triples if t is not None],
-                                [lp for t, lp, _ in triples if t is not None],
+        tokens = triples if last_id is not None else triples[:-1]  # only a closing (None, None, finish) has no id
+        return GenerationResult(list(map(itemgetter(0), tokens)), list(map(itemgetter(1), tokens)),
                                 finish or "abort", self.policy_version if last_id is not None else None)
 
     async def _whole_routed(self, request: GenerationRequest) -> list[Triple]:
