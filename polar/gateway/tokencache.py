@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class SegmentEncoder:
                 ids.append(added[parts[2 * i - 1]])
                 if limit is not None and len(ids) > limit:
                     raise TooManyTokens(len(ids))
-            seg = found[i]
+            seg: Sequence[int] | None = found[i]
             if seg is None and part:
                 try:
                     seg = self._segment(part, None if limit is None else limit - len(ids))
