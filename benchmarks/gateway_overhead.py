@@ -196,10 +196,20 @@ def wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None)
     raise RuntimeError(f"{url} did not come up within {timeout_s}s")
 
 
-def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """``PYTHONPATH`` for a process that must import ``polar`` from ``tree``. A ``python -m`` process also
+    puts its working directory first on ``sys.path``, so it is started in ``tree`` as well (before
+    2026-12-07 stop 37 the baseline gateway, started with ``-m`` in the benchmark's own checkout, imported
+    that checkout's ``polar``, not the baseline's: 'polar-baseline' was the same code as 'polar')."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(tree) + (os.pathsep + rest if rest else "")}
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -311,20 +321,21 @@ def main() -> int:
     py = sys.executable
     up_port, gw_port, ll_port, fx_port, bp_port = free_port(), free_port(), free_port(), free_port(), free_port()
     procs: dict[str, subprocess.Popen] = {}
-    env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **tree_env(ROOT)}
     try:
         procs["upstream"] = start([py, __file__, "--serve-upstream", str(up_port), "--direct-chat", args.direct_chat],
                                   env, tmp / "upstream.log")
         wait_http(f"http://127.0.0.1:{up_port}/health", 60)
         procs["polar"] = start([py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}",
-                                "--port", str(gw_port), "--records-dir", str(tmp / "records")], env, tmp / "polar.log")
+                                "--port", str(gw_port), "--records-dir", str(tmp / "records")], env, tmp / "polar.log", ROOT)
         polar_start_s = wait_http(f"http://127.0.0.1:{gw_port}/health", 180)
         if args.baseline:
             bl_port = free_port()
             procs["polar-baseline"] = start(
                 [py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}", "--port", str(bl_port),
                  "--records-dir", str(tmp / "records-baseline")],
-                {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}, tmp / "polar-baseline.log")
+                {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}, tmp / "polar-baseline.log",
+                Path(args.baseline).resolve())
             wait_http(f"http://127.0.0.1:{bl_port}/health", 180)
         procs["polar-inproc"] = start([py, __file__, "--serve-polar-fixed", str(fx_port), "--records", str(tmp / "records-inproc")],
                                       env, tmp / "polar-inproc.log")
