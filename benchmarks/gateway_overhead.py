@@ -15,7 +15,8 @@ Processes (all on 127.0.0.1, each its own interpreter):
   logprobs as vLLM returns them) plus ``POST /v1/chat/completions`` in vLLM's documented shape, so
   the direct path and LiteLLM have a chat endpoint; it does the engine work ``/v1/completions`` does for
   polar (until 2026-12-07 it was a canned reply ~150 us cheaper, which counted the stand-in's own
-  completions work as gateway overhead);
+  completions work as gateway overhead); with ``--direct-chat vllm`` it also renders the chat template,
+  tokenizes and detokenizes, as vLLM's own chat endpoint does (work a gateway in front of vLLM takes over);
 - polar: ``polar gateway --model vllm:<upstream>``: it renders the chat template, tokenizes, streams
   token ids from the upstream's ``/v1/completions``, detokenizes, and appends a record per call;
 - polar-inproc: the same gateway around a zero-cost in-process engine (16 fixed ids): the gateway's
@@ -63,8 +64,10 @@ BODY = {
 
 
 # ---------------------------------------------------------------------------------------------- upstream
-def serve_upstream(port: int) -> None:
-    """The stand-in upstream (runs in its own process)."""
+def serve_upstream(port: int, direct_chat: str = "engine") -> None:
+    """The stand-in upstream (runs in its own process). ``direct_chat``: what its chat endpoint does besides
+    the engine work (``engine``: nothing, a fixed prompt; ``vllm``: what vLLM's chat endpoint does around
+    it: render the chat template, tokenize, and decode the answer, with the tiny tokenizer polar uses)."""
     import orjson
     import uvicorn
     from starlette.requests import Request
@@ -77,21 +80,36 @@ def serve_upstream(port: int) -> None:
     engine = FixedEngine(n_tokens=16)
     app = make_app(engine, "vllm", served_model="tiny")
     app.state.standin.requests = _NoLog()  # do not grow a request log for the whole benchmark
-    prompt_ids = list(range(1, 33))  # the chat endpoint has no tokenizer: a fixed 32-token prompt
+    fixed_prompt_ids = list(range(1, 33))  # direct_chat "engine": no tokenizer, a fixed 32-token prompt
+    tokenizer = None
+    if direct_chat == "vllm":
+        from polar.inference.tiny import build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
 
     async def chat(request: Request) -> Response:
         """The chat answer, after the same engine work ``/v1/completions`` does for polar (body parsed the
         same way, a validated GenerationRequest drained from the same engine, an id): a real vLLM does
-        more for a chat call (template, tokenizer) than for a token-id completion, never less."""
+        more for a chat call (template, tokenizer) than for a token-id completion, never less. With
+        ``direct_chat == "vllm"`` it also does that more: vLLM's chat endpoint renders the model's chat
+        template (transformers' sandboxed Jinja), tokenizes the rendering and detokenizes the answer,
+        work a gateway in front of it takes over (it sends token ids to ``/v1/completions``)."""
         body = await _json_body(request)
+        prompt_ids = fixed_prompt_ids
+        if tokenizer is not None:
+            text = tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+            prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         gen = GenerationRequest(prompt_ids=prompt_ids, max_tokens=int(body.get("max_tokens") or 16),
                                 temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
                                 stop_token_ids=[], seed=body.get("seed"))
         gen.validate()
         ids, lps, finish = await _drain(engine, gen)
+        content = "Paris is the capital of France, of course."
+        if tokenizer is not None:
+            content = tokenizer.decode(ids, skip_special_tokens=True)
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": "Paris is the capital of France, of course."},
+            "message": {"role": "assistant", "content": content},
             "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(ids, lps, strict=True)]}
             if body.get("logprobs") else None,
             "finish_reason": finish,
@@ -178,10 +196,20 @@ def wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None)
     raise RuntimeError(f"{url} did not come up within {timeout_s}s")
 
 
-def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """``PYTHONPATH`` for a process that must import ``polar`` from ``tree``. A ``python -m`` process also
+    puts its working directory first on ``sys.path``, so it is started in ``tree`` as well (before
+    2026-12-07 stop 37 the baseline gateway, started with ``-m`` in the benchmark's own checkout, imported
+    that checkout's ``polar``, not the baseline's: 'polar-baseline' was the same code as 'polar')."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(tree) + (os.pathsep + rest if rest else "")}
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -260,6 +288,10 @@ async def load(url: str, concurrency: int, n_requests: int, warmup: int, cap_s: 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--direct-chat", choices=("engine", "vllm"), default="engine",
+                    help="what the stand-in's chat endpoint (the 'direct' path) does: 'engine': the engine work "
+                         "of a token-id completion on a fixed prompt (the stop-35 tables); 'vllm': also what "
+                         "vLLM's chat endpoint does around it (chat template, tokenize, detokenize)")
     ap.add_argument("--serve-polar-fixed", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--records", help=argparse.SUPPRESS)
     ap.add_argument("--serve-bare-proxy", type=int, nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
@@ -276,7 +308,7 @@ def main() -> int:
                          "'polar-baseline', measured in the same repeats as 'polar', for a before/after on a shared box")
     args = ap.parse_args()
     if args.serve_upstream:
-        serve_upstream(args.serve_upstream)
+        serve_upstream(args.serve_upstream, args.direct_chat)
         return 0
     if args.serve_polar_fixed:
         serve_polar_in_process_engine(args.serve_polar_fixed, args.records)
@@ -289,19 +321,21 @@ def main() -> int:
     py = sys.executable
     up_port, gw_port, ll_port, fx_port, bp_port = free_port(), free_port(), free_port(), free_port(), free_port()
     procs: dict[str, subprocess.Popen] = {}
-    env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **tree_env(ROOT)}
     try:
-        procs["upstream"] = start([py, __file__, "--serve-upstream", str(up_port)], env, tmp / "upstream.log")
+        procs["upstream"] = start([py, __file__, "--serve-upstream", str(up_port), "--direct-chat", args.direct_chat],
+                                  env, tmp / "upstream.log")
         wait_http(f"http://127.0.0.1:{up_port}/health", 60)
         procs["polar"] = start([py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}",
-                                "--port", str(gw_port), "--records-dir", str(tmp / "records")], env, tmp / "polar.log")
+                                "--port", str(gw_port), "--records-dir", str(tmp / "records")], env, tmp / "polar.log", ROOT)
         polar_start_s = wait_http(f"http://127.0.0.1:{gw_port}/health", 180)
         if args.baseline:
             bl_port = free_port()
             procs["polar-baseline"] = start(
                 [py, "-m", "polar.cli.main", "gateway", "--model", f"vllm:http://127.0.0.1:{up_port}", "--port", str(bl_port),
                  "--records-dir", str(tmp / "records-baseline")],
-                {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}, tmp / "polar-baseline.log")
+                {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}, tmp / "polar-baseline.log",
+                Path(args.baseline).resolve())
             wait_http(f"http://127.0.0.1:{bl_port}/health", 180)
         procs["polar-inproc"] = start([py, __file__, "--serve-polar-fixed", str(fx_port), "--records", str(tmp / "records-inproc")],
                                       env, tmp / "polar-inproc.log")
@@ -366,6 +400,7 @@ def machine() -> str:
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace, polar_s: float, litellm_s: float | None) -> None:
     print(f"\nmachine: {machine()}")
+    print(f"direct path: the stand-in's chat endpoint, --direct-chat {args.direct_chat}")
     print(f"start-up to healthy: polar {polar_s:.1f} s" + (f", litellm {litellm_s:.1f} s" if litellm_s else ""))
     print("\n| concurrency | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | CPU ms/req |")
     print("|---|---|---|---|---|---|---|---|")

@@ -32,6 +32,7 @@ from polar.inference.base import (
     Engine,
     EngineError,
     GenerationRequest,
+    GenerationResult,
     TokenEvent,
     UpstreamUnavailable,
 )
@@ -150,6 +151,7 @@ class Call:
         self.parsed: ParsedOutput | None = None
         self._gen: Any = None
         self._first: TokenEvent | None = None
+        self._whole: GenerationResult | None = None  # the engine's whole answer, when it gave it in one piece
         self._text_stream: TextStream | None = None  # built with the prompt, off the event loop
         self._recorded = False
         self._closed = False
@@ -158,7 +160,15 @@ class Call:
         core = self.core
         self.prompt, greq = await self._prompt_and_request()
         self.sent = greq
-        self._gen = core.engine.generate(greq)
+        engine = core.engine
+        # nothing is shown before the end (no stream, no stop string, no alternatives): the whole answer at
+        # once where the engine has it in one piece. Only from an Engine itself: a wrapper that delegates
+        # attributes to its engine would hand this call past its own ``generate``
+        if not (greq.stream or self.req.stop or greq.top_logprobs) and isinstance(engine, Engine):
+            self._whole = await engine.generate_whole(greq)
+            if self._whole is not None:
+                return
+        self._gen = engine.generate(greq)
         try:
             self._first = await self._gen.__anext__()
         except StopAsyncIteration:
@@ -214,33 +224,46 @@ class Call:
         incremental = self.req.stream or bool(self.req.stop)
         finish = "abort"
         error: BaseException | None = None
+        # the per-token loop runs for every sampled token of every call: its lists and flags are locals
+        sampled, logprobs, versions, tops = self.sampled, self.logprobs, self.versions, self.top_logprobs
+        version, whole = self.policy_version, self._whole
         try:
-            ev = self._first
+            if whole is not None:  # the whole answer at once: the same lists the events would have filled
+                self.first_token_s = time.perf_counter() - self._t0 if whole.token_ids else None
+                sampled.extend(whole.token_ids)
+                logprobs.extend(whole.logprobs)
+                versions.extend([version] * len(whole.token_ids))
+                if versions and whole.policy_version is not None:
+                    versions[-1] = whole.policy_version  # the last token carries the version, as its event would
+                finish = whole.finish_reason
+            ev, gen = (None if whole is not None else self._first), self._gen
             while ev is not None:
-                if ev.token_id is not None:
+                token_id = ev.token_id
+                if token_id is not None:
                     if self.first_token_s is None:
                         self.first_token_s = time.perf_counter() - self._t0
-                    self.sampled.append(int(ev.token_id))
-                    self.logprobs.append(float(ev.logprob if ev.logprob is not None else 0.0))
-                    self.versions.append(self.policy_version if ev.policy_version is None else int(ev.policy_version))
-                    if self.top_logprobs is not None:
-                        self.top_logprobs.append(list(ev.top_logprobs or []))
+                    sampled.append(int(token_id))
+                    logprobs.append(0.0 if ev.logprob is None else float(ev.logprob))
+                    versions.append(version if ev.policy_version is None else int(ev.policy_version))
+                    if tops is not None:
+                        tops.append(list(ev.top_logprobs or []))
                     if incremental:
-                        delta = ts.feed(detok.push(int(ev.token_id)))
+                        delta = ts.feed(detok.push(int(token_id)))
                         if delta:
                             yield delta
-                if ts.stop_hit is not None:
-                    finish = "stop_sequence"
-                    break
+                        if ts.stop_hit is not None:
+                            finish = "stop_sequence"
+                            break
                 if ev.finish_reason is not None:
                     finish = ev.finish_reason
                     break
                 try:
-                    ev = await self._gen.__anext__()
+                    ev = await gen.__anext__()
                 except StopAsyncIteration:
                     ev = None
             if not incremental:
-                detok.ids.extend(t for t in self.sampled if t not in detok.skip)
+                skip = detok.skip
+                detok.ids.extend([t for t in sampled if t not in skip])
             if finish != "stop_sequence":
                 delta = ts.feed(detok.flush())
                 if ts.stop_hit is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +104,11 @@ def max_chars_per_token(tokenizer: Any) -> int | None:
     return max(1, longest) * factor
 
 
+WINDOW_CHARS = 1 << 18  # characters a control-token scan searches at a time (a few ms of the GIL at most)
+
+
 def finditer_windowed(pattern: re.Pattern[str], text: str, max_match_chars: int,
-                      window_chars: int = 1 << 18) -> Iterator[re.Match[str]]:
+                      window_chars: int = WINDOW_CHARS) -> Iterator[re.Match[str]]:
     """``pattern.finditer(text)`` for a pattern none of whose matches is longer than ``max_match_chars``
     (and none empty), searched a window at a time. A regex search holds the GIL for as long as it scans;
     over a window it holds it for milliseconds, over a hostile 8 MiB prompt for a few hundred, and a
@@ -149,6 +152,8 @@ class ControlTokens:
         return cls(start, end, control_re, markers_re, changes_re, max(map(len, tokens), default=1))
 
     def changes(self, text: str) -> bool:
+        if len(text) <= WINDOW_CHARS:  # one window: one search (most strings of a call)
+            return self.changes_re.search(text) is not None
         return next(finditer_windowed(self.changes_re, text, self.longest), None) is not None
 
     def mark(self, obj: Any) -> Any:
@@ -290,7 +295,10 @@ class PromptBuilder:
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template
 
-            compiled = _compile_jinja_template(template)
+            # our own Template from transformers' sandboxed environment (theirs is cached and shared), with
+            # its globals flattened once: each render copies them, and a ChainMap copies key by key in Python
+            compiled = _compile_jinja_template(template).environment.from_string(template)
+            compiled.globals = dict(compiled.globals)
             extra = dict(getattr(self.tokenizer, "special_tokens_map", {}) or {})
             tools: list[dict[str, Any]] = [{"type": "function", "function": {"name": "f", "description": "d",
                                                        "parameters": {"type": "object", "properties": {}}}}]
@@ -364,11 +372,11 @@ class PromptBuilder:
         return ids
 
 
-def _unmarked(obj: Any, changes: Any) -> bool:
-    """True when ``mark_control_tokens(obj)`` would equal ``obj``: ``changes(s)`` finds nothing in any of its
-    strings, and it holds no tuple (marking turns them into lists)."""
+def _unmarked(obj: Any, changes: Callable[[str], bool]) -> bool:
+    """True when ``mark_control_tokens(obj)`` would equal ``obj``: ``changes(s)`` is false for every one of
+    its strings, and it holds no tuple (marking turns them into lists)."""
     if isinstance(obj, str):
-        return changes(obj) is None
+        return not changes(obj)
     if isinstance(obj, dict):
         return all(_unmarked(v, changes) for v in obj.values())
     if isinstance(obj, list):

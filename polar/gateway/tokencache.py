@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -98,20 +98,35 @@ class SegmentEncoder:
     def encode(self, text: str, limit: int | None = None, inline_chars: int | None = None) -> list[int]:
         """The whole text's ids; past ``limit`` tokens, ``TooManyTokens`` (no further segment is encoded).
         With ``inline_chars``: ``WouldBlock`` first when more characters than that are not cached."""
-        ids: list[int] = []
         parts = self._split(text)
-        if inline_chars is not None and self.uncached_chars(parts) > inline_chars:
+        segments = parts[::2]  # the split's odd parts are the added tokens themselves
+        with self._lock:  # one look-up pass under one lock: most segments of a prompt were seen before
+            get, cache = self._cache.get, self._cache
+            found = [get(p) for p in segments]
+            for p, ids_of in zip(segments, found, strict=True):
+                if ids_of is not None:
+                    cache.move_to_end(p)
+            self.hits += len(found) - found.count(None)
+        if inline_chars is not None and sum(
+                len(p) for p, ids_of in zip(segments, found, strict=True) if ids_of is None) > inline_chars:
             raise WouldBlock
-        for i, part in enumerate(parts):
-            if i % 2:  # the split's odd parts are the added tokens themselves
-                ids.append(self._added[part])
-            elif part:
+        added = self._added
+        ids: list[int] = []
+        for i, part in enumerate(segments):
+            if i:
+                ids.append(added[parts[2 * i - 1]])
+                if limit is not None and len(ids) > limit:
+                    raise TooManyTokens(len(ids))
+            seg: Sequence[int] | None = found[i]
+            if seg is None and part:
                 try:
-                    ids.extend(self._segment(part, None if limit is None else limit - len(ids)))
+                    seg = self._segment(part, None if limit is None else limit - len(ids))
                 except TooManyTokens as e:
                     raise TooManyTokens(len(ids) + e.count) from None
-            if limit is not None and len(ids) > limit:
-                raise TooManyTokens(len(ids))
+            if seg:
+                if limit is not None and len(ids) + len(seg) > limit:
+                    raise TooManyTokens(len(ids) + len(seg))
+                ids.extend(seg)
         return ids
 
     def _segment(self, text: str, limit: int | None) -> tuple[int, ...] | list[int]:

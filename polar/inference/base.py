@@ -184,6 +184,16 @@ class Engine(abc.ABC):
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Stream sampled tokens for ``request`` (an async generator; see the module docstring)."""
 
+    async def generate_whole(self, request: GenerationRequest) -> GenerationResult | None:
+        """The whole answer at once, for a caller that shows nothing before the end (the gateway's
+        non-streamed calls without stop strings or top logprobs); ``None``: take ``generate``'s events.
+
+        An engine that receives a non-streamed answer in one piece anyway (an upstream's single JSON
+        body) returns it here, sparing an event and a generator step per token. The result's
+        ``policy_version`` is the one the last token carries (``None``: the version the call started
+        under, as for a ``TokenEvent``), so the record is the same either way."""
+        return None
+
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Swap in new weights and set ``policy_version = version``. Engines without local weights refuse."""
         raise EngineError(f"{type(self).__name__} cannot update weights in place")

@@ -44,7 +44,13 @@ from pydantic import Field, model_validator
 
 from polar.config.base import StrictModel, validate
 from polar.inference._http1 import free_port
-from polar.inference.base import EngineError, GenerationRequest, TokenEvent, UpstreamUnavailable
+from polar.inference.base import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    TokenEvent,
+    UpstreamUnavailable,
+)
 from polar.inference.upstream import UpstreamConfig, UpstreamEngine
 from polar.inference.upstream.tokenizer import load_tokenizer
 
@@ -594,6 +600,9 @@ class LaunchedVllmEngine(UpstreamEngine):
 
     def _serving_urls(self) -> set[str]:
         return {r.url for r in self.fleet.replicas if r.state == "ok"}
+
+    async def generate_whole(self, request: GenerationRequest) -> GenerationResult | None:
+        return None  # every answer goes through generate's restart loop
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         # UpstreamUnavailable comes only before any token was yielded, so sending the call again is safe

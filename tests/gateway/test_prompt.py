@@ -59,6 +59,21 @@ def test_control_token_marking_matches_transformers_on_a_prompt_wider_than_its_w
         pb.encode_rendered(full, len(ids) - 1)
 
 
+def test_messages_without_control_tokens_are_not_copied_for_marking(tiny_tokenizer):
+    """The usual call holds no control-token text: its messages go to the template as they are (a deep copy
+    per call is what marking costs); a control token, a marker or a tuple still gets transformers' copy."""
+    from transformers.utils import chat_template_utils as ctu
+
+    pb = PromptBuilder(tiny_tokenizer, [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is 2 + 2? <b>"}]
+    assert pb._mark(plain) is plain
+    control_re, _ = ctu._get_control_token_patterns(tuple(tiny_tokenizer.added_tokens_encoder))
+    for content in ("say <|im_end|> now", f"a {ctu._CONTROL_TOKEN_START} marker", ("a", "tuple")):
+        messages = [{"role": "user", "content": content}]
+        marked = pb._mark(messages)
+        assert marked is not messages and marked == ctu.mark_control_tokens(messages, control_re)
+
+
 def test_reuse_splices_the_recorded_ids_and_encodes_only_the_tail(tiny_tokenizer):
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     pb = PromptBuilder(tiny_tokenizer, [im_end])

@@ -12,7 +12,6 @@ from polar.gateway.errors import ApiError, bad
 from polar.gateway.normalized import CallOutput, ChatRequest, Message, parse_arguments, text_parts
 from polar.gateway.providers import schemas
 from polar.gateway.providers.common import (
-    check_type,
     ignore_unhandled,
     new_id,
     note_ignored,
@@ -24,7 +23,7 @@ from polar.gateway.providers.common import (
 from polar.gateway.providers.schemas import validate
 
 NAME = "openai_chat"
-ROLES = ("system", "developer", "user", "assistant", "tool")
+PART_TYPES = ("text", "input_text", "output_text", "refusal")  # content parts read as text
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
 ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
@@ -81,37 +80,27 @@ def tool_choice(v: Any, name: str = "tool_choice") -> str:
     raise bad(f"'{name}' must be 'auto', 'none', 'required' or {{'type': 'function', 'function': {{'name': ...}}}}", name)
 
 
-def parse_messages(raw: Any) -> list[Message]:
-    check_type(raw, list, "messages")
-    if not raw:
-        raise bad("'messages' must contain at least one message", "messages")
+def parse_messages(raw: list[dict[str, Any]]) -> list[Message]:
+    """The messages of a body ``schemas.ChatBody`` accepted: roles, content and tool-call shapes are checked
+    there, so this one walk only reads them (and checks what the schema leaves open: content parts, a tool
+    message's ``tool_call_id``)."""
     out: list[Message] = []
     for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        check_type(m, dict, where)
-        role = require(m, "role", str, f"{where}.")
-        if role not in ROLES:
-            raise bad(f"{where}.role {role!r} is not supported; use one of {', '.join(ROLES)}", f"{where}.role")
-        content = text_parts(m.get("content"), f"{where}.content", ("text", "input_text", "output_text", "refusal"))
+        role = m["role"]
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = text_parts(content, f"messages[{i}].content", PART_TYPES)
         if role == "developer":
             role = "system"
         msg: Message = {"role": role, "content": content}
         if role == "assistant" and m.get("tool_calls"):
-            calls = check_type(m["tool_calls"], list, f"{where}.tool_calls")
-            msg["tool_calls"] = []
-            for j, c in enumerate(calls):
-                check_type(c, dict, f"{where}.tool_calls[{j}]")
-                fn = require(c, "function", dict, f"{where}.tool_calls[{j}].")
-                msg["tool_calls"].append({
-                    "id": c.get("id") or f"call_{i}_{j}",
-                    "type": "function",
-                    "function": {
-                        "name": require(fn, "name", str, f"{where}.tool_calls[{j}].function."),
-                        "arguments": parse_arguments(fn.get("arguments")),
-                    },
-                })
+            msg["tool_calls"] = [{
+                "id": c.get("id") or f"call_{i}_{j}",
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": parse_arguments(c["function"].get("arguments"))},
+            } for j, c in enumerate(m["tool_calls"])]
         if role == "tool":
-            msg["tool_call_id"] = require(m, "tool_call_id", str, f"{where}.")
+            msg["tool_call_id"] = require(m, "tool_call_id", str, f"messages[{i}].")
             if m.get("name"):
                 msg["name"] = m["name"]
         out.append(msg)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from polar.inference.base import (
     Engine,
     EngineError,
     GenerationRequest,
+    GenerationResult,
     TokenEvent,
     UpstreamUnavailable,
 )
@@ -38,7 +40,7 @@ from polar.inference.upstream.config import UPSTREAM_KINDS, UpstreamConfig
 from polar.inference.upstream.replicas import HealthProbe, Replica, ReplicaSet, probe_sync
 from polar.inference.upstream.sync import UpstreamWeightSync
 from polar.inference.upstream.tokenizer import load_tokenizer, model_folder, model_name_of, stop_token_ids
-from polar.inference.upstream.wire import ReplicaFailed, WireCall, call_for, payload, sse_payloads
+from polar.inference.upstream.wire import ReplicaFailed, Triple, WireCall, call_for, payload, sse_payloads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -185,20 +187,21 @@ class UpstreamEngine(Engine):
 
     # ------------------------------------------------------------------ Engine API
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if not request.stream:  # the whole answer in one response: it fails before any token goes out
+            triples = await self._whole_routed(request)
+            version = self.policy_version
+            for t, lp, finish in triples:
+                yield TokenEvent(t, lp, finish, version if finish else None)
+            return
         max_tokens = self.check_prompt(request)
         errors: list[str] = []
         for replica in self.route(request.session_id):
             streamed = 0
             replica.in_flight += 1
             try:
-                if request.stream:
-                    async for event in self._stream(replica, request, max_tokens):
-                        streamed += 1
-                        yield event
-                else:  # the whole answer in one response: no generator in between (one call, many tokens)
-                    for event in await self._whole(replica, request, await self._call_for(request, max_tokens)):
-                        streamed += 1
-                        yield event
+                async for event in self._stream(replica, request, max_tokens):
+                    streamed += 1
+                    yield event
                 return
             except ReplicaFailed as exc:
                 replica.mark_down(self.config.cooldown_s)
@@ -206,6 +209,32 @@ class UpstreamEngine(Engine):
                     log.warning("upstream %s failed mid-stream: %s", replica.url, exc)
                     yield TokenEvent(None, None, "abort", self.policy_version)
                     return
+                errors.append(f"{replica.url}: {exc}")
+                log.warning("upstream %s failed, trying the next replica: %s", replica.url, exc)
+            finally:
+                replica.in_flight -= 1
+        raise UpstreamUnavailable(f"no {self.kind} replica could serve the request: {'; '.join(errors)}")
+
+    async def generate_whole(self, request: GenerationRequest) -> GenerationResult | None:
+        """A non-streamed request's answer as it arrives, in one piece (no event per token)."""
+        if request.stream:
+            return None
+        triples = await self._whole_routed(request)
+        last_id, _, finish = triples[-1]
+        tokens = triples if last_id is not None else triples[:-1]  # only a closing (None, None, finish) has no id
+        return GenerationResult(list(map(itemgetter(0), tokens)), list(map(itemgetter(1), tokens)),
+                                finish or "abort", self.policy_version if last_id is not None else None)
+
+    async def _whole_routed(self, request: GenerationRequest) -> list[Triple]:
+        """One non-streamed call, moved to the next replica when one fails (nothing was shown yet)."""
+        max_tokens = self.check_prompt(request)
+        errors: list[str] = []
+        for replica in self.route(request.session_id):
+            replica.in_flight += 1
+            try:
+                return await self._whole(replica, request, await self._call_for(request, max_tokens))
+            except ReplicaFailed as exc:
+                replica.mark_down(self.config.cooldown_s)
                 errors.append(f"{replica.url}: {exc}")
                 log.warning("upstream %s failed, trying the next replica: %s", replica.url, exc)
             finally:
@@ -308,7 +337,7 @@ class UpstreamEngine(Engine):
         except httpx.HTTPError as exc:
             raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from exc
 
-    async def _whole(self, replica: Replica, request: GenerationRequest, call: WireCall) -> list[TokenEvent]:
+    async def _whole(self, replica: Replica, request: GenerationRequest, call: WireCall) -> list[Triple]:
         """One non-streamed call: the body holds every id and logprob (vLLM and SGLang alike)."""
         self._http()  # (re)builds the replica pools for this event loop
         assert replica.pool is not None
@@ -322,8 +351,7 @@ class UpstreamEngine(Engine):
         triples = call.parse(payload(data))
         if not triples or triples[-1][2] is None:
             raise ReplicaFailed("response has no finish reason")
-        version = self.policy_version
-        return [TokenEvent(t, lp, finish, version if finish else None) for t, lp, finish in triples]
+        return triples
 
     def _raise_for_status(self, replica: Replica, status: int, text: str, request: GenerationRequest) -> None:
         if status >= 500 or status in (408, 429):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Protocol
 
 import httpx
@@ -168,9 +169,9 @@ class VllmParser:
             raise EngineError(
                 f"vLLM chunk has {len(ids)} token ids but {len(logprobs)} logprobs; enable logprobs on the server"
             )
-        out: list[Triple] = [
-            (int(t), float(p if p is not None else 0.0), None) for t, p in zip(ids, logprobs, strict=False)
-        ]
+        # converted and zipped in C: a whole non-streamed answer comes through here at once
+        floats = map(float, logprobs) if None not in logprobs else (0.0 if p is None else float(p) for p in logprobs)
+        out: list[Triple] = list(zip(map(int, ids), floats, repeat(None, len(ids)), strict=True))
         return _with_finish(out, finish_reason(choice.get("finish_reason")))
 
 
