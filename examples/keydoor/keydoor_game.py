@@ -10,12 +10,16 @@ into it. The game knows nothing about RL libraries::
 
 Levels: 1 = 5x5 room, door fixed in the top wall; 2 = 5x5 room, door anywhere on the wall, a few
 rocks; 3 = 7x7 room split by a wall with one gap. Key and agent start at random cells (seeded). ``size``
-keeps a level's rules on another room side (level 3 with ``size=13``: two 6x13 rooms and one gap).
+keeps a level's rules on another room side (level 3 with ``size=13``: two 6x13 rooms and one gap);
+``door_anywhere``, ``rocks`` and ``split_wall`` override one rule of a level (the steps between levels a
+curriculum can schedule, e.g. level 2 with ``rocks=0``). Every room laid out is winnable: a layout where
+rocks or the split wall cut the agent off from the key or the door is drawn again (``is_winnable``).
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,13 +52,19 @@ LEVELS = {
 class KeyDoorGame:
     """The game state and rules. ``step`` returns ``(game_over, reward)``; the game ends when the door opens."""
 
-    def __init__(self, level: int = 1, seed: int | None = None, *, size: int | None = None) -> None:
+    def __init__(self, level: int = 1, seed: int | None = None, *, size: int | None = None,
+                 door_anywhere: bool | None = None, rocks: int | None = None, split_wall: bool | None = None) -> None:
         if level not in LEVELS:
             raise ValueError(f"unknown level {level}; levels are {sorted(LEVELS)}")
         if size is not None and size < 3:
             raise ValueError(f"size is the room's interior side and must be at least 3, got {size}")
-        # size: the same level on a larger (or smaller) room, e.g. level 3 with size 13 is two 6x13 rooms
-        self.level = LEVELS[level] if size is None else replace(LEVELS[level], size=int(size))
+        # size: the same level on a larger (or smaller) room, e.g. level 3 with size 13 is two 6x13 rooms; the
+        # other three override one rule of the level (None: the level's own)
+        rules = {"size": size, "door_anywhere": door_anywhere, "rocks": rocks, "split_wall": split_wall}
+        self.level = replace(LEVELS[level], **{k: v for k, v in rules.items() if v is not None})
+        if not 0 <= self.level.rocks <= self.level.size**2 // 2:
+            raise ValueError(f"rocks must be in 0..{self.level.size**2 // 2} for a {self.level.size}x"
+                             f"{self.level.size} room, got {self.level.rocks}")
         self.rng = np.random.default_rng(seed)
         self.new_game()
 
@@ -63,9 +73,16 @@ class KeyDoorGame:
         return (self.level.size + 2, self.level.size + 2)
 
     def new_game(self, seed: int | None = None) -> None:
-        """Lay out a fresh room. A seed restarts the random stream (same seed, same rooms)."""
+        """Lay out a fresh, winnable room. A seed restarts the random stream (same seed, same rooms)."""
         if seed is not None:
             self.rng = np.random.default_rng(seed)
+        for _ in range(10_000):
+            self._lay_out()
+            if is_winnable(self.grid, self.agent, self.door):
+                return
+        raise RuntimeError(f"no winnable room in 10000 draws for {self.level}; use fewer rocks")
+
+    def _lay_out(self) -> None:
         n = self.level.size + 2
         grid = np.full((n, n), EMPTY, dtype=np.int8)
         grid[0, :] = grid[-1, :] = grid[:, 0] = grid[:, -1] = WALL
@@ -137,3 +154,24 @@ class KeyDoorGame:
 
     def close(self) -> None:
         """Nothing to release: the game holds no window or file."""
+
+
+def reachable(grid: np.ndarray, start: tuple[int, int], passable: tuple[int, ...]) -> set[tuple[int, int]]:
+    """The cells a walk from ``start`` reaches through cells whose code is in ``passable`` (breadth-first)."""
+    seen, queue = {start}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            t = (r + dr, c + dc)
+            if 0 <= t[0] < grid.shape[0] and 0 <= t[1] < grid.shape[1] and t not in seen and grid[t] in passable:
+                seen.add(t)
+                queue.append(t)
+    return seen
+
+
+def is_winnable(grid: np.ndarray, agent: tuple[int, int], door: tuple[int, int]) -> bool:
+    """Whether the agent can walk to the key and then into the door (the door is shut until the key is held)."""
+    cells = reachable(grid, agent, (EMPTY, KEY))
+    keys = [tuple(int(i) for i in rc) for rc in np.argwhere(grid == KEY)]
+    return bool(keys) and all(k in cells for k in keys) and any(
+        (door[0] + dr, door[1] + dc) in cells for dr, dc in MOVES.values())

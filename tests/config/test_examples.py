@@ -33,6 +33,7 @@ EXPECTED = {
     "imitation/inverted_pendulum_ppo.yaml": ("env", "gymnasium", "ppo"),  # its expert
     "keydoor/curriculum.yaml": ("env", "custom", "ppo"),  # levels 1 -> 3 (docs/exploration.md)
     "keydoor/curriculum_wide.yaml": ("env", "custom", "ppo"),
+    "keydoor/curriculum_cnn.yaml": ("env", "custom", "ppo"),  # the one that reaches level 3 (docs/exploration.md)
     "distill/cartpole_student.yaml": ("env", "gymnasium", "distill"),
     "keydoor/demo.yaml": ("env", "custom", "ppo"),
     "hierarchy/keydoor_flat_ppo.yaml": ("env", "gymnasium", "ppo"),  # the flat baseline of docs/hierarchy.md
